@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One entry point for humans and CI: creates/reuses .venv at the repo root,
+# installs the project when pyproject.toml changed, then runs what was asked.
+#   ./dev.sh demo          set up, then run the demo on an embedded local Ray
+#   ./dev.sh test [ARGS]   set up, then lint and run the whole test suite
+set -euo pipefail
+cd "$(dirname "$0")"
+
+python_bin() {
+  for candidate in "${PYTHON:-}" python3.11 python3; do
+    if [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 &&
+      "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      echo "$candidate"; return
+    fi
+  done
+  echo "error: Python 3.11 is required (set PYTHON=/path/to/python3.11)" >&2; exit 1
+}
+
+setup() {
+  if [ ! -x .venv/bin/python ]; then
+    "$(python_bin)" -m venv .venv
+  fi
+  local stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e '.[test]'
+    rm -f .venv/.installed-* && touch "$stamp"
+  fi
+  export PYSPARK_PYTHON="$PWD/.venv/bin/python" RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+}
+
+case "${1:-}" in
+  demo)
+    setup
+    exec .venv/bin/python examples/demo.py
+    ;;
+  test)
+    shift
+    setup
+    .venv/bin/ruff check .
+    exec .venv/bin/python -m pytest "$@"
+    ;;
+  *)
+    echo "usage: ./dev.sh demo | ./dev.sh test [pytest args]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,170 @@
+"""Typed errors of the whole system.
+
+Every error carries a stable machine-readable ``code`` and the HTTP status the
+admin gateway answers with, so Python callers, REST clients and the CLI see the
+same classification. Errors cross Ray actor boundaries, so every class keeps
+its constructor arguments in ``args`` and pickles cleanly.
+"""
+
+from __future__ import annotations
+
+
+class ScalableTopicsError(Exception):
+    """Base of every error this system raises on purpose."""
+
+    code = "error"
+    http_status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
+    def to_dict(self) -> dict[str, str]:
+        return {"error": self.code, "message": self.message}
+
+
+def _rebuild(cls: type[ScalableTopicsError], state: dict) -> ScalableTopicsError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, state.get("message", ""))
+    err.__dict__.update(state)
+    return err
+
+
+# --- 400: the request itself is malformed -----------------------------------
+
+
+class InvalidRequestError(ScalableTopicsError):
+    code = "invalid_request"
+    http_status = 400
+
+
+class InvalidNameError(InvalidRequestError):
+    code = "invalid_name"
+
+
+class InvalidArgumentError(InvalidRequestError):
+    code = "invalid_argument"
+
+
+class LimitExceededError(InvalidRequestError):
+    code = "limit_exceeded"
+
+
+# --- 404: the thing asked about does not exist -------------------------------
+
+
+class NotFoundError(ScalableTopicsError):
+    code = "not_found"
+    http_status = 404
+
+
+class TopicNotFoundError(NotFoundError):
+    code = "topic_not_found"
+
+
+class SegmentNotFoundError(NotFoundError):
+    code = "segment_not_found"
+
+
+class SubscriptionNotFoundError(NotFoundError):
+    code = "subscription_not_found"
+
+
+class KeyNotFoundError(NotFoundError):
+    code = "key_not_found"
+
+
+# --- 409: the request conflicts with the current state -----------------------
+
+
+class ConflictError(ScalableTopicsError):
+    code = "conflict"
+    http_status = 409
+
+
+class AlreadyExistsError(ConflictError):
+    code = "already_exists"
+
+
+class TopicAlreadyExistsError(AlreadyExistsError):
+    code = "topic_exists"
+
+
+class SubscriptionAlreadyExistsError(AlreadyExistsError):
+    code = "subscription_exists"
+
+
+class SegmentNotActiveError(ConflictError):
+    """The segment exists but is SEALED, so it cannot be split or merged."""
+
+    code = "segment_not_active"
+
+
+class SegmentsNotAdjacentError(ConflictError):
+    code = "segments_not_adjacent"
+
+
+class SegmentTooNarrowError(ConflictError):
+    """A one-wide hash range has no midpoint to split at."""
+
+    code = "segment_too_narrow"
+
+
+class BadVersion(ConflictError):
+    """A compare-and-swap lost its race: the stored version moved on."""
+
+    code = "bad_version"
+
+
+class StaleEpochError(ConflictError):
+    """A fenced request carried a controller epoch older than one already seen."""
+
+    code = "stale_epoch"
+
+
+class SegmentTerminated(ConflictError):
+    """The segment is sealed: appends are refused forever, re-route to children."""
+
+    code = "segment_terminated"
+
+    def __init__(self, message: str, segment_id: int | None = None) -> None:
+        super().__init__(message)
+        self.segment_id = segment_id
+
+
+class OperationInProgressError(ConflictError):
+    code = "operation_in_progress"
+
+
+# --- 503: something that must be served is not -------------------------------
+
+
+class UnavailableError(ScalableTopicsError):
+    code = "unavailable"
+    http_status = 503
+
+
+class UnavailableSegmentsError(UnavailableError):
+    """A read could not reach segments that the metadata DAG says must be served."""
+
+    code = "unavailable_segments"
+
+    def __init__(self, message: str, segment_ids: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.segment_ids = sorted(segment_ids or [])
+
+
+# --- 401/403: authentication and authorization --------------------------------
+
+
+class UnauthenticatedError(ScalableTopicsError):
+    code = "unauthenticated"
+    http_status = 401
+
+
+class UnauthorizedError(ScalableTopicsError):
+    code = "forbidden"
+    http_status = 403

@@ -1,0 +1,327 @@
+"""The segment DAG: ``HashRange``, ``SegmentInfo`` and the immutable ``SegmentLayout``.
+
+A layout is a value: every mutation returns a new layout with ``epoch + 1`` and
+the old one stays valid, so readers never lock and the controller can compute
+the next layout, persist it with one compare-and-swap, and only then publish it.
+The JSON form is the spec's ``ScalableTopicMetadata`` field for field.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from runtime.errors import (
+    InvalidArgumentError,
+    SegmentNotActiveError,
+    SegmentNotFoundError,
+    SegmentsNotAdjacentError,
+    SegmentTooNarrowError,
+)
+from runtime.names import MAX_HASH
+
+MAX_SEGMENTS = MAX_HASH + 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+
+class HashRange(_Model):
+    start: int = Field(ge=0, le=MAX_HASH)
+    end: int = Field(ge=0, le=MAX_HASH)
+
+    def model_post_init(self, _context: Any) -> None:
+        if self.start > self.end:
+            raise ValueError(f"hash range start {self.start} is after end {self.end}")
+
+    def __contains__(self, hash_value: int) -> bool:
+        return self.start <= hash_value <= self.end
+
+    @property
+    def width(self) -> int:
+        return self.end - self.start + 1
+
+    def midpoint(self) -> int:
+        return self.start + (self.end - self.start) // 2
+
+    def __str__(self) -> str:
+        return f"[{self.start:04x}, {self.end:04x}]"
+
+
+class SegmentState(StrEnum):
+    ACTIVE = "ACTIVE"
+    SEALED = "SEALED"
+
+
+class SegmentInfo(_Model):
+    segment_id: int = Field(alias="segmentId", ge=0)
+    hash_range: HashRange = Field(alias="hashRange")
+    state: SegmentState
+    parent_ids: tuple[int, ...] = Field(default=(), alias="parentIds")
+    child_ids: tuple[int, ...] = Field(default=(), alias="childIds")
+    created_at_epoch: int = Field(default=0, alias="createdAtEpoch", ge=0)
+    sealed_at_epoch: int = Field(default=0, alias="sealedAtEpoch", ge=0)
+
+    @classmethod
+    def active(
+        cls, segment_id: int, hash_range: HashRange, epoch: int, parents: tuple[int, ...] = ()
+    ) -> SegmentInfo:
+        return cls(
+            segment_id=segment_id,
+            hash_range=hash_range,
+            state=SegmentState.ACTIVE,
+            parent_ids=parents,
+            created_at_epoch=epoch,
+        )
+
+    def sealed(self, epoch: int, children: tuple[int, ...]) -> SegmentInfo:
+        return self.model_copy(
+            update={"state": SegmentState.SEALED, "sealed_at_epoch": epoch, "child_ids": children}
+        )
+
+    @property
+    def is_active(self) -> bool:
+        return self.state is SegmentState.ACTIVE
+
+
+class ScalableTopicMetadata(_Model):
+    """The persisted document, exactly the spec's JSON shape."""
+
+    epoch: int = Field(ge=0)
+    next_segment_id: int = Field(alias="nextSegmentId", ge=0)
+    segments: dict[str, SegmentInfo]
+    properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("segments")
+    @classmethod
+    def _keys_match_ids(cls, segments: dict[str, SegmentInfo]) -> dict[str, SegmentInfo]:
+        for key, info in segments.items():
+            if key != str(info.segment_id):
+                raise ValueError(f"segment key {key!r} does not match segmentId {info.segment_id}")
+        return segments
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+
+class SegmentLayout:
+    """Immutable, versioned snapshot of one topic's segment DAG."""
+
+    __slots__ = ("epoch", "next_segment_id", "properties", "_all", "_active", "_ordered", "_starts")
+
+    def __init__(
+        self,
+        epoch: int,
+        next_segment_id: int,
+        segments: dict[int, SegmentInfo],
+        properties: dict[str, str] | None = None,
+    ) -> None:
+        self.epoch = epoch
+        self.next_segment_id = next_segment_id
+        self.properties = MappingProxyType(dict(properties or {}))
+        self._all = MappingProxyType(dict(sorted(segments.items())))
+        active = sorted(
+            (s for s in segments.values() if s.is_active), key=lambda s: s.hash_range.start
+        )
+        self._active = MappingProxyType({s.segment_id: s for s in active})
+        self._ordered = tuple(active)
+        self._starts = [s.hash_range.start for s in active]
+
+    # --- construction --------------------------------------------------------
+
+    @classmethod
+    def initial(cls, num_segments: int, properties: dict[str, str] | None = None) -> SegmentLayout:
+        """Divide ``[0, 0xFFFF]`` into N near-equal ranges (the first ones one wider)."""
+        if not isinstance(num_segments, int) or not 1 <= num_segments <= MAX_SEGMENTS:
+            raise InvalidArgumentError(
+                f"num_segments must be an integer from 1 to {MAX_SEGMENTS}, got {num_segments!r}"
+            )
+        width, extra = divmod(MAX_SEGMENTS, num_segments)
+        segments, start = {}, 0
+        for seg_id in range(num_segments):
+            end = start + width + (1 if seg_id < extra else 0) - 1
+            segments[seg_id] = SegmentInfo.active(seg_id, HashRange(start=start, end=end), 0)
+            start = end + 1
+        return cls(0, num_segments, segments, properties)
+
+    # --- views ---------------------------------------------------------------
+
+    @property
+    def all_segments(self) -> MappingProxyType[int, SegmentInfo]:
+        return self._all
+
+    @property
+    def active_segments(self) -> MappingProxyType[int, SegmentInfo]:
+        """Active segments keyed by id, in hash-range order."""
+        return self._active
+
+    def get(self, segment_id: int) -> SegmentInfo:
+        try:
+            return self._all[segment_id]
+        except KeyError:
+            raise SegmentNotFoundError(
+                f"segment {segment_id} does not exist in this topic (known ids: "
+                f"{_id_summary(self._all)})"
+            ) from None
+
+    def find_active_segment(self, hash_value: int) -> SegmentInfo:
+        if not 0 <= hash_value <= MAX_HASH:
+            raise InvalidArgumentError(f"hash {hash_value} is outside [0, {MAX_HASH}]")
+        index = bisect.bisect_right(self._starts, hash_value) - 1
+        segment = self._ordered[index] if index >= 0 else None
+        if segment is None or hash_value not in segment.hash_range:
+            raise SegmentNotFoundError(f"no active segment covers hash {hash_value}")
+        return segment
+
+    def get_lineage(self, segment_id: int) -> list[SegmentInfo]:
+        """Every ancestor and descendant of a segment, plus itself, ordered by id."""
+        seen = {segment_id}
+        for direction in ("parent_ids", "child_ids"):
+            frontier = [segment_id]
+            while frontier:
+                for nxt in getattr(self.get(frontier.pop()), direction):
+                    if nxt not in seen and nxt in self._all:
+                        seen.add(nxt)
+                        frontier.append(nxt)
+        return [self._all[i] for i in sorted(seen)]
+
+    # --- mutations (each returns a new layout) -------------------------------
+
+    def split_segment(self, segment_id: int) -> SegmentLayout:
+        parent = self._require_active(segment_id)
+        rng = parent.hash_range
+        if rng.width < 2:
+            raise SegmentTooNarrowError(
+                f"segment {segment_id} covers the single hash {rng.start}: "
+                "a one-wide range cannot be split"
+            )
+        mid, epoch, first = rng.midpoint(), self.epoch + 1, self.next_segment_id
+        children = (
+            SegmentInfo.active(first, HashRange(start=rng.start, end=mid), epoch, (segment_id,)),
+            SegmentInfo.active(
+                first + 1, HashRange(start=mid + 1, end=rng.end), epoch, (segment_id,)
+            ),
+        )
+        return self._replace((parent,), children)
+
+    def merge_segments(self, segment_id1: int, segment_id2: int) -> SegmentLayout:
+        if segment_id1 == segment_id2:
+            raise InvalidArgumentError(f"cannot merge segment {segment_id1} with itself")
+        a, b = sorted(
+            (self._require_active(segment_id1), self._require_active(segment_id2)),
+            key=lambda s: s.hash_range.start,
+        )
+        if a.hash_range.end + 1 != b.hash_range.start:
+            raise SegmentsNotAdjacentError(
+                f"segments {a.segment_id} {a.hash_range} and {b.segment_id} {b.hash_range} are "
+                "not adjacent: only neighbouring active ranges can merge"
+            )
+        rng = HashRange(start=a.hash_range.start, end=b.hash_range.end)
+        child = SegmentInfo.active(
+            self.next_segment_id, rng, self.epoch + 1, (a.segment_id, b.segment_id)
+        )
+        return self._replace((a, b), (child,))
+
+    def prune_segment(self, segment_id: int) -> SegmentLayout:
+        """Drop a sealed root segment from the DAG (retention); its children become roots.
+
+        Only roots can go: readers drain parents before children, so retention
+        always reaches a segment after its ancestors, and pruning from the top
+        keeps every remaining parent/child link meaningful.
+        """
+        segment = self.get(segment_id)
+        if segment.is_active:
+            raise SegmentNotActiveError(
+                f"segment {segment_id} is ACTIVE: only sealed segments can be pruned"
+            )
+        if segment.parent_ids:
+            raise SegmentNotActiveError(
+                f"segment {segment_id} still has parents {list(segment.parent_ids)}: "
+                "prune them first (only root segments can be pruned)"
+            )
+        updated = dict(self._all)
+        del updated[segment_id]
+        for child_id in segment.child_ids:
+            child = updated[child_id]
+            parents = tuple(p for p in child.parent_ids if p != segment_id)
+            updated[child_id] = child.model_copy(update={"parent_ids": parents})
+        return SegmentLayout(self.epoch + 1, self.next_segment_id, updated, dict(self.properties))
+
+    def with_properties(self, properties: dict[str, str]) -> SegmentLayout:
+        return SegmentLayout(self.epoch + 1, self.next_segment_id, dict(self._all), properties)
+
+    def _require_active(self, segment_id: int) -> SegmentInfo:
+        segment = self.get(segment_id)
+        if not segment.is_active:
+            raise SegmentNotActiveError(
+                f"segment {segment_id} is SEALED (since epoch {segment.sealed_at_epoch}, "
+                f"children {list(segment.child_ids)}): only ACTIVE segments can be split or merged"
+            )
+        return segment
+
+    def _replace(
+        self, parents: tuple[SegmentInfo, ...], children: tuple[SegmentInfo, ...]
+    ) -> SegmentLayout:
+        epoch, child_ids = self.epoch + 1, tuple(c.segment_id for c in children)
+        updated = dict(self._all)
+        for parent in parents:
+            updated[parent.segment_id] = parent.sealed(epoch, child_ids)
+        for child in children:
+            updated[child.segment_id] = child
+        next_id = self.next_segment_id + len(children)
+        return SegmentLayout(epoch, next_id, updated, dict(self.properties))
+
+    # --- persistence -----------------------------------------------------------
+
+    def to_metadata(self) -> ScalableTopicMetadata:
+        return ScalableTopicMetadata(
+            epoch=self.epoch,
+            next_segment_id=self.next_segment_id,
+            segments={str(i): s for i, s in self._all.items()},
+            properties=dict(self.properties),
+        )
+
+    @classmethod
+    def from_metadata(cls, metadata: ScalableTopicMetadata) -> SegmentLayout:
+        segments = {info.segment_id: info for info in metadata.segments.values()}
+        return cls(metadata.epoch, metadata.next_segment_id, segments, metadata.properties)
+
+    def to_json(self) -> str:
+        return self.to_metadata().to_json()
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.to_metadata().model_dump(by_alias=True, mode="json")
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> SegmentLayout:
+        try:
+            return cls.from_metadata(ScalableTopicMetadata.model_validate_json(text))
+        except ValidationError as err:
+            raise InvalidArgumentError(f"invalid ScalableTopicMetadata JSON: {err}") from None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SegmentLayout:
+        return cls.from_json(json.dumps(data))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SegmentLayout) and self.to_metadata() == other.to_metadata()
+
+    def __hash__(self) -> int:
+        return hash((self.epoch, self.next_segment_id))
+
+    def __repr__(self) -> str:
+        return (
+            f"SegmentLayout(epoch={self.epoch}, next_segment_id={self.next_segment_id}, "
+            f"active={list(self._active)}, all={len(self._all)})"
+        )
+
+
+def _id_summary(segments: MappingProxyType[int, SegmentInfo]) -> str:
+    ids = list(segments)
+    return ", ".join(map(str, ids)) if len(ids) <= 16 else f"{ids[0]}..{ids[-1]}"

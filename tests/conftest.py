@@ -1,0 +1,30 @@
+"""Shared fixtures: one real local Ray per test session, storage on real disk."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+
+import pytest
+import ray
+
+_STORAGE = tempfile.mkdtemp(prefix="raytopics-test-")
+os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", _STORAGE)
+os.environ.setdefault("RAYTOPICS_NAMESPACE", f"raytopics-test-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray instance shared by the tests that need one."""
+    from runtime import connect
+
+    if not ray.is_initialized():
+        connect(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:8]
