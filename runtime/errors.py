@@ -135,6 +135,12 @@ class SegmentTerminated(ConflictError):
         self.segment_id = segment_id
 
 
+class OutOfOrderSequenceError(ConflictError):
+    """A producer's batch arrived, and stayed, ahead of a predecessor that never came."""
+
+    code = "out_of_order_sequence"
+
+
 class OperationInProgressError(ConflictError):
     code = "operation_in_progress"
 

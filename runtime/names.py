@@ -22,7 +22,7 @@ MAX_HASH = 0xFFFF
 
 def validate_part(kind: str, value: str) -> str:
     """Check one path component (tenant, namespace, topic, subscription, consumer)."""
-    if not isinstance(value, str) or not _PART.match(value):
+    if not isinstance(value, str) or not _PART.fullmatch(value):
         raise InvalidNameError(f"invalid {kind} {value!r}: use {_ALLOWED}")
     return value
 
@@ -133,7 +133,7 @@ class SegmentName:
 
     @classmethod
     def from_descriptor(cls, topic: TopicName, descriptor: str) -> SegmentName:
-        match = _DESCRIPTOR.match(descriptor) if isinstance(descriptor, str) else None
+        match = _DESCRIPTOR.fullmatch(descriptor) if isinstance(descriptor, str) else None
         if not match:
             raise InvalidNameError(
                 f"invalid segment descriptor {descriptor!r}: expected "

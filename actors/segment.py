@@ -1,0 +1,198 @@
+"""The segment actor: one detached, restartable Ray actor per segment.
+
+An async actor so that consumers can long-poll (``read(..., wait_s)``) without
+occupying a thread, while appends from many producers interleave. All rules
+live in ``storage.segment_store``; this shell adds waiting, timers and naming.
+Calls are retried by Ray across restarts (``max_task_retries=-1``): appends
+are idempotent per (producer id, sequence), everything else is idempotent too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from runtime.config import ray_namespace
+from runtime.errors import OutOfOrderSequenceError
+from runtime.names import SegmentName
+from storage.cursors import Position
+from storage.segment_log import Durability, default_storage_root
+from storage.segment_store import SegmentStore
+
+MAX_READ_RECORDS = 100_000
+SEQUENCE_WAIT_S = 30.0
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
+class SegmentActor:
+    def __init__(self, segment: str, storage_root: str, durability: dict[str, Any]) -> None:
+        self._name = SegmentName.parse(segment)
+        self._store = SegmentStore(self._name, Path(storage_root), Durability(**durability))
+        self._new_data = asyncio.Event()
+        self._turns: dict[str, asyncio.Event] = {}
+        self._syncer: asyncio.Task | None = None
+        self._durability = Durability(**durability)
+
+    # --- data path ---------------------------------------------------------------
+
+    async def append(
+        self, batch: pa.RecordBatch, producer_id: str | None = None, sequence: int | None = None
+    ) -> tuple[int, int]:
+        """Append a batch; returns (base offset, count). Raises ``SegmentTerminated``.
+
+        Ray may start pipelined calls out of order, so a sequenced batch waits
+        for its producer's previous sequence: per-producer order is part of the
+        contract, not an accident of scheduling.
+        """
+        self._ensure_syncer()
+        if producer_id is not None and sequence is not None:
+            await self._await_turn(producer_id, sequence)
+        result = self._store.append(batch, producer_id, sequence)
+        if producer_id is not None:
+            self._turns.pop(producer_id, asyncio.Event()).set()
+        self._wake()
+        return result.base_offset, result.count
+
+    async def read(
+        self, offset: int, max_records: int = 10_000, wait_s: float = 0.0
+    ) -> pa.RecordBatch:
+        """Records from ``offset``; waits up to ``wait_s`` when there is nothing yet."""
+        max_records = min(max_records, MAX_READ_RECORDS)
+        batch = self._store.read(offset, max_records)
+        if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
+            await self._wait(wait_s)
+            batch = self._store.read(offset, max_records)
+        return batch
+
+    async def queue_receive(
+        self, subscription: str, consumer: str, max_records: int = 1_000, wait_s: float = 0.0
+    ) -> pa.RecordBatch:
+        batch = self._store.queue_receive(subscription, consumer, max_records)
+        if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
+            await self._wait(wait_s)
+            batch = self._store.queue_receive(subscription, consumer, max_records)
+        return batch
+
+    # --- lifecycle (fenced by controller epoch) ---------------------------------
+
+    async def ready(self) -> dict[str, Any]:
+        """Cheap liveness probe: the segment is loaded and can serve."""
+        log = self._store.log
+        return {
+            "segmentId": self._name.segment_id,
+            "endOffset": log.end_offset,
+            "terminated": log.terminated,
+            "pid": os.getpid(),
+        }
+
+    async def terminate(self, epoch: int | None = None) -> int:
+        end = self._store.terminate(epoch)
+        self._wake()
+        return end
+
+    async def delete(self, epoch: int | None = None) -> None:
+        self._store.delete(epoch)
+        self._wake()
+
+    async def check_epoch(self, epoch: int) -> None:
+        self._store.check_epoch(epoch)
+
+    # --- subscriptions and acks -------------------------------------------------
+
+    async def create_subscription(
+        self, name: str, position: Position = "earliest", epoch: int | None = None
+    ) -> int:
+        return self._store.create_subscription(name, position, epoch)
+
+    async def delete_subscription(self, name: str, epoch: int | None = None) -> None:
+        self._store.delete_subscription(name, epoch)
+
+    async def subscriptions(self) -> list[str]:
+        return self._store.subscriptions()
+
+    async def position(self, subscription: str) -> dict[str, Any]:
+        store = self._store
+        return {
+            "position": store.position(subscription),
+            "endOffset": store.log.end_offset,
+            "terminated": store.log.terminated,
+            "drained": store.drained(subscription),
+        }
+
+    async def ack_cumulative(self, subscription: str, offset: int) -> None:
+        self._store.ack_cumulative(subscription, offset)
+
+    async def ack(self, subscription: str, offsets: list[int]) -> None:
+        self._store.ack(subscription, offsets)
+
+    async def negative_ack(self, subscription: str, offsets: list[int]) -> None:
+        self._store.negative_ack(subscription, offsets)
+
+    async def consumer_left(self, subscription: str, consumer: str) -> None:
+        self._store.consumer_left(subscription, consumer)
+
+    async def stats(self) -> dict[str, Any]:
+        return self._store.stats()
+
+    # --- internals ---------------------------------------------------------------
+
+    def _wake(self) -> None:
+        self._new_data.set()
+        self._new_data = asyncio.Event()
+
+    async def _wait(self, wait_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._new_data.wait(), timeout=wait_s)
+
+    async def _await_turn(self, producer_id: str, sequence: int) -> None:
+        deadline = asyncio.get_running_loop().time() + SEQUENCE_WAIT_S
+        while sequence > self._store.log.last_sequence(producer_id) + 1:
+            remaining = deadline - asyncio.get_running_loop().time()
+            turn = self._turns.setdefault(producer_id, asyncio.Event())
+            try:
+                await asyncio.wait_for(turn.wait(), timeout=max(remaining, 0))
+            except TimeoutError:
+                raise OutOfOrderSequenceError(
+                    f"{self._name}: batch {sequence} of producer {producer_id!r} waited "
+                    f"{SEQUENCE_WAIT_S:.0f}s for batch "
+                    f"{self._store.log.last_sequence(producer_id) + 1}, which never arrived"
+                ) from None
+
+    def _ensure_syncer(self) -> None:
+        """Interval durability needs a clock even when appends stop arriving."""
+        if self._syncer is None and self._durability.policy == "interval":
+            self._syncer = asyncio.get_running_loop().create_task(self._sync_forever())
+
+    async def _sync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._durability.interval_s)
+            self._store.log.sync()
+
+
+def segment_actor(
+    name: SegmentName,
+    *,
+    create: bool = False,
+    storage_root: str | None = None,
+    durability: Durability | None = None,
+) -> ray.actor.ActorHandle:
+    """Handle to a segment's actor; with ``create`` it is started if missing."""
+    if not create:
+        return ray.get_actor(name.actor_name, namespace=ray_namespace())
+    durability = durability or Durability.from_env()
+    return SegmentActor.options(
+        name=name.actor_name,
+        namespace=ray_namespace(),
+        lifetime="detached",
+        get_if_exists=True,
+    ).remote(
+        str(name),
+        str(storage_root or default_storage_root()),
+        {"policy": durability.policy, "interval_s": durability.interval_s},
+    )

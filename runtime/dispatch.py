@@ -1,0 +1,89 @@
+"""Queue dispatch for one subscription of one segment (shared, unordered consumption).
+
+Several queue consumers pull from the same subscription; each pull hands out
+offsets nobody else holds, so consumers naturally get different messages
+(round robin by arrival of their pulls). Handed-out offsets stay *in flight*
+until acknowledged; a negative ack, an ack timeout or a consumer leaving puts
+them back in front of the line. Nothing here is persisted: after a restart all
+unacknowledged messages are simply redelivered, which is the at-least-once
+contract of a queue subscription.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _InFlight:
+    consumer: str
+    deadline: float
+
+
+@dataclass
+class QueueDispatcher:
+    ack_timeout_s: float = 30.0
+    next_offset: int = 0  # first offset never handed out
+    _in_flight: dict[int, _InFlight] = field(default_factory=dict)
+    _redeliver: list[int] = field(default_factory=list)  # min-heap of offsets
+    _deadlines: deque[tuple[float, list[int]]] = field(default_factory=deque)
+
+    def take(
+        self,
+        consumer: str,
+        max_records: int,
+        end_offset: int,
+        is_acked: Callable[[int], bool],
+        now: float,
+    ) -> list[int]:
+        """Offsets for ``consumer``: redeliveries first (lowest offset first), then new ones."""
+        self.expire(now)
+        taken: list[int] = []
+        while self._redeliver and len(taken) < max_records:
+            offset = heapq.heappop(self._redeliver)
+            if offset not in self._in_flight and not is_acked(offset):
+                taken.append(offset)
+        while self.next_offset < end_offset and len(taken) < max_records:
+            if not is_acked(self.next_offset):
+                taken.append(self.next_offset)
+            self.next_offset += 1
+        deadline = now + self.ack_timeout_s
+        for offset in taken:
+            self._in_flight[offset] = _InFlight(consumer, deadline)
+        if taken:
+            self._deadlines.append((deadline, taken))
+        return taken
+
+    def acknowledged(self, offsets: Iterable[int]) -> None:
+        for offset in offsets:
+            self._in_flight.pop(offset, None)
+
+    def negative_ack(self, offsets: Iterable[int]) -> None:
+        for offset in offsets:
+            if self._in_flight.pop(offset, None) is not None:
+                heapq.heappush(self._redeliver, offset)
+
+    def consumer_left(self, consumer: str) -> None:
+        mine = [o for o, f in self._in_flight.items() if f.consumer == consumer]
+        self.negative_ack(mine)
+
+    def expire(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, offsets = self._deadlines.popleft()
+            expired = [o for o in offsets if self._held_until(o) == deadline]
+            self.negative_ack(expired)
+
+    def _held_until(self, offset: int) -> float | None:
+        held = self._in_flight.get(offset)
+        return held.deadline if held is not None else None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def pending_redelivery(self) -> int:
+        return len(self._redeliver)

@@ -1,0 +1,268 @@
+"""Subscription cursors of one segment: what each subscription has acknowledged.
+
+Modelled on Pulsar's ManagedCursor: a cumulative ``mark_delete`` position (every
+offset below it is acknowledged) plus individually acknowledged ranges above
+it. Shared/queue consumers ack out of order, so holes must be representable;
+ranges keep that compact when most offsets are acknowledged in runs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from runtime.errors import InvalidArgumentError, SubscriptionNotFoundError
+
+Position = Literal["earliest", "latest"]
+
+_NAME = re.compile(r"[A-Za-z0-9_.=-]{1,128}")
+_SUFFIX = ".json"
+
+
+def validate_subscription_name(name: str) -> str:
+    """Names become file names, so only a safe alphabet is accepted."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidArgumentError(
+            f"invalid subscription name {name!r}: use 1-128 characters of "
+            "letters, digits, '_', '.', '=', '-'"
+        )
+    return name
+
+
+class Cursor:
+    """Acknowledgement state of one subscription in one segment.
+
+    Invariant: ``acked_ranges`` is sorted, its half-open ranges are disjoint and
+    never touch each other or ``mark_delete``, so ``mark_delete`` is always the
+    first unacknowledged offset and equal states have equal representations.
+    """
+
+    def __init__(
+        self, name: str, mark_delete: int = 0, acked_ranges: Iterable[tuple[int, int]] = ()
+    ) -> None:
+        self.name = validate_subscription_name(name)
+        _check_offset("mark_delete", mark_delete)
+        self._mark_delete = mark_delete
+        self._ranges: list[tuple[int, int]] = _coalesce(sorted(acked_ranges))
+        self._normalize()
+
+    @property
+    def mark_delete(self) -> int:
+        return self._mark_delete
+
+    @property
+    def acked_ranges(self) -> tuple[tuple[int, int], ...]:
+        return tuple(self._ranges)
+
+    def ack_cumulative(self, offset: int) -> bool:
+        """Acknowledge every offset up to and including ``offset``.
+
+        Going backwards is a no-op rather than an error, because cumulative acks
+        from a consumer may arrive late or be replayed. Returns whether anything
+        changed, so callers can skip persisting a no-op.
+        """
+        _check_offset("offset", offset)
+        if offset < self._mark_delete:
+            return False
+        self._mark_delete = offset + 1
+        self._normalize()
+        return True
+
+    def ack(self, offsets: Iterable[int]) -> bool:
+        """Acknowledge individual offsets; returns whether anything changed."""
+        requested = sorted(set(offsets))
+        if requested:
+            _check_offset("offset", requested[0])
+        fresh = [offset for offset in requested if not self.is_acked(offset)]
+        if not fresh:
+            return False
+        new_ranges = _coalesce((offset, offset + 1) for offset in fresh)
+        self._ranges = _coalesce(heapq.merge(self._ranges, new_ranges))
+        self._normalize()
+        return True
+
+    def is_acked(self, offset: int) -> bool:
+        if offset < self._mark_delete:
+            return True
+        index = bisect.bisect_right(self._ranges, (offset, float("inf"))) - 1
+        return index >= 0 and offset < self._ranges[index][1]
+
+    def backlog(self, end_offset: int) -> int:
+        """Unacknowledged offsets below ``end_offset``."""
+        if end_offset <= self._mark_delete:
+            return 0
+        acked = sum(
+            min(end, end_offset) - start for start, end in self._ranges if start < end_offset
+        )
+        return end_offset - self._mark_delete - acked
+
+    def first_unacked(self, from_offset: int) -> int:
+        """The first unacknowledged offset at or after ``from_offset`` (may be past the end)."""
+        offset = max(from_offset, self._mark_delete)
+        index = bisect.bisect_right(self._ranges, (offset, float("inf"))) - 1
+        if index >= 0 and offset < self._ranges[index][1]:
+            return self._ranges[index][1]
+        return offset
+
+    def copy(self) -> Cursor:
+        return Cursor(self.name, self._mark_delete, self._ranges)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "mark_delete": self._mark_delete,
+            "acked_ranges": [list(r) for r in self._ranges],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Cursor:
+        try:
+            ranges = [(int(start), int(end)) for start, end in data.get("acked_ranges", [])]
+            return cls(str(data["name"]), int(data["mark_delete"]), ranges)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"malformed cursor record {data!r}: {exc}") from exc
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Cursor):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"Cursor({self.name!r}, mark_delete={self._mark_delete}, ranges={self._ranges})"
+
+    def _normalize(self) -> None:
+        """Fold ranges that reach ``mark_delete`` into it and drop those below it."""
+        ranges = self._ranges
+        first_kept = 0
+        while first_kept < len(ranges) and ranges[first_kept][0] <= self._mark_delete:
+            self._mark_delete = max(self._mark_delete, ranges[first_kept][1])
+            first_kept += 1
+        if first_kept:
+            del ranges[:first_kept]
+
+
+class CursorStore:
+    """All cursors of one segment, each persisted as ``cursors/{name}.json``.
+
+    One small file per cursor means an ack rewrites only its own subscription's
+    state, and the write-to-temp + rename makes every update all-or-nothing
+    across crashes.
+    """
+
+    def __init__(self, directory: Path, *, fsync: bool) -> None:
+        self._directory = Path(directory) / "cursors"
+        self._fsync = fsync
+        self._lock = threading.Lock()
+        self._directory.mkdir(parents=True, exist_ok=True)
+        self._cursors: dict[str, Cursor] = dict(self._load())
+
+    def create(self, name: str, position: Position, start_offset: int, end_offset: int) -> Cursor:
+        """Create a cursor at the first or the next offset; an existing cursor is kept
+        unchanged, so a re-subscribe after a restart does not lose its position."""
+        validate_subscription_name(name)
+        if position not in ("earliest", "latest"):
+            raise InvalidArgumentError(f"position must be 'earliest' or 'latest', got {position!r}")
+        if not 0 <= start_offset <= end_offset:
+            raise InvalidArgumentError(
+                f"need 0 <= start_offset <= end_offset, got {start_offset}, {end_offset}"
+            )
+        with self._lock:
+            cursor = self._cursors.get(name)
+            if cursor is None:
+                mark = start_offset if position == "earliest" else end_offset
+                cursor = Cursor(name, mark)
+                self._persist(cursor)
+                self._cursors[name] = cursor
+            return cursor.copy()
+
+    def get(self, name: str) -> Cursor:
+        """A snapshot: changing it does not change (or persist) the stored cursor."""
+        with self._lock:
+            return self._live(name).copy()
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._cursors)
+
+    def delete(self, name: str) -> None:
+        validate_subscription_name(name)
+        with self._lock:
+            self._cursors.pop(name, None)
+            self._path(name).unlink(missing_ok=True)
+            if self._fsync:
+                _fsync_directory(self._directory)
+
+    def ack_cumulative(self, name: str, offset: int) -> None:
+        with self._lock:
+            cursor = self._live(name)
+            if cursor.ack_cumulative(offset):
+                self._persist(cursor)
+
+    def ack(self, name: str, offsets: Iterable[int]) -> None:
+        with self._lock:
+            cursor = self._live(name)
+            if cursor.ack(offsets):
+                self._persist(cursor)
+
+    def _live(self, name: str) -> Cursor:
+        cursor = self._cursors.get(name)
+        if cursor is None:
+            raise SubscriptionNotFoundError(f"subscription {name!r} does not exist")
+        return cursor
+
+    def _path(self, name: str) -> Path:
+        return self._directory / f"{name}{_SUFFIX}"
+
+    def _persist(self, cursor: Cursor) -> None:
+        path = self._path(cursor.name)
+        temporary = path.with_name(f".{path.name}.tmp")
+        with open(temporary, "wb") as file:
+            file.write(json.dumps(cursor.to_dict(), separators=(",", ":")).encode())
+            file.flush()
+            if self._fsync:
+                os.fsync(file.fileno())
+        os.replace(temporary, path)
+        if self._fsync:
+            _fsync_directory(self._directory)
+
+    def _load(self) -> Iterator[tuple[str, Cursor]]:
+        for path in self._directory.iterdir():
+            if path.name.endswith(".tmp"):
+                path.unlink()  # an update interrupted before its rename; the old file stands
+            elif path.name.endswith(_SUFFIX):
+                cursor = Cursor.from_dict(json.loads(path.read_bytes()))
+                yield cursor.name, cursor
+
+
+def _check_offset(what: str, offset: int) -> None:
+    if not isinstance(offset, int) or offset < 0:
+        raise InvalidArgumentError(f"{what} must be a non-negative integer, got {offset!r}")
+
+
+def _coalesce(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge sorted half-open ranges that overlap or touch; drop empty ones."""
+    merged: list[tuple[int, int]] = []
+    for start, end in ranges:
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename (or unlink) itself durable, not only the file contents."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,250 @@
+"""Everything one segment keeps on disk: its log, its cursors and its fence.
+
+The segment actor is a thin async shell over this class, so every rule about
+a segment (terminated means read-only, stale controllers are refused, queue
+deliveries are tracked until acked) is testable without Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from runtime.dispatch import QueueDispatcher
+from runtime.errors import SegmentNotFoundError, StaleEpochError
+from runtime.names import SegmentName
+from storage.cursors import CursorStore, Position
+from storage.segment_log import AppendResult, Durability, SegmentLog, StoredBatch
+
+DELIVERY_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("value", pa.binary()),
+        ("properties", pa.map_(pa.string(), pa.string())),
+        ("offset", pa.int64()),
+        ("publish_time", pa.timestamp("ms", tz="UTC")),
+    ]
+)
+
+
+def segment_directory(root: Path, name: SegmentName) -> Path:
+    topic = name.topic
+    return Path(root) / topic.tenant / topic.namespace / topic.topic / name.descriptor
+
+
+class SegmentStore:
+    def __init__(
+        self,
+        name: SegmentName,
+        root: Path,
+        durability: Durability,
+        *,
+        ack_timeout_s: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.directory = segment_directory(root, name)
+        self.log = SegmentLog(
+            self.directory / "log", durability=durability, segment_id=name.segment_id
+        )
+        self.cursors = CursorStore(self.directory, fsync=durability.policy == "fsync")
+        self._fence_path = self.directory / "fence.json"
+        self._fence = self._load_fence()
+        self._ack_timeout_s = ack_timeout_s
+        self._dispatchers: dict[str, QueueDispatcher] = {}
+        self._deleted = False
+
+    # --- fencing ---------------------------------------------------------------
+
+    def check_epoch(self, epoch: int | None) -> None:
+        """Refuse a controller request older than the newest controller seen."""
+        self._check_alive()
+        if epoch is None:
+            return
+        if epoch < self._fence:
+            raise StaleEpochError(
+                f"{self.name}: request from controller epoch {epoch} refused, "
+                f"epoch {self._fence} has taken over"
+            )
+        if epoch > self._fence:
+            self._fence = epoch
+            _atomic_write(self._fence_path, json.dumps({"fenceEpoch": epoch}).encode())
+
+    @property
+    def fence_epoch(self) -> int:
+        return self._fence
+
+    # --- data path ---------------------------------------------------------------
+
+    def append(
+        self, batch: pa.RecordBatch, producer_id: str | None, sequence: int | None
+    ) -> AppendResult:
+        self._check_alive()
+        return self.log.append(batch, producer_id=producer_id, sequence=sequence)
+
+    def read(self, offset: int, max_records: int) -> pa.RecordBatch:
+        self._check_alive()
+        offset = max(offset, self.log.start_offset)
+        return to_delivery(self.log.read(offset, max_records))
+
+    def terminate(self, epoch: int | None) -> int:
+        self.check_epoch(epoch)
+        self.log.terminate()
+        return self.log.end_offset
+
+    def delete(self, epoch: int | None) -> None:
+        self.check_epoch(epoch)
+        self.log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self._deleted = True
+
+    # --- subscriptions -------------------------------------------------------------
+
+    def create_subscription(self, name: str, position: Position, epoch: int | None) -> int:
+        """Idempotent; returns the cursor's position."""
+        self.check_epoch(epoch)
+        cursor = self.cursors.create(name, position, self.log.start_offset, self.log.end_offset)
+        return cursor.mark_delete
+
+    def delete_subscription(self, name: str, epoch: int | None) -> None:
+        self.check_epoch(epoch)
+        self.cursors.delete(name)
+        self._dispatchers.pop(name, None)
+
+    def subscriptions(self) -> list[str]:
+        self._check_alive()
+        return self.cursors.names()
+
+    def position(self, subscription: str) -> int:
+        """First unacknowledged offset: where a stream consumer resumes."""
+        return max(self.cursors.get(subscription).mark_delete, self.log.start_offset)
+
+    def drained(self, subscription: str) -> bool:
+        return self.log.terminated and self.position(subscription) >= self.log.end_offset
+
+    def ack_cumulative(self, subscription: str, offset: int) -> None:
+        self._check_alive()
+        self.cursors.ack_cumulative(subscription, offset)
+
+    def ack(self, subscription: str, offsets: Iterable[int]) -> None:
+        self._check_alive()
+        offsets = list(offsets)
+        self.cursors.ack(subscription, offsets)
+        self._dispatcher(subscription).acknowledged(offsets)
+
+    def negative_ack(self, subscription: str, offsets: Iterable[int]) -> None:
+        self._dispatcher(subscription).negative_ack(offsets)
+
+    def queue_receive(self, subscription: str, consumer: str, max_records: int) -> pa.RecordBatch:
+        """Messages no other queue consumer of this subscription currently holds."""
+        self._check_alive()
+        cursor = self.cursors.get(subscription)
+        offsets = self._dispatcher(subscription).take(
+            consumer, max_records, self.log.end_offset, cursor.is_acked, time.monotonic()
+        )
+        return self._read_offsets(offsets)
+
+    def consumer_left(self, subscription: str, consumer: str) -> None:
+        if subscription in self._dispatchers:
+            self._dispatchers[subscription].consumer_left(consumer)
+
+    # --- stats -------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        self._check_alive()
+        end = self.log.end_offset
+        subs = {}
+        for name in self.cursors.names():
+            cursor = self.cursors.get(name)
+            entry: dict[str, Any] = {
+                "backlog": cursor.backlog(end),
+                "markDelete": cursor.mark_delete,
+            }
+            if name in self._dispatchers:
+                entry["inFlight"] = self._dispatchers[name].in_flight
+            subs[name] = entry
+        return {
+            "segment": str(self.name),
+            "segmentId": self.name.segment_id,
+            "terminated": self.log.terminated,
+            "startOffset": self.log.start_offset,
+            "endOffset": end,
+            "records": end - self.log.start_offset,
+            "sizeBytes": self.log.size_bytes,
+            "lastPublishTimeMs": self.log.last_publish_time_ms,
+            "fenceEpoch": self._fence,
+            "subscriptions": subs,
+        }
+
+    def close(self) -> None:
+        if not self._deleted:
+            self.log.close()
+
+    # --- internals ---------------------------------------------------------------
+
+    def _dispatcher(self, subscription: str) -> QueueDispatcher:
+        dispatcher = self._dispatchers.get(subscription)
+        if dispatcher is None:
+            start = self.position(subscription)
+            dispatcher = QueueDispatcher(ack_timeout_s=self._ack_timeout_s, next_offset=start)
+            self._dispatchers[subscription] = dispatcher
+        return dispatcher
+
+    def _read_offsets(self, offsets: list[int]) -> pa.RecordBatch:
+        batches = []
+        for start, count in _runs(offsets):
+            batches.extend(self.log.read(start, count))
+        return to_delivery(batches)
+
+    def _check_alive(self) -> None:
+        if self._deleted:
+            raise SegmentNotFoundError(f"{self.name} has been deleted")
+
+    def _load_fence(self) -> int:
+        try:
+            return int(json.loads(self._fence_path.read_bytes())["fenceEpoch"])
+        except FileNotFoundError:
+            return 0
+
+
+def to_delivery(stored: list[StoredBatch]) -> pa.RecordBatch:
+    """Concatenate stored batches into one batch with ``offset`` and ``publish_time`` columns."""
+    if not stored:
+        return pa.RecordBatch.from_pylist([], schema=DELIVERY_SCHEMA)
+    columns: list[list[pa.Array]] = [[], [], [], [], []]
+    for batch in stored:
+        n = batch.records.num_rows
+        for i in range(3):
+            columns[i].append(batch.records.column(i))
+        columns[3].append(pa.array(np.arange(batch.base_offset, batch.base_offset + n)))
+        columns[4].append(pa.array(np.full(n, batch.publish_time_ms, dtype="datetime64[ms]")))
+    arrays = [pa.concat_arrays(c) for c in columns]
+    arrays[4] = arrays[4].cast(DELIVERY_SCHEMA.field("publish_time").type)
+    return pa.RecordBatch.from_arrays(arrays, schema=DELIVERY_SCHEMA)
+
+
+def _runs(offsets: list[int]) -> list[tuple[int, int]]:
+    """Group sorted-ish offsets into (start, length) runs of consecutive offsets."""
+    runs: list[tuple[int, int]] = []
+    for offset in offsets:
+        if runs and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((offset, 1))
+    return runs
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)

@@ -1,0 +1,442 @@
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import storage.segment_log as segment_log_module
+from runtime.batch import BATCH_SCHEMA, deserialize_batch, make_batch, serialize_batch
+from runtime.errors import InvalidArgumentError, SegmentTerminated, UnavailableError
+from storage.segment_log import (
+    PRODUCER_WINDOW,
+    AppendResult,
+    Durability,
+    SegmentLog,
+    StoredBatch,
+    default_storage_root,
+)
+
+FAST = Durability("none")
+FIRST_CHUNK = "00000000000000000000.log"
+
+
+def values_for(start: int, count: int, size: int = 20) -> list[bytes]:
+    """Distinct, recognisable values: record ``i`` holds its own offset."""
+    return [f"{offset:08d}".encode().ljust(size, b"v") for offset in range(start, start + count)]
+
+
+def read_values(log: SegmentLog, offset: int, max_records: int) -> list[bytes]:
+    return [v for b in log.read(offset, max_records) for v in b.records.column("value").to_pylist()]
+
+
+def chunk_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob("*.log"))
+
+
+# --- the batch contract ------------------------------------------------------------
+
+
+def test_make_batch_from_lists_and_round_trip() -> None:
+    batch = make_batch([b"a", b"bc"], keys=["k", None], properties=[{"h": "1"}, None])
+    assert batch.schema.equals(BATCH_SCHEMA)
+    decoded = deserialize_batch(serialize_batch(batch))
+    assert decoded.equals(batch)
+    assert decoded.column("properties").to_pylist() == [[("h", "1")], None]
+
+
+def test_make_batch_arrow_and_numpy_inputs() -> None:
+    values = pa.array([b"x", b"y"], type=pa.large_binary())
+    keys = pa.array(["a", "b"], type=pa.large_string())
+    batch = make_batch(values, keys=keys)
+    assert batch.column("value").type == pa.binary()
+    assert batch.column("key").to_pylist() == ["a", "b"]
+    assert batch.column("properties").null_count == 2
+    from_numpy = make_batch(np.array([b"x", b"y"], dtype=object))
+    assert from_numpy.column("value").to_pylist() == [b"x", b"y"]
+
+
+@pytest.mark.parametrize(
+    ("values", "keys", "properties"),
+    [
+        (b"not a list", None, None),
+        ([1, 2], None, None),
+        (pa.array([1, 2]), None, None),
+        ([b"a"], ["k1", "k2"], None),
+        ([b"a"], [3], None),
+        ([b"a"], None, [{"h": 1}]),
+        ([b"a", b"b"], None, [None]),
+    ],
+)
+def test_make_batch_rejects_bad_input(values: object, keys: object, properties: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        make_batch(values, keys=keys, properties=properties)  # type: ignore[arg-type]
+
+
+# --- append and read ---------------------------------------------------------------
+
+
+def test_round_trip_across_chunk_rollovers(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=4096)
+    expected: list[bytes] = []
+    rng = random.Random(7)
+    for _ in range(60):
+        count = rng.randint(1, 40)
+        result = log.append(make_batch(values_for(len(expected), count)))
+        assert result == AppendResult(len(expected), count, duplicate=False)
+        expected += values_for(len(expected), count)
+    assert log.end_offset == len(expected)
+    assert len(chunk_files(tmp_path)) > 5
+    for _ in range(100):
+        offset = rng.randrange(len(expected) + 5)
+        max_records = rng.randint(1, 150)
+        assert read_values(log, offset, max_records) == expected[offset : offset + max_records]
+    log.close()
+
+    reopened = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=4096)
+    assert reopened.end_offset == len(expected)
+    assert read_values(reopened, 0, len(expected)) == expected
+    assert reopened.size_bytes == sum(p.stat().st_size for p in tmp_path.glob("*.log"))
+    reopened.close()
+
+
+def test_read_slices_batches_and_keeps_metadata(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST)
+    log.append(make_batch(values_for(0, 10)), producer_id="p", sequence=0)
+    log.append(make_batch(values_for(10, 10)))
+    batches = log.read(7, 5)
+    assert [(b.base_offset, b.records.num_rows) for b in batches] == [(7, 3), (10, 2)]
+    assert isinstance(batches[0], StoredBatch)
+    assert (batches[0].producer_id, batches[0].sequence) == ("p", 0)
+    assert (batches[1].producer_id, batches[1].sequence) == (None, None)
+    assert batches[0].publish_time_ms <= batches[1].publish_time_ms == log.last_publish_time_ms
+    assert log.read(20, 10) == []
+    with pytest.raises(InvalidArgumentError):
+        log.read(0, 0)
+    log.close()
+
+
+def test_refuses_empty_and_foreign_batches(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST)
+    with pytest.raises(InvalidArgumentError):
+        log.append(make_batch([]))
+    with pytest.raises(InvalidArgumentError):
+        log.append(pa.record_batch([pa.array([1])], names=["value"]))
+    assert log.end_offset == 0
+    log.close()
+
+
+def test_reads_run_concurrently_with_appends(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=8192)
+    errors: list[Exception] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not done.is_set():
+                end = log.end_offset
+                values = read_values(log, 0, 10_000)
+                assert len(values) >= end
+                assert values == values_for(0, len(values))
+        except Exception as exc:  # surfaced through the main thread's assert
+            errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for start in range(0, 2000, 20):
+        log.append(make_batch(values_for(start, 20)))
+    done.set()
+    thread.join()
+    assert errors == []
+    log.close()
+
+
+# --- crash recovery ----------------------------------------------------------------
+
+
+def build_single_chunk_log(directory: Path) -> tuple[list[int], list[pa.RecordBatch]]:
+    """~30 batches of varied sizes; returns the byte position after each frame."""
+    rng = random.Random(1234)
+    log = SegmentLog(directory, durability=FAST)
+    ends: list[int] = []
+    batches: list[pa.RecordBatch] = []
+    for number in range(30):
+        count = rng.randint(1, 25)
+        size = rng.randint(1, 300)
+        producer = f"producer-{number % 3}" if number % 2 else None
+        batch = make_batch(
+            values_for(log.end_offset, count, size),
+            keys=[f"k{i}" for i in range(count)],
+            properties=[{"n": str(number)}] * count,
+        )
+        log.append(batch, producer_id=producer, sequence=number if producer else None)
+        ends.append(log.size_bytes)
+        batches.append(batch)
+    log.close()
+    assert chunk_files(directory) == [FIRST_CHUNK]
+    return ends, batches
+
+
+def all_records(log: SegmentLog) -> pa.Table:
+    stored = log.read(log.start_offset, max(log.end_offset, 1))
+    return pa.Table.from_batches([b.records for b in stored], schema=BATCH_SCHEMA)
+
+
+def test_torn_tail_at_random_positions_recovers_complete_batches(tmp_path: Path) -> None:
+    ends, batches = build_single_chunk_log(tmp_path / "original")
+    original = (tmp_path / "original" / FIRST_CHUNK).read_bytes()
+    assert len(original) == ends[-1]
+    seed = 20240611
+    print(f"torn-tail seed: {seed}")
+    rng = random.Random(seed)
+    cuts = [rng.randrange(len(original) + 1) for _ in range(200)]
+    for number, cut in enumerate(cuts):
+        directory = tmp_path / f"cut-{number}"
+        directory.mkdir()
+        (directory / FIRST_CHUNK).write_bytes(original[:cut])
+        complete = sum(1 for end in ends if end <= cut)
+        expected = pa.Table.from_batches(batches[:complete], schema=BATCH_SCHEMA)
+
+        log = SegmentLog(directory, durability=FAST)
+        assert all_records(log).equals(expected), f"cut at byte {cut}"
+        assert log.end_offset == expected.num_rows
+        assert log.size_bytes == (ends[complete - 1] if complete else 0)
+        result = log.append(make_batch([b"after the crash"]))
+        assert result.base_offset == expected.num_rows
+        log.close()
+        reopened = SegmentLog(directory, durability=FAST)
+        assert reopened.end_offset == expected.num_rows + 1
+        assert read_values(reopened, result.base_offset, 10) == [b"after the crash"]
+        assert all_records(reopened).slice(0, expected.num_rows).equals(expected)
+        reopened.close()
+        shutil.rmtree(directory)
+
+
+def test_corrupt_byte_in_last_frame_drops_only_that_frame(tmp_path: Path) -> None:
+    ends, batches = build_single_chunk_log(tmp_path)
+    path = tmp_path / FIRST_CHUNK
+    data = bytearray(path.read_bytes())
+    data[(ends[-2] + ends[-1]) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    log = SegmentLog(tmp_path, durability=FAST)
+    assert all_records(log).equals(pa.Table.from_batches(batches[:-1], schema=BATCH_SCHEMA))
+    assert path.stat().st_size == ends[-2]
+    log.close()
+
+
+def test_corruption_before_the_last_chunk_refuses_to_open(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=2048)
+    for start in range(0, 200, 10):
+        log.append(make_batch(values_for(start, 10)))
+    log.close()
+    first = tmp_path / FIRST_CHUNK
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    first.write_bytes(bytes(data))
+    with pytest.raises(UnavailableError, match="corrupt"):
+        SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=2048)
+
+
+# --- idempotent producers ----------------------------------------------------------
+
+
+def test_duplicate_sequence_returns_original_result(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST)
+    first = log.append(make_batch(values_for(0, 5)), producer_id="p", sequence=0)
+    second = log.append(make_batch(values_for(5, 3)), producer_id="p", sequence=1)
+    size = log.size_bytes
+    retry = log.append(make_batch(values_for(0, 5)), producer_id="p", sequence=0)
+    assert retry == AppendResult(first.base_offset, first.count, duplicate=True)
+    assert log.size_bytes == size and log.end_offset == 8
+    other = log.append(make_batch([b"x"]), producer_id="q", sequence=0)
+    assert other == AppendResult(8, 1, duplicate=False)
+    log.close()
+
+    reopened = SegmentLog(tmp_path, durability=FAST)
+    assert reopened.append(make_batch([b"y"]), producer_id="p", sequence=1) == AppendResult(
+        second.base_offset, second.count, duplicate=True
+    )
+    assert reopened.end_offset == 9
+    reopened.close()
+
+
+def test_sequence_gaps_order_and_window(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST)
+    log.append(make_batch([b"a"]), producer_id="p", sequence=5)
+    log.append(make_batch([b"b"]), producer_id="p", sequence=9)
+    with pytest.raises(InvalidArgumentError, match="out of order"):
+        log.append(make_batch([b"c"]), producer_id="p", sequence=7)
+    with pytest.raises(InvalidArgumentError, match="older than the retained window"):
+        log.append(make_batch([b"c"]), producer_id="p", sequence=2)
+    for sequence in range(10, 10 + PRODUCER_WINDOW):
+        log.append(make_batch([b"x"]), producer_id="p", sequence=sequence)
+    with pytest.raises(InvalidArgumentError, match="older than the retained window"):
+        log.append(make_batch([b"c"]), producer_id="p", sequence=9)
+    assert log.append(make_batch([b"c"]), producer_id="p", sequence=10).duplicate
+    log.close()
+
+
+@pytest.mark.parametrize(("producer", "sequence"), [(None, 1), ("", None), ("p", -1)])
+def test_rejects_bad_producer_arguments(
+    tmp_path: Path, producer: str | None, sequence: int | None
+) -> None:
+    log = SegmentLog(tmp_path, durability=FAST)
+    with pytest.raises(InvalidArgumentError):
+        log.append(make_batch([b"a"]), producer_id=producer, sequence=sequence)
+    log.close()
+
+
+# --- termination -------------------------------------------------------------------
+
+
+def test_terminated_log_refuses_appends_across_reopen(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST, segment_id=42)
+    log.append(make_batch([b"a", b"b"]))
+    log.terminate()
+    size = log.size_bytes
+    log.terminate()
+    assert log.size_bytes == size and log.terminated
+    with pytest.raises(SegmentTerminated, match="segment 42 is terminated") as caught:
+        log.append(make_batch([b"c"]))
+    assert caught.value.segment_id == 42
+    log.close()
+
+    reopened = SegmentLog(tmp_path, durability=FAST, segment_id=42)
+    assert reopened.terminated and reopened.end_offset == 2
+    assert read_values(reopened, 0, 10) == [b"a", b"b"]
+    with pytest.raises(SegmentTerminated) as caught:
+        reopened.append(make_batch([b"c"]), producer_id="p", sequence=0)
+    assert caught.value.segment_id == 42
+    reopened.close()
+
+
+# --- durability and retention ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("durability", "syncs_after_appends", "syncs_after_sync"),
+    [
+        (Durability("fsync"), 3, 3),
+        (Durability("interval", interval_s=0.0), 3, 3),
+        (Durability("interval", interval_s=3600.0), 0, 1),
+        (Durability("none"), 0, 1),
+    ],
+)
+def test_durability_policies(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    durability: Durability,
+    syncs_after_appends: int,
+    syncs_after_sync: int,
+) -> None:
+    calls: list[int] = []
+    real = segment_log_module._datasync
+    monkeypatch.setattr(segment_log_module, "_datasync", lambda fd: (calls.append(fd), real(fd)))
+    log = SegmentLog(tmp_path, durability=durability)
+    for start in range(0, 3):
+        log.append(make_batch(values_for(start, 1)))
+    assert len(calls) == syncs_after_appends
+    log.sync()
+    assert len(calls) == syncs_after_sync
+    log.close()
+    reopened = SegmentLog(tmp_path, durability=durability)
+    assert read_values(reopened, 0, 10) == values_for(0, 3)
+    reopened.close()
+
+
+def test_durability_from_env_and_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAYTOPICS_DURABILITY", "fsync")
+    monkeypatch.setenv("RAYTOPICS_FSYNC_INTERVAL_S", "0.5")
+    assert Durability.from_env() == Durability("fsync", 0.5)
+    monkeypatch.delenv("RAYTOPICS_FSYNC_INTERVAL_S")
+    monkeypatch.delenv("RAYTOPICS_DURABILITY")
+    assert Durability.from_env() == Durability()
+    monkeypatch.setenv("RAYTOPICS_DURABILITY", "sometimes")
+    with pytest.raises(InvalidArgumentError):
+        Durability.from_env()
+    with pytest.raises(InvalidArgumentError):
+        Durability("interval", interval_s=-1)
+
+
+def test_default_storage_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RAYTOPICS_STORAGE_ROOT", str(tmp_path))
+    assert default_storage_root() == tmp_path
+    monkeypatch.delenv("RAYTOPICS_STORAGE_ROOT")
+    root = default_storage_root()
+    assert root.name == "segments" and "raytopics" in str(root)
+
+
+def test_truncate_head_drops_whole_old_chunks_only(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=2048)
+    for start in range(0, 300, 10):
+        log.append(make_batch(values_for(start, 10)))
+    bases = [int(name.removesuffix(".log")) for name in chunk_files(tmp_path)]
+    assert len(bases) > 3
+    cut = bases[2] + 1  # inside the third chunk: only the first two are wholly below it
+    assert log.truncate_head(cut) == bases[2]
+    assert log.start_offset == bases[2]
+    assert chunk_files(tmp_path)[0] == f"{bases[2]:020d}.log"
+    with pytest.raises(InvalidArgumentError, match="below the start offset"):
+        log.read(bases[2] - 1, 1)
+    assert read_values(log, bases[2], 1000) == values_for(bases[2], 300 - bases[2])
+
+    assert log.truncate_head(10**9) == bases[-1] - bases[2]
+    assert chunk_files(tmp_path) == [f"{bases[-1]:020d}.log"]
+    log.append(make_batch(values_for(300, 5)))
+    log.close()
+
+    reopened = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=2048)
+    assert (reopened.start_offset, reopened.end_offset) == (bases[-1], 305)
+    assert read_values(reopened, bases[-1], 1000) == values_for(bases[-1], 305 - bases[-1])
+    reopened.delete()
+    assert not tmp_path.exists()
+
+
+# --- property: the log behaves like a list -----------------------------------------
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 30), st.integers(0, 200)),
+        st.tuples(st.just("read"), st.integers(0, 400), st.integers(1, 100)),
+        st.tuples(st.just("reopen"), st.just(0), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+def open_small_chunk_log(directory: Path) -> SegmentLog:
+    return SegmentLog(directory, durability=FAST, max_chunk_bytes=3000)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations)
+def test_log_matches_in_memory_model(ops: list[tuple[str, int, int]]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        log = open_small_chunk_log(Path(directory))
+        model: list[bytes] = []
+        for kind, first, second in ops:
+            if kind == "append":
+                values = [b"%d:" % (len(model) + i) + b"v" * second for i in range(first)]
+                assert log.append(make_batch(values)).base_offset == len(model)
+                model += values
+            elif kind == "read":
+                batches = log.read(first, second)
+                assert [v for b in batches for v in b.records.column("value").to_pylist()] == (
+                    model[first : first + second]
+                )
+                offsets = [b.base_offset for b in batches]
+                sizes = [b.records.num_rows for b in batches]
+                assert offsets == [first + sum(sizes[:i]) for i in range(len(sizes))]
+            else:
+                log.close()
+                log = open_small_chunk_log(Path(directory))
+            assert log.end_offset == len(model)
+        log.close()
