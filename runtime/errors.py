@@ -49,6 +49,12 @@ class InvalidArgumentError(InvalidRequestError):
     code = "invalid_argument"
 
 
+class InvalidLayoutError(InvalidRequestError):
+    """A segment DAG that breaks an invariant (gap, overlap, dangling link)."""
+
+    code = "invalid_layout"
+
+
 class LimitExceededError(InvalidRequestError):
     code = "limit_exceeded"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Iterator
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runtime.errors import (
     InvalidArgumentError,
+    InvalidLayoutError,
     SegmentNotActiveError,
     SegmentNotFoundError,
     SegmentsNotAdjacentError,
@@ -190,6 +192,39 @@ class SegmentLayout:
                         seen.add(nxt)
                         frontier.append(nxt)
         return [self._all[i] for i in sorted(seen)]
+
+    def check_invariants(self) -> None:
+        """Raise ``InvalidLayoutError`` naming the first broken DAG invariant.
+
+        Active segments tile ``[0, 0xFFFF]`` with no gap or overlap, ids are
+        unique and below ``nextSegmentId``, sealed segments have children (and
+        only they do), and every parent/child link is mirrored.
+        """
+        for problem in self._problems():
+            raise InvalidLayoutError(f"invalid layout at epoch {self.epoch}: {problem}")
+
+    def _problems(self) -> Iterator[str]:
+        active = self._ordered
+        if not active:
+            yield "no active segments"
+            return
+        if active[0].hash_range.start != 0 or active[-1].hash_range.end != MAX_HASH:
+            first, last = active[0].hash_range.start, active[-1].hash_range.end
+            yield f"active segments cover [{first}, {last}], not [0, {MAX_HASH}]"
+        for left, right in zip(active, active[1:], strict=False):
+            if left.hash_range.end + 1 != right.hash_range.start:
+                yield f"gap or overlap between {left.segment_id} and {right.segment_id}"
+        for seg in self._all.values():
+            if seg.segment_id >= self.next_segment_id:
+                yield f"segment {seg.segment_id} >= nextSegmentId {self.next_segment_id}"
+            if seg.is_active == bool(seg.child_ids) or seg.is_active != (seg.sealed_at_epoch == 0):
+                yield f"segment {seg.segment_id} is {seg.state.value} with children {seg.child_ids}"
+            for child in seg.child_ids:
+                if child in self._all and seg.segment_id not in self._all[child].parent_ids:
+                    yield f"child {child} does not list parent {seg.segment_id}"
+            for parent in seg.parent_ids:
+                if parent in self._all and seg.segment_id not in self._all[parent].child_ids:
+                    yield f"parent {parent} does not list child {seg.segment_id}"
 
     # --- mutations (each returns a new layout) -------------------------------
 

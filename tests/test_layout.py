@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from runtime.errors import (
     InvalidArgumentError,
+    InvalidLayoutError,
     SegmentNotActiveError,
     SegmentNotFoundError,
     SegmentsNotAdjacentError,
@@ -35,6 +36,7 @@ SPEC_EXAMPLE = """{
 
 def assert_valid(layout: SegmentLayout) -> None:
     """The invariants every layout must hold after any sequence of operations."""
+    layout.check_invariants()
     active = sorted(layout.active_segments.values(), key=lambda s: s.hash_range.start)
     assert active, "a topic always has active segments"
     assert active[0].hash_range.start == 0 and active[-1].hash_range.end == 0xFFFF
@@ -126,6 +128,17 @@ def test_lineage_and_prune():
     assert 0 not in pruned.all_segments and pruned.all_segments[2].parent_ids == ()
     assert pruned.epoch == layout.epoch + 1
     assert_valid(pruned)
+
+
+def test_check_invariants_catches_broken_dags():
+    doc = json.loads(SPEC_EXAMPLE)
+    doc["segments"]["4"]["hashRange"]["start"] = 16000  # overlaps segment 3
+    with pytest.raises(InvalidLayoutError, match="overlap"):
+        SegmentLayout.from_dict(doc).check_invariants()
+    doc = json.loads(SPEC_EXAMPLE)
+    doc["segments"]["1"]["childIds"] = [3]  # 4 lists 1 as parent, 1 forgot 4
+    with pytest.raises(InvalidLayoutError, match="does not list child"):
+        SegmentLayout.from_dict(doc).check_invariants()
 
 
 def test_malformed_json_is_a_clear_error():

@@ -1,0 +1,457 @@
+"""The scalable topic controller: the only writer of one topic's layout.
+
+Leadership is owning the named actor plus a fencing epoch: every incarnation
+compare-and-swap-increments the epoch at the topic's ``.../controller`` path,
+stamps it into the topic record and announces it to every active segment. All
+later writes carry it, so an older incarnation is refused by the metadata store
+(its stamp no longer matches) and by segments (they saw a newer epoch).
+
+Every layout change is first written down as a ``PendingOperation``; a new
+incarnation finishes whatever its predecessor left half-done before serving
+anything else (roll forward, never back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.segment import segment_actor
+from runtime.config import ray_namespace
+from runtime.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidArgumentError,
+    KeyNotFoundError,
+    OperationInProgressError,
+    SegmentNotFoundError,
+    StaleEpochError,
+    SubscriptionAlreadyExistsError,
+    SubscriptionNotFoundError,
+    TopicAlreadyExistsError,
+    TopicNotFoundError,
+)
+from runtime.layout import SegmentLayout
+from runtime.names import SegmentName, TopicName
+from runtime.operations import (
+    PendingOperation,
+    TopicRecord,
+    apply_operation,
+    completed,
+    plan_merge,
+    plan_split,
+)
+from runtime.subscription import StartPosition, SubscriptionMetadata
+from storage.metadata import MetadataStore
+from storage.segment_log import Durability
+from storage.segment_store import SegmentStore
+
+
+class ScalableTopicController:
+    """Leader logic for one topic; ``ControllerActor`` is this class as a Ray actor."""
+
+    def __init__(self, topic: str, storage_root: str, durability: dict[str, Any]) -> None:
+        self.topic = TopicName.parse(topic)
+        self.storage_root = storage_root
+        self.durability = Durability(**durability)
+        self.store = MetadataStore(ray_namespace())
+        self.epoch = self._elect()
+        self._lock = asyncio.Lock()
+        self._recovered = False
+        self._fault_after_step: int | None = None
+
+    # --- leadership --------------------------------------------------------------
+
+    def _elect(self) -> int:
+        """CAS-increment the leader epoch and write this incarnation's identity."""
+        path = self.topic.controller_path
+        identity = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        for _ in range(100):
+            try:
+                self.store.put_if_absent(path, json.dumps({**identity, "leaderEpoch": 1}).encode())
+                return 1
+            except AlreadyExistsError:
+                pass
+            try:
+                bumped = self.store.update(
+                    path,
+                    lambda raw: json.dumps(
+                        {**identity, "leaderEpoch": json.loads(raw)["leaderEpoch"] + 1}
+                    ).encode(),
+                )
+                return json.loads(bumped.value)["leaderEpoch"]
+            except KeyNotFoundError:
+                continue  # deleted between the two calls: try to create it again
+        raise ConflictError(f"could not win leadership of {self.topic}: constant contention")
+
+    async def ready(self) -> dict[str, Any]:
+        """Finish recovery; returns who leads and at which epoch."""
+        async with self._lock:
+            await self._recover()
+        return {"topic": str(self.topic), "leaderEpoch": self.epoch, "pid": os.getpid()}
+
+    async def _recover(self) -> None:
+        """Stamp our epoch, fence the segments, finish interrupted work. Idempotent."""
+        record = self._read_record(required=False)
+        if record is None or (self._recovered and record.pending_operation is None):
+            return
+        record = self._update_record(lambda r: r)
+        await asyncio.gather(
+            *(
+                self._segment_handle(n).check_epoch.remote(self.epoch)
+                for n in self._active_names(record)
+            )
+        )
+        if record.pending_operation is not None:
+            await self._carry_out(record.pending_operation)
+        for name in self.store.children(f"{self.topic.metadata_path}/subscriptions"):
+            await self._finish_subscription(name)
+        self._recovered = True
+
+    # --- topic lifecycle -----------------------------------------------------------
+
+    async def create(self, num_segments: int, properties: dict[str, str] | None = None) -> dict:
+        """Write the epoch-0 layout (with the create recorded), then start its segments."""
+        layout = SegmentLayout.initial(num_segments, properties)
+        op = PendingOperation(kind="create", request_id=uuid.uuid4().hex, base_epoch=0)
+        record = TopicRecord.model_validate(
+            {**layout.to_dict(), "controllerEpoch": self.epoch}
+        ).model_copy(update={"pending_operation": op})
+        async with self._lock:
+            try:
+                self.store.put_if_absent(self.topic.metadata_path, record.to_bytes())
+            except AlreadyExistsError:
+                raise TopicAlreadyExistsError(f"topic {self.topic} already exists") from None
+            await self._carry_out(op)
+            self._recovered = True
+        return self._read_record().layout.to_dict()
+
+    async def delete(self) -> None:
+        async with self._lock:
+            await self._recover()
+            op = PendingOperation(kind="delete", request_id=uuid.uuid4().hex, base_epoch=0)
+            self._update_record(lambda r: r.model_copy(update={"pending_operation": op}))
+            await self._carry_out(op)
+
+    # --- split / merge ---------------------------------------------------------------
+
+    async def split_segment(self, segment_id: int, request_id: str | None = None) -> dict:
+        return await self._change_layout(
+            request_id, lambda layout, rid: plan_split(layout, segment_id, rid)
+        )
+
+    async def merge_segments(
+        self, segment_id1: int, segment_id2: int, request_id: str | None = None
+    ) -> dict:
+        return await self._change_layout(
+            request_id, lambda layout, rid: plan_merge(layout, segment_id1, segment_id2, rid)
+        )
+
+    async def _change_layout(
+        self, request_id: str | None, plan: Callable[[SegmentLayout, str], PendingOperation]
+    ) -> dict:
+        request_id = request_id or uuid.uuid4().hex
+        async with self._lock:
+            await self._recover()
+            record = self._read_record()
+            done = record.last_operation
+            if done is not None and done.request_id == request_id:
+                return done.model_dump(by_alias=True)  # a retry of what already happened
+            op = plan(record.layout, request_id)
+            self._update_record(lambda r: _with_pending(r, op))
+            await self._carry_out(op)
+            return self._read_record().last_operation.model_dump(by_alias=True)
+
+    async def _carry_out(self, op: PendingOperation) -> None:
+        """Run (or resume) ``op``; each step is safe to repeat."""
+        if op.kind == "create":
+            await asyncio.gather(*(self._create_segment(n, []) for n in self._active_names()))
+            self._update_record(lambda r: _cleared(r, op, r.layout))
+            return
+        if op.kind == "delete":
+            await self._delete_everything()
+            return
+        subscriptions = await self._discover_subscriptions(op.parents)
+        self._step_done(1)
+        await asyncio.gather(
+            *(self._create_segment(c.name(self.topic), subscriptions) for c in op.children)
+        )
+        self._step_done(2)
+        for parent in op.parents:  # one after the other, as the merge protocol requires
+            await self._segment(parent).terminate.remote(self.epoch)
+        self._step_done(3)
+        self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
+        self._step_done(4)
+        # Step 5: consumers learn the layout from the metadata they watch.
+        self._step_done(5)
+
+    async def _discover_subscriptions(self, parents: tuple[int, ...]) -> list[str]:
+        """Union of the parents' subscriptions and the topic's live ones."""
+        found = await asyncio.gather(*(self._segment(p).subscriptions.remote() for p in parents))
+        names = {name for names in found for name in names}
+        for name in self.store.children(f"{self.topic.metadata_path}/subscriptions"):
+            meta = self._subscription(name)
+            if meta is not None and meta.state != "DELETING":
+                names.add(name)
+            elif meta is not None:
+                names.discard(name)
+        return sorted(names)
+
+    async def _delete_everything(self) -> None:
+        record = self._read_record()
+        for segment in record.layout.all_segments.values():
+            name = self.topic.segment(
+                segment.segment_id, segment.hash_range.start, segment.hash_range.end
+            )
+            await self._destroy_segment(name)
+        self.store.delete_tree(self.topic.metadata_path)
+
+    # --- subscriptions ---------------------------------------------------------------
+
+    async def create_subscription(self, name: str, position: StartPosition = "earliest") -> None:
+        path = self.topic.subscription_path(name)
+        if position not in ("earliest", "latest"):
+            raise InvalidArgumentError(f"position must be 'earliest' or 'latest', not {position!r}")
+        async with self._lock:
+            await self._recover()
+            self._read_record()
+            meta = SubscriptionMetadata(name=name, position=position)
+            try:
+                self.store.put_if_absent(path, meta.to_bytes())
+            except AlreadyExistsError:
+                raise SubscriptionAlreadyExistsError(
+                    f"subscription {name!r} already exists on {self.topic}"
+                ) from None
+            await self._finish_subscription(name)
+
+    async def delete_subscription(self, name: str) -> None:
+        path = self.topic.subscription_path(name)
+        async with self._lock:
+            await self._recover()
+            if self._subscription(name) is None:
+                raise SubscriptionNotFoundError(
+                    f"subscription {name!r} does not exist on {self.topic}"
+                )
+            self.store.update(path, lambda raw: _with_state(raw, "DELETING"))
+            await self._finish_subscription(name)
+
+    async def _finish_subscription(self, name: str) -> None:
+        """Drive a CREATING or DELETING subscription to its end state on every segment."""
+        meta = self._subscription(name)
+        if meta is None or meta.state == "ACTIVE":
+            return
+        names = self._all_names()
+        if meta.state == "CREATING":
+            await asyncio.gather(
+                *(
+                    self._segment_handle(n).create_subscription.remote(
+                        name, meta.position, self.epoch
+                    )
+                    for n in names
+                )
+            )
+            self.store.update(
+                self.topic.subscription_path(name), lambda r: _with_state(r, "ACTIVE")
+            )
+        else:
+            await asyncio.gather(
+                *(
+                    self._segment_handle(n).delete_subscription.remote(name, self.epoch)
+                    for n in names
+                )
+            )
+            self.store.delete_tree(self.topic.subscription_path(name))
+
+    def _subscription(self, name: str) -> SubscriptionMetadata | None:
+        found = self.store.get(self.topic.subscription_path(name))
+        return SubscriptionMetadata.from_bytes(found.value) if found else None
+
+    # --- segment administration (the spec's Segments API) --------------------------
+
+    async def create_segment(self, segment: str, subscriptions: list[str]) -> None:
+        name = self._own_segment(segment)
+        async with self._lock:
+            await self._recover()
+            await self._create_segment(name, subscriptions)
+
+    async def terminate_segment(self, segment: str) -> int:
+        name = self._own_segment(segment)
+        async with self._lock:
+            await self._recover()
+            return await self._segment_handle(name).terminate.remote(self.epoch)
+
+    async def delete_segment(self, segment: str, force: bool = False) -> None:
+        name = self._own_segment(segment)
+        async with self._lock:
+            await self._recover()
+            info = self._read_record().layout.all_segments.get(name.segment_id)
+            if info is not None and info.is_active and not force:
+                raise ConflictError(
+                    f"{name} is ACTIVE in the layout of {self.topic}: terminate it through a "
+                    "split/merge first, or pass force=True"
+                )
+            await self._destroy_segment(name)
+
+    # --- fault injection (crash tests and chaos) -------------------------------------
+
+    def inject_fault_after_step(self, step: int | None) -> None:
+        """Make this process die right after protocol step ``step`` of the next operation."""
+        self._fault_after_step = step
+
+    def _step_done(self, step: int) -> None:
+        if self._fault_after_step == step:
+            os._exit(1)
+
+    # --- internals -------------------------------------------------------------------
+
+    def _read_record(self, required: bool = True) -> TopicRecord | None:
+        found = self.store.get(self.topic.metadata_path)
+        if found is None:
+            if required:
+                raise TopicNotFoundError(f"topic {self.topic} does not exist")
+            return None
+        return TopicRecord.from_bytes(found.value)
+
+    def _update_record(self, mutate: Callable[[TopicRecord], TopicRecord]) -> TopicRecord:
+        """Fenced read-modify-CAS of the topic record, retried on lost races."""
+        result: list[TopicRecord] = []
+
+        def fenced(raw: bytes) -> bytes:
+            record = TopicRecord.from_bytes(raw)
+            if record.controller_epoch > self.epoch:
+                raise StaleEpochError(
+                    f"controller epoch {self.epoch} of {self.topic} is stale: "
+                    f"epoch {record.controller_epoch} has taken over"
+                )
+            result[:] = [mutate(record.model_copy(update={"controller_epoch": self.epoch}))]
+            return result[0].to_bytes()
+
+        try:
+            self.store.update(self.topic.metadata_path, fenced)
+        except KeyNotFoundError:
+            raise TopicNotFoundError(f"topic {self.topic} does not exist") from None
+        return result[0]
+
+    def _own_segment(self, segment: str) -> SegmentName:
+        name = SegmentName.parse(segment)
+        if name.topic != self.topic:
+            raise InvalidArgumentError(f"{segment} does not belong to {self.topic}")
+        return name
+
+    def _names(self, active_only: bool, record: TopicRecord | None = None) -> list[SegmentName]:
+        layout = (record or self._read_record()).layout
+        segments = layout.active_segments if active_only else layout.all_segments
+        return [
+            self.topic.segment(s.segment_id, s.hash_range.start, s.hash_range.end)
+            for s in segments.values()
+        ]
+
+    def _active_names(self, record: TopicRecord | None = None) -> list[SegmentName]:
+        return self._names(True, record)
+
+    def _all_names(self) -> list[SegmentName]:
+        return self._names(False)
+
+    def _segment(self, segment_id: int) -> ray.actor.ActorHandle:
+        info = self._read_record().layout.all_segments.get(segment_id)
+        if info is None:
+            raise SegmentNotFoundError(f"segment {segment_id} is not in the layout of {self.topic}")
+        rng = info.hash_range
+        return self._segment_handle(self.topic.segment(segment_id, rng.start, rng.end))
+
+    def _segment_handle(self, name: SegmentName) -> ray.actor.ActorHandle:
+        return segment_actor(
+            name, create=True, storage_root=self.storage_root, durability=self.durability
+        )
+
+    async def _create_segment(self, name: SegmentName, subscriptions: list[str]) -> None:
+        """Protocol step 2 for one segment: storage with every cursor at Earliest.
+
+        A new segment's storage is initialized here, directly on the shared
+        storage root, and its actor is started without waiting for its process
+        to boot: the segment exists (and is fenced) before metadata names it,
+        and callers' requests queue until the actor is up. A segment whose
+        actor already runs (a resumed operation) is served through the actor.
+        """
+        try:
+            handle = segment_actor(name)
+        except ValueError:
+            self._initialize_storage(name, subscriptions)
+            self._segment_handle(name)
+            return
+        await handle.check_epoch.remote(self.epoch)
+        await asyncio.gather(
+            *(handle.create_subscription.remote(s, "earliest", self.epoch) for s in subscriptions)
+        )
+
+    def _initialize_storage(self, name: SegmentName, subscriptions: list[str]) -> None:
+        store = SegmentStore(name, Path(self.storage_root), self.durability)
+        try:
+            store.check_epoch(self.epoch)
+            for subscription in subscriptions:
+                store.create_subscription(subscription, "earliest", self.epoch)
+        finally:
+            store.close()
+
+    async def _destroy_segment(self, name: SegmentName) -> None:
+        handle = self._segment_handle(name)
+        await handle.delete.remote(self.epoch)
+        ray.kill(handle, no_restart=True)
+
+
+ControllerActor = ray.remote(num_cpus=0, max_restarts=-1)(ScalableTopicController)
+
+
+def controller_actor(
+    topic: TopicName,
+    *,
+    create: bool = False,
+    storage_root: str | None = None,
+    durability: Durability | None = None,
+) -> ray.actor.ActorHandle:
+    """Handle to a topic's controller; with ``create`` it is started if missing."""
+    if not create:
+        return ray.get_actor(topic.controller_actor_name, namespace=ray_namespace())
+    from storage.segment_log import default_storage_root
+
+    durability = durability or Durability.from_env()
+    return ControllerActor.options(
+        name=topic.controller_actor_name,
+        namespace=ray_namespace(),
+        lifetime="detached",
+        get_if_exists=True,
+    ).remote(
+        str(topic),
+        str(storage_root or default_storage_root()),
+        {"policy": durability.policy, "interval_s": durability.interval_s},
+    )
+
+
+def _with_pending(record: TopicRecord, op: PendingOperation) -> TopicRecord:
+    if record.pending_operation is not None:
+        raise OperationInProgressError(
+            f"a {record.pending_operation.kind} is still in progress on this topic"
+        )
+    if record.epoch != op.base_epoch:
+        raise ConflictError("the layout changed while the operation was planned; retry")
+    return record.model_copy(update={"pending_operation": op})
+
+
+def _cleared(record: TopicRecord, op: PendingOperation, layout: SegmentLayout) -> TopicRecord:
+    if record.pending_operation != op:
+        raise OperationInProgressError(f"operation {op.request_id} is no longer the pending one")
+    done = completed(op, layout.epoch) if op.kind != "create" else record.last_operation
+    return record.with_layout(layout, pending_operation=None, last_operation=done)
+
+
+def _with_state(raw: bytes, state: str) -> bytes:
+    return SubscriptionMetadata.from_bytes(raw).model_copy(update={"state": state}).to_bytes()

@@ -1,0 +1,287 @@
+"""``ScalableTopicsAdmin``: the spec's Admin Client API over Ray actor handles.
+
+Reads (metadata, listings, stats) go straight to the metadata store and the
+segments, so they work while a controller restarts; mutations go to the
+topic's controller, which serializes and fences them. A mutation interrupted
+by a controller crash is retried with the same request id, and the restarted
+controller recognizes it, so a retry never applies an operation twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
+
+from actors.controller import controller_actor
+from actors.segment import segment_actor
+from clients._ray import call, sync_twin
+from runtime.connect import connect
+from runtime.errors import (
+    InvalidArgumentError,
+    TopicAlreadyExistsError,
+    TopicNotFoundError,
+    UnavailableError,
+    UnavailableSegmentsError,
+)
+from runtime.layout import MAX_SEGMENTS, SegmentLayout
+from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
+from runtime.operations import TopicRecord
+from runtime.subscription import StartPosition, SubscriptionMetadata
+from storage.metadata import MetadataStore
+
+_RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
+
+
+class ScalableTopicsAdmin:
+    """Administer scalable topics; every method has an ``_async`` twin."""
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        namespace: str | None = None,
+        controller_restart_timeout_s: float = 30.0,
+        segment_timeout_s: float = 10.0,
+    ) -> None:
+        connect(address, namespace=namespace)
+        self._store = MetadataStore(ray.get_runtime_context().namespace)
+        self._restart_timeout_s = controller_restart_timeout_s
+        self._segment_timeout_s = segment_timeout_s
+
+    # --- reads (no controller involved) --------------------------------------------
+
+    async def list_scalable_topics_async(self, namespace: str) -> list[str]:
+        """Topics of ``tenant/namespace`` as ``topic://`` names."""
+        prefix = namespace_prefix(namespace)
+        return [f"topic://{namespace}/{name}" for name in self._store.children(prefix)]
+
+    async def get_metadata_async(self, topic: str) -> dict[str, Any]:
+        """The topic's ``ScalableTopicMetadata`` document (the spec's JSON shape)."""
+        return (await self.get_layout_async(topic)).to_dict()
+
+    async def get_layout_async(self, topic: str) -> SegmentLayout:
+        return self._record(TopicName.parse(topic)).layout
+
+    async def list_subscriptions_async(self, topic: str) -> list[str]:
+        name = TopicName.parse(topic)
+        self._record(name)
+        return self._store.children(f"{name.metadata_path}/subscriptions")
+
+    async def get_stats_async(self, topic: str) -> dict[str, Any]:
+        """Segment counts, per-segment size/records, per-subscription backlog and consumers.
+
+        Backlog is a bulk read over the whole DAG: a segment that cannot answer
+        makes this raise ``UnavailableSegmentsError`` rather than under-report.
+        """
+        name = TopicName.parse(topic)
+        layout = self._record(name).layout
+        segments = list(layout.all_segments.values())
+        names = [name.segment(s.segment_id, s.hash_range.start, s.hash_range.end) for s in segments]
+        stats = await asyncio.gather(*(self._segment_stats(n) for n in names))
+        missing = [s.segment_id for s, st in zip(segments, stats, strict=True) if st is None]
+        if missing:
+            raise UnavailableSegmentsError(
+                f"{topic}: segments {missing} did not answer within {self._segment_timeout_s}s",
+                missing,
+            )
+        return _aggregate(name, layout, segments, stats, self._subscriptions(name))
+
+    # --- topic lifecycle --------------------------------------------------------------
+
+    async def create_scalable_topic_async(
+        self, topic: str, num_segments: int, properties: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        name = TopicName.parse(topic)
+        if (
+            isinstance(num_segments, bool)
+            or not isinstance(num_segments, int)
+            or not (1 <= num_segments <= MAX_SEGMENTS)
+        ):
+            raise InvalidArgumentError(
+                f"num_segments must be an integer from 1 to {MAX_SEGMENTS}, got {num_segments!r}"
+            )
+        _check_properties(properties)
+        if self._store.exists(name.metadata_path):
+            raise TopicAlreadyExistsError(f"topic {name} already exists")
+        return await self._control(name, "create", num_segments, properties, create=True)
+
+    async def delete_scalable_topic_async(self, topic: str) -> None:
+        name = TopicName.parse(topic)
+        self._record(name)
+        await self._control(name, "delete")
+        ray.kill(controller_actor(name), no_restart=True)
+
+    # --- subscriptions ------------------------------------------------------------------
+
+    async def create_subscription_async(
+        self, topic: str, subscription: str, position: StartPosition = "earliest"
+    ) -> None:
+        name = TopicName.parse(topic)
+        validate_part("subscription", subscription)
+        self._record(name)
+        await self._control(name, "create_subscription", subscription, position)
+
+    async def delete_subscription_async(self, topic: str, subscription: str) -> None:
+        name = TopicName.parse(topic)
+        validate_part("subscription", subscription)
+        self._record(name)
+        await self._control(name, "delete_subscription", subscription)
+
+    # --- layout changes -----------------------------------------------------------------
+
+    async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
+        """Split an active segment at its midpoint; returns the completed operation."""
+        name = TopicName.parse(topic)
+        _check_id(segment_id)
+        self._record(name)
+        return await self._control(name, "split_segment", segment_id, uuid.uuid4().hex)
+
+    async def merge_segments_async(
+        self, topic: str, segment_id1: int, segment_id2: int
+    ) -> dict[str, Any]:
+        """Merge two adjacent active segments; returns the completed operation."""
+        name = TopicName.parse(topic)
+        _check_id(segment_id1)
+        _check_id(segment_id2)
+        self._record(name)
+        return await self._control(
+            name, "merge_segments", segment_id1, segment_id2, uuid.uuid4().hex
+        )
+
+    # --- segments (the spec's Segments API; routed through the controller) -------------
+
+    async def create_segment_async(
+        self, segment_topic: str, subscriptions: list[str] | None = None
+    ) -> None:
+        segment = SegmentName.parse(segment_topic)
+        for sub in subscriptions or []:
+            validate_part("subscription", sub)
+        self._record(segment.topic)
+        await self._control(
+            segment.topic, "create_segment", str(segment), list(subscriptions or [])
+        )
+
+    async def terminate_segment_async(self, segment_topic: str) -> int:
+        """Seal a segment; returns its end offset."""
+        segment = SegmentName.parse(segment_topic)
+        self._record(segment.topic)
+        return await self._control(segment.topic, "terminate_segment", str(segment))
+
+    async def delete_segment_async(self, segment_topic: str, force: bool = False) -> None:
+        segment = SegmentName.parse(segment_topic)
+        self._record(segment.topic)
+        await self._control(segment.topic, "delete_segment", str(segment), force)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _record(self, name: TopicName) -> TopicRecord:
+        found = self._store.get(name.metadata_path)
+        if found is None:
+            raise TopicNotFoundError(f"topic {name} does not exist")
+        return TopicRecord.from_bytes(found.value)
+
+    def _subscriptions(self, name: TopicName) -> dict[str, dict[str, Any]]:
+        base = f"{name.metadata_path}/subscriptions"
+        result = {}
+        for sub in self._store.children(base):
+            found = self._store.get(f"{base}/{sub}")
+            if found is not None:
+                meta = SubscriptionMetadata.from_bytes(found.value)
+                consumers = self._store.children(f"{base}/{sub}/consumers")
+                result[sub] = {"state": meta.state, "consumers": len(consumers)}
+        return result
+
+    async def _segment_stats(self, name: SegmentName) -> dict[str, Any] | None:
+        try:
+            handle = segment_actor(name)
+            return await asyncio.wait_for(
+                call(handle.stats.remote()), timeout=self._segment_timeout_s
+            )
+        except (ValueError, TimeoutError, GetTimeoutError, *_RESTART_ERRORS):
+            return None
+
+    async def _control(self, name: TopicName, method: str, *args: Any, create: bool = False) -> Any:
+        """Call the topic's controller, riding out a controller restart."""
+        deadline = time.monotonic() + self._restart_timeout_s
+        while True:
+            handle = controller_actor(name, create=True)
+            try:
+                if not create:
+                    await call(handle.ready.remote())
+                return await call(getattr(handle, method).remote(*args))
+            except _RESTART_ERRORS as err:
+                if time.monotonic() > deadline:
+                    raise UnavailableError(
+                        f"controller of {name} did not come back within "
+                        f"{self._restart_timeout_s}s: {err}"
+                    ) from None
+                await asyncio.sleep(0.2)
+
+    list_scalable_topics = sync_twin(list_scalable_topics_async)
+    get_metadata = sync_twin(get_metadata_async)
+    get_layout = sync_twin(get_layout_async)
+    list_subscriptions = sync_twin(list_subscriptions_async)
+    get_stats = sync_twin(get_stats_async)
+    create_scalable_topic = sync_twin(create_scalable_topic_async)
+    delete_scalable_topic = sync_twin(delete_scalable_topic_async)
+    create_subscription = sync_twin(create_subscription_async)
+    delete_subscription = sync_twin(delete_subscription_async)
+    split_segment = sync_twin(split_segment_async)
+    merge_segments = sync_twin(merge_segments_async)
+    create_segment = sync_twin(create_segment_async)
+    terminate_segment = sync_twin(terminate_segment_async)
+    delete_segment = sync_twin(delete_segment_async)
+
+
+def _check_id(segment_id: Any) -> None:
+    if isinstance(segment_id, bool) or not isinstance(segment_id, int) or segment_id < 0:
+        raise InvalidArgumentError(f"segment id must be a non-negative integer, got {segment_id!r}")
+
+
+def _check_properties(properties: Any) -> None:
+    if properties is None:
+        return
+    if not isinstance(properties, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+    ):
+        raise InvalidArgumentError("properties must be a mapping of strings to strings")
+    if len(json.dumps(properties)) > 64 * 1024:
+        raise InvalidArgumentError("properties must serialize to at most 64 KiB")
+
+
+def _aggregate(
+    name: TopicName,
+    layout: SegmentLayout,
+    segments: list,
+    stats: list[dict[str, Any]],
+    subscriptions: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    per_segment, backlog = {}, {sub: 0 for sub in subscriptions}
+    for info, st in zip(segments, stats, strict=True):
+        per_segment[str(info.segment_id)] = {
+            "state": info.state.value,
+            "hashRange": {"start": info.hash_range.start, "end": info.hash_range.end},
+            **{k: st[k] for k in ("records", "sizeBytes", "endOffset", "terminated")},
+            "subscriptions": st["subscriptions"],
+        }
+        for sub, cursor in st["subscriptions"].items():
+            backlog[sub] = backlog.get(sub, 0) + cursor["backlog"]
+    return {
+        "topic": str(name),
+        "epoch": layout.epoch,
+        "activeSegments": len(layout.active_segments),
+        "sealedSegments": len(layout.all_segments) - len(layout.active_segments),
+        "records": sum(s["records"] for s in stats),
+        "sizeBytes": sum(s["sizeBytes"] for s in stats),
+        "segments": per_segment,
+        "subscriptions": {
+            sub: {**subscriptions.get(sub, {"state": "UNKNOWN", "consumers": 0}), "backlog": total}
+            for sub, total in backlog.items()
+        },
+    }

@@ -1,0 +1,150 @@
+"""Layout operations as data: planned, recorded, then carried out step by step.
+
+The controller writes the operation into the topic record *before* touching
+any segment, so a controller that dies half-way has a written plan that its
+next incarnation can finish. Every step is idempotent; the final step is the
+one compare-and-swap that applies the layout change and clears the plan in
+the same write, so "applied" and "no longer pending" can never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.errors import InvalidArgumentError
+from runtime.layout import ScalableTopicMetadata, SegmentLayout
+from runtime.names import SegmentName, TopicName
+
+OperationKind = Literal["create", "split", "merge", "delete"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+
+class PlannedSegment(_Model):
+    segment_id: int = Field(alias="segmentId")
+    start: int
+    end: int
+
+    def name(self, topic: TopicName) -> SegmentName:
+        return topic.segment(self.segment_id, self.start, self.end)
+
+
+class PendingOperation(_Model):
+    kind: OperationKind
+    request_id: str = Field(alias="requestId")
+    parents: tuple[int, ...] = ()
+    children: tuple[PlannedSegment, ...] = ()
+    base_epoch: int = Field(alias="baseEpoch")
+
+
+class CompletedOperation(_Model):
+    kind: OperationKind
+    request_id: str = Field(alias="requestId")
+    parents: tuple[int, ...] = ()
+    children: tuple[int, ...] = ()
+    epoch: int
+
+
+class TopicRecord(ScalableTopicMetadata):
+    """What is stored at ``/topics/{tenant}/{namespace}/{topic}``.
+
+    The spec's ``ScalableTopicMetadata`` fields, plus the fencing epoch of the
+    controller that last wrote it and the operation it is carrying out: both
+    must change in the same compare-and-swap as the layout they guard.
+    """
+
+    controller_epoch: int = Field(default=0, alias="controllerEpoch", ge=0)
+    pending_operation: PendingOperation | None = Field(default=None, alias="pendingOperation")
+    last_operation: CompletedOperation | None = Field(default=None, alias="lastOperation")
+
+    @property
+    def layout(self) -> SegmentLayout:
+        return SegmentLayout.from_metadata(self)
+
+    def with_layout(self, layout: SegmentLayout, **changes: object) -> TopicRecord:
+        meta = layout.to_metadata()
+        return self.model_copy(
+            update={
+                "epoch": meta.epoch,
+                "next_segment_id": meta.next_segment_id,
+                "segments": meta.segments,
+                "properties": meta.properties,
+                **changes,
+            }
+        )
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TopicRecord:
+        return cls.model_validate_json(data)
+
+
+def plan_split(layout: SegmentLayout, segment_id: int, request_id: str) -> PendingOperation:
+    """Validate against ``layout`` (raising the layout's typed errors) and plan."""
+    after = layout.split_segment(segment_id)
+    return _plan("split", layout, after, (segment_id,), request_id)
+
+
+def plan_merge(
+    layout: SegmentLayout, segment_id1: int, segment_id2: int, request_id: str
+) -> PendingOperation:
+    after = layout.merge_segments(segment_id1, segment_id2)
+    parents = tuple(
+        sorted((segment_id1, segment_id2), key=lambda i: layout.get(i).hash_range.start)
+    )
+    return _plan("merge", layout, after, parents, request_id)
+
+
+def apply_operation(layout: SegmentLayout, op: PendingOperation) -> SegmentLayout:
+    """The layout after ``op``; refuses to apply a plan made for another epoch."""
+    if layout.epoch != op.base_epoch:
+        raise InvalidArgumentError(
+            f"operation {op.request_id} was planned at epoch {op.base_epoch}, "
+            f"the layout is at {layout.epoch}"
+        )
+    if op.kind == "split":
+        return layout.split_segment(op.parents[0])
+    if op.kind == "merge":
+        return layout.merge_segments(*op.parents)
+    return layout
+
+
+def completed(op: PendingOperation, epoch: int) -> CompletedOperation:
+    return CompletedOperation(
+        kind=op.kind,
+        request_id=op.request_id,
+        parents=op.parents,
+        children=tuple(c.segment_id for c in op.children),
+        epoch=epoch,
+    )
+
+
+def _plan(
+    kind: OperationKind,
+    before: SegmentLayout,
+    after: SegmentLayout,
+    parents: tuple[int, ...],
+    request_id: str,
+) -> PendingOperation:
+    new_ids = sorted(set(after.all_segments) - set(before.all_segments))
+    children = tuple(
+        PlannedSegment(
+            segment_id=i,
+            start=after.all_segments[i].hash_range.start,
+            end=after.all_segments[i].hash_range.end,
+        )
+        for i in new_ids
+    )
+    return PendingOperation(
+        kind=kind,
+        request_id=request_id,
+        parents=parents,
+        children=children,
+        base_epoch=before.epoch,
+    )
