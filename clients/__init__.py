@@ -1,0 +1,5 @@
+"""What applications import."""
+
+from clients.admin import ScalableTopicsAdmin
+
+__all__ = ["ScalableTopicsAdmin"]
