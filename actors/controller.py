@@ -14,17 +14,23 @@ anything else (roll forward, never back).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
+from actors.coordinator import coordinator_actor
+from actors.dag_watch import dag_watch_actor
+from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
 from runtime.config import ray_namespace
 from runtime.errors import (
@@ -40,7 +46,7 @@ from runtime.errors import (
     TopicAlreadyExistsError,
     TopicNotFoundError,
 )
-from runtime.layout import SegmentLayout
+from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
 from runtime.operations import (
     PendingOperation,
@@ -50,9 +56,9 @@ from runtime.operations import (
     plan_merge,
     plan_split,
 )
-from runtime.subscription import StartPosition, SubscriptionMetadata
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition, SubscriptionMetadata
 from storage.metadata import MetadataStore
-from storage.segment_log import Durability
+from storage.segment_log import Durability, default_storage_root
 from storage.segment_store import SegmentStore
 
 
@@ -191,7 +197,7 @@ class ScalableTopicController:
         self._step_done(3)
         self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
         self._step_done(4)
-        # Step 5: consumers learn the layout from the metadata they watch.
+        dag_watch_actor().notify.remote(str(self.topic))  # step 5: push, don't wait
         self._step_done(5)
 
     async def _discover_subscriptions(self, parents: tuple[int, ...]) -> list[str]:
@@ -200,13 +206,17 @@ class ScalableTopicController:
         names = {name for names in found for name in names}
         for name in self.store.children(f"{self.topic.metadata_path}/subscriptions"):
             meta = self._subscription(name)
-            if meta is not None and meta.state != "DELETING":
-                names.add(name)
-            elif meta is not None:
+            if meta is None or meta.kind != "subscription":
+                continue  # checkpoint groups keep positions themselves, not cursors
+            if meta.state == "DELETING":
                 names.discard(name)
+            else:
+                names.add(name)
         return sorted(names)
 
     async def _delete_everything(self) -> None:
+        for subscription in self.store.children(f"{self.topic.metadata_path}/subscriptions"):
+            await self._stop_coordinator(subscription)
         record = self._read_record()
         for segment in record.layout.all_segments.values():
             name = self.topic.segment(
@@ -217,14 +227,23 @@ class ScalableTopicController:
 
     # --- subscriptions ---------------------------------------------------------------
 
-    async def create_subscription(self, name: str, position: StartPosition = "earliest") -> None:
+    async def create_subscription(
+        self,
+        name: str,
+        position: StartPosition = "earliest",
+        session_grace_s: float = DEFAULT_GRACE_S,
+    ) -> None:
         path = self.topic.subscription_path(name)
         if position not in ("earliest", "latest"):
             raise InvalidArgumentError(f"position must be 'earliest' or 'latest', not {position!r}")
+        if not isinstance(session_grace_s, int | float) or session_grace_s <= 0:
+            raise InvalidArgumentError(f"session_grace_s must be > 0, got {session_grace_s!r}")
         async with self._lock:
             await self._recover()
             self._read_record()
-            meta = SubscriptionMetadata(name=name, position=position)
+            meta = SubscriptionMetadata(
+                name=name, position=position, session_grace_s=session_grace_s
+            )
             try:
                 self.store.put_if_absent(path, meta.to_bytes())
             except AlreadyExistsError:
@@ -262,7 +281,9 @@ class ScalableTopicController:
             self.store.update(
                 self.topic.subscription_path(name), lambda r: _with_state(r, "ACTIVE")
             )
+            coordinator_actor(self.topic, name)
         else:
+            await self._stop_coordinator(name)
             await asyncio.gather(
                 *(
                     self._segment_handle(n).delete_subscription.remote(name, self.epoch)
@@ -271,6 +292,15 @@ class ScalableTopicController:
             )
             self.store.delete_tree(self.topic.subscription_path(name))
 
+    async def _stop_coordinator(self, name: str) -> None:
+        try:
+            handle = lookup(self.topic.coordinator_actor_name(name))
+        except ValueError:
+            return
+        with contextlib.suppress(RayActorError):
+            await handle.shutdown.remote()
+        ray.kill(handle, no_restart=True)
+
     def _subscription(self, name: str) -> SubscriptionMetadata | None:
         found = self.store.get(self.topic.subscription_path(name))
         return SubscriptionMetadata.from_bytes(found.value) if found else None
@@ -278,28 +308,59 @@ class ScalableTopicController:
     # --- segment administration (the spec's Segments API) --------------------------
 
     async def create_segment(self, segment: str, subscriptions: list[str]) -> None:
+        """Create a segment outside the layout (the spec's internal Segments API)."""
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
+            info = self._read_record().layout.all_segments.get(name.segment_id)
+            if info is not None:
+                self._layout_segment(name)  # the id is taken: the range must match
             await self._create_segment(name, subscriptions)
 
-    async def terminate_segment(self, segment: str) -> int:
+    async def terminate_segment(self, segment: str, force: bool = False) -> int:
+        """Seal a segment of the layout; an ACTIVE one only with ``force`` (producers to
+        its range then wait for a layout change, so this is an operator's last resort)."""
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
+            info = self._layout_segment(name)
+            if info.is_active and not force:
+                raise ConflictError(
+                    f"{name} is ACTIVE in the layout of {self.topic}: split or merge it to "
+                    "seal it with successors, or pass force=True"
+                )
             return await self._segment_handle(name).terminate.remote(self.epoch)
 
     async def delete_segment(self, segment: str, force: bool = False) -> None:
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
-            info = self._read_record().layout.all_segments.get(name.segment_id)
-            if info is not None and info.is_active and not force:
+            if self._layout_segment(name, required=False) is None:
+                try:
+                    segment_actor(name)
+                except ValueError:
+                    raise SegmentNotFoundError(f"{name} does not exist") from None
+            elif self._layout_segment(name).is_active and not force:
                 raise ConflictError(
                     f"{name} is ACTIVE in the layout of {self.topic}: terminate it through a "
                     "split/merge first, or pass force=True"
                 )
             await self._destroy_segment(name)
+
+    def _layout_segment(self, name: SegmentName, required: bool = True) -> SegmentInfo | None:
+        """The layout's record of ``name``; its range must match the layout's."""
+        info = self._read_record().layout.all_segments.get(name.segment_id)
+        if info is None:
+            if required:
+                raise SegmentNotFoundError(f"{name} is not in the layout of {self.topic}")
+            return None
+        rng = info.hash_range
+        if (rng.start, rng.end) != (name.start, name.end):
+            raise InvalidArgumentError(
+                f"{name} does not match segment {name.segment_id} "
+                f"[{rng.start:04x}-{rng.end:04x}] of {self.topic}"
+            )
+        return info
 
     # --- fault injection (crash tests and chaos) -------------------------------------
 
@@ -394,7 +455,7 @@ class ScalableTopicController:
         )
 
     def _initialize_storage(self, name: SegmentName, subscriptions: list[str]) -> None:
-        store = SegmentStore(name, Path(self.storage_root), self.durability)
+        store = SegmentStore(name, Path(self.storage_root), self.durability, create=True)
         try:
             store.check_epoch(self.epoch)
             for subscription in subscriptions:
@@ -420,19 +481,11 @@ def controller_actor(
 ) -> ray.actor.ActorHandle:
     """Handle to a topic's controller; with ``create`` it is started if missing."""
     if not create:
-        return ray.get_actor(topic.controller_actor_name, namespace=ray_namespace())
-    from storage.segment_log import default_storage_root
-
+        return lookup(topic.controller_actor_name)
     durability = durability or Durability.from_env()
-    return ControllerActor.options(
-        name=topic.controller_actor_name,
-        namespace=ray_namespace(),
-        lifetime="detached",
-        get_if_exists=True,
-    ).remote(
-        str(topic),
-        str(storage_root or default_storage_root()),
-        {"policy": durability.policy, "interval_s": durability.interval_s},
+    root = str(storage_root or default_storage_root())
+    return get_or_start(
+        ControllerActor, topic.controller_actor_name, str(topic), root, asdict(durability)
     )
 
 

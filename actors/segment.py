@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import ray
 
-from runtime.config import ray_namespace
+from actors.registry import get_or_start, lookup
 from runtime.errors import OutOfOrderSequenceError
 from runtime.names import SegmentName
 from storage.cursors import Position
@@ -31,9 +32,16 @@ SEQUENCE_WAIT_S = 30.0
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class SegmentActor:
-    def __init__(self, segment: str, storage_root: str, durability: dict[str, Any]) -> None:
+    def __init__(
+        self, segment: str, storage_root: str, durability: dict[str, Any], initialize: bool
+    ) -> None:
         self._name = SegmentName.parse(segment)
-        self._store = SegmentStore(self._name, Path(storage_root), Durability(**durability))
+        # Only a first start may create storage: a restart (or a re-created actor)
+        # whose storage is gone must fail, not serve an empty log in its place.
+        create = initialize and not ray.get_runtime_context().was_current_actor_reconstructed
+        self._store = SegmentStore(
+            self._name, Path(storage_root), Durability(**durability), create=create
+        )
         self._new_data = asyncio.Event()
         self._turns: dict[str, asyncio.Event] = {}
         self._syncer: asyncio.Task | None = None
@@ -94,6 +102,7 @@ class SegmentActor:
     async def terminate(self, epoch: int | None = None) -> int:
         end = self._store.terminate(epoch)
         self._wake()
+        self._release_turns()
         return end
 
     async def delete(self, epoch: int | None = None) -> None:
@@ -131,11 +140,15 @@ class SegmentActor:
     async def ack(self, subscription: str, offsets: list[int]) -> None:
         self._store.ack(subscription, offsets)
 
-    async def negative_ack(self, subscription: str, offsets: list[int]) -> None:
-        self._store.negative_ack(subscription, offsets)
+    async def negative_ack(
+        self, subscription: str, offsets: list[int], consumer: str | None = None
+    ) -> None:
+        self._store.negative_ack(subscription, offsets, consumer)
+        self._wake()  # long-polling queue consumers can take the redelivery now
 
     async def consumer_left(self, subscription: str, consumer: str) -> None:
         self._store.consumer_left(subscription, consumer)
+        self._wake()
 
     async def stats(self) -> dict[str, Any]:
         return self._store.stats()
@@ -151,8 +164,11 @@ class SegmentActor:
             await asyncio.wait_for(self._new_data.wait(), timeout=wait_s)
 
     async def _await_turn(self, producer_id: str, sequence: int) -> None:
+        """Wait for the predecessor; a terminated segment ends the wait at once, since the
+        predecessor will be refused too and the producer must re-route, not time out."""
         deadline = asyncio.get_running_loop().time() + SEQUENCE_WAIT_S
-        while sequence > self._store.log.last_sequence(producer_id) + 1:
+        log = self._store.log
+        while sequence > log.last_sequence(producer_id) + 1 and not log.terminated:
             remaining = deadline - asyncio.get_running_loop().time()
             turn = self._turns.setdefault(producer_id, asyncio.Event())
             try:
@@ -163,6 +179,12 @@ class SegmentActor:
                     f"{SEQUENCE_WAIT_S:.0f}s for batch "
                     f"{self._store.log.last_sequence(producer_id) + 1}, which never arrived"
                 ) from None
+
+    def _release_turns(self) -> None:
+        """Wake every waiting append so it re-checks (and sees the termination)."""
+        for turn in self._turns.values():
+            turn.set()
+        self._turns.clear()
 
     def _ensure_syncer(self) -> None:
         """Interval durability needs a clock even when appends stop arriving."""
@@ -181,18 +203,16 @@ def segment_actor(
     create: bool = False,
     storage_root: str | None = None,
     durability: Durability | None = None,
+    initialize: bool = False,
 ) -> ray.actor.ActorHandle:
-    """Handle to a segment's actor; with ``create`` it is started if missing."""
+    """Handle to a segment's actor; with ``create`` it is started if missing.
+
+    A started actor opens existing storage; ``initialize`` lets a brand-new
+    segment create it (the controller initializes storage itself beforehand).
+    """
     if not create:
-        return ray.get_actor(name.actor_name, namespace=ray_namespace())
+        return lookup(name.actor_name)
     durability = durability or Durability.from_env()
-    return SegmentActor.options(
-        name=name.actor_name,
-        namespace=ray_namespace(),
-        lifetime="detached",
-        get_if_exists=True,
-    ).remote(
-        str(name),
-        str(storage_root or default_storage_root()),
-        {"policy": durability.policy, "interval_s": durability.interval_s},
-    )
+    root = str(storage_root or default_storage_root())
+    args = (str(name), root, asdict(durability), initialize)
+    return get_or_start(SegmentActor, name.actor_name, *args)

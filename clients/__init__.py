@@ -1,5 +1,22 @@
 """What applications import."""
 
 from clients.admin import ScalableTopicsAdmin
+from clients.checkpoint_consumer import Checkpoint, CheckpointConsumer
+from clients.http import AdminHttpClient
+from clients.message import BatchResult, Message, MessageId
+from clients.producer import Producer
+from clients.queue_consumer import QueueConsumer
+from clients.stream_consumer import StreamConsumer
 
-__all__ = ["ScalableTopicsAdmin"]
+__all__ = [
+    "AdminHttpClient",
+    "BatchResult",
+    "Checkpoint",
+    "CheckpointConsumer",
+    "Message",
+    "MessageId",
+    "Producer",
+    "QueueConsumer",
+    "ScalableTopicsAdmin",
+    "StreamConsumer",
+]

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
-
-from ray.exceptions import RayTaskError
-
-from runtime.errors import ScalableTopicsError
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -40,6 +37,14 @@ def background_loop() -> _LoopThread:
         return _loop
 
 
+def with_sync_twins(cls: type[T]) -> type[T]:
+    """Give every ``name_async`` coroutine method a blocking ``name`` twin."""
+    for attribute, method in list(vars(cls).items()):
+        if attribute.endswith("_async") and inspect.iscoroutinefunction(method):
+            setattr(cls, attribute.removesuffix("_async"), sync_twin(method))
+    return cls
+
+
 def sync_twin(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     """The blocking version of an ``*_async`` method."""
 
@@ -50,13 +55,3 @@ def sync_twin(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     blocking.__name__ = method.__name__.removesuffix("_async")
     blocking.__doc__ = method.__doc__
     return blocking
-
-
-async def call(awaitable: Awaitable[T]) -> T:
-    """Await a Ray call, re-raising our own typed errors without Ray's wrapper."""
-    try:
-        return await awaitable
-    except RayTaskError as err:
-        if isinstance(err.cause, ScalableTopicsError):
-            raise err.cause from None
-        raise

@@ -20,7 +20,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 
 from actors.controller import controller_actor
 from actors.segment import segment_actor
-from clients._ray import call, sync_twin
+from clients._ray import with_sync_twins
 from runtime.connect import connect
 from runtime.errors import (
     InvalidArgumentError,
@@ -32,12 +32,14 @@ from runtime.errors import (
 from runtime.layout import MAX_SEGMENTS, SegmentLayout
 from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
 from runtime.operations import TopicRecord
-from runtime.subscription import StartPosition, SubscriptionMetadata
+from runtime.remote import call
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition, SubscriptionMetadata
 from storage.metadata import MetadataStore
 
 _RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 
+@with_sync_twins
 class ScalableTopicsAdmin:
     """Administer scalable topics; every method has an ``_async`` twin."""
 
@@ -120,12 +122,21 @@ class ScalableTopicsAdmin:
     # --- subscriptions ------------------------------------------------------------------
 
     async def create_subscription_async(
-        self, topic: str, subscription: str, position: StartPosition = "earliest"
+        self,
+        topic: str,
+        subscription: str,
+        position: StartPosition = "earliest",
+        session_grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
+        """Create on every segment (active and sealed) with its cursors at ``position``.
+
+        ``session_grace_s``: how long a disconnected stream consumer keeps its
+        segments before they move to the others.
+        """
         name = TopicName.parse(topic)
         validate_part("subscription", subscription)
         self._record(name)
-        await self._control(name, "create_subscription", subscription, position)
+        await self._control(name, "create_subscription", subscription, position, session_grace_s)
 
     async def delete_subscription_async(self, topic: str, subscription: str) -> None:
         name = TopicName.parse(topic)
@@ -167,11 +178,12 @@ class ScalableTopicsAdmin:
             segment.topic, "create_segment", str(segment), list(subscriptions or [])
         )
 
-    async def terminate_segment_async(self, segment_topic: str) -> int:
-        """Seal a segment; returns its end offset."""
+    async def terminate_segment_async(self, segment_topic: str, force: bool = False) -> int:
+        """Seal a segment of the layout; returns its end offset. An ACTIVE one only with
+        ``force``: producers to its range then stall until a split or merge replaces it."""
         segment = SegmentName.parse(segment_topic)
         self._record(segment.topic)
-        return await self._control(segment.topic, "terminate_segment", str(segment))
+        return await self._control(segment.topic, "terminate_segment", str(segment), force)
 
     async def delete_segment_async(self, segment_topic: str, force: bool = False) -> None:
         segment = SegmentName.parse(segment_topic)
@@ -222,21 +234,6 @@ class ScalableTopicsAdmin:
                         f"{self._restart_timeout_s}s: {err}"
                     ) from None
                 await asyncio.sleep(0.2)
-
-    list_scalable_topics = sync_twin(list_scalable_topics_async)
-    get_metadata = sync_twin(get_metadata_async)
-    get_layout = sync_twin(get_layout_async)
-    list_subscriptions = sync_twin(list_subscriptions_async)
-    get_stats = sync_twin(get_stats_async)
-    create_scalable_topic = sync_twin(create_scalable_topic_async)
-    delete_scalable_topic = sync_twin(delete_scalable_topic_async)
-    create_subscription = sync_twin(create_subscription_async)
-    delete_subscription = sync_twin(delete_subscription_async)
-    split_segment = sync_twin(split_segment_async)
-    merge_segments = sync_twin(merge_segments_async)
-    create_segment = sync_twin(create_segment_async)
-    terminate_segment = sync_twin(terminate_segment_async)
-    delete_segment = sync_twin(delete_segment_async)
 
 
 def _check_id(segment_id: Any) -> None:

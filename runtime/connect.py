@@ -12,17 +12,40 @@ from runtime.config import ray_namespace
 # Variables that actors started from this driver must see too.
 _FORWARDED_ENV = ("RAYTOPICS_NAMESPACE", "RAYTOPICS_STORAGE_ROOT", "RAYTOPICS_DURABILITY")
 
+# Ray passes call arguments up to this size inline instead of through the object
+# store. A 1,000-message batch is ~130 KB, just over Ray's 100 KiB default, and
+# inlining it doubles append throughput (bench/segment_append.py). Clusters
+# started with `ray start` take the same setting via --system-config.
+LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": 1 << 20}
+
 
 def connect(
-    address: str | None = None, *, namespace: str | None = None, **ray_init_kwargs: Any
+    address: str | None = None,
+    *,
+    namespace: str | None = None,
+    http_port: int | None = None,
+    **ray_init_kwargs: Any,
 ) -> str:
     """Make this process a Ray driver in the project's namespace and return the namespace.
 
     ``address=None`` uses ``RAY_ADDRESS`` when set (as under ``ray job submit``)
     and otherwise starts an embedded local Ray; ``"auto"`` or ``host:port``
     joins a running cluster. Calling it again in a connected process is a no-op
-    as long as the namespace agrees.
+    as long as the namespace agrees. With ``http_port`` the REST admin gateway
+    is started (or found) on that port of this node, bound to 127.0.0.1.
     """
+    namespace = _join(address, namespace, ray_init_kwargs)
+    if http_port is not None:
+        # connect() is the wiring point of the whole system, so it may reach up
+        # into actors/; imported lazily to keep runtime/ importable on its own.
+        from actors.gateway import start_gateway
+
+        start_gateway(http_port)
+    return namespace
+
+
+def _join(address: str | None, namespace: str | None, ray_init_kwargs: dict[str, Any]) -> str:
+    """ray.init in ``namespace``, or check an existing connection is in it."""
     namespace = namespace or ray_namespace()
     if ray.is_initialized():
         current = ray.get_runtime_context().namespace
@@ -36,5 +59,10 @@ def connect(
     env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
     runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
     runtime_env["env_vars"] = {**env_vars, **runtime_env.get("env_vars", {})}
+    if address is None and "RAY_ADDRESS" not in os.environ:  # an embedded local Ray
+        ray_init_kwargs["_system_config"] = {
+            **LOCAL_SYSTEM_CONFIG,
+            **ray_init_kwargs.get("_system_config", {}),
+        }
     ray.init(address=address, namespace=namespace, runtime_env=runtime_env, **ray_init_kwargs)
     return namespace

@@ -61,10 +61,16 @@ class QueueDispatcher:
         for offset in offsets:
             self._in_flight.pop(offset, None)
 
-    def negative_ack(self, offsets: Iterable[int]) -> None:
+    def negative_ack(self, offsets: Iterable[int], consumer: str | None = None) -> None:
+        """Put held offsets back in line. With ``consumer``, only that consumer's holds:
+        a nack arriving after its hold timed out and the offset went to someone else
+        must not free the new holder's offset for a third consumer."""
         for offset in offsets:
-            if self._in_flight.pop(offset, None) is not None:
-                heapq.heappush(self._redeliver, offset)
+            held = self._in_flight.get(offset)
+            if held is None or (consumer is not None and held.consumer != consumer):
+                continue
+            del self._in_flight[offset]
+            heapq.heappush(self._redeliver, offset)
 
     def consumer_left(self, consumer: str) -> None:
         mine = [o for o, f in self._in_flight.items() if f.consumer == consumer]

@@ -79,6 +79,12 @@ class SubscriptionNotFoundError(NotFoundError):
     code = "subscription_not_found"
 
 
+class ConsumerNotRegisteredError(NotFoundError):
+    """The consumer's session is gone (expired or closed): it must register again."""
+
+    code = "consumer_not_registered"
+
+
 class KeyNotFoundError(NotFoundError):
     code = "key_not_found"
 
@@ -167,6 +173,24 @@ class UnavailableSegmentsError(UnavailableError):
     def __init__(self, message: str, segment_ids: list[int] | None = None) -> None:
         super().__init__(message)
         self.segment_ids = sorted(segment_ids or [])
+
+
+class SendTimeoutError(UnavailableError):
+    """A message could not be stored within the producer's send timeout."""
+
+    code = "send_timeout"
+
+
+class ClientClosedError(ScalableTopicsError):
+    code = "closed"
+    http_status = 409
+
+
+class ProducerQueueFullError(ScalableTopicsError):
+    """The producer's in-flight byte budget is used up and it was told not to block."""
+
+    code = "producer_queue_full"
+    http_status = 429
 
 
 # --- 401/403: authentication and authorization --------------------------------

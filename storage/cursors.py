@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import json
-import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from runtime.errors import InvalidArgumentError, SubscriptionNotFoundError
+from storage.files import atomic_write, fsync_directory
 
 Position = Literal["earliest", "latest"]
 
@@ -197,7 +197,7 @@ class CursorStore:
             self._cursors.pop(name, None)
             self._path(name).unlink(missing_ok=True)
             if self._fsync:
-                _fsync_directory(self._directory)
+                fsync_directory(self._directory)
 
     def ack_cumulative(self, name: str, offset: int) -> None:
         with self._lock:
@@ -221,16 +221,8 @@ class CursorStore:
         return self._directory / f"{name}{_SUFFIX}"
 
     def _persist(self, cursor: Cursor) -> None:
-        path = self._path(cursor.name)
-        temporary = path.with_name(f".{path.name}.tmp")
-        with open(temporary, "wb") as file:
-            file.write(json.dumps(cursor.to_dict(), separators=(",", ":")).encode())
-            file.flush()
-            if self._fsync:
-                os.fsync(file.fileno())
-        os.replace(temporary, path)
-        if self._fsync:
-            _fsync_directory(self._directory)
+        data = json.dumps(cursor.to_dict(), separators=(",", ":")).encode()
+        atomic_write(self._path(cursor.name), data, fsync=self._fsync)
 
     def _load(self) -> Iterator[tuple[str, Cursor]]:
         for path in self._directory.iterdir():
@@ -257,12 +249,3 @@ def _coalesce(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((start, end))
     return merged
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename (or unlink) itself durable, not only the file contents."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

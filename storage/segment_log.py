@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from runtime.batch import BATCH_SCHEMA, deserialize_batch, serialize_batch
 from runtime.errors import InvalidArgumentError, SegmentTerminated, UnavailableError
+from storage.files import fsync_directory
 
 DurabilityPolicy = Literal["fsync", "interval", "none"]
 
@@ -358,7 +359,7 @@ class SegmentLog:
             while len(self._chunks) > 1 and self._chunks[1].base_offset <= before_offset:
                 dropped += self._drop_first_chunk()
             if dropped and self._durability.policy != "none":
-                _fsync_directory(self._directory)
+                fsync_directory(self._directory)
             return dropped
 
     def close(self) -> None:
@@ -498,7 +499,7 @@ class SegmentLog:
         with open(chunk.path, "xb"):
             pass
         if self._durability.policy != "none":
-            _fsync_directory(self._directory)
+            fsync_directory(self._directory)
         self._chunks.append(chunk)
         return chunk
 
@@ -710,12 +711,3 @@ def _stored(entry: _IndexEntry, records: pa.RecordBatch, base_offset: int) -> St
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make file creations and deletions durable, not just the file contents."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -8,7 +8,6 @@ deliveries are tracked until acked) is testable without Ray.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterable
@@ -19,9 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.dispatch import QueueDispatcher
-from runtime.errors import SegmentNotFoundError, StaleEpochError
+from runtime.errors import SegmentNotFoundError, StaleEpochError, UnavailableError
 from runtime.names import SegmentName
 from storage.cursors import CursorStore, Position
+from storage.files import atomic_write
 from storage.segment_log import AppendResult, Durability, SegmentLog, StoredBatch
 
 DELIVERY_SCHEMA = pa.schema(
@@ -47,10 +47,21 @@ class SegmentStore:
         root: Path,
         durability: Durability,
         *,
+        create: bool = False,
         ack_timeout_s: float = 30.0,
     ) -> None:
+        """Open a segment's storage; only ``create`` may make it.
+
+        A segment whose directory has vanished must fail loudly: re-creating
+        it empty would let reads silently return less data than was written.
+        """
         self.name = name
         self.directory = segment_directory(root, name)
+        if not create and not (self.directory / "log").is_dir():
+            raise UnavailableError(
+                f"storage of {name} is missing at {self.directory}: refusing to serve an "
+                "empty segment in its place"
+            )
         self.log = SegmentLog(
             self.directory / "log", durability=durability, segment_id=name.segment_id
         )
@@ -75,7 +86,7 @@ class SegmentStore:
             )
         if epoch > self._fence:
             self._fence = epoch
-            _atomic_write(self._fence_path, json.dumps({"fenceEpoch": epoch}).encode())
+            atomic_write(self._fence_path, json.dumps({"fenceEpoch": epoch}).encode())
 
     @property
     def fence_epoch(self) -> int:
@@ -139,8 +150,11 @@ class SegmentStore:
         self.cursors.ack(subscription, offsets)
         self._dispatcher(subscription).acknowledged(offsets)
 
-    def negative_ack(self, subscription: str, offsets: Iterable[int]) -> None:
-        self._dispatcher(subscription).negative_ack(offsets)
+    def negative_ack(
+        self, subscription: str, offsets: Iterable[int], consumer: str | None = None
+    ) -> None:
+        """Pass ``consumer`` so a late nack cannot free offsets another consumer now holds."""
+        self._dispatcher(subscription).negative_ack(offsets, consumer)
 
     def queue_receive(self, subscription: str, consumer: str, max_records: int) -> pa.RecordBatch:
         """Messages no other queue consumer of this subscription currently holds."""
@@ -239,12 +253,3 @@ def _runs(offsets: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((offset, 1))
     return runs
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)

@@ -13,12 +13,13 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from actors.controller import ScalableTopicController, controller_actor
 from actors.segment import segment_actor
 from clients import ScalableTopicsAdmin
-from clients._ray import call
 from runtime.config import ray_namespace
 from runtime.errors import (
+    ConflictError,
     InvalidArgumentError,
     ScalableTopicsError,
     SegmentNotActiveError,
+    SegmentNotFoundError,
     StaleEpochError,
     SubscriptionAlreadyExistsError,
     SubscriptionNotFoundError,
@@ -27,6 +28,7 @@ from runtime.errors import (
 )
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
+from runtime.remote import call
 from storage.metadata import MetadataStore
 from storage.segment_store import segment_directory
 
@@ -143,7 +145,7 @@ def test_stale_controller_cannot_change_metadata_or_segments(admin, unique):
         with pytest.raises(StaleEpochError):
             await old.split_segment(0)
         with pytest.raises(StaleEpochError):
-            await old.terminate_segment(str(name.segment(1, 0x8000, 0xFFFF)))
+            await old.terminate_segment(str(name.segment(1, 0x8000, 0xFFFF)), force=True)
         assert admin.get_metadata(topic) == before
         layout = admin.get_layout(topic)
         assert not segment_stats(topic, layout, 1)["terminated"]
@@ -217,11 +219,23 @@ def test_segments_api_through_the_controller(admin, unique):
     admin.create_segment(extra, ["x", "y"])
     handle = segment_actor(name.segment(50, 0, 0xFF))
     assert ray.get(handle.subscriptions.remote()) == ["x", "y"]
-    assert admin.terminate_segment(extra) == 0
+    with pytest.raises(SegmentNotFoundError, match="not in the layout"):
+        admin.terminate_segment(extra)
     admin.delete_segment(extra)
+    with pytest.raises(SegmentNotFoundError):
+        admin.delete_segment(extra)
     active = str(name.segment(0, 0, 0x7FFF))
-    with pytest.raises(ScalableTopicsError, match="ACTIVE"):
+    with pytest.raises(ConflictError, match="ACTIVE"):
         admin.delete_segment(active)
+    with pytest.raises(ConflictError, match="ACTIVE"):
+        admin.terminate_segment(active)
+    with pytest.raises(InvalidArgumentError, match="does not match"):
+        admin.terminate_segment(str(name.segment(0, 0, 0x3FFF)))
+    with pytest.raises(InvalidArgumentError, match="does not match"):
+        admin.create_segment(str(name.segment(1, 0, 0x3FFF)))
     with pytest.raises(TopicNotFoundError):
         admin.terminate_segment("segment://other/ns/t/0000-ffff-0")
+    layout = admin.get_layout(topic)
+    assert admin.terminate_segment(active, force=True) == 0
+    assert segment_stats(topic, layout, 0)["terminated"]
     admin.delete_scalable_topic(topic)

@@ -1,0 +1,284 @@
+"""``SubscriptionCoordinator``: one detached actor per subscription (or checkpoint group).
+
+A thin shell over ``runtime.coordination.GroupState``: it persists each
+consumer's registration (name and owned segments) at the spec's consumer path
+whenever that changes — never per heartbeat — keeps liveness in memory, pushes
+assignment changes to consumers' long-polls, follows the topic's layout through
+a DAG watch, and evicts consumers whose grace period ran out. After a restart
+every registration is restored and every consumer gets a fresh grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+import ray
+
+from actors.dag_watch import DagWatch
+from actors.registry import get_or_start
+from actors.segment import segment_actor
+from runtime.config import ray_namespace
+from runtime.coordination import GroupState
+from runtime.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    ConsumerNotRegisteredError,
+    KeyNotFoundError,
+    SubscriptionNotFoundError,
+)
+from runtime.names import TopicName, validate_part
+from runtime.subscription import SubscriptionMetadata
+from storage.metadata import MetadataStore
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
+class SubscriptionCoordinator:
+    def __init__(self, topic: str, subscription: str) -> None:
+        self.topic = TopicName.parse(topic)
+        self.subscription = validate_part("subscription", subscription)
+        self.store = MetadataStore(ray_namespace())
+        self.state = GroupState()
+        self.meta: SubscriptionMetadata | None = None
+        self.watch: DagWatch | None = None
+        self._changed = asyncio.Event()
+        self._persisted: dict[str, tuple[int, ...]] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._start_lock = asyncio.Lock()
+
+    # --- consumer API ----------------------------------------------------------------
+
+    async def register(self, consumer: str) -> dict[str, Any]:
+        """Join (or re-join within the grace period, keeping the same segments)."""
+        validate_part("consumer name", consumer)
+        await self._start()
+        self.state.join(consumer, time.monotonic())
+        self._settle()
+        return self._assignment(consumer)
+
+    async def poll(
+        self, consumer: str, known_version: int, timeout_s: float = 10.0
+    ) -> dict[str, Any] | None:
+        """Long-poll: the assignment once it differs from ``known_version``; also a heartbeat."""
+        await self._start()
+        session = self._session(consumer)
+        deadline = time.monotonic() + timeout_s
+        while session.version == known_version and time.monotonic() < deadline:
+            self.state.seen(consumer, time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), deadline - time.monotonic())
+            session = self._session(consumer)
+        self.state.seen(consumer, time.monotonic())
+        return self._assignment(consumer) if session.version != known_version else None
+
+    async def release(self, consumer: str, segment_id: int, position: int | None = None) -> None:
+        """Give a segment up (after acknowledging what was delivered from it)."""
+        await self._start()
+        self._session(consumer)
+        self.state.release(consumer, segment_id, position)
+        if position is not None:
+            self._update_meta(
+                lambda m: m.model_copy(
+                    update={"positions": {**m.positions, str(segment_id): position}}
+                )
+            )
+        self._settle()
+
+    async def finished(self, consumer: str, segment_id: int, position: int | None = None) -> None:
+        """The consumer read (and acknowledged) a sealed segment to its end."""
+        await self._start()
+        self._session(consumer)
+        await self._verify_finished(segment_id, position)
+        self.state.finish(segment_id)
+        self._update_meta(lambda m: m.finishing(segment_id))
+        self._settle()
+
+    async def unregister(self, consumer: str) -> None:
+        """Leave now (graceful close): the others rebalance immediately."""
+        await self._start()
+        self._evict(consumer)
+        self._settle()
+
+    async def reset(self, finished: list[int], positions: dict[int, int]) -> None:
+        """Rewind the group's shared progress (a checkpoint consumer starting from a
+        checkpoint): finished segments and released positions become the given ones."""
+        await self._start()
+        self._update_meta(
+            lambda m: m.model_copy(
+                update={
+                    "finished_segments": tuple(sorted(finished)),
+                    "positions": {str(k): v for k, v in positions.items()},
+                }
+            )
+        )
+        self.state.finished = set(finished)
+        self.state.positions = {int(k): v for k, v in positions.items()}
+        self._settle()
+
+    async def snapshot(self) -> dict[str, Any]:
+        await self._start()
+        return {**self.state.snapshot(), "layoutEpoch": self.watch.layout.epoch}
+
+    async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.watch is not None:
+            await self.watch.close()
+
+    # --- internals -------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        """Load the persisted sessions once; every consumer gets a fresh grace timer."""
+        async with self._start_lock:
+            if self.watch is not None:
+                return
+            self.meta = self._load_meta()
+            now = time.monotonic()
+            self.state.finished = set(self.meta.finished_segments)
+            self.state.positions = {int(k): v for k, v in self.meta.positions.items()}
+            for name, owned in self._load_registrations().items():
+                self.state.join(name, now)
+                for segment in owned:
+                    self.state.owners[segment] = name
+                self._persisted[name] = tuple(sorted(owned))
+            self.watch = DagWatch(self.topic)
+            self.watch.start()
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._follow()), loop.create_task(self._expire())]
+            self._settle()
+
+    async def _follow(self) -> None:
+        async for _ in self.watch.updates():
+            self._settle()
+
+    async def _expire(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            for consumer in self.state.expired(time.monotonic(), self.meta.session_grace_s):
+                self._evict(consumer)
+                self._settle()
+
+    def _settle(self) -> None:
+        """Rebalance, persist changed registrations, wake long-polls."""
+        self.state.rebalance(self.watch.layout)
+        for consumer in list(self.state.sessions):
+            owned = tuple(sorted(s for s, o in self.state.owners.items() if o == consumer))
+            if self._persisted.get(consumer) != owned:
+                self._persist(consumer, owned)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _persist(self, consumer: str, owned: tuple[int, ...]) -> None:
+        path = self.topic.consumer_path(self.subscription, consumer)
+        value = json.dumps(
+            {
+                "consumerName": consumer,
+                "assignedSegments": list(owned),
+                "layoutEpoch": self.watch.layout.epoch,
+            }
+        ).encode()
+        found = self.store.get(path)
+        if found is None:
+            self.store.put_if_absent(path, value)
+        else:
+            self.store.compare_and_swap(path, found.version, value)
+        self._persisted[consumer] = owned
+
+    def _evict(self, consumer: str) -> None:
+        self.state.leave(consumer)
+        self._persisted.pop(consumer, None)
+        with contextlib.suppress(KeyNotFoundError):
+            self.store.delete(self.topic.consumer_path(self.subscription, consumer))
+
+    def _assignment(self, consumer: str) -> dict[str, Any]:
+        session = self._session(consumer)
+        layout = self.watch.layout
+        segments = []
+        for segment_id in session.view:
+            info = layout.all_segments[segment_id]
+            rng = info.hash_range
+            segments.append(
+                {
+                    "segmentId": segment_id,
+                    "hashRange": {"start": rng.start, "end": rng.end},
+                    "segmentTopic": str(self.topic.segment(segment_id, rng.start, rng.end)),
+                    "startPosition": self.state.positions.get(segment_id),
+                }
+            )
+        return {"version": session.version, "layoutEpoch": layout.epoch, "segments": segments}
+
+    def _session(self, consumer: str) -> Any:
+        session = self.state.sessions.get(consumer)
+        if session is None:
+            raise ConsumerNotRegisteredError(
+                f"consumer {consumer!r} is not registered on {self.subscription!r} "
+                "(its session expired or it closed): register again"
+            )
+        return session
+
+    async def _verify_finished(self, segment_id: int, position: int | None) -> None:
+        info = self.watch.layout.all_segments.get(segment_id)
+        if info is None or info.is_active:
+            raise ConflictError(f"segment {segment_id} is not sealed: it cannot be finished")
+        rng = info.hash_range
+        handle = segment_actor(self.topic.segment(segment_id, rng.start, rng.end))
+        if self.meta.kind == "subscription":
+            status = await handle.position.remote(self.subscription)
+            done, detail = status["drained"], f"cursor at {status['position']}"
+        else:
+            status = await handle.ready.remote()
+            done = status["terminated"] and position is not None and position >= status["endOffset"]
+            detail = f"reported position {position}"
+        if not done:
+            raise ConflictError(
+                f"segment {segment_id} is not finished for {self.subscription!r}: {detail}, "
+                f"end {status['endOffset']}"
+            )
+
+    def _load_meta(self) -> SubscriptionMetadata:
+        found = self.store.get(self.topic.subscription_path(self.subscription))
+        if found is None:
+            raise SubscriptionNotFoundError(
+                f"subscription {self.subscription!r} does not exist on {self.topic}"
+            )
+        return SubscriptionMetadata.from_bytes(found.value)
+
+    def _update_meta(self, change: Any) -> None:
+        path = self.topic.subscription_path(self.subscription)
+        updated = self.store.update(
+            path, lambda raw: change(SubscriptionMetadata.from_bytes(raw)).to_bytes()
+        )
+        self.meta = SubscriptionMetadata.from_bytes(updated.value)
+
+    def _load_registrations(self) -> dict[str, list[int]]:
+        base = f"{self.topic.subscription_path(self.subscription)}/consumers"
+        found = {}
+        for name in self.store.children(base):
+            entry = self.store.get(f"{base}/{name}")
+            if entry is not None:
+                found[name] = json.loads(entry.value)["assignedSegments"]
+        return found
+
+
+def coordinator_actor(topic: TopicName, subscription: str) -> ray.actor.ActorHandle:
+    """The subscription's coordinator, started if it is not running."""
+    name = topic.coordinator_actor_name(subscription)
+    return get_or_start(SubscriptionCoordinator, name, str(topic), subscription)
+
+
+def ensure_group(store: MetadataStore, topic: TopicName, group: str, grace_s: float) -> None:
+    """Create a checkpoint group's metadata on first use; refuse a name clash."""
+    path = topic.subscription_path(group)
+    meta = SubscriptionMetadata(
+        name=group, state="ACTIVE", kind="checkpoint_group", session_grace_s=grace_s
+    )
+    with contextlib.suppress(AlreadyExistsError):
+        store.put_if_absent(path, meta.to_bytes())
+    found = store.get(path)
+    if found is None or SubscriptionMetadata.from_bytes(found.value).kind != "checkpoint_group":
+        raise ConflictError(
+            f"{group!r} is a subscription of {topic}, not a checkpoint group: pick another name"
+        )

@@ -1,0 +1,191 @@
+"""DAG watch sessions: both halves, the long-poll server and the client that follows it.
+
+Modelled on Ray Serve's long-poll host. Any number of watchers park an async
+call per topic; the server reads the topic's metadata (never the controller),
+so producers and consumers keep learning layouts while a controller restarts.
+GCS KV has no change notifications, so the server polls each watched topic
+while someone is listening, and the controller pokes ``notify`` right after
+its compare-and-swap so a split reaches clients without waiting for a poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from actors.registry import get_or_start
+from runtime.config import ray_namespace
+from runtime.errors import TopicNotFoundError
+from runtime.layout import SegmentLayout
+from runtime.names import TopicName
+from runtime.operations import TopicRecord
+from runtime.remote import call
+from storage.metadata import MetadataStore
+
+ACTOR_NAME = "dagwatch"
+_DELETED = -1
+
+
+class _Topic:
+    """The latest snapshot of one topic and the listeners waiting for the next."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.layout: dict[str, Any] | None = None
+        self.changed = asyncio.Event()
+        self.listeners = 0
+        self.poller: asyncio.Task | None = None
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
+class DagWatchServer:
+    def __init__(self, poll_interval_s: float = 0.1) -> None:
+        self._store = MetadataStore(ray_namespace())
+        self._poll_interval_s = poll_interval_s
+        self._topics: dict[str, _Topic] = {}
+
+    async def listen(
+        self, topic: str, known_epoch: int | None, timeout_s: float = 30.0
+    ) -> dict[str, Any] | None:
+        """The layout once its epoch differs from ``known_epoch``; ``None`` on timeout.
+
+        Raises ``TopicNotFoundError`` once the topic is deleted.
+        """
+        name = str(TopicName.parse(topic))
+        state = self._topics.setdefault(name, _Topic())
+        state.listeners += 1
+        try:
+            if state.epoch is None:
+                self._refresh(name, state)
+            if state.poller is None:
+                state.poller = asyncio.get_running_loop().create_task(self._poll(name, state))
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            while state.epoch == known_epoch:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    return None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.changed.wait(), timeout=remaining)
+            if state.epoch == _DELETED:
+                raise TopicNotFoundError(f"topic {name} does not exist")
+            return state.layout
+        finally:
+            state.listeners -= 1
+
+    async def notify(self, topic: str) -> None:
+        """Re-read ``topic`` now (called by the controller after a layout change)."""
+        name = str(TopicName.parse(topic))
+        if name in self._topics:
+            self._refresh(name, self._topics[name])
+
+    async def _poll(self, name: str, state: _Topic) -> None:
+        idle_rounds = 0
+        while idle_rounds < 300:  # stop polling a topic nobody watched for ~30 s
+            await asyncio.sleep(self._poll_interval_s)
+            self._refresh(name, state)
+            idle_rounds = idle_rounds + 1 if state.listeners == 0 else 0
+        del self._topics[name]
+
+    def _refresh(self, name: str, state: _Topic) -> None:
+        found = self._store.get(TopicName.parse(name).metadata_path)
+        if found is None:
+            epoch, layout = _DELETED, None
+        else:
+            record = TopicRecord.from_bytes(found.value)
+            epoch, layout = record.epoch, record.layout.to_dict()
+        if epoch != state.epoch:
+            state.epoch, state.layout = epoch, layout
+            state.changed.set()
+            state.changed = asyncio.Event()
+
+
+def read_layout(topic: TopicName) -> SegmentLayout:
+    found = MetadataStore(ray_namespace()).get(topic.metadata_path)
+    if found is None:
+        raise TopicNotFoundError(f"topic {topic} does not exist")
+    return TopicRecord.from_bytes(found.value).layout
+
+
+class DagWatch:
+    """Holds the newest layout and wakes waiters when a newer one arrives."""
+
+    def __init__(self, topic: TopicName, poll_timeout_s: float = 20.0) -> None:
+        self.topic = topic
+        self.layout = read_layout(topic)
+        self.deleted = False
+        self._poll_timeout_s = poll_timeout_s
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Begin long-polling; must be called on the event loop that will use it."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def wait_newer(self, than_epoch: int, timeout_s: float | None = None) -> SegmentLayout:
+        """Wait until a layout with a higher epoch than ``than_epoch`` is known."""
+        async with asyncio.timeout(timeout_s):
+            while self.layout.epoch <= than_epoch and not self.deleted:
+                await self._changed.wait()
+        if self.deleted:
+            raise TopicNotFoundError(f"topic {self.topic} was deleted")
+        return self.layout
+
+    async def updates(self) -> AsyncIterator[SegmentLayout]:
+        """Every layout newer than the one seen before, in order of arrival."""
+        seen = self.layout.epoch
+        while True:
+            layout = await self.wait_newer(seen)
+            seen = layout.epoch
+            yield layout
+
+    def refresh(self) -> SegmentLayout:
+        """Read metadata now, for a caller that knows the layout just changed."""
+        try:
+            self._publish(read_layout(self.topic))
+        except TopicNotFoundError:
+            self._deleted()
+        return self.layout
+
+    async def _run(self) -> None:
+        while not self.deleted:
+            try:
+                ref = dag_watch_actor().listen.remote(
+                    str(self.topic), self.layout.epoch, self._poll_timeout_s
+                )
+                found = await call(ref)
+            except TopicNotFoundError:
+                self._deleted()
+            except RayActorError:
+                await asyncio.sleep(0.2)  # the watch server is restarting
+            else:
+                if found is not None:
+                    self._publish(SegmentLayout.from_dict(found))
+
+    def _publish(self, layout: SegmentLayout) -> None:
+        if layout.epoch > self.layout.epoch:
+            self.layout = layout
+            self._wake()
+
+    def _deleted(self) -> None:
+        self.deleted = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+def dag_watch_actor() -> ray.actor.ActorHandle:
+    return get_or_start(DagWatchServer, ACTOR_NAME)

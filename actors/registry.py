@@ -1,0 +1,25 @@
+"""Finding and starting the system's named, detached actors, all in one namespace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from runtime.config import ray_namespace
+
+
+def lookup(name: str) -> ray.actor.ActorHandle:
+    """The running actor called ``name``; ``ValueError`` if there is none."""
+    return ray.get_actor(name, namespace=ray_namespace())
+
+
+def get_or_start(actor_class: Any, name: str, *args: Any) -> ray.actor.ActorHandle:
+    """The actor called ``name``, started detached with ``args`` if it is not running.
+
+    Detached, so it outlives the driver that started it; Ray restarts it on
+    failure per its class options.
+    """
+    return actor_class.options(
+        name=name, namespace=ray_namespace(), lifetime="detached", get_if_exists=True
+    ).remote(*args)

@@ -1,0 +1,405 @@
+"""Append throughput of one segment actor, next to Redis Streams and a raw file.
+
+Appends 100-byte records to ONE segment actor at several batch sizes under each
+durability policy (pipelined, with a bounded window of appends in flight), XADDs
+the same records to a Redis Streams server started by this script (AOF on,
+``appendfsync everysec``), and writes them to a plain file with no fsync, which
+is the ceiling any disk-backed log on this machine can reach. Each measurement
+is capped by time and by a record budget, so the whole run takes a few minutes.
+
+    .venv/bin/python bench/segment_append.py            # everything, ~3-5 minutes
+    .venv/bin/python bench/segment_append.py --seconds 1 --batch-sizes 1 1000
+
+Prints a table and writes ``bench/results/segment_append.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+RECORD_BYTES = 100
+POLICIES = ("fsync", "interval", "none")
+BATCH_SIZES = (1, 100, 1_000, 10_000)
+DEFAULT_RESULTS = REPO / "bench" / "results" / "segment_append.json"
+
+
+@dataclass
+class Measurement:
+    system: str  # "segment", "redis" or "file"
+    policy: str  # durability policy; "everysec" for Redis, "no-fsync" for the file
+    batch_size: int
+    batches: int
+    records: int
+    seconds: float
+
+    @property
+    def msgs_per_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.records * RECORD_BYTES / self.seconds / 1e6
+
+    @property
+    def label(self) -> str:
+        return f"{self.system}/{self.policy}"
+
+
+def make_values(count: int) -> list[bytes]:
+    """Distinct, incompressible 100-byte records (a counter prefix plus random bytes)."""
+    noise = os.urandom(RECORD_BYTES * count)
+    return [
+        (b"%010d" % i) + noise[i * RECORD_BYTES + 10 : (i + 1) * RECORD_BYTES] for i in range(count)
+    ]
+
+
+def timed_loop(
+    step: Callable[[], int], batch_size: int, seconds: float, record_budget: int
+) -> tuple[int, float]:
+    """Run ``step`` (one batch, returns batches completed) until time or budget runs out."""
+    batches = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds and batches * batch_size < record_budget:
+        batches += step()
+    return batches, time.perf_counter() - started
+
+
+# --- the raw file ceiling -------------------------------------------------------------
+
+
+def bench_file(
+    directory: Path, values: list[bytes], batch_size: int, seconds: float, budget: int
+) -> Measurement:
+    """One ``write`` per batch of the concatenated records, never flushed: the ceiling."""
+    path = directory / f"raw-{batch_size}.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+    chunk = values[:batch_size]
+
+    def step() -> int:
+        os.write(fd, b"".join(chunk))
+        return 1
+
+    try:
+        batches, elapsed = timed_loop(step, batch_size, seconds, budget)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return Measurement("file", "no-fsync", batch_size, batches, batches * batch_size, elapsed)
+
+
+# --- Redis Streams ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[tuple[object, str]]:
+    """A private redis-server with AOF + everysec, the setting Redis recommends."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError(
+            "redis-server is not installed; on Debian/Ubuntu: apt-get install -y redis-server"
+        )
+    import redis
+
+    port = free_port()
+    data = directory / "redis"
+    data.mkdir()
+    process = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data)]
+        + ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+        + ["--protected-mode", "no", "--daemonize", "no", "--logfile", str(data / "log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError(f"redis-server did not start; see {data / 'log'}") from None
+                time.sleep(0.05)
+        version = client.info("server")["redis_version"]
+        yield client, version
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def bench_redis(
+    client: object, values: list[bytes], batch_size: int, seconds: float, budget: int
+) -> Measurement:
+    """XADD every record; one non-transactional pipeline ``execute`` per batch."""
+    stream = f"bench-{batch_size}"
+    chunk = values[:batch_size]
+
+    def step() -> int:
+        pipe = client.pipeline(transaction=False)
+        for value in chunk:
+            pipe.xadd(stream, {"v": value})
+        pipe.execute()
+        return 1
+
+    try:
+        batches, elapsed = timed_loop(step, batch_size, seconds, budget)
+    finally:
+        client.delete(stream)
+    return Measurement("redis", "everysec", batch_size, batches, batches * batch_size, elapsed)
+
+
+# --- the segment actor ----------------------------------------------------------------------
+
+
+def bench_segment(
+    handle: object,
+    policy: str,
+    values: list[bytes],
+    batch_size: int,
+    seconds: float,
+    budget: int,
+    window: int,
+) -> Measurement:
+    """Sequenced appends from one producer, at most ``window`` in flight.
+
+    The batch is built once: building it is the producer's cost, not the segment's.
+    """
+    import ray
+
+    from runtime.batch import make_batch
+
+    batch = make_batch(values[:batch_size])
+    producer = f"bench-{batch_size}"
+    in_flight: list[object] = []
+    sequence = 0
+    ray.get(handle.append.remote(batch, producer, sequence))  # warm up the call path
+    sequence += 1
+
+    def step() -> int:
+        nonlocal sequence
+        in_flight.append(handle.append.remote(batch, producer, sequence))
+        sequence += 1
+        if len(in_flight) < window:
+            return 0
+        ray.get(in_flight.pop(0))
+        return 1
+
+    started = time.perf_counter()
+    batches, _ = timed_loop(step, batch_size, seconds, budget)
+    ray.get(in_flight)
+    batches += len(in_flight)
+    elapsed = time.perf_counter() - started
+    return Measurement("segment", policy, batch_size, batches, batches * batch_size, elapsed)
+
+
+def run_segments(
+    root: Path, values: list[bytes], args: argparse.Namespace
+) -> Iterator[Measurement]:
+    import ray
+
+    from actors.segment import segment_actor
+    from runtime import connect
+    from runtime.names import TopicName
+    from storage.segment_log import Durability
+
+    os.environ["RAYTOPICS_STORAGE_ROOT"] = str(root / "segments")
+    os.environ.setdefault("RAYTOPICS_NAMESPACE", f"bench-{uuid.uuid4().hex[:8]}")
+    extra = {}
+    if args.ray_inline_bytes:
+        extra["_system_config"] = {"max_direct_call_object_size": args.ray_inline_bytes}
+    connect(num_cpus=2, include_dashboard=False, log_to_driver=False, **extra)
+    try:
+        for policy in args.policies:
+            for batch_size in args.batch_sizes:
+                # A fresh segment per measurement keeps files (and their cleanup) small.
+                topic = TopicName("bench", "append", f"{policy}-{batch_size}")
+                name = topic.segment(0, 0, 0xFFFF)
+                handle = segment_actor(
+                    name,
+                    create=True,
+                    initialize=True,
+                    storage_root=str(root / "segments"),
+                    durability=Durability(policy=policy),  # type: ignore[arg-type]
+                )
+                ray.get(handle.ready.remote())
+                try:
+                    yield bench_segment(
+                        handle, policy, values, batch_size, args.seconds, args.budget, args.window
+                    )
+                    ray.get(handle.delete.remote())
+                finally:
+                    ray.kill(handle, no_restart=True)
+    finally:
+        ray.shutdown()
+
+
+# --- reporting ----------------------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, object]:
+    info: dict[str, object] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["memory_gb"] = round(int(line.split()[1]) / 1e6, 1)
+    with contextlib.suppress(Exception):
+        import pyarrow
+        import ray
+        import redis
+
+        info["ray"] = ray.__version__
+        info["pyarrow"] = pyarrow.__version__
+        info["redis_py"] = redis.__version__
+    return info
+
+
+def table(results: list[Measurement]) -> list[dict[str, object]]:
+    rows = []
+    for m in results:
+        redis = next(
+            (r for r in results if r.system == "redis" and r.batch_size == m.batch_size), None
+        )
+        file = next(
+            (r for r in results if r.system == "file" and r.batch_size == m.batch_size), None
+        )
+        rows.append(
+            {
+                **asdict(m),
+                "msgs_per_s": round(m.msgs_per_s),
+                "mb_per_s": round(m.mb_per_s, 2),
+                "vs_redis": round(m.msgs_per_s / redis.msgs_per_s, 3) if redis else None,
+                "vs_file": round(m.msgs_per_s / file.msgs_per_s, 4) if file else None,
+            }
+        )
+    order = {"segment": 0, "redis": 1, "file": 2}
+    rows.sort(
+        key=lambda r: (
+            r["batch_size"],
+            order[r["system"]],
+            POLICIES.index(r["policy"]) if r["policy"] in POLICIES else 0,
+        )
+    )
+    return rows
+
+
+def print_table(rows: list[dict[str, object]]) -> None:
+    header = f"{'batch':>6}  {'system/policy':<18} {'msgs/s':>12} {'MB/s':>9} "
+    header += f"{'vs Redis':>9} {'vs file':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        vs_redis = f"{r['vs_redis']:.2f}x" if r["vs_redis"] is not None else "-"
+        vs_file = f"{r['vs_file']:.3f}x" if r["vs_file"] is not None else "-"
+        print(
+            f"{r['batch_size']:>6}  {r['system'] + '/' + r['policy']:<18} "
+            f"{r['msgs_per_s']:>12,} {r['mb_per_s']:>9.1f} {vs_redis:>9} {vs_file:>8}"
+        )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="time cap per measurement")
+    parser.add_argument("--budget", type=int, default=10_000_000, help="record cap per measurement")
+    parser.add_argument("--window", type=int, default=16, help="appends in flight")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--skip-redis", action="store_true")
+    parser.add_argument(
+        "--ray-inline-bytes",
+        type=int,
+        default=0,
+        help="experiment: Ray's max_direct_call_object_size (0 keeps Ray's default, 100 KiB)",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    info = machine_info()
+    values = make_values(max(args.batch_sizes))
+    results: list[Measurement] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="segment-append-bench-") as tmp:
+        root = Path(tmp)
+        for batch_size in args.batch_sizes:
+            results.append(bench_file(root, values, batch_size, args.seconds, args.budget))
+            print(f"file     batch {batch_size:>6}: {results[-1].msgs_per_s:>12,.0f} msgs/s")
+        if not args.skip_redis:
+            try:
+                with redis_server(root) as (client, version):
+                    info["redis_server"] = version
+                    for batch_size in args.batch_sizes:
+                        m = bench_redis(client, values, batch_size, args.seconds, args.budget)
+                        results.append(m)
+                        print(f"redis    batch {batch_size:>6}: {m.msgs_per_s:>12,.0f} msgs/s")
+            except FileNotFoundError as exc:
+                print(f"skipping Redis: {exc}")
+        for m in run_segments(root, values, args):
+            results.append(m)
+            print(f"segment  batch {m.batch_size:>6} {m.policy:>8}: {m.msgs_per_s:>12,.0f} msgs/s")
+    info["load_average_at_end"] = os.getloadavg()
+    rows = table(results)
+    print()
+    print_table(rows)
+    report = {
+        "benchmark": "segment_append",
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "duration_s": round(time.perf_counter() - started, 1),
+        "machine": info,
+        "settings": {
+            "record_bytes": RECORD_BYTES,
+            "seconds_per_measurement": args.seconds,
+            "record_budget_per_measurement": args.budget,
+            "window": args.window,
+            "ray_max_direct_call_object_size": args.ray_inline_bytes or "default",
+            "redis": "appendonly yes, appendfsync everysec; redis-py pipeline per batch",
+            "file": "one os.write per batch, no fsync",
+            "segment": "one actor per measurement, sequenced appends from one producer",
+        },
+        "results": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The machinery shared by stream and checkpoint consumers.
+
+A consumer registers with its subscription's coordinator, long-polls for its
+assignment (the poll is also its heartbeat), and runs one reader per assigned
+segment that long-polls the segment and feeds a bounded local queue, so each
+segment's messages reach the application in offset order.
+
+When a segment is taken away, its reader stops, queued-but-undelivered
+messages of it are dropped (they are unacknowledged, so the next owner reads
+them), and the segment is released only once everything delivered from it is
+acknowledged (or a timeout passes): a rebalance does not duplicate messages.
+When a sealed segment is read and acknowledged to its end, the consumer
+reports it finished, which is what lets the coordinator hand out its children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ray.exceptions import RayActorError
+
+from actors.coordinator import coordinator_actor
+from actors.segment import segment_actor
+from clients._ray import background_loop
+from clients.message import Message, messages_from_delivery
+from runtime.errors import ClientClosedError, ConflictError, ConsumerNotRegisteredError
+from runtime.names import SegmentName, TopicName, validate_part
+from runtime.remote import call
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    receiver_queue_size: int = 10_000
+    read_batch: int = 2_000
+    poll_timeout_s: float = 5.0
+    release_timeout_s: float = 30.0
+    ack_flush_s: float = 0.05
+
+
+class _Reader:
+    """Reads one assigned segment from ``position`` on, in order."""
+
+    def __init__(self, name: SegmentName, position: int) -> None:
+        self.name = name
+        self.segment_id = name.segment_id
+        self.handle = segment_actor(name)
+        self.position = position  # next offset to fetch
+        self.delivered = position  # next offset the application has not received
+        self.acked = position  # next offset not acknowledged
+        self.flushed = position  # what the segment's cursor knows
+        self.end: int | None = None  # known once the segment is sealed and read out
+        self.revoked = False
+        self.task: asyncio.Task | None = None
+
+
+class GroupConsumerCore:
+    """Loop-side state of one stream or checkpoint consumer."""
+
+    def __init__(
+        self,
+        topic: TopicName,
+        group: str,
+        consumer: str,
+        *,
+        acknowledges: bool,
+        config: ConsumerConfig,
+        start_positions: dict[int, int] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.group = validate_part("subscription", group)
+        self.consumer = validate_part("consumer name", consumer)
+        self.acknowledges = acknowledges
+        self.config = config
+        self.start_positions = dict(start_positions or {})
+        self.coordinator = coordinator_actor(topic, group)
+        self.readers: dict[int, _Reader] = {}
+        self.finished: set[int] = set()
+        self.messages: queue.Queue[tuple[_Reader, Message]] = queue.Queue()
+        self.version = -1
+        self.tasks: list[asyncio.Task] = []
+        self.closed = False
+
+    async def start(self) -> None:
+        await self._apply(await call(self.coordinator.register.remote(self.consumer)))
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self._follow_assignment())]
+        if self.acknowledges:
+            self.tasks.append(loop.create_task(self._flush_acks_forever()))
+
+    # --- application side (called on the loop via the public wrappers) --------------
+
+    def take(self, timeout_s: float | None) -> Message | None:
+        """Next message for the application; ``None`` on timeout. Any thread."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                reader, message = self.messages.get(timeout=remaining)
+            except queue.Empty:
+                return None
+            if not reader.revoked:
+                reader.delivered = message.offset + 1
+                return message
+
+    def acknowledge(self, segment_id: int, offset: int) -> None:
+        reader = self.readers.get(segment_id)
+        if reader is not None and offset + 1 > reader.acked:
+            reader.acked = offset + 1
+
+    def positions(self) -> dict[int, int]:
+        """Next offset to deliver, per segment this consumer holds."""
+        return {sid: r.delivered for sid, r in self.readers.items()}
+
+    async def close(self) -> None:
+        """Graceful leave: settle every segment, then unregister so others rebalance now."""
+        self.closed = True
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*(self._give_up(r) for r in list(self.readers.values())))
+        with contextlib.suppress(RayActorError, ConsumerNotRegisteredError):
+            await call(self.coordinator.unregister.remote(self.consumer))
+
+    # --- assignment -------------------------------------------------------------------
+
+    async def _follow_assignment(self) -> None:
+        while not self.closed:
+            try:
+                ref = self.coordinator.poll.remote(
+                    self.consumer, self.version, self.config.poll_timeout_s
+                )
+                assignment = await call(ref)
+            except ConsumerNotRegisteredError:
+                assignment = await call(self.coordinator.register.remote(self.consumer))
+            except RayActorError:
+                await asyncio.sleep(0.2)  # the coordinator is restarting
+                continue
+            if assignment is not None:
+                await self._apply(assignment)
+
+    async def _apply(self, assignment: dict[str, Any]) -> None:
+        self.version = assignment["version"]
+        wanted = {s["segmentId"]: s for s in assignment["segments"]}
+        for segment_id in [s for s in self.readers if s not in wanted]:
+            asyncio.get_running_loop().create_task(self._give_up(self.readers[segment_id]))
+        for segment_id, spec in wanted.items():
+            if segment_id not in self.readers and segment_id not in self.finished:
+                name = SegmentName.parse(spec["segmentTopic"])
+                position = await self._start_position(name, spec.get("startPosition"))
+                reader = self.readers[segment_id] = _Reader(name, position)
+                reader.task = asyncio.get_running_loop().create_task(self._read(reader))
+
+    async def _start_position(self, name: SegmentName, released: int | None) -> int:
+        if self.acknowledges:
+            status = await call(segment_actor(name).position.remote(self.group))
+            return status["position"]
+        if name.segment_id in self.start_positions:
+            return self.start_positions[name.segment_id]
+        return released or 0
+
+    # --- reading ----------------------------------------------------------------------
+
+    async def _read(self, reader: _Reader) -> None:
+        while not reader.revoked and not self.closed:
+            if self.messages.qsize() >= self.config.receiver_queue_size:
+                await asyncio.sleep(0.005)
+                continue
+            try:
+                ref = reader.handle.read.remote(reader.position, self.config.read_batch, 1.0)
+                batch = await call(ref)
+            except RayActorError:
+                await asyncio.sleep(0.2)  # the segment is restarting
+                continue
+            if batch.num_rows:
+                for message in messages_from_delivery(reader.segment_id, batch):
+                    self.messages.put((reader, message))
+                reader.position = batch.column("offset")[-1].as_py() + 1
+                continue
+            status = await call(reader.handle.ready.remote())
+            if status["terminated"] and reader.position >= status["endOffset"]:
+                reader.end = status["endOffset"]
+                await self._finish_when_settled(reader)
+                return
+
+    async def _finish_when_settled(self, reader: _Reader) -> None:
+        """Report a sealed segment finished once all of it is delivered (and acked)."""
+        while not reader.revoked and not self.closed:
+            settled = reader.acked if self.acknowledges else reader.delivered
+            if settled >= reader.end:
+                await self._flush(reader)
+                try:
+                    await call(
+                        self.coordinator.finished.remote(self.consumer, reader.segment_id, settled)
+                    )
+                except ConflictError as err:
+                    log.warning("finishing segment %s: %s", reader.segment_id, err)
+                    await asyncio.sleep(0.5)
+                    continue
+                self.finished.add(reader.segment_id)
+                self.readers.pop(reader.segment_id, None)
+                return
+            await asyncio.sleep(0.01)
+
+    async def _give_up(self, reader: _Reader) -> None:
+        """Stop reading, wait for delivered messages to be acked, then release."""
+        reader.revoked = True
+        if self.acknowledges:
+            deadline = time.monotonic() + self.config.release_timeout_s
+            while reader.acked < reader.delivered and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await self._flush(reader)
+        self.readers.pop(reader.segment_id, None)
+        position = None if self.acknowledges else reader.delivered
+        with contextlib.suppress(RayActorError, ConsumerNotRegisteredError):
+            await call(self.coordinator.release.remote(self.consumer, reader.segment_id, position))
+
+    # --- acknowledgements -------------------------------------------------------------
+
+    async def _flush_acks_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.ack_flush_s)
+            await asyncio.gather(*(self._flush(r) for r in list(self.readers.values())))
+
+    async def _flush(self, reader: _Reader) -> None:
+        if not self.acknowledges or reader.acked <= reader.flushed:
+            return
+        target = reader.acked
+        with contextlib.suppress(RayActorError):
+            await call(reader.handle.ack_cumulative.remote(self.group, target - 1))
+            reader.flushed = max(reader.flushed, target)
+
+
+def run_on_loop(coro: Any) -> Any:
+    return background_loop().run(coro)
+
+
+class GroupConsumer:
+    """What stream and checkpoint consumers share on the application side."""
+
+    _core: GroupConsumerCore
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message, or ``None`` if none arrives within ``timeout`` seconds."""
+        if self._core.closed:
+            raise ClientClosedError("consumer is closed")
+        return self._core.take(timeout)
+
+    async def receive_async(self, timeout: float | None = None) -> Message | None:
+        return await asyncio.get_running_loop().run_in_executor(None, self.receive, timeout)
+
+    def receive_batch(
+        self, max_messages: int = 1_000, timeout: float | None = 1.0
+    ) -> list[Message]:
+        """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is there."""
+        first = self.receive(timeout)
+        batch = [first] if first is not None else []
+        while first is not None and len(batch) < max_messages:
+            message = self._core.take(0)
+            if message is None:
+                break
+            batch.append(message)
+        return batch
+
+    def assigned_segments(self) -> list[int]:
+        return sorted(self._core.readers)
+
+    def close(self) -> None:
+        """Leave the group now (after settling held segments) so others rebalance at once."""
+        if not self._core.closed:
+            run_on_loop(self._core.close())
+
+    def __enter__(self) -> GroupConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

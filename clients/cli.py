@@ -1,0 +1,320 @@
+"""``raytopics``: administer scalable topics from a shell.
+
+Every command is written once against the admin API and runs either as a Ray
+driver (``--address``) through ``ScalableTopicsAdmin`` or over REST (``--url``)
+through ``AdminHttpClient``: the two have the same methods and raise the same
+typed errors. Expected failures print a single ``error:`` line and exit 1;
+usage errors exit 2 (argparse); only bugs show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from runtime.errors import ScalableTopicsError, UnavailableError
+from runtime.subscription import DEFAULT_GRACE_S
+
+EXAMPLES = """\
+TOPIC is tenant/namespace/topic, with or without the topic:// prefix.
+Global options go before the command.
+
+examples:
+  raytopics serve --port 8080                  # REST admin API (and /openapi.json)
+  raytopics create public/default/orders --segments 4
+  raytopics list public/default
+  raytopics describe public/default/orders     # the segment DAG as a tree
+  raytopics split public/default/orders 0
+  raytopics merge public/default/orders 4 5
+  raytopics stats public/default/orders --json
+  raytopics subscriptions create public/default/orders billing --position latest
+  raytopics --url http://127.0.0.1:8080 describe public/default/orders
+  raytopics delete public/default/orders
+"""
+
+Command = Callable[[Any, argparse.Namespace], str]
+
+
+# --- commands (each returns what to print) --------------------------------------------
+
+
+def _create(admin: Any, args: argparse.Namespace) -> str:
+    meta = admin.create_scalable_topic(args.topic, args.segments, dict(args.property) or None)
+    return f"created {args.topic} with {args.segments} segments\n{_tree(meta)}"
+
+
+def _list(admin: Any, args: argparse.Namespace) -> str:
+    return "\n".join(admin.list_scalable_topics(args.namespace_path))
+
+
+def _describe(admin: Any, args: argparse.Namespace) -> str:
+    meta = admin.get_metadata(args.topic)
+    if args.json:
+        return json.dumps(meta, indent=2)
+    properties = ", ".join(f"{k}={v}" for k, v in sorted(meta.get("properties", {}).items()))
+    return f"{args.topic}\n{_tree(meta)}" + (f"\nproperties: {properties}" if properties else "")
+
+
+def _split(admin: Any, args: argparse.Namespace) -> str:
+    op = admin.split_segment(args.topic, args.segment_id)
+    children = " and ".join(f"#{c}" for c in op["children"])
+    return f"split #{args.segment_id} of {args.topic} into {children} (epoch {op['epoch']})"
+
+
+def _merge(admin: Any, args: argparse.Namespace) -> str:
+    op = admin.merge_segments(args.topic, args.segment_id1, args.segment_id2)
+    return (
+        f"merged #{args.segment_id1} and #{args.segment_id2} of {args.topic} "
+        f"into #{op['children'][0]} (epoch {op['epoch']})"
+    )
+
+
+def _stats(admin: Any, args: argparse.Namespace) -> str:
+    stats = admin.get_stats(args.topic)
+    return json.dumps(stats, indent=2) if args.json else format_stats(stats)
+
+
+def _delete(admin: Any, args: argparse.Namespace) -> str:
+    admin.delete_scalable_topic(args.topic)
+    return f"deleted {args.topic}"
+
+
+def _subscription_create(admin: Any, args: argparse.Namespace) -> str:
+    admin.create_subscription(args.topic, args.subscription, args.position, args.session_grace_s)
+    return f"created subscription {args.subscription} on {args.topic} at {args.position}"
+
+
+def _subscription_delete(admin: Any, args: argparse.Namespace) -> str:
+    admin.delete_subscription(args.topic, args.subscription)
+    return f"deleted subscription {args.subscription} of {args.topic}"
+
+
+def _subscription_list(admin: Any, args: argparse.Namespace) -> str:
+    return "\n".join(admin.list_subscriptions(args.topic))
+
+
+def _serve(args: argparse.Namespace) -> str:
+    """Run the gateway until Ctrl-C/SIGTERM; the gateway lives exactly as long as this."""
+    from actors.gateway import start_gateway, stop_gateway
+
+    _connect(args, embedded_fallback=True)
+    url = start_gateway(args.port, args.host)
+    print(f"serving the admin API at {url} (see {url}/openapi.json); Ctrl-C stops", flush=True)
+    _wait_for_stop_signal()
+    stop_gateway(args.port)
+    return "stopped"
+
+
+# --- formatting -------------------------------------------------------------------------
+
+
+def _tree(meta: dict[str, Any]) -> str:
+    from runtime.layout import SegmentLayout
+    from runtime.render import render_tree
+
+    return render_tree(SegmentLayout.from_dict(meta))
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    """A topic's stats as a short report: totals, one line per segment and subscription."""
+    lines = [
+        f"{stats['topic']} at epoch {stats['epoch']}: {stats['activeSegments']} active / "
+        f"{stats['sealedSegments']} sealed segments, {stats['records']} records, "
+        f"{_size(stats['sizeBytes'])}",
+        "",
+        f"{'SEGMENT':<8} {'STATE':<7} {'RANGE':<10} {'RECORDS':>9} {'SIZE':>10}",
+    ]
+    for seg_id, seg in sorted(stats["segments"].items(), key=lambda item: int(item[0])):
+        rng = f"{seg['hashRange']['start']:04x}-{seg['hashRange']['end']:04x}"
+        lines.append(
+            f"{'#' + seg_id:<8} {seg['state']:<7} {rng:<10} {seg['records']:>9} "
+            f"{_size(seg['sizeBytes']):>10}"
+        )
+    lines.append("")
+    if not stats["subscriptions"]:
+        return "\n".join([*lines, "no subscriptions"])
+    lines.append(f"{'SUBSCRIPTION':<24} {'STATE':<9} {'CONSUMERS':>9} {'BACKLOG':>9}")
+    for name, sub in sorted(stats["subscriptions"].items()):
+        lines.append(f"{name:<24} {sub['state']:<9} {sub['consumers']:>9} {sub['backlog']:>9}")
+    return "\n".join(lines)
+
+
+def _size(num_bytes: int) -> str:
+    if num_bytes < 1024:
+        return f"{num_bytes} B"
+    scaled, unit = float(num_bytes), "B"
+    for unit in ("KiB", "MiB", "GiB"):  # noqa: B007 - the last unit is the answer
+        scaled /= 1024
+        if scaled < 1024:
+            break
+    return f"{scaled:.1f} {unit}"
+
+
+# --- connecting -------------------------------------------------------------------------
+
+
+def _connect(args: argparse.Namespace, *, embedded_fallback: bool = False) -> None:
+    """Join Ray quietly; ``serve`` alone may start an embedded Ray when none runs."""
+    from runtime.connect import connect
+
+    quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
+    try:
+        connect(args.address, namespace=args.namespace, **quiet)
+        return
+    except ConnectionError as err:
+        if not (embedded_fallback and args.address == "auto"):
+            raise UnavailableError(f"cannot connect to Ray at {args.address}: {err}") from None
+    os.environ.pop("RAY_ADDRESS", None)
+    print("no running Ray cluster found: starting an embedded local Ray", file=sys.stderr)
+    connect(None, namespace=args.namespace, include_dashboard=False, **quiet)
+
+
+def _open_admin(args: argparse.Namespace) -> Any:
+    if args.url:
+        from clients.http import AdminHttpClient
+
+        return AdminHttpClient(args.url)
+    _connect(args)
+    from clients.admin import ScalableTopicsAdmin
+
+    return ScalableTopicsAdmin(address=args.address, namespace=args.namespace)
+
+
+def _wait_for_stop_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+
+
+# --- argument parsing -------------------------------------------------------------------
+
+
+def _topic(text: str) -> str:
+    """``t/n/x`` or ``topic://t/n/x``; the admin validates the parts."""
+    return text if text.startswith("topic://") else f"topic://{text}"
+
+
+def _property(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raytopics",
+        description="Administer scalable topics (segment DAGs that split and merge) on Ray.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--address",
+        default=os.environ.get("RAY_ADDRESS", "auto"),
+        help="Ray cluster address (default: $RAY_ADDRESS or 'auto')",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("RAYTOPICS_NAMESPACE"),
+        help="Ray namespace of the system (default: $RAYTOPICS_NAMESPACE or 'scalable-topics')",
+    )
+    parser.add_argument(
+        "--url", help="talk to a running admin gateway over REST instead of Ray (http://host:port)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = _command(commands, "serve", None, "run the REST admin gateway until Ctrl-C")
+    serve.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+
+    create = _command(commands, "create", _create, "create a topic", topic=True)
+    create.add_argument("--segments", type=int, required=True, help="initial segments, 1-65536")
+    create.add_argument(
+        "--property", type=_property, action="append", default=[], metavar="KEY=VALUE"
+    )
+    listing = _command(commands, "list", _list, "list the topics of a namespace")
+    listing.add_argument("namespace_path", metavar="TENANT/NS")
+    describe = _command(commands, "describe", _describe, "show the segment DAG", topic=True)
+    describe.add_argument("--json", action="store_true", help="print the metadata JSON")
+    split = _command(commands, "split", _split, "split an active segment", topic=True)
+    split.add_argument("segment_id", type=int, metavar="ID")
+    merge = _command(commands, "merge", _merge, "merge two adjacent segments", topic=True)
+    merge.add_argument("segment_id1", type=int, metavar="ID1")
+    merge.add_argument("segment_id2", type=int, metavar="ID2")
+    stats = _command(commands, "stats", _stats, "segment and subscription stats", topic=True)
+    stats.add_argument("--json", action="store_true", help="print the raw stats JSON")
+    _command(commands, "delete", _delete, "delete a topic and its segments", topic=True)
+
+    subs = commands.add_parser("subscriptions", help="create, delete or list subscriptions")
+    sub_commands = subs.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    sub_create = _command(
+        sub_commands, "create", _subscription_create, "create a subscription", topic=True
+    )
+    sub_create.add_argument("subscription", metavar="SUB")
+    sub_create.add_argument("--position", choices=("earliest", "latest"), default="earliest")
+    sub_create.add_argument(
+        "--session-grace-s",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        metavar="SECONDS",
+        help=f"how long a disconnected stream consumer keeps its segments ({DEFAULT_GRACE_S:g})",
+    )
+    sub_delete = _command(
+        sub_commands, "delete", _subscription_delete, "delete a subscription", topic=True
+    )
+    sub_delete.add_argument("subscription", metavar="SUB")
+    _command(sub_commands, "list", _subscription_list, "list subscriptions", topic=True)
+    return parser
+
+
+def _command(
+    commands: Any, name: str, run: Command | None, help_text: str, *, topic: bool = False
+) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=help_text, description=help_text)
+    parser.set_defaults(run=run)
+    if topic:
+        parser.add_argument("topic", type=_topic, metavar="TOPIC")
+    return parser
+
+
+# --- entry point ------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve" and args.url:
+        parser.error("serve starts a gateway on Ray; it cannot run through --url")
+    try:
+        output = _serve(args) if args.run is None else _run(args.run, args)
+    except ScalableTopicsError as err:
+        print(f"error: {' '.join(err.message.split())}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    if output:
+        print(output)
+    return 0
+
+
+def _run(command: Command, args: argparse.Namespace) -> str:
+    admin = _open_admin(args)
+    try:
+        return command(admin, args)
+    finally:
+        close = getattr(admin, "close", None)
+        if close is not None:
+            close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""``AdminHttpClient``: the ``ScalableTopicsAdmin`` API spoken over the REST gateway.
+
+Same method names, signatures, return types and typed exceptions as the Ray
+client, so code (and the CLI) can switch transports by swapping one object. It
+needs no Ray connection: the gateway's JSON error body carries the error's
+``code``, which is mapped back to the class in ``runtime.errors``.
+
+The REST path templates live here, not in the gateway, because they are the
+wire contract both sides share and this module must stay importable without
+the gateway's server machinery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import aiohttp
+
+from clients._ray import background_loop, with_sync_twins
+from runtime.errors import InvalidArgumentError, ScalableTopicsError, UnavailableError
+from runtime.layout import SegmentLayout
+from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
+from runtime.operations import CompletedOperation
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+
+T = TypeVar("T")
+
+# --- the REST contract (aiohttp / OpenAPI path templates) --------------------------------
+
+SCALABLE = "/admin/v2/scalable"
+SEGMENTS = "/admin/v2/segments"
+NAMESPACE_PATH = SCALABLE + "/{tenant}/{namespace}"
+TOPIC_PATH = NAMESPACE_PATH + "/{topic}"
+STATS_PATH = TOPIC_PATH + "/stats"
+SUBSCRIPTIONS_PATH = TOPIC_PATH + "/subscriptions"
+SUBSCRIPTION_PATH = SUBSCRIPTIONS_PATH + "/{subscription}"
+SPLIT_PATH = TOPIC_PATH + "/split/{segmentId}"
+MERGE_PATH = TOPIC_PATH + "/merge/{segmentId1}/{segmentId2}"
+SEGMENT_PATH = SEGMENTS + "/{tenant}/{namespace}/{topic}/{descriptor}"
+TERMINATE_PATH = SEGMENT_PATH + "/terminate"
+
+
+@with_sync_twins
+class AdminHttpClient:
+    """Administer scalable topics through an ``AdminGateway``; every method has an
+    ``_async`` twin.
+
+    aiohttp sessions belong to the event loop that created them, so the one
+    session lives on the shared background loop: sync twins already run there,
+    and async calls from any other loop are bridged onto it.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 30) -> None:
+        self.url = url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def list_scalable_topics_async(self, namespace: str) -> list[str]:
+        """Topics of ``tenant/namespace`` as ``topic://`` names."""
+        namespace_prefix(namespace)  # validates, raising what ScalableTopicsAdmin raises
+        tenant, ns = namespace.split("/")
+        return await self._call("GET", NAMESPACE_PATH.format(tenant=tenant, namespace=ns))
+
+    async def get_metadata_async(self, topic: str) -> dict[str, Any]:
+        """The topic's ``ScalableTopicMetadata`` document (the spec's JSON shape)."""
+        return await self._call("GET", _topic_path(TOPIC_PATH, topic))
+
+    async def get_layout_async(self, topic: str) -> SegmentLayout:
+        return SegmentLayout.from_dict(await self.get_metadata_async(topic))
+
+    async def list_subscriptions_async(self, topic: str) -> list[str]:
+        return await self._call("GET", _topic_path(SUBSCRIPTIONS_PATH, topic))
+
+    async def get_stats_async(self, topic: str) -> dict[str, Any]:
+        """Segment counts, per-segment size/records, per-subscription backlog and consumers."""
+        return await self._call("GET", _topic_path(STATS_PATH, topic))
+
+    # --- topic lifecycle -----------------------------------------------------------------
+
+    async def create_scalable_topic_async(
+        self, topic: str, num_segments: int, properties: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"numSegments": num_segments}
+        if properties is not None:
+            body["properties"] = properties
+        return await self._call("PUT", _topic_path(TOPIC_PATH, topic), body=body)
+
+    async def delete_scalable_topic_async(self, topic: str) -> None:
+        await self._call("DELETE", _topic_path(TOPIC_PATH, topic))
+
+    # --- subscriptions -------------------------------------------------------------------
+
+    async def create_subscription_async(
+        self,
+        topic: str,
+        subscription: str,
+        position: StartPosition = "earliest",
+        session_grace_s: float = DEFAULT_GRACE_S,
+    ) -> None:
+        """Create on every segment with its cursors at ``position``.
+
+        ``session_grace_s``: how long a disconnected stream consumer keeps its
+        segments before they move to the others.
+        """
+        body = {"position": position, "sessionGraceS": session_grace_s}
+        await self._call("PUT", _subscription_path(topic, subscription), body=body)
+
+    async def delete_subscription_async(self, topic: str, subscription: str) -> None:
+        await self._call("DELETE", _subscription_path(topic, subscription))
+
+    # --- layout changes ------------------------------------------------------------------
+
+    async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
+        """Split an active segment at its midpoint; returns the completed operation."""
+        reply = await self._call("POST", _topic_path(SPLIT_PATH, topic, segmentId=segment_id))
+        return _completed(reply)
+
+    async def merge_segments_async(
+        self, topic: str, segment_id1: int, segment_id2: int
+    ) -> dict[str, Any]:
+        """Merge two adjacent active segments; returns the completed operation."""
+        path = _topic_path(MERGE_PATH, topic, segmentId1=segment_id1, segmentId2=segment_id2)
+        return _completed(await self._call("POST", path))
+
+    # --- segments (the spec's Segments API) ----------------------------------------------
+
+    async def create_segment_async(
+        self, segment_topic: str, subscriptions: list[str] | None = None
+    ) -> None:
+        body = {"subscriptions": list(subscriptions or [])}
+        await self._call("PUT", _segment_path(SEGMENT_PATH, segment_topic), body=body)
+
+    async def terminate_segment_async(self, segment_topic: str, force: bool = False) -> int:
+        """Seal a segment; returns its end offset."""
+        params = {"force": "true" if force else "false"}
+        path = _segment_path(TERMINATE_PATH, segment_topic)
+        reply = await self._call("POST", path, params=params)
+        return reply["endOffset"]
+
+    async def delete_segment_async(self, segment_topic: str, force: bool = False) -> None:
+        params = {"force": "true" if force else "false"}
+        await self._call("DELETE", _segment_path(SEGMENT_PATH, segment_topic), params=params)
+
+    # --- lifecycle of the client itself --------------------------------------------------
+
+    async def close_async(self) -> None:
+        """Close the HTTP session (a later call opens a new one)."""
+        await _on_background_loop(self._close_session())
+
+    def __enter__(self) -> AdminHttpClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> AdminHttpClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close_async()
+
+    # --- transport -----------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+    ) -> Any:
+        try:
+            data = None if body is None else json.dumps(body)
+        except (TypeError, ValueError) as err:
+            raise InvalidArgumentError(f"request body is not JSON-serializable: {err}") from None
+        return await _on_background_loop(self._request(method, path, data, params))
+
+    async def _request(
+        self, method: str, path: str, data: str | None, params: dict[str, str] | None
+    ) -> Any:
+        """One HTTP exchange on the background loop; errors come back typed."""
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        try:
+            async with self._session_here().request(
+                method, self.url + path, data=data, params=params, headers=headers
+            ) as response:
+                status, text = response.status, await response.text()
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise UnavailableError(
+                f"cannot reach the admin gateway at {self.url}: {err or type(err).__name__}"
+            ) from None
+        if status >= 400:
+            raise error_from_response(status, text)
+        return json.loads(text) if text else None
+
+    def _session_here(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
+
+    async def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+# --- typed errors back from JSON --------------------------------------------------------
+
+
+def _error_classes() -> tuple[dict[str, type[ScalableTopicsError]], dict[int, type]]:
+    """Every error class by its ``code``, and the broad class of each HTTP status."""
+    by_code: dict[str, type[ScalableTopicsError]] = {ScalableTopicsError.code: ScalableTopicsError}
+    pending = [ScalableTopicsError]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            by_code.setdefault(sub.code, sub)
+            pending.append(sub)
+    by_status: dict[int, type] = {}
+    for cls in ScalableTopicsError.__subclasses__():  # the first declared is the broad one
+        by_status.setdefault(cls.http_status, cls)
+    return by_code, by_status
+
+
+_BY_CODE, _BY_STATUS = _error_classes()
+
+
+def error_from_response(status: int, text: str) -> ScalableTopicsError:
+    """The typed exception an error response stands for.
+
+    An unknown code (a newer gateway) or a non-JSON body (a proxy in between)
+    still yields the broad class of the HTTP status, so callers catching
+    ``NotFoundError`` or ``ConflictError`` keep working.
+    """
+    try:
+        payload = json.loads(text)
+        code, message = payload["error"], payload["message"]
+    except (ValueError, TypeError, KeyError):
+        code, message = None, f"HTTP {status}: {' '.join(text.split())[:200] or 'no body'}"
+    cls = _BY_CODE.get(code) or _BY_STATUS.get(status, ScalableTopicsError)
+    return cls(str(message))
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _topic_path(template: str, topic: str, **extra: object) -> str:
+    """Fill a template from a ``topic://`` name, validated as the Ray client does."""
+    name = TopicName.parse(topic)
+    return template.format(tenant=name.tenant, namespace=name.namespace, topic=name.topic, **extra)
+
+
+def _completed(reply: dict[str, Any]) -> dict[str, Any]:
+    """The operation exactly as the Ray client returns it (tuples, not JSON lists)."""
+    return CompletedOperation.model_validate(reply).model_dump(by_alias=True)
+
+
+def _subscription_path(topic: str, subscription: str) -> str:
+    validate_part("subscription", subscription)
+    return _topic_path(SUBSCRIPTION_PATH, topic, subscription=subscription)
+
+
+def _segment_path(template: str, segment_topic: str) -> str:
+    segment = SegmentName.parse(segment_topic)
+    return _topic_path(template, str(segment.topic), descriptor=segment.descriptor)
+
+
+async def _on_background_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the loop that owns the session, from whichever loop awaits it."""
+    loop = background_loop().loop
+    if asyncio.get_running_loop() is loop:
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))

@@ -1,0 +1,515 @@
+"""``Producer``: batching, key routing and re-routing across splits and merges.
+
+Messages are routed by key hash to the active segment covering it (unkeyed
+ones round-robin per batch), grouped into Arrow batches per segment and sent
+with a per-segment sequence number, several batches in flight at once. The
+segment stores a producer's batches in sequence order and drops resent ones,
+so retries never duplicate.
+
+When a layout change seals segments this producer writes to, routing pauses
+until every sealed segment's in-flight batches have settled; the batches it
+refused, then those still queued, are re-routed in order to the children, and
+only then do new messages flow. So nothing for a key reaches a child before
+everything for that key in the parent is acknowledged.
+
+All of it runs on one private event loop; the public methods are thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from actors.dag_watch import DagWatch
+from actors.segment import segment_actor
+from clients._ray import background_loop
+from clients.message import BatchResult, MessageId
+from runtime.batch import make_batch
+from runtime.errors import (
+    ClientClosedError,
+    InvalidArgumentError,
+    ProducerQueueFullError,
+    ScalableTopicsError,
+    SegmentTerminated,
+    SendTimeoutError,
+)
+from runtime.hashing import key_hashes
+from runtime.layout import SegmentLayout
+from runtime.names import TopicName
+from runtime.remote import call
+from runtime.routing import partition
+
+_ROW_OVERHEAD = 64  # bytes charged per message on top of key and value
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    batch_max_records: int = 5_000
+    linger_ms: float = 2.0
+    max_in_flight_bytes: int = 64 << 20
+    block_if_full: bool = True
+    send_timeout_s: float = 60.0
+    window: int = 16  # appends in flight per segment
+
+    def __post_init__(self) -> None:
+        if self.batch_max_records < 1 or self.max_in_flight_bytes < 1 or self.window < 1:
+            raise InvalidArgumentError(
+                "batch_max_records, max_in_flight_bytes and window must be positive"
+            )
+
+
+# --- where results go -------------------------------------------------------------
+
+
+class _MessageSink:
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def fill(self, positions: np.ndarray, segment_id: int, offsets: np.ndarray) -> None:
+        if not self.future.done():
+            self.future.set_result(MessageId(segment_id, int(offsets[0])))
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class _BulkSink:
+    __slots__ = ("future", "segment_ids", "offsets", "remaining")
+
+    def __init__(self, rows: int) -> None:
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.segment_ids = np.full(rows, -1, dtype=np.int64)
+        self.offsets = np.full(rows, -1, dtype=np.int64)
+        self.remaining = rows
+
+    def fill(self, positions: np.ndarray, segment_id: int, offsets: np.ndarray) -> None:
+        self.segment_ids[positions] = segment_id
+        self.offsets[positions] = offsets
+        self.remaining -= len(positions)
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result(BatchResult(self.segment_ids, self.offsets))
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+_Sink = _MessageSink | _BulkSink
+
+
+@dataclass
+class _Chunk:
+    """Rows bound for one segment, and which sink/position each row reports to."""
+
+    batch: pa.RecordBatch
+    sinks: np.ndarray  # object array, one sink per row
+    positions: np.ndarray
+    uniform: bool = False  # every row reports to the same (bulk) sink
+
+    @property
+    def nbytes(self) -> int:
+        return _charge(self.batch)
+
+    def resolve(self, segment_id: int, base_offset: int) -> None:
+        offsets = np.arange(base_offset, base_offset + self.batch.num_rows, dtype=np.int64)
+        if self.uniform:
+            self.sinks[0].fill(self.positions, segment_id, offsets)
+            return
+        for row, sink in enumerate(self.sinks):
+            sink.fill(self.positions[row : row + 1], segment_id, offsets[row : row + 1])
+
+    def fail(self, error: BaseException) -> None:
+        for sink in {id(s): s for s in self.sinks}.values():
+            sink.fail(error)
+
+    def take(self, rows: np.ndarray) -> _Chunk:
+        taken = self.batch.take(pa.array(rows))
+        return _Chunk(taken, self.sinks[rows], self.positions[rows], self.uniform)
+
+
+def _charge(batch: pa.RecordBatch) -> int:
+    """Bytes a batch holds against the in-flight budget (same rule as at submit)."""
+    values = pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
+    keys = pc.sum(pc.binary_length(batch.column("key"))).as_py() or 0
+    return values + keys + _ROW_OVERHEAD * batch.num_rows
+
+
+# --- one segment -------------------------------------------------------------------
+
+
+class _SegmentSender:
+    """Sends chunks to one segment in sequence order, a window at a time."""
+
+    def __init__(self, core: _ProducerCore, layout: SegmentLayout, segment_id: int) -> None:
+        info = layout.all_segments[segment_id]
+        self.core = core
+        self.segment_id = segment_id
+        self.name = core.topic.segment(segment_id, info.hash_range.start, info.hash_range.end)
+        self.queue: deque[_Chunk] = deque()
+        self.in_flight: dict[int, _Chunk] = {}
+        self.refused: list[tuple[int, _Chunk]] = []
+        self.next_sequence = 0
+        self.handle: Any = None
+        self.retiring = False
+        self.settled = asyncio.Event()
+
+    def enqueue(self, chunk: _Chunk) -> None:
+        self.queue.append(chunk)
+        self.pump()
+
+    def pump(self) -> None:
+        while not self.retiring and self.queue and len(self.in_flight) < self.core.config.window:
+            chunk, sequence = self.queue.popleft(), self.next_sequence
+            self.next_sequence += 1
+            self.in_flight[sequence] = chunk
+            asyncio.get_running_loop().create_task(self._send(sequence, chunk))
+
+    async def _send(self, sequence: int, chunk: _Chunk) -> None:
+        deadline = time.monotonic() + self.core.config.send_timeout_s
+        while True:
+            try:
+                self.handle = self.handle or segment_actor(self.name)
+                ref = self.handle.append.remote(chunk.batch, self.core.producer_id, sequence)
+                base, _ = await call(ref)
+                chunk.resolve(self.segment_id, base)
+                self.core.release(chunk)
+            except SegmentTerminated:
+                self.refused.append((sequence, chunk))
+                self.core.segment_sealed(self)
+            except (ValueError, ActorUnavailableError, ActorDiedError, RayActorError) as err:
+                self.handle = None
+                if time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                    continue
+                self._fail(chunk, SendTimeoutError(f"{self.name} unavailable: {err}"))
+            except ScalableTopicsError as err:
+                self._fail(chunk, err)
+            except Exception as err:  # noqa: BLE001 - the caller's future must learn it
+                self._fail(chunk, err)
+            break
+        del self.in_flight[sequence]
+        if not self.in_flight:
+            self.settled.set()
+        self.pump()
+
+    def _fail(self, chunk: _Chunk, error: BaseException) -> None:
+        chunk.fail(error)
+        self.core.release(chunk)
+
+    def take_backlog(self) -> list[_Chunk]:
+        """Refused chunks (in sequence order) then queued ones: what must be re-routed."""
+        backlog = [chunk for _, chunk in sorted(self.refused, key=lambda item: item[0])]
+        backlog.extend(self.queue)
+        self.refused.clear()
+        self.queue.clear()
+        return backlog
+
+    async def until_settled(self) -> None:
+        while self.in_flight:
+            self.settled.clear()
+            await self.settled.wait()
+
+
+# --- the producer's loop side -----------------------------------------------------------
+
+
+class _ProducerCore:
+    def __init__(self, topic: TopicName, config: ProducerConfig) -> None:
+        self.topic = topic
+        self.config = config
+        self.producer_id = uuid.uuid4().hex
+        self.watch = DagWatch(topic)
+        self.layout = self.watch.layout
+        self.senders: dict[int, _SegmentSender] = {}
+        self.routing_open = asyncio.Event()
+        self.routing_open.set()
+        self.incoming: deque[tuple] = deque()
+        self.wakeup = asyncio.Event()
+        self.signaled = False
+        self.round_robin = 0
+        self.budget = threading.Condition()
+        self.outstanding_bytes = 0
+        self.layout_lock = asyncio.Lock()
+        self.tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.watch.start()
+        self.tasks = [loop.create_task(self._pump()), loop.create_task(self._follow_layouts())]
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.watch.close()
+
+    # budget (called from user threads and the loop)
+
+    def charge(self, nbytes: int) -> None:
+        with self.budget:
+            while self.outstanding_bytes + nbytes > self.config.max_in_flight_bytes:
+                if not self.config.block_if_full and self.outstanding_bytes:
+                    raise ProducerQueueFullError(
+                        f"{self.outstanding_bytes} bytes in flight, limit "
+                        f"{self.config.max_in_flight_bytes}: retry later or flush()"
+                    )
+                if not self.outstanding_bytes:
+                    break  # one oversized message may always go alone
+                self.budget.wait()
+            self.outstanding_bytes += nbytes
+
+    def release(self, chunk: _Chunk) -> None:
+        with self.budget:
+            self.outstanding_bytes -= chunk.nbytes
+            self.budget.notify_all()
+
+    # intake
+
+    def submit(self, item: tuple) -> None:
+        """Called from any thread."""
+        self.incoming.append(item)
+        if not self.signaled:
+            self.signaled = True
+            background_loop().loop.call_soon_threadsafe(self.wakeup.set)
+
+    async def _pump(self) -> None:
+        while True:
+            await self.wakeup.wait()
+            self.wakeup.clear()
+            if len(self.incoming) < self.config.batch_max_records and self.config.linger_ms > 0:
+                await asyncio.sleep(self.config.linger_ms / 1000)
+            self.signaled = False
+            await self.routing_open.wait()
+            self._route_incoming()
+
+    def _route_incoming(self) -> None:
+        singles: list[tuple] = []
+        while self.incoming:
+            item = self.incoming.popleft()
+            if item[0] == "one":
+                singles.append(item)
+                continue
+            self._route_singles(singles)
+            singles = []
+            _, batch, sink = item
+            rows = batch.num_rows
+            self._route(_Chunk(batch, np.full(rows, sink, dtype=object), np.arange(rows), True))
+        self._route_singles(singles)
+
+    def _route_singles(self, items: list[tuple]) -> None:
+        if not items:
+            return
+        _, values, keys, props, sinks = zip(*items, strict=True)
+        batch = make_batch(list(values), list(keys), list(props) if any(props) else None)
+        sink_array = np.empty(len(sinks), dtype=object)
+        sink_array[:] = sinks
+        self._route(_Chunk(batch, sink_array, np.zeros(len(sinks), dtype=np.int64)))
+
+    def _route(self, chunk: _Chunk) -> None:
+        active = list(self.layout.active_segments)
+        self.round_robin = (self.round_robin + 1) % len(active)
+        hashes = key_hashes(chunk.batch.column("key"))
+        limit = self.config.batch_max_records
+        for segment_id, rows in partition(
+            self.layout, hashes, active[self.round_robin]
+        ).groups.items():
+            part = chunk if len(rows) == chunk.batch.num_rows else chunk.take(rows)
+            sender, total = self._sender(segment_id), part.batch.num_rows
+            for start in range(0, total, limit):
+                sender.enqueue(
+                    part
+                    if total <= limit
+                    else part.take(np.arange(start, min(start + limit, total)))
+                )
+
+    def _sender(self, segment_id: int) -> _SegmentSender:
+        sender = self.senders.get(segment_id)
+        if sender is None:
+            sender = self.senders[segment_id] = _SegmentSender(self, self.layout, segment_id)
+        return sender
+
+    # layout changes
+
+    def segment_sealed(self, sender: _SegmentSender) -> None:
+        """A segment refused an append: the layout moved on; learn it now."""
+        if sender.segment_id in self.watch.refresh().active_segments:
+            asyncio.get_running_loop().create_task(self._await_successor(sender))
+
+    async def _await_successor(self, sender: _SegmentSender) -> None:
+        try:
+            await self.watch.wait_newer(self.layout.epoch, timeout_s=self.config.send_timeout_s)
+        except TimeoutError:
+            error = SegmentTerminated(
+                f"{sender.name} is terminated and no layout replaced it within "
+                f"{self.config.send_timeout_s}s",
+                sender.segment_id,
+            )
+            for chunk in sender.take_backlog():
+                sender._fail(chunk, error)
+
+    async def _follow_layouts(self) -> None:
+        async for layout in self.watch.updates():
+            await self._adopt(layout)
+
+    async def _adopt(self, layout: SegmentLayout) -> None:
+        async with self.layout_lock:
+            if layout.epoch <= self.layout.epoch:
+                return
+            retiring = [s for sid, s in self.senders.items() if sid not in layout.active_segments]
+            self.routing_open.clear()
+            for sender in retiring:
+                sender.retiring = True
+            await asyncio.gather(*(s.until_settled() for s in retiring))
+            backlog = [chunk for sender in retiring for chunk in sender.take_backlog()]
+            for sender in retiring:
+                del self.senders[sender.segment_id]
+            self.layout = layout
+            for chunk in backlog:
+                self._route(chunk)
+            self.routing_open.set()
+
+
+# --- public API ---------------------------------------------------------------------------
+
+
+class Producer:
+    """Publish to a scalable topic; thread-safe, usable in Ray tasks and actors."""
+
+    def __init__(self, topic: str, **config: Any) -> None:
+        self._setup(TopicName.parse(topic), ProducerConfig(**config))
+        self._open()  # fail fast here (unknown topic...), not at the first send
+
+    def _setup(self, topic: TopicName, config: ProducerConfig) -> None:
+        self._topic = topic
+        self._config = config
+        self._loop = background_loop()
+        self._core: _ProducerCore | None = None
+        self._open_lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future] = set()
+        self._pending_lock = threading.Lock()
+        self._closed = False
+
+    def _open(self) -> _ProducerCore:
+        with self._open_lock:
+            if self._core is None:
+                self._core = self._loop.run(self._start_core())
+            return self._core
+
+    async def _start_core(self) -> _ProducerCore:
+        core = _ProducerCore(self._topic, self._config)
+        core.start()
+        return core
+
+    @property
+    def topic(self) -> str:
+        return str(self._topic)
+
+    @property
+    def producer_id(self) -> str:
+        return self._open().producer_id
+
+    def send(
+        self, value: bytes, key: str | None = None, properties: dict[str, str] | None = None
+    ) -> concurrent.futures.Future:
+        """Queue one message; the future resolves to its ``MessageId`` once stored."""
+        self._check_open()
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(f"value must be bytes, got {type(value).__name__}")
+        if key is not None and not isinstance(key, str):
+            raise InvalidArgumentError(f"key must be a str or None, got {type(key).__name__}")
+        if properties is not None and not isinstance(properties, dict):
+            raise InvalidArgumentError("properties must be a dict of str to str")
+        core, sink = self._open(), _MessageSink()
+        core.charge(len(value) + (len(key.encode()) if key else 0) + _ROW_OVERHEAD)
+        self._track(sink.future)
+        core.submit(("one", bytes(value), key, properties, sink))
+        return sink.future
+
+    async def send_async(
+        self, value: bytes, key: str | None = None, properties: dict[str, str] | None = None
+    ) -> MessageId:
+        return await asyncio.wrap_future(self.send(value, key, properties))
+
+    def send_batch(
+        self, values: Any, keys: Any = None, properties: Any = None
+    ) -> concurrent.futures.Future:
+        """Queue whole columns (lists, NumPy or Arrow arrays); resolves to a ``BatchResult``.
+
+        Hashing and partitioning are vectorized: this is the path bulk writers use.
+        """
+        self._check_open()
+        batch = make_batch(values, keys, properties)
+        sink = _BulkSink(batch.num_rows)
+        if batch.num_rows == 0:
+            sink.future.set_result(BatchResult(sink.segment_ids, sink.offsets))
+            return sink.future
+        core = self._open()
+        core.charge(_charge(batch))
+        self._track(sink.future)
+        core.submit(("bulk", batch, sink))
+        return sink.future
+
+    async def send_batch_async(
+        self, values: Any, keys: Any = None, properties: Any = None
+    ) -> BatchResult:
+        return await asyncio.wrap_future(self.send_batch(values, keys, properties))
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every message sent so far is stored (or failed)."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        concurrent.futures.wait(pending, timeout=timeout_s)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        if self._core is not None:
+            self._loop.run(self._core.close())
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple:
+        """Shipping a producer to a Ray task or actor gives a fresh one there, opened on
+        first use: Ray calls made while Ray unpickles task arguments would deadlock."""
+        return (_reopen, (str(self._topic), self._config))
+
+    def _track(self, future: concurrent.futures.Future) -> None:
+        with self._pending_lock:
+            self._pending.add(future)
+        future.add_done_callback(self._untrack)
+
+    def _untrack(self, future: concurrent.futures.Future) -> None:
+        with self._pending_lock:
+            self._pending.discard(future)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError(f"producer for {self._topic} is closed")
+
+
+def _reopen(topic: str, config: ProducerConfig) -> Producer:
+    producer = Producer.__new__(Producer)
+    producer._setup(TopicName.parse(topic), config)
+    return producer

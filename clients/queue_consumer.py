@@ -1,0 +1,167 @@
+"""``QueueConsumer``: shared, unordered consumption with individual acknowledgement.
+
+No coordinator is involved (spec: "Consumer Assignment"): every queue consumer
+attaches to every segment that still has backlog — active and sealed — and
+each segment hands different messages to the consumers pulling from it.
+New segments arrive through the DAG watch; a sealed segment is dropped once
+its backlog for the subscription is fully acknowledged. Unacknowledged
+messages come back after the segment's ack timeout or a negative ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from ray.exceptions import RayActorError
+
+from actors.dag_watch import DagWatch
+from actors.segment import segment_actor
+from clients._ray import background_loop
+from clients.message import Message, messages_from_delivery
+from runtime.errors import ClientClosedError
+from runtime.layout import SegmentLayout
+from runtime.names import TopicName, validate_part
+from runtime.remote import call
+
+
+class _QueueCore:
+    def __init__(self, topic: TopicName, subscription: str, consumer: str, config: dict) -> None:
+        self.topic = topic
+        self.subscription = validate_part("subscription", subscription)
+        self.consumer = consumer
+        self.max_records = config.get("receive_batch", 500)
+        self.queue_size = config.get("receiver_queue_size", 1_000)
+        self.watch = DagWatch(topic)
+        self.handles: dict[int, Any] = {}
+        self.drained: set[int] = set()
+        self.pending_acks: dict[int, list[int]] = defaultdict(list)
+        self.messages: queue.Queue[Message] = queue.Queue()
+        self.tasks: list[asyncio.Task] = []
+        self.closed = False
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.watch.start()
+        self._attach(self.watch.layout)
+        self.tasks += [loop.create_task(self._follow()), loop.create_task(self._flush_forever())]
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in self.tasks:
+            task.cancel()
+        await self._flush()
+        for handle in self.handles.values():
+            with contextlib.suppress(RayActorError):
+                await call(handle.consumer_left.remote(self.subscription, self.consumer))
+        await self.watch.close()
+
+    async def _follow(self) -> None:
+        async for layout in self.watch.updates():
+            self._attach(layout)
+
+    def _attach(self, layout: SegmentLayout) -> None:
+        for segment_id, info in layout.all_segments.items():
+            if segment_id in self.handles or segment_id in self.drained:
+                continue
+            rng = info.hash_range
+            name = self.topic.segment(segment_id, rng.start, rng.end)
+            self.handles[segment_id] = segment_actor(name)
+            self.tasks.append(asyncio.get_running_loop().create_task(self._pull(segment_id)))
+
+    async def _pull(self, segment_id: int) -> None:
+        handle = self.handles[segment_id]
+        while not self.closed:
+            if self.messages.qsize() >= self.queue_size:
+                await asyncio.sleep(0.005)
+                continue
+            try:
+                ref = handle.queue_receive.remote(
+                    self.subscription, self.consumer, self.max_records, 1.0
+                )
+                batch = await call(ref)
+                if batch.num_rows:
+                    for message in messages_from_delivery(segment_id, batch):
+                        self.messages.put(message)
+                    continue
+                status = await call(handle.position.remote(self.subscription))
+            except RayActorError:
+                await asyncio.sleep(0.2)
+                continue
+            if status["drained"]:
+                self.drained.add(segment_id)
+                del self.handles[segment_id]
+                return
+
+    def record_ack(self, segment_id: int, offset: int) -> None:
+        """On the loop thread only, so a flush never swaps the list out from under it."""
+        self.pending_acks[segment_id].append(offset)
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        batches, self.pending_acks = self.pending_acks, defaultdict(list)
+        for segment_id, offsets in batches.items():
+            handle = self.handles.get(segment_id)
+            if handle is not None and offsets:
+                await call(handle.ack.remote(self.subscription, offsets))
+
+    async def negative_ack(self, message: Message) -> None:
+        handle = self.handles.get(message.segment_id)
+        if handle is not None:
+            ref = handle.negative_ack.remote(self.subscription, [message.offset], self.consumer)
+            await call(ref)
+
+
+class QueueConsumer:
+    """Attach to ``subscription`` as one of any number of competing consumers."""
+
+    def __init__(
+        self, topic: str, subscription: str, consumer_name: str | None = None, **config: Any
+    ) -> None:
+        name = consumer_name or f"queue-{uuid.uuid4().hex[:12]}"
+        self._core = _QueueCore(TopicName.parse(topic), subscription, name, config)
+        self._loop = background_loop()
+        self._loop.run(self._core.start())
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message, or ``None`` if none arrives within ``timeout`` seconds."""
+        if self._core.closed:
+            raise ClientClosedError("consumer is closed")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return self._core.messages.get(timeout=remaining)
+        except queue.Empty:
+            return None
+
+    async def receive_async(self, timeout: float | None = None) -> Message | None:
+        return await asyncio.get_running_loop().run_in_executor(None, self.receive, timeout)
+
+    def acknowledge(self, message: Message) -> None:
+        """Acknowledge this one message (sent in the background, batched)."""
+        self._loop.loop.call_soon_threadsafe(
+            self._core.record_ack, message.segment_id, message.offset
+        )
+
+    def negative_acknowledge(self, message: Message) -> None:
+        """Hand the message back for redelivery now, to any consumer."""
+        self._loop.run(self._core.negative_ack(message))
+
+    def close(self) -> None:
+        if not self._core.closed:
+            self._loop.run(self._core.close())
+
+    def __enter__(self) -> QueueConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,120 @@
+"""The ``raytopics`` console script end to end, as a user runs it, on the real local Ray.
+
+Each CLI run is a fresh process that joins the test session's cluster (about
+1-2 s), so one lifecycle test strings the commands together rather than
+starting a process per assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+from test_gateway import free_port, http  # tests/ is on sys.path under pytest
+
+RAYTOPICS = str(Path(sys.executable).with_name("raytopics"))
+
+
+@pytest.fixture(scope="module")
+def cli_env(ray_cluster) -> dict[str, str]:
+    """Point every CLI process at this session's cluster, namespace and storage."""
+    context = ray.get_runtime_context()
+    return {
+        **os.environ,
+        "RAY_ADDRESS": context.gcs_address,
+        "RAYTOPICS_NAMESPACE": context.namespace,
+        "RAYTOPICS_STORAGE_ROOT": os.environ["RAYTOPICS_STORAGE_ROOT"],
+        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+    }
+
+
+def raytopics(env: dict[str, str], *args: str, code: int = 0) -> str:
+    """Run the CLI, check its exit code, return stdout (stderr when it must fail)."""
+    proc = subprocess.run(
+        [RAYTOPICS, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == code, (args, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stdout if code == 0 else proc.stderr
+
+
+def assert_one_error_line(stderr: str, *fragments: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    for fragment in fragments:
+        assert fragment in lines[0], stderr
+
+
+def test_help_and_usage_errors() -> None:
+    env = dict(os.environ)
+    usage = raytopics(env, "--help")
+    assert "examples:" in usage and "subscriptions" in usage and "serve" in usage
+    assert "the following arguments are required" in raytopics(env, "split", "a/b/c", code=2)
+
+
+def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
+    topic = f"cli/ns/t-{unique}"
+    created = raytopics(cli_env, "create", topic, "--segments", "2", "--property", "team=a")
+    assert f"created topic://{topic} with 2 segments" in created
+    assert "#0 [0000-7fff] ACTIVE created@0" in created
+
+    assert "into #2 and #3 (epoch 1)" in raytopics(cli_env, "split", topic, "0")
+    assert "into #4 (epoch 2)" in raytopics(cli_env, "merge", f"topic://{topic}", "2", "3")
+    tree = raytopics(cli_env, "describe", topic)
+    for line in (
+        "epoch 2, next segment id 5, 2 active / 5 total",
+        "├── #0 [0000-7fff] SEALED created@0 sealed@1",
+        "│   ├── #2 [0000-3fff] SEALED created@1 sealed@2",
+        "│   │   └── #4 [0000-7fff] ACTIVE created@2",
+        "│   └── #3 [4000-7fff] SEALED created@1 sealed@2",
+        "#4 (merged, shown above)",
+        "└── #1 [8000-ffff] ACTIVE created@0",
+        "properties: team=a",
+    ):
+        assert line in tree, tree
+
+    options = ("--position", "latest", "--session-grace-s", "30")
+    raytopics(cli_env, "subscriptions", "create", topic, "billing", *options)
+    assert raytopics(cli_env, "subscriptions", "list", topic).split() == ["billing"]
+    stats = raytopics(cli_env, "stats", topic)
+    assert "2 active / 3 sealed segments" in stats
+    assert "billing" in stats and "#4" in stats and "SUBSCRIPTION" in stats
+    assert json.loads(raytopics(cli_env, "describe", topic, "--json"))["epoch"] == 2
+
+    sealed = raytopics(cli_env, "split", topic, "0", code=1)
+    assert_one_error_line(sealed, "segment 0 is SEALED")
+    raytopics(cli_env, "subscriptions", "delete", topic, "billing")
+    assert raytopics(cli_env, "list", "cli/ns").split() == [f"topic://{topic}"]
+    assert raytopics(cli_env, "delete", topic).strip() == f"deleted topic://{topic}"
+    assert_one_error_line(raytopics(cli_env, "create", "cli/n$/x", "--segments", "1", code=1))
+
+
+def test_serve_and_url_mode(cli_env: dict[str, str]) -> None:
+    port = free_port()
+    serve = subprocess.Popen(
+        [RAYTOPICS, "serve", "--port", str(port)],
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        banner = serve.stdout.readline()
+        url = f"http://127.0.0.1:{port}"
+        assert url in banner, (banner, serve.stderr.read() if serve.poll() is not None else "")
+        assert http(url, "GET", "/healthz") == (200, {"status": "ok"})
+        assert raytopics(cli_env, "--url", url, "list", "cli-url/ns").strip() == ""
+        missing = raytopics(cli_env, "--url", url, "describe", "cli-url/ns/missing", code=1)
+        assert_one_error_line(missing, "does not exist")
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        out, err = serve.communicate(timeout=60)
+    assert serve.returncode == 0 and "stopped" in out, err
+    with pytest.raises(ValueError):
+        ray.get_actor(f"gateway:{port}", namespace=ray.get_runtime_context().namespace)

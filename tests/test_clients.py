@@ -1,0 +1,332 @@
+"""Client acceptance on a real local Ray: producers, consumers, sessions, DAG order."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+import ray
+
+from actors.coordinator import coordinator_actor
+from clients import (
+    Checkpoint,
+    CheckpointConsumer,
+    Producer,
+    QueueConsumer,
+    ScalableTopicsAdmin,
+    StreamConsumer,
+)
+from runtime.names import TopicName
+
+
+@pytest.fixture(scope="module")
+def admin(ray_cluster) -> ScalableTopicsAdmin:
+    return ScalableTopicsAdmin()
+
+
+@ray.remote(num_cpus=0)
+def produce(topic: str, producer: int, count: int, keys: int) -> list[tuple[str, str]]:
+    """Send ``count`` keyed messages; return the (key, value) of every acknowledged one."""
+    sent = []
+    with Producer(topic) as prod:
+        futures = []
+        for i in range(count):
+            key, value = f"k{(i * 7 + producer) % keys}", f"{producer}:{i}"
+            futures.append((key, value, prod.send(value.encode(), key=key)))
+        prod.flush()
+    for key, value, future in futures:
+        if future.exception() is None:
+            sent.append((key, value))
+    return sent
+
+
+class Collector:
+    """Drains a stream consumer on a thread, acknowledging everything it receives."""
+
+    def __init__(self, consumer: StreamConsumer, sink: list, stop: threading.Event) -> None:
+        self.consumer, self.sink, self.stop = consumer, sink, stop
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for message in self.consumer.receive_batch(500, timeout=0.2):
+                self.sink.append((message.key, message.value.decode(), time.monotonic()))
+                self.consumer.acknowledge_cumulative(message)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.consumer.close()
+
+
+def check_delivery(sent: list[tuple[str, str]], received: list[tuple]) -> None:
+    """Every acked send received once, and per key each producer's order kept."""
+    got = [(k, v) for k, v, *_ in received]
+    assert len(got) == len(set(got)), f"{len(got) - len(set(got))} duplicates"
+    assert set(got) == set(sent), f"missing {len(set(sent) - set(got))} messages"
+    by_key: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for key, value in got:
+        producer, seq = value.split(":")
+        by_key[(key, producer)].append(int(seq))
+    expected: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for key, value in sent:
+        producer, seq = value.split(":")
+        expected[(key, producer)].append(int(seq))
+    for pair, seqs in expected.items():
+        assert by_key[pair] == seqs, f"order broken for {pair}"
+
+
+def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_scalability_under_load_with_splits_merges_and_rebalancing(admin, unique):
+    topic = f"topic://load/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 4)
+    admin.create_subscription(topic, "orders")
+    received: list[tuple] = []
+    stops = [threading.Event() for _ in range(3)]
+    c1 = Collector(StreamConsumer(topic, "orders", "c1"), received, stops[0])
+    c2 = Collector(StreamConsumer(topic, "orders", "c2"), received, stops[1])
+    producers = [produce.remote(topic, p, 50_000, 1_000) for p in range(3)]
+
+    time.sleep(2)
+    admin.split_segment(topic, 0)
+    admin.split_segment(topic, 2)
+    c3 = Collector(StreamConsumer(topic, "orders", "c3"), received, stops[2])  # joins late
+    admin.split_segment(topic, 5)
+    layout = admin.get_layout(topic)
+    active = sorted(layout.active_segments.values(), key=lambda s: s.hash_range.start)
+    admin.merge_segments(topic, active[-2].segment_id, active[-1].segment_id)
+    c1.close()  # leaves while the others keep going
+
+    sent = [m for batch in ray.get(producers) for m in batch]
+    assert len(sent) == 150_000, "every send should have been acknowledged"
+    wait_for(lambda: len(received) >= len(sent), 120, "all messages")
+    time.sleep(1)
+    c2.close()
+    c3.close()
+    check_delivery(sent, received)
+    assert admin.get_stats(topic)["subscriptions"]["orders"]["backlog"] == 0
+    admin.delete_scalable_topic(topic)
+
+
+@ray.remote(num_cpus=0)
+class ConsumerHost:
+    """A stream consumer in its own process, so killing the process disconnects it."""
+
+    def __init__(self, topic: str, subscription: str, name: str) -> None:
+        self.consumer = StreamConsumer(topic, subscription, name, poll_timeout_s=1.0)
+
+    def assigned(self) -> list[int]:
+        return self.consumer.assigned_segments()
+
+    def drain(self, idle_s: float = 1.0) -> list[tuple[str, str]]:
+        got = []
+        while (message := self.consumer.receive(timeout=idle_s)) is not None:
+            got.append((message.key, message.value.decode()))
+            self.consumer.acknowledge_cumulative(message)
+        return got
+
+
+def owners(topic: str, subscription: str) -> dict[int, str]:
+    snapshot = ray.get(coordinator_actor(TopicName.parse(topic), subscription).snapshot.remote())
+    return {int(k): v for k, v in snapshot["owners"].items()}
+
+
+def test_sessions_survive_disconnects_within_grace_and_coordinator_restarts(admin, unique):
+    topic = f"topic://sessions/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 4)
+    admin.create_subscription(topic, "s", session_grace_s=6)
+    a = ConsumerHost.remote(topic, "s", "a")
+    b = ConsumerHost.remote(topic, "s", "b")
+    wait_for(lambda: len(ray.get(a.assigned.remote())) == 2, what="a balanced")
+    wait_for(lambda: len(ray.get(b.assigned.remote())) == 2, what="b balanced")
+    a_segments, b_segments = ray.get(a.assigned.remote()), ray.get(b.assigned.remote())
+
+    ray.kill(a, no_restart=True)  # a disconnects without leaving
+    time.sleep(2)
+    assert owners(topic, "s") == {**{s: "a" for s in a_segments}, **{s: "b" for s in b_segments}}
+    a = ConsumerHost.remote(topic, "s", "a")  # back within the grace period
+    wait_for(lambda: ray.get(a.assigned.remote()) == a_segments, what="a's segments back")
+    assert ray.get(b.assigned.remote()) == b_segments, "b must not be rebalanced"
+
+    coordinator = coordinator_actor(TopicName.parse(topic), "s")
+    ray.kill(coordinator, no_restart=False)  # Ray restarts it; sessions come from metadata
+    time.sleep(2)
+    assert owners(topic, "s") == {**{s: "a" for s in a_segments}, **{s: "b" for s in b_segments}}
+    assert ray.get(a.assigned.remote()) == a_segments
+    assert ray.get(b.assigned.remote()) == b_segments
+
+    ray.kill(a, no_restart=True)  # gone for longer than the grace period
+    wait_for(lambda: len(ray.get(b.assigned.remote())) == 4, 30, "a's segments moving to b")
+    ray.kill(b, no_restart=True)
+    admin.delete_scalable_topic(topic)
+
+
+def test_children_are_never_delivered_before_parents_are_drained(admin, unique):
+    topic = f"topic://dagorder/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    admin.create_subscription(topic, "s")
+    with Producer(topic) as prod:
+        for i in range(300):
+            prod.send(f"p{i}".encode(), key=f"k{i % 10}")
+        prod.flush()
+        admin.split_segment(topic, 0)
+        for i in range(300):
+            prod.send(f"c{i}".encode(), key=f"k{i % 10}")
+    events: list[tuple[float, str, int]] = []
+    slow = StreamConsumer(topic, "s", "slow")
+    fast_stop = threading.Event()
+    fast_log: list[tuple] = []
+    fast = Collector(StreamConsumer(topic, "s", "fast"), fast_log, fast_stop)
+    while (message := slow.receive(timeout=2.0)) is not None:
+        time.sleep(0.002 if message.segment_id == 0 else 0)
+        events.append((time.monotonic(), "slow", message.segment_id))
+        slow.acknowledge_cumulative(message)
+    time.sleep(1)
+    fast.close()
+    slow.close()
+    parent_done = max(t for t, _, seg in events if seg == 0)
+    child_times = [t for t, _, seg in events if seg != 0] + [t for *_, t in fast_log]
+    assert len([1 for *_, seg in events if seg == 0]) == 300
+    assert len(child_times) == 300
+    assert min(child_times) > parent_done, "a child message was delivered before its parent drained"
+    admin.delete_scalable_topic(topic)
+
+
+def test_queue_consumers_with_splits_and_negative_acks(admin, unique):
+    topic = f"topic://queue/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    admin.create_subscription(topic, "work")
+    consumers = [QueueConsumer(topic, "work") for _ in range(4)]
+    acked: dict[tuple[int, int], int] = defaultdict(int)
+    values: set[str] = set()
+    lock, stop = threading.Lock(), threading.Event()
+    rnd = random.Random(11)
+
+    def work(consumer: QueueConsumer) -> None:
+        while not stop.is_set():
+            message = consumer.receive(timeout=0.2)
+            if message is None:
+                continue
+            if rnd.random() < 0.05:
+                consumer.negative_acknowledge(message)
+                continue
+            consumer.acknowledge(message)
+            with lock:
+                acked[message.message_id] += 1
+                values.add(message.value.decode())
+
+    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in consumers]
+    for thread in threads:
+        thread.start()
+    with Producer(topic) as prod:
+        for i in range(20_000):
+            prod.send(str(i).encode(), key=f"k{i % 100}")
+            if i == 5_000:
+                admin.split_segment(topic, 0)
+            if i == 12_000:
+                admin.split_segment(topic, 1)
+    wait_for(lambda: len(values) >= 20_000, 120, "every message acknowledged")
+    time.sleep(0.5)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    for consumer in consumers:
+        consumer.close()
+    assert values == {str(i) for i in range(20_000)}
+    wait_for(
+        lambda: admin.get_stats(topic)["subscriptions"]["work"]["backlog"] == 0, 10, "backlog 0"
+    )
+    admin.delete_scalable_topic(topic)
+
+
+def test_checkpoint_consumer_resumes_exactly_after_its_checkpoint(admin, unique):
+    topic = f"topic://ckpt/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    prod = Producer(topic)
+    for i in range(1_000):
+        prod.send(f"{i}".encode(), key=f"k{i % 20}")
+    prod.flush()
+    first = CheckpointConsumer(topic, "connector", "reader")
+    before = [first.receive(timeout=5) for _ in range(400)]
+    assert all(m is not None for m in before)
+    checkpoint = Checkpoint.from_json(first.checkpoint().to_json())
+    first.close()
+
+    admin.split_segment(topic, 0)
+    for i in range(1_000, 2_000):
+        prod.send(f"{i}".encode(), key=f"k{i % 20}")
+    prod.flush()
+    admin.split_segment(topic, 1)
+    for i in range(2_000, 3_000):
+        prod.send(f"{i}".encode(), key=f"k{i % 20}")
+    prod.close()
+
+    resumed = CheckpointConsumer(topic, "connector", "reader", start=checkpoint)
+    after = []
+    while (message := resumed.receive(timeout=3)) is not None:
+        after.append(message)
+    resumed.close()
+    seen_before = {int(m.value) for m in before}
+    seen_after = [int(m.value) for m in after]
+    assert len(seen_after) == len(set(seen_after)), "duplicates after resume"
+    assert set(seen_after) == set(range(3_000)) - seen_before, "not exactly what follows"
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for message in before + after:
+        per_key[message.key].append(int(message.value))
+    assert all(v == sorted(v) for v in per_key.values()), "key order broken"
+    admin.delete_scalable_topic(topic)
+
+
+@ray.remote(num_cpus=0)
+class Sink:
+    """An application actor holding a consumer next to its own state."""
+
+    def __init__(self, topic: str) -> None:
+        self.consumer = StreamConsumer(topic, "app", "sink-actor")
+        self.values: list[str] = []
+
+    def pump(self, target: int, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while len(self.values) < target and time.monotonic() < deadline:
+            for message in self.consumer.receive_batch(1_000, timeout=0.5):
+                self.values.append(message.value.decode())
+                self.consumer.acknowledge_cumulative(message)
+        return len(self.values)
+
+    def values_seen(self) -> list[str]:
+        return self.values
+
+
+@ray.remote(num_cpus=0)
+def produce_with(producer: Producer, start: int, count: int) -> int:
+    """A producer shipped into a task re-opens itself there."""
+    futures = [
+        producer.send(str(i).encode(), key=f"k{i % 50}") for i in range(start, start + count)
+    ]
+    producer.flush()
+    return sum(1 for f in futures if f.exception() is None)
+
+
+def test_ray_actor_consumes_what_ray_tasks_produce(admin, unique):
+    topic = f"topic://rayapps/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 3)
+    admin.create_subscription(topic, "app")
+    sink = Sink.remote(topic)
+    producer = Producer(topic)
+    acked = ray.get([produce_with.remote(producer, i * 5_000, 5_000) for i in range(4)])
+    producer.close()
+    assert sum(acked) == 20_000
+    assert ray.get(sink.pump.remote(20_000, 60)) == 20_000
+    assert sorted(map(int, ray.get(sink.values_seen.remote()))) == list(range(20_000))
+    ray.kill(sink, no_restart=True)
+    admin.delete_scalable_topic(topic)

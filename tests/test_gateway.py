@@ -1,0 +1,410 @@
+"""The REST admin gateway over real HTTP on loopback, against a real local Ray.
+
+Every endpoint is exercised; malformed and conflicting requests must come back
+as 4xx JSON and leave the metadata exactly as it was; ``AdminHttpClient`` must
+be a drop-in for ``ScalableTopicsAdmin`` (same methods, results, typed errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import socket
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from actors.gateway import ROUTES, create_app, start_gateway, stop_gateway
+from clients import AdminHttpClient, ScalableTopicsAdmin
+from runtime import connect
+from runtime.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    InvalidNameError,
+    ScalableTopicsError,
+    SegmentNotActiveError,
+    SegmentNotFoundError,
+    SegmentsNotAdjacentError,
+    SubscriptionAlreadyExistsError,
+    SubscriptionNotFoundError,
+    TopicAlreadyExistsError,
+    TopicNotFoundError,
+    UnavailableError,
+)
+from runtime.layout import SegmentLayout
+
+TENANT, NAMESPACE = "gw", "ns"
+SCALABLE = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}"
+SEGMENTS = f"/admin/v2/segments/{TENANT}/{NAMESPACE}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http(url: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """One real HTTP request; ``body`` is sent raw if a str, as JSON otherwise."""
+    data = body.encode() if isinstance(body, str) else None
+    if body is not None and not isinstance(body, str):
+        data = json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    return status, json.loads(raw) if raw else None
+
+
+@pytest.fixture(scope="module")
+def gateway(ray_cluster) -> Iterator[str]:
+    port = free_port()
+    url = start_gateway(port)
+    yield url
+    stop_gateway(port)
+
+
+@pytest.fixture(scope="module")
+def admin(ray_cluster) -> ScalableTopicsAdmin:
+    return ScalableTopicsAdmin()
+
+
+# --- the document and the liveness probe ------------------------------------------------
+
+
+def test_openapi_lists_every_route_and_health(gateway: str) -> None:
+    status, doc = http(gateway, "GET", "/openapi.json")
+    assert status == 200 and doc["openapi"].startswith("3.")
+    expected = {(route.path, route.method.lower()) for route in ROUTES}
+    listed = {(path, method) for path, item in doc["paths"].items() for method in item}
+    assert listed == expected
+    schemas = doc["components"]["schemas"]
+    assert {"CreateTopicBody", "CreateSubscriptionBody", "CreateSegmentBody", "ErrorBody"} <= set(
+        schemas
+    )
+    create = doc["paths"][f"{ROUTES[1].path}"]["put"]
+    assert create["requestBody"]["required"] is True
+    assert schemas["CreateTopicBody"]["properties"]["numSegments"]["maximum"] == 65536
+    for item in doc["paths"].values():
+        for operation in item.values():
+            error = operation["responses"]["400"]["content"]["application/json"]["schema"]
+            assert error == {"$ref": "#/components/schemas/ErrorBody"}
+    assert http(gateway, "GET", "/healthz") == (200, {"status": "ok"})
+
+
+# --- every endpoint, the happy path -----------------------------------------------------
+
+
+def test_every_endpoint(gateway: str, admin: ScalableTopicsAdmin, unique: str) -> None:
+    topic, base = f"topic://{TENANT}/{NAMESPACE}/life-{unique}", f"{SCALABLE}/life-{unique}"
+    status, meta = http(gateway, "PUT", base, {"numSegments": 2, "properties": {"team": "a"}})
+    assert status == 201 and meta == admin.get_metadata(topic)
+    assert meta["properties"] == {"team": "a"} and len(meta["segments"]) == 2
+    assert http(gateway, "GET", base) == (200, meta)
+    assert topic in http(gateway, "GET", SCALABLE)[1]
+
+    body = {"position": "latest", "sessionGraceS": 5}
+    assert http(gateway, "PUT", f"{base}/subscriptions/s1", body) == (204, None)
+    assert http(gateway, "PUT", f"{base}/subscriptions/s2") == (204, None)
+    assert http(gateway, "GET", f"{base}/subscriptions") == (200, ["s1", "s2"])
+
+    status, split = http(gateway, "POST", f"{base}/split/0")
+    assert status == 200 and (split["kind"], split["parents"], split["children"]) == (
+        "split",
+        [0],
+        [2, 3],
+    )
+    status, merge = http(gateway, "POST", f"{base}/merge/2/3")
+    assert status == 200 and (merge["parents"], merge["children"], merge["epoch"]) == (
+        [2, 3],
+        [4],
+        2,
+    )
+    status, stats = http(gateway, "GET", f"{base}/stats")
+    assert status == 200 and (stats["activeSegments"], stats["sealedSegments"]) == (2, 3)
+    assert set(stats["subscriptions"]) == {"s1", "s2"}
+
+    assert http(gateway, "DELETE", f"{base}/subscriptions/s2") == (204, None)
+    assert admin.list_subscriptions(topic) == ["s1"]
+
+    segment = f"{SEGMENTS}/life-{unique}/ffff-ffff-900"  # outside the layout: low-level API
+    assert http(gateway, "PUT", segment, {"subscriptions": ["s1"]}) == (204, None)
+    status, refused = http(gateway, "POST", f"{segment}/terminate")
+    assert (status, refused["error"]) == (404, "segment_not_found")  # not in the layout
+    assert http(gateway, "DELETE", f"{segment}?force=true") == (204, None)
+    active = f"{SEGMENTS}/life-{unique}/8000-ffff-1"
+    assert http(gateway, "POST", f"{active}/terminate?force=true") == (200, {"endOffset": 0})
+
+    assert http(gateway, "DELETE", base) == (204, None)
+    assert http(gateway, "GET", base)[1]["error"] == "topic_not_found"
+    assert topic not in admin.list_scalable_topics(f"{TENANT}/{NAMESPACE}")
+
+
+# --- malformed and conflicting requests -------------------------------------------------
+
+# (id, method, path, body, status, error code); {T}: the prepared topic's path,
+# {S}: its segments path, {N}: a topic that does not exist (and must not appear).
+BAD_REQUESTS = [
+    ("bad-json", "PUT", "{N}", '{"numSegments": 2', 400, "invalid_request"),
+    ("no-body", "PUT", "{N}", None, 400, "invalid_request"),
+    ("body-not-object", "PUT", "{N}", [2], 400, "invalid_argument"),
+    ("num-as-string", "PUT", "{N}", {"numSegments": "4"}, 400, "invalid_argument"),
+    ("num-as-bool", "PUT", "{N}", {"numSegments": True}, 400, "invalid_argument"),
+    ("num-zero", "PUT", "{N}", {"numSegments": 0}, 400, "invalid_argument"),
+    ("num-too-many", "PUT", "{N}", {"numSegments": 65537}, 400, "invalid_argument"),
+    ("unknown-field", "PUT", "{N}", {"numSegments": 2, "color": "red"}, 400, "invalid_argument"),
+    ("property-not-str", "PUT", "{N}", {"numSegments": 2, "properties": {"a": 1}}, 400,
+     "invalid_argument"),
+    ("bad-topic-name", "PUT", f"{SCALABLE}/bad$name", {"numSegments": 1}, 400, "invalid_name"),
+    ("bad-tenant-name", "GET", "/admin/v2/scalable/-gw/ns", None, 400, "invalid_name"),
+    ("topic-exists", "PUT", "{T}", {"numSegments": 1}, 409, "topic_exists"),
+    ("delete-missing-topic", "DELETE", "{N}", None, 404, "topic_not_found"),
+    ("stats-missing-topic", "GET", "{N}/stats", None, 404, "topic_not_found"),
+    ("split-negative-id", "POST", "{T}/split/-1", None, 400, "invalid_argument"),
+    ("split-word-id", "POST", "{T}/split/one", None, 400, "invalid_argument"),
+    ("split-fraction-id", "POST", "{T}/split/1.5", None, 400, "invalid_argument"),
+    ("split-with-body", "POST", "{T}/split/1", {"force": True}, 400, "invalid_argument"),
+    ("split-sealed", "POST", "{T}/split/0", None, 409, "segment_not_active"),
+    ("split-unknown", "POST", "{T}/split/99", None, 404, "segment_not_found"),
+    ("merge-not-adjacent", "POST", "{T}/merge/2/1", None, 409, "segments_not_adjacent"),
+    ("merge-with-itself", "POST", "{T}/merge/2/2", None, 400, "invalid_argument"),
+    ("merge-sealed", "POST", "{T}/merge/0/1", None, 409, "segment_not_active"),
+    ("subscription-exists", "PUT", "{T}/subscriptions/s1", None, 409, "subscription_exists"),
+    ("subscription-unknown", "DELETE", "{T}/subscriptions/nope", None, 404,
+     "subscription_not_found"),
+    ("subscription-position", "PUT", "{T}/subscriptions/s2", {"position": "middle"}, 400,
+     "invalid_argument"),
+    ("subscription-grace", "PUT", "{T}/subscriptions/s2", {"sessionGraceS": 0}, 400,
+     "invalid_argument"),
+    ("subscription-name", "PUT", "{T}/subscriptions/b%24d", None, 400, "invalid_name"),
+    ("descriptor-malformed", "PUT", "{S}/zzzz-1", None, 400, "invalid_name"),
+    ("descriptor-range", "POST", "{S}/ffff-0000-5/terminate", None, 400, "invalid_name"),
+    ("segment-subscriptions-type", "PUT", "{S}/0000-00ff-50", {"subscriptions": "s1"}, 400,
+     "invalid_argument"),
+    ("segment-of-missing-topic", "PUT", f"{SEGMENTS}/missing/0000-ffff-0", None, 404,
+     "topic_not_found"),
+    ("delete-active-segment", "DELETE", "{S}/8000-ffff-1", None, 409, "conflict"),
+    ("terminate-active-segment", "POST", "{S}/8000-ffff-1/terminate", None, 409, "conflict"),
+    ("terminate-wrong-range", "POST", "{S}/8000-bfff-1/terminate", None, 400,
+     "invalid_argument"),
+    ("terminate-not-in-layout", "POST", "{S}/0000-00ff-70/terminate", None, 404,
+     "segment_not_found"),
+    ("force-not-bool", "DELETE", "{S}/8000-ffff-1?force=maybe", None, 400, "invalid_argument"),
+    ("unknown-query", "DELETE", "{S}/8000-ffff-1?forse=true", None, 400, "invalid_argument"),
+    ("unknown-route", "GET", "/admin/v2/nothing", None, 404, "not_found"),
+    ("namespace-only-route", "GET", f"/admin/v2/scalable/{TENANT}", None, 404, "not_found"),
+    ("wrong-method", "POST", "{T}", None, 405, "method_not_allowed"),
+    ("wrong-method-stats", "DELETE", "{T}/stats", None, 405, "method_not_allowed"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prepared(gateway: str, admin: ScalableTopicsAdmin) -> Iterator[dict[str, str]]:
+    """A topic whose segment 0 is sealed (children 2, 3), 1 active, subscription s1."""
+    name = f"bad-{uuid.uuid4().hex[:8]}"
+    topic = f"topic://{TENANT}/{NAMESPACE}/{name}"
+    admin.create_scalable_topic(topic, 2)
+    admin.split_segment(topic, 0)
+    admin.create_subscription(topic, "s1")
+    yield {
+        "topic": topic,
+        "T": f"{SCALABLE}/{name}",
+        "S": f"{SEGMENTS}/{name}",
+        "N": f"{SCALABLE}/never-{name}",
+    }
+    admin.delete_scalable_topic(topic)
+
+
+def _snapshot(admin: ScalableTopicsAdmin, topic: str) -> tuple[Any, ...]:
+    return (
+        admin.get_metadata(topic),
+        admin.list_subscriptions(topic),
+        admin.list_scalable_topics(f"{TENANT}/{NAMESPACE}"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code"),
+    [case[1:] for case in BAD_REQUESTS],
+    ids=[case[0] for case in BAD_REQUESTS],
+)
+def test_bad_request_is_refused_and_changes_nothing(
+    gateway: str,
+    admin: ScalableTopicsAdmin,
+    prepared: dict[str, str],
+    method: str,
+    path: str,
+    body: Any,
+    status: int,
+    code: str,
+) -> None:
+    before = _snapshot(admin, prepared["topic"])
+    got_status, reply = http(gateway, method, path.format(**prepared), body)
+    assert (got_status, reply["error"]) == (status, code), reply
+    assert set(reply) == {"error", "message"} and reply["message"]
+    assert "Traceback" not in reply["message"]
+    assert _snapshot(admin, prepared["topic"]) == before
+
+
+def test_messages_say_what_is_wrong_and_what_is_allowed(gateway: str) -> None:
+    status, reply = http(gateway, "PUT", f"{SCALABLE}/x", {"numSegments": 2, "color": "red"})
+    assert status == 400 and "color" in reply["message"] and "numSegments" in reply["message"]
+    status, reply = http(gateway, "POST", f"{SCALABLE}/x/merge/1/-2")
+    assert status == 400 and "segmentId2" in reply["message"] and "non-negative" in reply["message"]
+
+
+# --- the application alone: bugs and oversized bodies -----------------------------------
+
+
+class _BrokenAdmin:
+    async def get_metadata_async(self, topic: str) -> dict[str, Any]:
+        raise RuntimeError("a bug\nwith a second line")
+
+
+def test_unexpected_errors_are_json_500_without_traceback() -> None:
+    async def scenario() -> list[tuple[int, dict[str, Any]]]:
+        async with TestClient(TestServer(create_app(_BrokenAdmin()))) as client:
+            replies = []
+            for method, path, data in (
+                ("GET", f"{SCALABLE}/x", None),
+                ("PUT", f"{SCALABLE}/x", b"{" + b" " * (2 << 20) + b"}"),
+            ):
+                response = await client.request(method, path, data=data)
+                replies.append((response.status, await response.json()))
+            return replies
+
+    (status, bug), (too_big_status, too_big) = asyncio.run(scenario())
+    assert status == 500 and bug["error"] == "internal"
+    assert "RuntimeError" in bug["message"] and "a bug" not in bug["message"]
+    assert too_big_status == 413 and set(too_big) == {"error", "message"}
+
+
+# --- AdminHttpClient: a drop-in for ScalableTopicsAdmin ---------------------------------
+
+
+def _public_methods(cls: type) -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(member)
+        for name, member in vars(cls).items()
+        if callable(member) and not name.startswith("_")
+    }
+
+
+def test_http_client_has_the_admin_api() -> None:
+    admin_api = _public_methods(ScalableTopicsAdmin)
+    client_api = _public_methods(AdminHttpClient)
+    for name, signature in admin_api.items():
+        assert name in client_api, name
+        assert list(client_api[name].parameters.values()) == list(signature.parameters.values()), (
+            name
+        )
+
+
+def _same_error(apis: tuple[Any, Any], call: Callable[[Any], Any], expected: type) -> None:
+    """Both clients raise exactly ``expected`` for the same call."""
+    for api in apis:
+        with pytest.raises(ScalableTopicsError) as caught:
+            call(api)
+        assert type(caught.value) is expected, (api, caught.value)
+
+
+def test_http_client_round_trip(gateway: str, admin: ScalableTopicsAdmin, unique: str) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/rt-{unique}"
+    with AdminHttpClient(gateway) as client:
+        apis = (admin, client)
+        meta = client.create_scalable_topic(topic, 1, {"k": "v"})
+        assert meta == admin.get_metadata(topic) == client.get_metadata(topic)
+        layout = client.get_layout(topic)
+        assert isinstance(layout, SegmentLayout) and layout.to_dict() == meta
+        namespace = f"{TENANT}/{NAMESPACE}"
+        assert client.list_scalable_topics(namespace) == admin.list_scalable_topics(namespace)
+
+        client.create_subscription(topic, "s1", "latest", 5.0)
+        assert client.list_subscriptions(topic) == ["s1"]
+        split = client.split_segment(topic, 0)
+        assert (split["kind"], split["parents"], split["children"]) == ("split", (0,), (1, 2))
+        assert client.merge_segments(topic, 1, 2)["children"] == (3,)
+        assert client.get_stats(topic) == admin.get_stats(topic)
+        assert asyncio.run(client.get_metadata_async(topic)) == admin.get_metadata(topic)
+
+        _same_error(apis, lambda api: api.create_scalable_topic(topic, 1), TopicAlreadyExistsError)
+        _same_error(
+            apis, lambda api: api.create_scalable_topic(f"{topic}x", 0), InvalidArgumentError
+        )
+        _same_error(apis, lambda api: api.get_metadata(f"{topic}-missing"), TopicNotFoundError)
+        _same_error(apis, lambda api: api.get_metadata("topic://only/two"), InvalidNameError)
+        _same_error(apis, lambda api: api.split_segment(topic, 0), SegmentNotActiveError)
+        _same_error(apis, lambda api: api.split_segment(topic, -1), InvalidArgumentError)
+        _same_error(apis, lambda api: api.merge_segments(topic, 3, 3), InvalidArgumentError)
+        _same_error(
+            apis, lambda api: api.create_subscription(topic, "s1"), SubscriptionAlreadyExistsError
+        )
+        _same_error(
+            apis, lambda api: api.delete_subscription(topic, "s9"), SubscriptionNotFoundError
+        )
+        _same_error(
+            apis,
+            lambda api: api.create_subscription(topic, "s9", "latest", -1),
+            InvalidArgumentError,
+        )
+        active = f"segment://{TENANT}/{NAMESPACE}/rt-{unique}/0000-ffff-3"
+        _same_error(apis, lambda api: api.delete_segment(active), ConflictError)
+
+        stray = f"segment://{TENANT}/{NAMESPACE}/rt-{unique}/ffff-ffff-90"
+        assert client.create_segment(stray, ["s1"]) is None
+        _same_error(apis, lambda api: api.terminate_segment(stray), SegmentNotFoundError)
+        assert client.delete_segment(stray, force=True) is None
+        assert client.terminate_segment(active, force=True) == 0
+
+        client.delete_subscription(topic, "s1")
+        client.delete_scalable_topic(topic)
+        _same_error(apis, lambda api: api.list_subscriptions(topic), TopicNotFoundError)
+
+
+def test_errors_without_a_known_code_keep_their_status_class() -> None:
+    from clients.http import error_from_response
+
+    assert type(error_from_response(409, '{"error": "new_code", "message": "m"}')) is ConflictError
+    assert type(error_from_response(404, "<html>proxy</html>")).__name__ == "NotFoundError"
+    assert type(error_from_response(409, '{"error": "segments_not_adjacent", "message": "m"}')) is (
+        SegmentsNotAdjacentError
+    )
+
+
+def test_unreachable_gateway_is_unavailable() -> None:
+    with (
+        AdminHttpClient(f"http://127.0.0.1:{free_port()}", timeout_s=5) as client,
+        pytest.raises(UnavailableError),
+    ):
+        client.list_scalable_topics(f"{TENANT}/{NAMESPACE}")
+
+
+# --- starting and stopping --------------------------------------------------------------
+
+
+def test_connect_starts_the_gateway_and_busy_ports_fail_cleanly(ray_cluster) -> None:
+    port = free_port()
+    connect(http_port=port)
+    try:
+        assert http(f"http://127.0.0.1:{port}", "GET", "/healthz") == (200, {"status": "ok"})
+        with pytest.raises(ConflictError):
+            start_gateway(port, host="0.0.0.0")
+    finally:
+        assert stop_gateway(port)
+    assert not stop_gateway(port)
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(UnavailableError, match="cannot listen"):
+            start_gateway(busy.getsockname()[1])
+        assert not stop_gateway(busy.getsockname()[1])  # the failed actor was removed

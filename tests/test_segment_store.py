@@ -1,0 +1,312 @@
+"""SegmentStore without Ray: fencing, termination, subscriptions, queue dispatch, stats."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from runtime.batch import make_batch
+from runtime.errors import (
+    InvalidArgumentError,
+    SegmentNotFoundError,
+    SegmentTerminated,
+    StaleEpochError,
+    SubscriptionNotFoundError,
+)
+from runtime.names import SegmentName, TopicName
+from storage.segment_log import Durability
+from storage.segment_store import DELIVERY_SCHEMA, SegmentStore, segment_directory
+
+NAME: SegmentName = TopicName("acme", "prod", "orders").segment(7, 0x0000, 0x7FFF)
+FAST = Durability("none")
+
+
+def open_store(root: Path, **kwargs: float) -> SegmentStore:
+    return SegmentStore(NAME, root, FAST, **{"create": True, **kwargs})
+
+
+def batch_of(start: int, count: int) -> pa.RecordBatch:
+    return make_batch(
+        [f"v{i}".encode() for i in range(start, start + count)],
+        keys=[f"k{i}" for i in range(start, start + count)],
+    )
+
+
+def values(batch: pa.RecordBatch) -> list[bytes]:
+    return batch.column("value").to_pylist()
+
+
+def offsets(batch: pa.RecordBatch) -> list[int]:
+    return batch.column("offset").to_pylist()
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    opened = open_store(tmp_path)
+    yield opened
+    opened.close()
+
+
+# --- fencing ----------------------------------------------------------------------
+
+
+def test_stale_epoch_is_refused_for_every_fenced_operation(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.append(batch_of(0, 3), None, None)
+    store.check_epoch(3)
+    assert store.fence_epoch == 3
+    with pytest.raises(StaleEpochError):
+        store.terminate(2)
+    with pytest.raises(StaleEpochError):
+        store.create_subscription("s", "earliest", 2)
+    with pytest.raises(StaleEpochError):
+        store.delete_subscription("s", 2)
+    with pytest.raises(StaleEpochError):
+        store.delete(2)
+    # Refused requests changed nothing.
+    assert store.subscriptions() == []
+    assert not store.log.terminated
+    assert store.directory.exists()
+    # The current epoch, a newer one, and unfenced (None) requests pass.
+    assert store.create_subscription("s", "earliest", 3) == 0
+    assert store.create_subscription("t", "latest", None) == 3
+    store.check_epoch(4)
+    assert store.fence_epoch == 4
+    with pytest.raises(StaleEpochError) as caught:
+        store.check_epoch(3)
+    assert caught.value.code == "stale_epoch"
+    store.close()
+
+
+def test_fence_survives_reopen(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.terminate(3)
+    store.close()
+    reopened = open_store(tmp_path)
+    assert reopened.fence_epoch == 3
+    assert reopened.stats()["fenceEpoch"] == 3
+    for refused in (
+        lambda: reopened.terminate(2),
+        lambda: reopened.create_subscription("s", "earliest", 2),
+        lambda: reopened.delete(2),
+    ):
+        with pytest.raises(StaleEpochError):
+            refused()
+    reopened.close()
+
+
+# --- termination --------------------------------------------------------------------
+
+
+def test_terminated_segment_refuses_appends_also_after_reopen(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.append(batch_of(0, 4), "p", 0)
+    assert store.terminate(1) == 4
+    assert store.terminate(1) == 4  # idempotent
+    with pytest.raises(SegmentTerminated) as caught:
+        store.append(batch_of(4, 1), "p", 1)
+    assert caught.value.segment_id == NAME.segment_id
+    store.close()
+
+    reopened = open_store(tmp_path)
+    assert reopened.log.terminated
+    for producer, sequence in (("p", 1), ("q", 0), (None, None)):
+        with pytest.raises(SegmentTerminated) as caught:
+            reopened.append(batch_of(4, 1), producer, sequence)
+        assert caught.value.segment_id == NAME.segment_id
+    # Still readable: termination seals, it does not delete.
+    assert values(reopened.read(0, 100)) == [b"v0", b"v1", b"v2", b"v3"]
+    assert reopened.stats()["terminated"] is True
+    reopened.close()
+
+
+# --- reads and subscriptions --------------------------------------------------------------
+
+
+def test_read_returns_delivery_schema_with_offsets(store: SegmentStore) -> None:
+    assert store.read(0, 10).schema.equals(DELIVERY_SCHEMA)
+    assert store.read(0, 10).num_rows == 0
+    store.append(batch_of(0, 3), None, None)
+    store.append(batch_of(3, 4), None, None)
+    got = store.read(2, 3)
+    assert got.schema.equals(DELIVERY_SCHEMA)
+    assert offsets(got) == [2, 3, 4]
+    assert values(got) == [b"v2", b"v3", b"v4"]
+    assert got.column("key").to_pylist() == ["k2", "k3", "k4"]
+    assert got.column("publish_time").null_count == 0
+    assert store.read(7, 10).num_rows == 0
+
+
+def test_subscriptions_created_at_earliest_and_latest(store: SegmentStore) -> None:
+    store.append(batch_of(0, 5), None, None)
+    assert store.create_subscription("early", "earliest", None) == 0
+    assert store.create_subscription("late", "latest", None) == 5
+    store.append(batch_of(5, 2), None, None)
+    # Idempotent: re-creating keeps the existing position, whatever position is asked.
+    assert store.create_subscription("early", "latest", None) == 0
+    assert store.position("early") == 0
+    assert store.position("late") == 5
+    assert store.subscriptions() == ["early", "late"]
+    with pytest.raises(InvalidArgumentError):
+        store.create_subscription("x", "middle", None)  # type: ignore[arg-type]
+    store.delete_subscription("late", None)
+    assert store.subscriptions() == ["early"]
+    with pytest.raises(SubscriptionNotFoundError):
+        store.position("late")
+
+
+def test_stream_position_and_drained(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.create_subscription("s", "earliest", None)
+    store.append(batch_of(0, 10), None, None)
+    assert store.position("s") == 0
+    store.ack_cumulative("s", 3)
+    assert store.position("s") == 4
+    store.ack_cumulative("s", 1)  # backwards: ignored
+    assert store.position("s") == 4
+    store.ack("s", [5, 6])  # a hole at 4 keeps the position
+    assert store.position("s") == 4
+    store.ack("s", [4])
+    assert store.position("s") == 7
+    assert not store.drained("s")  # not terminated
+    store.ack_cumulative("s", 9)
+    assert store.position("s") == 10
+    assert not store.drained("s")  # caught up, but more may come
+    store.close()
+
+    store = open_store(tmp_path)  # positions are durable
+    assert store.position("s") == 10
+    store.create_subscription("lagging", "earliest", None)
+    store.terminate(None)
+    assert store.drained("s")
+    assert not store.drained("lagging")
+    store.ack_cumulative("lagging", 9)
+    assert store.drained("lagging")
+    store.close()
+
+
+def test_ack_on_missing_subscription_is_not_found(store: SegmentStore) -> None:
+    store.append(batch_of(0, 2), None, None)
+    with pytest.raises(SubscriptionNotFoundError):
+        store.ack_cumulative("nope", 0)
+    with pytest.raises(SubscriptionNotFoundError):
+        store.ack("nope", [0])
+    with pytest.raises(SubscriptionNotFoundError):
+        store.queue_receive("nope", "c", 10)
+
+
+# --- queue dispatch -------------------------------------------------------------------
+
+
+def test_queue_receive_ack_and_negative_ack(store: SegmentStore) -> None:
+    store.append(batch_of(0, 10), None, None)
+    store.create_subscription("q", "earliest", None)
+    first = store.queue_receive("q", "a", 4)
+    second = store.queue_receive("q", "b", 4)
+    assert offsets(first) == [0, 1, 2, 3]
+    assert values(first) == [b"v0", b"v1", b"v2", b"v3"]
+    assert offsets(second) == [4, 5, 6, 7]
+    assert store.stats()["subscriptions"]["q"]["inFlight"] == 8
+
+    store.ack("q", [0, 2, 3])
+    store.negative_ack("q", [1], consumer="a")
+    store.negative_ack("q", [4], consumer="a")  # b holds 4: a cannot give it away
+    redelivered = store.queue_receive("q", "b", 10)
+    assert offsets(redelivered) == [1, 8, 9]
+    assert values(redelivered) == [b"v1", b"v8", b"v9"]
+    assert store.queue_receive("q", "c", 10).num_rows == 0
+
+    store.consumer_left("q", "b")  # b held 1, 4..9
+    assert offsets(store.queue_receive("q", "c", 100)) == [1, 4, 5, 6, 7, 8, 9]
+    store.ack("q", [1, 4, 5, 6, 7, 8, 9])
+    sub = store.stats()["subscriptions"]["q"]
+    assert sub == {"backlog": 0, "markDelete": 10, "inFlight": 0}
+    assert store.queue_receive("q", "a", 10).num_rows == 0
+    store.append(batch_of(10, 2), None, None)
+    assert offsets(store.queue_receive("q", "a", 10)) == [10, 11]
+
+
+def test_queue_ack_timeout_redelivers(tmp_path: Path) -> None:
+    store = open_store(tmp_path, ack_timeout_s=0.05)
+    store.append(batch_of(0, 3), None, None)
+    store.create_subscription("q", "earliest", None)
+    assert offsets(store.queue_receive("q", "a", 10)) == [0, 1, 2]
+    store.ack("q", [1])
+    assert store.queue_receive("q", "b", 10).num_rows == 0
+    time.sleep(0.1)
+    assert offsets(store.queue_receive("q", "b", 10)) == [0, 2]
+    store.close()
+
+
+def test_queue_starts_after_stream_acks_and_redelivers_after_reopen(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.append(batch_of(0, 6), None, None)
+    store.create_subscription("q", "earliest", None)
+    store.ack_cumulative("q", 1)
+    store.ack("q", [3])
+    assert offsets(store.queue_receive("q", "a", 10)) == [2, 4, 5]
+    store.ack("q", [4])
+    store.close()
+    # In-flight state is not persisted: unacked messages come back after a restart.
+    store = open_store(tmp_path)
+    assert offsets(store.queue_receive("q", "b", 10)) == [2, 5]
+    store.close()
+
+
+# --- delete and stats -------------------------------------------------------------------
+
+
+def test_delete_removes_everything(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.append(batch_of(0, 3), None, None)
+    store.create_subscription("s", "earliest", 1)
+    directory = segment_directory(tmp_path, NAME)
+    assert store.directory == directory and directory.exists()
+    store.delete(1)
+    assert not directory.exists()
+    for call in (
+        lambda: store.append(batch_of(0, 1), None, None),
+        lambda: store.read(0, 1),
+        lambda: store.stats(),
+        lambda: store.subscriptions(),
+        lambda: store.terminate(1),
+        lambda: store.create_subscription("t", "earliest", 1),
+        lambda: store.queue_receive("s", "c", 1),
+    ):
+        with pytest.raises(SegmentNotFoundError):
+            call()
+    store.close()  # harmless after delete
+    fresh = open_store(tmp_path)
+    assert fresh.stats()["records"] == 0
+    assert fresh.subscriptions() == []
+    fresh.close()
+
+
+def test_stats_keys_and_values(store: SegmentStore) -> None:
+    store.append(batch_of(0, 5), "p", 0)
+    store.create_subscription("s", "earliest", 2)
+    store.ack_cumulative("s", 1)
+    stats = store.stats()
+    assert set(stats) == {
+        "segment",
+        "segmentId",
+        "terminated",
+        "startOffset",
+        "endOffset",
+        "records",
+        "sizeBytes",
+        "lastPublishTimeMs",
+        "fenceEpoch",
+        "subscriptions",
+    }
+    assert stats["segment"] == str(NAME)
+    assert stats["segmentId"] == 7
+    assert stats["terminated"] is False
+    assert (stats["startOffset"], stats["endOffset"], stats["records"]) == (0, 5, 5)
+    assert stats["sizeBytes"] > 0
+    assert abs(stats["lastPublishTimeMs"] - time.time() * 1000) < 60_000
+    assert stats["fenceEpoch"] == 2
+    assert stats["subscriptions"] == {"s": {"backlog": 3, "markDelete": 2}}
