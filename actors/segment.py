@@ -20,7 +20,9 @@ import pyarrow as pa
 import ray
 
 from actors.registry import get_or_start, lookup
-from runtime.errors import OutOfOrderSequenceError
+from runtime import wire
+from runtime.batch import deserialize_batch
+from runtime.errors import InvalidArgumentError, OutOfOrderSequenceError, ScalableTopicsError
 from runtime.names import SegmentName
 from storage.cursors import Position
 from storage.segment_log import Durability, default_storage_root
@@ -44,6 +46,7 @@ class SegmentActor:
         )
         self._new_data = asyncio.Event()
         self._turns: dict[str, asyncio.Event] = {}
+        self._server: asyncio.Server | None = None
         self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
 
@@ -58,14 +61,56 @@ class SegmentActor:
         for its producer's previous sequence: per-producer order is part of the
         contract, not an accident of scheduling.
         """
+        return await self._append(batch, producer_id, sequence, None)
+
+    async def data_endpoint(self) -> tuple[str, int]:
+        """Address of this segment's data plane (appends over TCP, see ``runtime.wire``)."""
+        if self._server is None:
+            host = ray.util.get_node_ip_address()
+            self._server = await asyncio.start_server(self._serve, host=host, port=0)
+        return self._server.sockets[0].getsockname()[:2]
+
+    async def _append(
+        self,
+        batch: pa.RecordBatch,
+        producer_id: str | None,
+        sequence: int | None,
+        payload: memoryview | None,
+    ) -> tuple[int, int]:
         self._ensure_syncer()
         if producer_id is not None and sequence is not None:
             await self._await_turn(producer_id, sequence)
-        result = self._store.append(batch, producer_id, sequence)
+        result = self._store.append(batch, producer_id, sequence, payload)
         if producer_id is not None:
             self._turns.pop(producer_id, asyncio.Event()).set()
         self._wake()
         return result.base_offset, result.count
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One producer connection: frames in, one response each, in order."""
+        try:
+            while True:
+                (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
+                if length > wire.MAX_FRAME:
+                    break
+                writer.write(await self._handle_frame(await reader.readexactly(length)))
+                if writer.transport.get_write_buffer_size() > 1 << 20:
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the producer went away; it resends what it did not see acknowledged
+        finally:
+            writer.close()
+
+    async def _handle_frame(self, body: bytes) -> bytes:
+        try:
+            producer_id, sequence, payload = wire.decode_append(body)
+            batch = deserialize_batch(payload)
+            base, count = await self._append(batch, producer_id, sequence, payload)
+            return wire.encode_ok(base, count)
+        except ScalableTopicsError as err:
+            return wire.encode_error(err)
+        except (pa.ArrowException, ValueError) as err:
+            return wire.encode_error(InvalidArgumentError(f"malformed append frame: {err}"))
 
     async def read(
         self, offset: int, max_records: int = 10_000, wait_s: float = 0.0

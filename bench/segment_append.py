@@ -43,7 +43,7 @@ DEFAULT_RESULTS = REPO / "bench" / "results" / "segment_append.json"
 
 @dataclass
 class Measurement:
-    system: str  # "segment", "redis" or "file"
+    system: str  # "segment" (Ray calls), "segment-tcp" (data plane), "redis" or "file"
     policy: str  # durability policy; "everysec" for Redis, "no-fsync" for the file
     batch_size: int
     batches: int
@@ -218,6 +218,44 @@ def bench_segment(
     return Measurement("segment", policy, batch_size, batches, batches * batch_size, elapsed)
 
 
+def bench_segment_tcp(
+    handle: object,
+    policy: str,
+    values: list[bytes],
+    batch_size: int,
+    seconds: float,
+    budget: int,
+    window: int,
+) -> Measurement:
+    """The same appends over the segment's TCP data plane (what producers use)."""
+    import asyncio
+
+    from clients._data_plane import SegmentChannel
+    from runtime.batch import make_batch, serialize_batch
+
+    payload = serialize_batch(make_batch(values[:batch_size]))
+    producer = f"bench-tcp-{batch_size}"
+
+    async def run() -> tuple[int, float]:
+        channel = SegmentChannel(handle)
+        await channel.append(producer, 0, payload)  # connect and warm up
+        sequence, batches, in_flight = 1, 0, set()
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds and batches * batch_size < budget:
+            while len(in_flight) < window:
+                in_flight.add(asyncio.ensure_future(channel.append(producer, sequence, payload)))
+                sequence += 1
+            done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            batches += len(done)
+        await asyncio.gather(*in_flight)
+        elapsed = time.perf_counter() - started
+        await channel.close()
+        return batches + len(in_flight), elapsed
+
+    batches, elapsed = asyncio.run(run())
+    return Measurement("segment-tcp", policy, batch_size, batches, batches * batch_size, elapsed)
+
+
 def run_segments(
     root: Path, values: list[bytes], args: argparse.Namespace
 ) -> Iterator[Measurement]:
@@ -249,9 +287,16 @@ def run_segments(
                 )
                 ray.get(handle.ready.remote())
                 try:
-                    yield bench_segment(
-                        handle, policy, values, batch_size, args.seconds, args.budget, args.window
-                    )
+                    for measure in (bench_segment, bench_segment_tcp):
+                        yield measure(
+                            handle,
+                            policy,
+                            values,
+                            batch_size,
+                            args.seconds,
+                            args.budget,
+                            args.window,
+                        )
                     ray.get(handle.delete.remote())
                 finally:
                     ray.kill(handle, no_restart=True)
@@ -307,7 +352,7 @@ def table(results: list[Measurement]) -> list[dict[str, object]]:
                 "vs_file": round(m.msgs_per_s / file.msgs_per_s, 4) if file else None,
             }
         )
-    order = {"segment": 0, "redis": 1, "file": 2}
+    order = {"segment": 0, "segment-tcp": 1, "redis": 2, "file": 3}
     rows.sort(
         key=lambda r: (
             r["batch_size"],

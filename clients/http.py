@@ -20,7 +20,12 @@ from typing import Any, TypeVar
 import aiohttp
 
 from clients._ray import background_loop, with_sync_twins
-from runtime.errors import InvalidArgumentError, ScalableTopicsError, UnavailableError
+from runtime.errors import (
+    InvalidArgumentError,
+    ScalableTopicsError,
+    UnavailableError,
+    error_from_code,
+)
 from runtime.layout import SegmentLayout
 from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
 from runtime.operations import CompletedOperation
@@ -212,23 +217,6 @@ class AdminHttpClient:
 # --- typed errors back from JSON --------------------------------------------------------
 
 
-def _error_classes() -> tuple[dict[str, type[ScalableTopicsError]], dict[int, type]]:
-    """Every error class by its ``code``, and the broad class of each HTTP status."""
-    by_code: dict[str, type[ScalableTopicsError]] = {ScalableTopicsError.code: ScalableTopicsError}
-    pending = [ScalableTopicsError]
-    while pending:
-        for sub in pending.pop().__subclasses__():
-            by_code.setdefault(sub.code, sub)
-            pending.append(sub)
-    by_status: dict[int, type] = {}
-    for cls in ScalableTopicsError.__subclasses__():  # the first declared is the broad one
-        by_status.setdefault(cls.http_status, cls)
-    return by_code, by_status
-
-
-_BY_CODE, _BY_STATUS = _error_classes()
-
-
 def error_from_response(status: int, text: str) -> ScalableTopicsError:
     """The typed exception an error response stands for.
 
@@ -241,8 +229,7 @@ def error_from_response(status: int, text: str) -> ScalableTopicsError:
         code, message = payload["error"], payload["message"]
     except (ValueError, TypeError, KeyError):
         code, message = None, f"HTTP {status}: {' '.join(text.split())[:200] or 'no body'}"
-    cls = _BY_CODE.get(code) or _BY_STATUS.get(status, ScalableTopicsError)
-    return cls(str(message))
+    return error_from_code(code, str(message), status)
 
 
 # --- helpers ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -34,14 +34,14 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from actors.dag_watch import DagWatch
 from actors.segment import segment_actor
+from clients._data_plane import ChannelError, SegmentChannel
 from clients._ray import background_loop
 from clients.message import BatchResult, MessageId
-from runtime.batch import make_batch
+from runtime.batch import make_batch, serialize_batch
 from runtime.errors import (
     ClientClosedError,
     InvalidArgumentError,
     ProducerQueueFullError,
-    ScalableTopicsError,
     SegmentTerminated,
     SendTimeoutError,
 )
@@ -62,8 +62,11 @@ class ProducerConfig:
     block_if_full: bool = True
     send_timeout_s: float = 60.0
     window: int = 16  # appends in flight per segment
+    transport: Literal["tcp", "ray"] = "tcp"  # tcp: the segment's data plane (runtime.wire)
 
     def __post_init__(self) -> None:
+        if self.transport not in ("tcp", "ray"):
+            raise InvalidArgumentError(f"transport must be 'tcp' or 'ray', got {self.transport!r}")
         if self.batch_max_records < 1 or self.max_in_flight_bytes < 1 or self.window < 1:
             raise InvalidArgumentError(
                 "batch_max_records, max_in_flight_bytes and window must be positive"
@@ -165,6 +168,7 @@ class _SegmentSender:
         self.refused: list[tuple[int, _Chunk]] = []
         self.next_sequence = 0
         self.handle: Any = None
+        self.channel: SegmentChannel | None = None
         self.retiring = False
         self.settled = asyncio.Event()
 
@@ -183,9 +187,7 @@ class _SegmentSender:
         deadline = time.monotonic() + self.core.config.send_timeout_s
         while True:
             try:
-                self.handle = self.handle or segment_actor(self.name)
-                ref = self.handle.append.remote(chunk.batch, self.core.producer_id, sequence)
-                base, _ = await call(ref)
+                base = await self._append(sequence, chunk, deadline)
                 chunk.resolve(self.segment_id, base)
                 self.core.release(chunk)
             except SegmentTerminated:
@@ -197,8 +199,8 @@ class _SegmentSender:
                     await asyncio.sleep(0.1)
                     continue
                 self._fail(chunk, SendTimeoutError(f"{self.name} unavailable: {err}"))
-            except ScalableTopicsError as err:
-                self._fail(chunk, err)
+            except (TimeoutError, ChannelError) as err:
+                self._fail(chunk, SendTimeoutError(f"{self.name}: not stored in time ({err})"))
             except Exception as err:  # noqa: BLE001 - the caller's future must learn it
                 self._fail(chunk, err)
             break
@@ -206,6 +208,20 @@ class _SegmentSender:
         if not self.in_flight:
             self.settled.set()
         self.pump()
+
+    async def _append(self, sequence: int, chunk: _Chunk, deadline: float) -> int:
+        """One append over the configured transport; returns the base offset."""
+        self.handle = self.handle or segment_actor(self.name)
+        producer_id = self.core.producer_id
+        if self.core.config.transport == "ray":
+            base, _ = await call(self.handle.append.remote(chunk.batch, producer_id, sequence))
+            return base
+        self.channel = self.channel or SegmentChannel(self.handle)
+        payload = serialize_batch(chunk.batch)
+        remaining = max(deadline - time.monotonic(), 0.001)
+        append = self.channel.append(producer_id, sequence, payload)
+        base, _ = await asyncio.wait_for(append, timeout=remaining)
+        return base
 
     def _fail(self, chunk: _Chunk, error: BaseException) -> None:
         chunk.fail(error)
@@ -257,6 +273,9 @@ class _ProducerCore:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for sender in self.senders.values():
+            if sender.channel is not None:
+                await sender.channel.close()
         await self.watch.close()
 
     # budget (called from user threads and the loop)
@@ -379,6 +398,8 @@ class _ProducerCore:
             backlog = [chunk for sender in retiring for chunk in sender.take_backlog()]
             for sender in retiring:
                 del self.senders[sender.segment_id]
+                if sender.channel is not None:
+                    await sender.channel.close()
             self.layout = layout
             for chunk in backlog:
                 self._route(chunk)

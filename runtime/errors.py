@@ -204,3 +204,28 @@ class UnauthenticatedError(ScalableTopicsError):
 class UnauthorizedError(ScalableTopicsError):
     code = "forbidden"
     http_status = 403
+
+
+def _error_classes() -> tuple[dict[str, type[ScalableTopicsError]], dict[int, type]]:
+    """Every error class by its ``code``, and the broad class of each HTTP status."""
+    by_code: dict[str, type[ScalableTopicsError]] = {ScalableTopicsError.code: ScalableTopicsError}
+    pending = [ScalableTopicsError]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            by_code.setdefault(sub.code, sub)
+            pending.append(sub)
+    by_status: dict[int, type] = {}
+    for cls in ScalableTopicsError.__subclasses__():  # the first declared is the broad one
+        by_status.setdefault(cls.http_status, cls)
+    return by_code, by_status
+
+
+def error_from_code(code: str | None, message: str, http_status: int = 500) -> ScalableTopicsError:
+    """Rebuild the typed error a remote peer (REST, the data plane) reported by code.
+
+    An unknown code (a newer peer) falls back to the broad class of the status,
+    so callers catching ``NotFoundError`` or ``ConflictError`` keep working.
+    """
+    by_code, by_status = _error_classes()
+    cls = by_code.get(code or "") or by_status.get(http_status, ScalableTopicsError)
+    return cls(message)

@@ -289,14 +289,19 @@ class SegmentLog:
         batch: pa.RecordBatch,
         producer_id: str | None = None,
         sequence: int | None = None,
+        *,
+        payload: bytes | memoryview | None = None,
     ) -> AppendResult:
         """Store ``batch`` durably (per policy) and give its records the next offsets.
 
         A retried ``(producer_id, sequence)`` returns the original offsets with
         ``duplicate=True`` and stores nothing, so producers can retry blindly.
+        ``payload``: the batch's Arrow IPC bytes when the caller already has them
+        (``batch`` decoded from them), so they are stored without re-encoding.
         """
         _check_append_arguments(batch, producer_id, sequence)
-        payload = serialize_batch(batch)  # outside the lock: other threads can write meanwhile
+        if payload is None:  # encoded outside the lock: other threads can write meanwhile
+            payload = serialize_batch(batch)
         with self._lock:
             self._check_open()
             self._check_not_terminated()
@@ -318,7 +323,7 @@ class SegmentLog:
             self._store(frame, payload)
             return AppendResult(frame.base_offset, frame.count)
 
-    def _store(self, frame: _Frame, payload: bytes) -> None:
+    def _store(self, frame: _Frame, payload: bytes | memoryview) -> None:
         """Indexed before the flush: if the flush fails, the frame is on file anyway
         and later appends must come after it; a producer retry is then a duplicate."""
         encoded = _encode_frame(frame, payload)
@@ -606,7 +611,7 @@ def _check_append_arguments(
         )
 
 
-def _encode_frame(frame: _Frame, payload: bytes) -> bytes:
+def _encode_frame(frame: _Frame, payload: bytes | memoryview) -> bytes:
     if len(payload) > _MAX_PAYLOAD:
         raise InvalidArgumentError(f"batch too large: {len(payload)} bytes serialized")
     producer = frame.producer_bytes

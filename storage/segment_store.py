@@ -95,10 +95,14 @@ class SegmentStore:
     # --- data path ---------------------------------------------------------------
 
     def append(
-        self, batch: pa.RecordBatch, producer_id: str | None, sequence: int | None
+        self,
+        batch: pa.RecordBatch,
+        producer_id: str | None,
+        sequence: int | None,
+        payload: bytes | memoryview | None = None,
     ) -> AppendResult:
         self._check_alive()
-        return self.log.append(batch, producer_id=producer_id, sequence=sequence)
+        return self.log.append(batch, producer_id=producer_id, sequence=sequence, payload=payload)
 
     def read(self, offset: int, max_records: int) -> pa.RecordBatch:
         self._check_alive()

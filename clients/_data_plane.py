@@ -1,0 +1,114 @@
+"""A producer's pipelined TCP connection to one segment's data plane.
+
+The channel owns delivery: every frame stays pending until its response
+arrives, and after a broken connection (the segment actor restarted, say) it
+reconnects — asking Ray for the actor's new address — and resends every
+pending frame in sequence order. The segment drops frames it already stored
+(same producer id and sequence), so resending is always safe, and in-order
+resending keeps the segment from waiting on a gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from typing import Any
+
+from ray.exceptions import RayActorError
+
+from runtime import wire
+from runtime.remote import call
+
+
+class ChannelError(ConnectionError):
+    """The segment could not be reached (it stays unreachable after retries)."""
+
+
+class SegmentChannel:
+    def __init__(self, handle: Any, reconnect_attempts: int = 50) -> None:
+        self._handle = handle
+        self._attempts = reconnect_attempts
+        self._pending: OrderedDict[int, tuple[bytes, asyncio.Future]] = OrderedDict()
+        self._on_wire: deque[int] = deque()  # keys written on the current connection
+        self._writer: asyncio.StreamWriter | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._connecting: asyncio.Task | None = None
+        self._next_key = 0
+
+    async def append(
+        self, producer_id: str | None, sequence: int | None, payload: bytes
+    ) -> tuple[int, int]:
+        """Store ``payload``; returns (base offset, count) or raises the segment's error.
+
+        If the caller stops waiting, the frame stays pending until the segment
+        answers it: responses are matched to frames by position on the wire.
+        """
+        future = asyncio.get_running_loop().create_future()
+        key, self._next_key = self._next_key, self._next_key + 1
+        self._pending[key] = (wire.encode_append(producer_id, sequence, payload), future)
+        if self._writer is not None:
+            self._write(key)
+        else:
+            self._ensure_connecting()
+        return await asyncio.shield(future)
+
+    async def close(self) -> None:
+        for task in [*self._tasks, self._connecting]:
+            if task is not None:
+                task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _write(self, key: int) -> None:
+        self._writer.write(self._pending[key][0])
+        self._on_wire.append(key)
+
+    def _ensure_connecting(self) -> None:
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        """(Re)connect, then resend everything not yet acknowledged, in order."""
+        failure: Exception | None = None
+        for attempt in range(self._attempts):
+            try:
+                host, port = await call(self._handle.data_endpoint.remote())
+                reader, writer = await asyncio.open_connection(host, port)
+                break
+            except (OSError, RayActorError) as err:
+                failure = err
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+        else:
+            self._fail_all(ChannelError(f"segment unreachable: {failure}"))
+            return
+        self._writer, self._on_wire = writer, deque()
+        for key in list(self._pending):
+            self._write(key)
+        self._tasks = [asyncio.get_running_loop().create_task(self._read(reader))]
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
+                self._resolve(await reader.readexactly(length))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            self._writer = None
+            if self._pending:
+                self._ensure_connecting()
+
+    def _resolve(self, body: bytes) -> None:
+        """Responses arrive in request order: the oldest frame on the wire gets this one."""
+        _, future = self._pending.pop(self._on_wire.popleft())
+        if future.done():
+            return
+        try:
+            future.set_result(wire.decode_response(body))
+        except Exception as err:  # noqa: BLE001 - the segment's typed error, for the caller
+            future.set_exception(err)
+
+    def _fail_all(self, error: Exception) -> None:
+        pending, self._pending = self._pending, OrderedDict()
+        for _, future in pending.values():
+            if not future.done():
+                future.set_exception(error)
