@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import threading
 import time
 import uuid
@@ -63,6 +64,9 @@ class ProducerConfig:
     send_timeout_s: float = 60.0
     window: int = 16  # appends in flight per segment
     transport: Literal["tcp", "ray"] = "tcp"  # tcp: the segment's data plane (runtime.wire)
+    # Segments drop a producer's resent (id, sequence): a writer that must be idempotent
+    # across process restarts (a retried Spark task) reuses its id and its sequences.
+    producer_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "ray"):
@@ -248,7 +252,7 @@ class _ProducerCore:
     def __init__(self, topic: TopicName, config: ProducerConfig) -> None:
         self.topic = topic
         self.config = config
-        self.producer_id = uuid.uuid4().hex
+        self.producer_id = config.producer_id or uuid.uuid4().hex
         self.watch = DagWatch(topic)
         self.layout = self.watch.layout
         self.senders: dict[int, _SegmentSender] = {}
@@ -531,6 +535,7 @@ class Producer:
 
 
 def _reopen(topic: str, config: ProducerConfig) -> Producer:
+    """A fresh producer (its own id): two live producers must never share one."""
     producer = Producer.__new__(Producer)
-    producer._setup(TopicName.parse(topic), config)
+    producer._setup(TopicName.parse(topic), dataclasses.replace(config, producer_id=None))
     return producer

@@ -304,12 +304,14 @@ class SegmentLog:
             payload = serialize_batch(batch)
         with self._lock:
             self._check_open()
-            self._check_not_terminated()
+            # Duplicates first: a resend of a batch stored before the seal must get its
+            # original offsets, or the producer would re-route it to the children.
             window = self._producers.get(producer_id) if producer_id is not None else None
             if window is not None and sequence is not None:
                 duplicate = window.check(producer_id, sequence)
                 if duplicate is not None:
                     return duplicate
+            self._check_not_terminated()
             # Publish times never go backwards within a segment, even if the clock
             # does, so time-based retention and seeks can rely on their order.
             frame = _Frame(

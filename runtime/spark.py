@@ -1,0 +1,143 @@
+"""Spark on Ray: one RayDP session per process, set up for this project and for Java 17.
+
+RayDP runs the Spark executors as Ray actors, so a Spark job shares the
+cluster (and the segment actors) with everything else. Three things must be
+right for that to work here, and this module is where they are decided once:
+
+- Java 17 closes the JDK internals that Spark, Arrow and Netty reach into;
+  the driver, the executors and RayDP's app master all need the same
+  ``--add-opens`` list or the first Arrow or shuffle operation fails.
+- Spark's Python workers are started by the executors, not by Ray: they need
+  ``PYSPARK_PYTHON`` (this venv's interpreter), the project on ``PYTHONPATH``
+  and the ``RAY_*``/``RAYTOPICS_*`` variables that let them join the cluster.
+- Executors hold CPUs for their whole life, so by default they take only
+  half of the cluster and leave the rest to Ray Data read tasks and producers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from runtime.connect import connect
+
+# What Spark's own launcher adds on Java 17 (JavaModuleOptions), plus Arrow's
+# and Netty's needs; harmless on Java 11 thanks to IgnoreUnrecognizedVMOptions.
+_OPENED_PACKAGES = (
+    "java.lang",
+    "java.lang.invoke",
+    "java.lang.reflect",
+    "java.io",
+    "java.net",
+    "java.nio",
+    "java.util",
+    "java.util.concurrent",
+    "java.util.concurrent.atomic",
+    "sun.nio.ch",
+    "sun.nio.cs",
+    "sun.security.action",
+    "sun.util.calendar",
+)
+JAVA17_OPTIONS = " ".join(
+    [
+        "-XX:+IgnoreUnrecognizedVMOptions",
+        *(f"--add-opens=java.base/{package}=ALL-UNNAMED" for package in _OPENED_PACKAGES),
+        "-Djdk.reflect.useDirectMethodHandle=false",
+        "-Dio.netty.tryReflectionSetAccessible=true",
+    ]
+)
+
+# Environment that Spark's Python workers need to join Ray and find this project.
+_WORKER_ENV = ("RAY_AUTH_MODE", "RAYTOPICS_NAMESPACE", "RAYTOPICS_STORAGE_ROOT")
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def spark_session(
+    app_name: str = "raytopics",
+    *,
+    num_executors: int | None = None,
+    executor_cores: int = 1,
+    executor_memory: str | int = "1g",
+    configs: dict[str, str] | None = None,
+) -> Any:
+    """The process's Spark session on Ray, started on first call (joins Ray via ``connect()``).
+
+    ``num_executors=None`` sizes Spark to half of the cluster's CPUs (at least
+    one executor): one executor on a 2-core machine, and room left on a large
+    cluster for Ray Data tasks and producers. ``configs`` override any default.
+    Calling it again returns the running session; ``stop_spark()`` ends it.
+    """
+    import raydp
+    from pyspark.sql import SparkSession
+
+    connect()
+    active = SparkSession.getActiveSession()
+    if active is not None and _raydp_running():
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    executors = num_executors or default_num_executors(executor_cores)
+    return raydp.init_spark(
+        app_name,
+        executors,
+        executor_cores,
+        executor_memory,
+        fault_tolerant_mode=False,  # only ray.data.from_spark needs it; we never use it
+        configs={**default_configs(executors * executor_cores), **(configs or {})},
+    )
+
+
+def stop_spark() -> None:
+    """Stop the Spark session and its executor actors (no-op when none is running)."""
+    import raydp
+
+    raydp.stop_spark()
+
+
+def default_num_executors(executor_cores: int = 1) -> int:
+    """Half of the cluster's CPUs in executors, never fewer than one."""
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, (cpus // 2) // max(1, executor_cores))
+
+
+def default_configs(total_cores: int = 1) -> dict[str, str]:
+    """Spark settings every session of this project needs (see the module docstring).
+
+    Shuffles get two partitions per executor core instead of Spark's fixed 200,
+    which on a small cluster spend more time scheduling than computing.
+    """
+    python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    configs = {
+        "spark.driver.extraJavaOptions": JAVA17_OPTIONS,
+        "spark.executor.extraJavaOptions": JAVA17_OPTIONS,
+        "spark.ray.raydp_app_master.extraJavaOptions": JAVA17_OPTIONS,
+        "spark.pyspark.python": python,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.executorEnv.PYSPARK_PYTHON": python,
+        "spark.executorEnv.PYTHONPATH": _python_path(),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(max(2, 2 * total_cores)),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    for name in _WORKER_ENV:
+        if name in os.environ:
+            configs[f"spark.executorEnv.{name}"] = os.environ[name]
+    configs["spark.executorEnv.RAYTOPICS_NAMESPACE"] = ray.get_runtime_context().namespace
+    return configs
+
+
+def _python_path() -> str:
+    """The project root first, so executors import the same code as this driver
+    (under ``ray job submit`` that is the uploaded working directory)."""
+    parts = [_PROJECT_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return os.pathsep.join(dict.fromkeys(parts))
+
+
+def _raydp_running() -> bool:
+    from raydp import context
+
+    return context._global_spark_context is not None
