@@ -297,6 +297,19 @@ def test_rejects_bad_producer_arguments(
 # --- termination -------------------------------------------------------------------
 
 
+def test_resend_of_a_stored_batch_after_the_seal_gets_its_offsets(tmp_path: Path) -> None:
+    """A producer whose acknowledgement was lost around a seal resends: it must learn the
+    batch is stored (not be told to re-route it to the children, which would duplicate it)."""
+    log = SegmentLog(tmp_path, durability=FAST, segment_id=7)
+    first = log.append(make_batch([b"a", b"b"]), producer_id="p", sequence=0)
+    log.terminate()
+    again = log.append(make_batch([b"a", b"b"]), producer_id="p", sequence=0)
+    assert (again.base_offset, again.count, again.duplicate) == (first.base_offset, 2, True)
+    with pytest.raises(SegmentTerminated):
+        log.append(make_batch([b"c"]), producer_id="p", sequence=1)
+    log.close()
+
+
 def test_terminated_log_refuses_appends_across_reopen(tmp_path: Path) -> None:
     log = SegmentLog(tmp_path, durability=FAST, segment_id=42)
     log.append(make_batch([b"a", b"b"]))
