@@ -1,0 +1,947 @@
+"""End to end: produce and consume 100-byte messages through 1, 4 and 8 segments.
+
+For each segment count, on the public client API (``Producer.send_batch`` and
+``StreamConsumer`` in their own processes, acknowledging everything):
+
+* **peak**: producers push messages as fast as they can (keys spread over
+  10,000 keys) while consumers receive and acknowledge them. Reported: produce
+  rate (until every send is acknowledged by its segment), end-to-end rate
+  (until the last message is received) and produce-to-receive latency, taken
+  from a ``time.time_ns()`` stamp that the producer writes into the first 8
+  bytes of every value just before ``send_batch`` (one clock, one machine).
+* **half load**: one producer paced at 50% of the end-to-end peak for
+  ``--half-seconds``, sending a batch every ``--tick-ms``; latency p50/p99.
+
+The same workload goes through Redis Streams (a redis-server this script
+starts, AOF ``everysec``): XADD in one redis-py pipeline per batch, one stream
+per "segment" (the key's Murmur3 hash picks the stream exactly as it picks our
+segment) and a consumer group read with XREADGROUP (COUNT = batch) + XACK.
+
+    .venv/bin/python bench/end_to_end.py                 # everything, ~4-6 minutes
+    .venv/bin/python bench/end_to_end.py --segments 4 --seconds 5 --skip-redis
+
+Prints a table and writes ``bench/results/end_to_end.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+RECORD_BYTES = 100
+KEYS = 10_000
+DEFAULT_RESULTS = REPO / "bench" / "results" / "end_to_end.json"
+SUBSCRIPTION = "bench"
+LATENCY_SAMPLE_CAP = 2_000_000  # per consumer; more is subsampled uniformly
+
+
+# --- the workload, identical for both systems ----------------------------------------
+
+
+class Workload:
+    """Pre-built values and keys, so producing costs only the timestamp stamp."""
+
+    def __init__(self, batch: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.batch = batch
+        # Record i: 8-byte send stamp (filled per batch), 8-byte counter, 84 random bytes.
+        self.template = rng.integers(0, 256, size=(batch, RECORD_BYTES), dtype=np.uint8)
+        self.template[:, 8:16] = np.arange(batch, dtype="<u8").view(np.uint8).reshape(batch, 8)
+        self.offsets = np.arange(0, (batch + 1) * RECORD_BYTES, RECORD_BYTES, dtype=np.int32)
+        self.key_names = [f"key-{i:05d}" for i in range(KEYS)]
+        # A pool of key indices; batch k uses a rotating window of it.
+        self.key_pool = rng.integers(0, KEYS, size=batch * 16 + batch)
+        self.pool_starts = [i * batch for i in range(16)]
+
+    def keys_index(self, k: int) -> np.ndarray:
+        start = self.pool_starts[k % len(self.pool_starts)]
+        return self.key_pool[start : start + self.batch]
+
+    def stamped(self, count: int) -> tuple[np.ndarray, int]:
+        """A fresh copy of ``count`` records with the send time in their first 8 bytes."""
+        records = self.template[:count].copy()
+        stamp = time.time_ns()
+        records[:, :8] = np.frombuffer(struct.pack("<q", stamp), dtype=np.uint8)
+        return records, stamp
+
+
+def stamps_of(values: list[bytes]) -> np.ndarray:
+    return np.frombuffer(b"".join(v[:8] for v in values), dtype="<i8")
+
+
+def summarize_latency(latencies_ns: np.ndarray) -> dict[str, float | None]:
+    if not len(latencies_ns):
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None, "samples": 0}
+    p50, p99 = np.percentile(latencies_ns, [50, 99])
+    return {
+        "p50_ms": round(float(p50) / 1e6, 2),
+        "p99_ms": round(float(p99) / 1e6, 2),
+        "max_ms": round(float(latencies_ns.max()) / 1e6, 2),
+        "samples": int(len(latencies_ns)),
+    }
+
+
+class LatencyLog:
+    """Latencies of received messages, kept as arrays (subsampled past a cap)."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.stored: list[np.ndarray] = []  # sampled: (publish - send, receive - publish)
+        self.count = 0
+        self.received = 0
+        self.first_ns = 0
+        self.last_ns = 0
+        self.lock = threading.Lock()
+
+    def add(
+        self,
+        stamps: np.ndarray,
+        now_ns: int,
+        sampled: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """``sampled``: (send stamps, store times in ns) of a few of the messages, which
+        split the latency at the moment the log stored them (ms precision)."""
+        with self.lock:
+            if not self.received:
+                self.first_ns = now_ns
+            self.received += len(stamps)
+            self.last_ns = now_ns
+            if self.count < LATENCY_SAMPLE_CAP:
+                self.parts.append(now_ns - stamps)
+                self.count += len(stamps)
+                if sampled is not None:
+                    sent, stored = sampled
+                    self.stored.append(np.stack([stored - sent, now_ns - stored]))
+
+    def snapshot(self, with_latencies: bool) -> dict[str, Any]:
+        with self.lock:
+            out: dict[str, Any] = {
+                "received": self.received,
+                "first_ns": self.first_ns,
+                "last_ns": self.last_ns,
+            }
+            if with_latencies:
+                out["latencies"] = (
+                    np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
+                )
+                out["split"] = (
+                    np.concatenate(self.stored, axis=1) if self.stored else np.zeros((2, 0))
+                )
+            return out
+
+
+def sample_rows(count: int, samples: int = 16) -> range:
+    return range(0, count, max(1, count // samples))
+
+
+def pace(started: float, sent: int, rate: float | None) -> None:
+    """Sleep until ``sent`` messages are due at ``rate`` messages/s."""
+    if rate:
+        delay = started + sent / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class CpuMeter:
+    """CPU seconds used by a set of process trees (utime + stime from /proc), so a
+    measurement can report CPU per message, which is far steadier than wall-clock
+    rates when the machine is shared, and which process spent it."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, roots: list[int]) -> None:
+        self.roots = roots
+        self.start = self._sample()
+
+    def _sample(self) -> dict[int, tuple[str, float]]:
+        children: dict[int, list[int]] = {}
+        stats: dict[int, float] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                raw = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = raw[raw.rfind(")") + 2 :].split()
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            stats[int(entry)] = (int(fields[11]) + int(fields[12])) / self.TICK
+        seen: dict[int, tuple[str, float]] = {}
+        stack = list(self.roots)
+        while stack:
+            pid = stack.pop()
+            if pid in seen or pid not in stats:
+                continue
+            seen[pid] = (_process_label(pid), stats[pid])
+            stack.extend(children.get(pid, []))
+        return seen
+
+    def used(self) -> tuple[float, dict[str, float]]:
+        """CPU seconds since construction, in total and per kind of process
+        (processes that exited meanwhile are missed)."""
+        by_label: dict[str, float] = {}
+        for pid, (label, cpu) in self._sample().items():
+            spent = cpu - self.start.get(pid, (label, 0.0))[1]
+            if spent > 0:
+                by_label[label] = by_label.get(label, 0.0) + spent
+        return sum(by_label.values()), dict(sorted(by_label.items(), key=lambda kv: -kv[1]))
+
+
+def _process_label(pid: int) -> str:
+    """``ray::SegmentActor``, ``raylet``, ``redis-server``... (method names dropped)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    first = argv[0].decode(errors="replace").strip()
+    if first.startswith("ray::"):
+        return first.split(".")[0].split()[0]
+    if len(argv) > 1 and first.endswith(("python", "python3", "python3.11")):
+        script = next((a.decode() for a in argv[1:] if a and not a.startswith(b"-")), "")
+        return "python " + Path(script).name
+    return Path(first.split()[0]).name
+
+
+# --- Redis Streams ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[tuple[int, str, int]]:
+    """A private redis-server with AOF + everysec, the setting Redis recommends."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError(
+            "redis-server is not installed; on Debian/Ubuntu: apt-get install -y redis-server"
+        )
+    import redis
+
+    port = free_port()
+    data = directory / "redis"
+    data.mkdir()
+    process = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data)]
+        + ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+        + ["--protected-mode", "no", "--daemonize", "no", "--logfile", str(data / "log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError(f"redis-server did not start; see {data / 'log'}") from None
+                time.sleep(0.05)
+        yield port, client.info("server")["redis_version"], process.pid
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def redis_streams(n: int) -> list[str]:
+    return [f"bench-{n}-{i}" for i in range(n)]
+
+
+def redis_key_streams(workload: Workload, n: int) -> np.ndarray:
+    """Stream index of every key: the segment our initial layout of ``n`` gives it."""
+    from runtime.hashing import key_hashes
+    from runtime.layout import SegmentLayout
+    from runtime.routing import partition
+
+    hashes = key_hashes(workload.key_names)
+    stream = np.zeros(KEYS, dtype=np.int64)
+    layout = SegmentLayout.initial(n)
+    for segment_id, rows in partition(layout, hashes, 0).groups.items():
+        stream[rows] = segment_id
+    return stream
+
+
+def redis_producer(
+    port: int,
+    n: int,
+    spec: dict[str, Any],
+    go: Any,
+    out: Any,  # mp.Event, mp.Queue
+) -> None:
+    import redis
+
+    workload = Workload(spec["batch"], seed=spec["seed"])
+    streams = redis_streams(n)
+    key_stream = redis_key_streams(workload, n)
+    names = [s.encode() for s in streams]
+    client = redis.Redis(host="127.0.0.1", port=port)
+    limit, seconds, rate = spec["messages"], spec["seconds"], spec.get("rate")
+    tick = spec["tick_records"] if rate else workload.batch
+    go.wait()
+    cpu = time.process_time()
+    started_ns, started, sent, k = time.time_ns(), time.perf_counter(), 0, 0
+    while sent < limit and time.perf_counter() - started < seconds:
+        pace(started, sent, rate)
+        count = min(tick, limit - sent)
+        records, _ = workload.stamped(count)
+        data = records.tobytes()
+        keys = workload.keys_index(k)[:count]
+        targets, keys = key_stream[keys].tolist(), keys.tolist()
+        key_names = workload.key_names
+        pipe = client.pipeline(transaction=False)
+        for i in range(count):
+            pipe.xadd(
+                names[targets[i]], {b"k": key_names[keys[i]], b"v": data[i * 100 : i * 100 + 100]}
+            )
+        pipe.execute()
+        sent += count
+        k += 1
+    end_ns = time.time_ns()
+    out.put(
+        {"sent": sent, "start_ns": started_ns, "end_ns": end_ns, "cpu_s": time.process_time() - cpu}
+    )
+    client.close()
+
+
+def redis_consumer(
+    port: int, n: int, name: str, batch: int, stop: Any, received: Any, out: Any
+) -> None:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    streams = {s: ">" for s in redis_streams(n)}
+    log = LatencyLog()
+    cpu = time.process_time()
+    while not stop.is_set():
+        reply = client.xreadgroup(SUBSCRIPTION, name, streams, count=batch, block=100)
+        if not reply:
+            continue
+        now = time.time_ns()
+        values: list[bytes] = []
+        all_ids: list[bytes] = []
+        pipe = client.pipeline(transaction=False)
+        for stream, entries in reply:
+            ids = []
+            for entry_id, fields in entries:
+                ids.append(entry_id)
+                values.append(fields[b"v"])
+            pipe.xack(stream, SUBSCRIPTION, *ids)
+            all_ids.extend(ids)
+        pipe.execute()
+        rows = sample_rows(len(values))
+        stored = np.array([int(all_ids[i].split(b"-")[0]) * 1_000_000 for i in rows])
+        sent = stamps_of([values[i] for i in rows])
+        log.add(stamps_of(values), now, (sent, stored))
+        with received.get_lock():
+            received.value += len(values)
+    snap = log.snapshot(with_latencies=True)
+    out.put({"name": name, "cpu_s": time.process_time() - cpu, **snap})
+    client.close()
+
+
+def run_redis_case(
+    server: tuple[int, int], n: int, args: argparse.Namespace, rate: float | None, seconds: float
+) -> dict[str, Any]:
+    """One measurement: producers (processes) -> n streams -> consumer group (processes)."""
+    import redis
+
+    port, server_pid = server
+    ctx = multiprocessing.get_context("fork")  # before Ray starts: no threads to worry about
+    client = redis.Redis(host="127.0.0.1", port=port)
+    for stream in redis_streams(n):
+        client.delete(stream)
+        client.xgroup_create(stream, SUBSCRIPTION, id="0", mkstream=True)
+    producers = 1 if rate else args.producers
+    spec = {
+        "batch": args.batch,
+        "messages": args.messages // producers if not rate else 1 << 62,
+        "seconds": seconds,
+        "rate": rate / producers if rate else None,
+        "tick_records": max(1, int((rate or 0) / producers * args.tick_ms / 1000)),
+    }
+    go, stop = ctx.Event(), ctx.Event()
+    received = ctx.Value("q", 0)
+    results, consumed = ctx.Queue(), ctx.Queue()
+    consumers = [
+        ctx.Process(
+            target=redis_consumer,
+            args=(port, n, f"c{i}", args.batch, stop, received, consumed),
+        )
+        for i in range(args.consumers)
+    ]
+    workers = [
+        ctx.Process(target=redis_producer, args=(port, n, {**spec, "seed": i}, go, results))
+        for i in range(producers)
+    ]
+    for p in consumers + workers:
+        p.start()
+    time.sleep(0.5)  # let everyone connect and block
+    meter = CpuMeter([server_pid])
+    go.set()
+    sent_reports = [results.get() for _ in workers]
+    sent = sum(r["sent"] for r in sent_reports)
+    drained = wait_until(lambda: received.value >= sent, args.drain_seconds)
+    stop.set()
+    server_cpu, breakdown = meter.used()
+    reports = [consumed.get() for _ in consumers]
+    for p in consumers + workers:
+        p.join(timeout=10)
+    cpu = server_cpu + sum(r["cpu_s"] for r in sent_reports + reports)
+    breakdown["producers"] = sum(r["cpu_s"] for r in sent_reports)
+    breakdown["consumers"] = sum(r["cpu_s"] for r in reports)
+    for stream in redis_streams(n):
+        client.delete(stream)
+    client.close()
+    return measurement("redis", n, sent_reports, reports, drained, rate, cpu, breakdown)
+
+
+# --- Scalable Topics on Ray --------------------------------------------------------------
+
+
+def ray_producer(topic: str, spec: dict[str, Any], go_at_ns: int) -> dict[str, Any]:
+    """Push messages with ``send_batch`` (at full speed, or paced at ``spec['rate']``)."""
+    import pyarrow as pa
+
+    from clients import Producer
+
+    workload = Workload(spec["batch"], seed=spec["seed"])
+    keys = pa.array(workload.key_names, type=pa.string())
+    key_batches = [keys.take(pa.array(workload.keys_index(k))) for k in range(16)]
+    limit, seconds, rate = spec["messages"], spec["seconds"], spec.get("rate")
+    tick = spec["tick_records"] if rate else workload.batch
+    offsets = pa.py_buffer(workload.offsets)
+    futures = []
+    with Producer(topic, **spec["producer_config"]) as producer:
+        # Warm the path (connection, segment handles) outside the measurement.
+        warm, _ = workload.stamped(1)
+        producer.send_batch([warm.tobytes()], keys=["key-00000"]).result()
+        time.sleep(max(0.0, (go_at_ns - time.time_ns()) / 1e9))
+        cpu = time.process_time()
+        started_ns, started, sent, k = time.time_ns(), time.perf_counter(), 0, 0
+        while sent < limit and time.perf_counter() - started < seconds:
+            pace(started, sent, rate)
+            count = min(tick, limit - sent)
+            records, _ = workload.stamped(count)
+            values = pa.Array.from_buffers(
+                pa.binary(), count, [None, offsets, pa.py_buffer(records)]
+            )
+            batch_keys = key_batches[k % 16]
+            futures.append(producer.send_batch(values, batch_keys.slice(0, count)))
+            sent += count
+            k += 1
+        producer.flush()
+        end_ns = time.time_ns()
+    cpu = time.process_time() - cpu  # the whole process: the driver's too in thread mode
+    failed = sum(1 for f in futures if f.exception() is not None)
+    return {
+        "sent": sent,
+        "start_ns": started_ns,
+        "end_ns": end_ns,
+        "failed_batches": failed,
+        "cpu_s": cpu,
+    }
+
+
+def make_consumer_class() -> Any:
+    import ray
+
+    @ray.remote(num_cpus=0, max_concurrency=4)
+    class BenchConsumer:
+        """A StreamConsumer in its own process: receives, stamps latency, acks everything."""
+
+        def __init__(self, topic: str, name: str, batch: int, config: dict[str, Any]) -> None:
+            from clients import StreamConsumer
+
+            self.consumer = StreamConsumer(topic, SUBSCRIPTION, name, **config)
+            self.batch = batch
+            self.log = LatencyLog()
+            self.stopped = False
+            self.thread = threading.Thread(target=self._loop, daemon=True)
+            self.thread.start()
+
+        def _loop(self) -> None:
+            consumer = self.consumer
+            while not self.stopped:
+                messages = consumer.receive_batch(self.batch, timeout=0.1)
+                if not messages:
+                    continue
+                now = time.time_ns()
+                last = {m.segment_id: m for m in messages}
+                for message in last.values():
+                    consumer.acknowledge_cumulative(message)
+                rows = sample_rows(len(messages))
+                stored = np.array(
+                    [round(messages[i].publish_time.timestamp() * 1e3) * 1_000_000 for i in rows]
+                )
+                sent = stamps_of([messages[i].value for i in rows])
+                self.log.add(stamps_of([m.value for m in messages]), now, (sent, stored))
+
+        def assigned(self) -> list[int]:
+            return self.consumer.assigned_segments()
+
+        def received(self) -> int:
+            return self.log.received
+
+        def reset(self) -> None:
+            self.log = LatencyLog()
+
+        def report(self) -> dict[str, Any]:
+            return self.log.snapshot(with_latencies=True)
+
+        def close(self) -> None:
+            self.stopped = True
+            self.thread.join(timeout=5)
+            self.consumer.close()
+
+    return BenchConsumer
+
+
+def run_ray_case(
+    topic: str,
+    n: int,
+    consumers: list[Any],
+    args: argparse.Namespace,
+    rate: float | None,
+    seconds: float,
+) -> dict[str, Any]:
+    import ray
+
+    ray.get([c.reset.remote() for c in consumers])
+    producers = 1 if rate else args.producers
+    spec = {
+        "batch": args.batch,
+        "messages": args.messages // producers if not rate else 1 << 62,
+        "seconds": seconds,
+        "rate": rate / producers if rate else None,
+        "tick_records": max(1, int((rate or 0) / producers * args.tick_ms / 1000)),
+        "producer_config": {"batch_max_records": max(args.batch, 5_000)},
+    }
+    go_at = time.time_ns() + int(1.5e9)  # everyone starts at once, after setting up
+
+    def start_meter() -> CpuMeter:
+        time.sleep(max(0.0, (go_at - time.time_ns()) / 1e9))
+        return CpuMeter([os.getpid()])  # the driver's tree: Ray itself and every actor
+
+    if args.producer_mode == "task":
+        remote = ray_producer_task()
+        refs = [remote.remote(topic, {**spec, "seed": i}, go_at) for i in range(producers)]
+        meter = start_meter()
+        sent_reports = ray.get(refs)
+    else:
+        sent_reports = [None] * producers
+
+        def run(i: int) -> None:
+            sent_reports[i] = ray_producer(topic, {**spec, "seed": i}, go_at)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(producers)]
+        for t in threads:
+            t.start()
+        meter = start_meter()
+        for t in threads:
+            t.join()
+    sent = sum(r["sent"] for r in sent_reports) + producers  # + the warm-up messages
+    drained = wait_until(
+        lambda: sum(ray.get([c.received.remote() for c in consumers])) >= sent,
+        args.drain_seconds,
+    )
+    cpu, breakdown = meter.used()
+    reports = ray.get([c.report.remote() for c in consumers])
+    return measurement("ray", n, sent_reports, reports, drained, rate, cpu, breakdown)
+
+
+_PRODUCER_TASK = None
+
+
+def ray_producer_task() -> Any:
+    global _PRODUCER_TASK
+    if _PRODUCER_TASK is None:
+        import ray
+
+        _PRODUCER_TASK = ray.remote(num_cpus=0, max_retries=0)(ray_producer)
+    return _PRODUCER_TASK
+
+
+@contextlib.contextmanager
+def ray_topic(admin: Any, n: int, args: argparse.Namespace) -> Iterator[tuple[str, list[Any]]]:
+    """A fresh topic of ``n`` segments, its subscription and consumers ready on every segment."""
+    import ray
+
+    topic = f"topic://bench/e2e/s{n}-{uuid.uuid4().hex[:6]}"
+    admin.create_scalable_topic(topic, n)
+    admin.create_subscription(topic, SUBSCRIPTION)
+    consumer_class = make_consumer_class()
+    config = {"read_batch": args.read_batch} if args.read_batch else {}
+    consumers = [
+        consumer_class.remote(topic, f"c{i}", args.batch, config) for i in range(args.consumers)
+    ]
+    try:
+        if not wait_until(
+            lambda: sum(len(s) for s in ray.get([c.assigned.remote() for c in consumers])) >= n,
+            30,
+        ):
+            raise RuntimeError(f"consumers of {topic} were not assigned all {n} segments in 30 s")
+        yield topic, consumers
+    finally:
+        ray.get([c.close.remote() for c in consumers])
+        for c in consumers:
+            ray.kill(c)
+        admin.delete_scalable_topic(topic)
+
+
+# --- measurements and reporting ------------------------------------------------------------
+
+
+def wait_until(predicate: Any, timeout_s: float, every_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every_s)
+    return True
+
+
+def measurement(
+    system: str,
+    n: int,
+    sent_reports: list[dict[str, Any]],
+    consumer_reports: list[dict[str, Any]],
+    drained: bool,
+    rate: float | None,
+    cpu_s: float,
+    cpu_breakdown: dict[str, float],
+) -> dict[str, Any]:
+    sent = sum(r["sent"] for r in sent_reports)
+    start_ns = min(r["start_ns"] for r in sent_reports)
+    produced_ns = max(r["end_ns"] for r in sent_reports)
+    received = sum(r["received"] for r in consumer_reports)
+    last_ns = max((r["last_ns"] for r in consumer_reports if r["received"]), default=start_ns)
+    latencies = np.concatenate([r["latencies"] for r in consumer_reports])
+    split = np.concatenate([r["split"] for r in consumer_reports], axis=1)
+    return {
+        "system": system,
+        "segments": n,
+        "mode": "half_load" if rate else "peak",
+        "target_rate": round(rate) if rate else None,
+        "sent": sent,
+        "received": received,
+        "all_received": drained,
+        "failed_batches": sum(r.get("failed_batches", 0) for r in sent_reports),
+        "produce_s": round((produced_ns - start_ns) / 1e9, 3),
+        "e2e_s": round((last_ns - start_ns) / 1e9, 3),
+        "produce_msgs_per_s": round(sent / ((produced_ns - start_ns) / 1e9)),
+        "e2e_msgs_per_s": round(min(sent, received) / max((last_ns - start_ns) / 1e9, 1e-9)),
+        "latency": summarize_latency(latencies),
+        "latency_send_to_stored": summarize_latency(split[0]),
+        "latency_stored_to_received": summarize_latency(split[1]),
+        "cpu_s": round(cpu_s, 2),
+        "cpu_us_per_msg": round(cpu_s / max(received, 1) * 1e6, 2),
+        "cpu_us_per_msg_by_process": {
+            label: round(spent / max(received, 1) * 1e6, 2)
+            for label, spent in cpu_breakdown.items()
+            if spent / max(received, 1) * 1e6 >= 0.01
+        },
+        "producer_process_cpu_us_per_msg": round(
+            sum(r["cpu_s"] for r in sent_reports) / max(sent, 1) * 1e6, 2
+        ),
+        "load_average_after": round(os.getloadavg()[0], 1),
+    }
+
+
+def describe(m: dict[str, Any]) -> str:
+    lat = m["latency"]
+    stored, delivered = m["latency_send_to_stored"], m["latency_stored_to_received"]
+    return (
+        f"{m['system']:<6} {m['segments']:>2} seg {m['mode']:<9} sent {m['sent']:>9,} "
+        f"recv {m['received']:>9,}  produce {m['produce_msgs_per_s']:>10,}/s  "
+        f"e2e {m['e2e_msgs_per_s']:>10,}/s  p50 {lat['p50_ms']} ms  p99 {lat['p99_ms']} ms  "
+        f"cpu {m['cpu_us_per_msg']} us/msg  load {m['load_average_after']}"
+        + ("" if m["all_received"] else "  (NOT all received in time)")
+        + "\n         cpu us/msg by process: "
+        + ", ".join(f"{k} {v}" for k, v in list(m["cpu_us_per_msg_by_process"].items())[:6])
+        + f"; producer process {m['producer_process_cpu_us_per_msg']}"
+        + f"\n         p50/p99 ms send->stored {stored['p50_ms']}/{stored['p99_ms']}, "
+        + f"stored->received {delivered['p50_ms']}/{delivered['p99_ms']}"
+    )
+
+
+def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for system in ("ray", "redis"):
+        for n in sorted({m["segments"] for m in results}):
+            peak = next(
+                (
+                    m
+                    for m in results
+                    if (m["system"], m["segments"], m["mode"]) == (system, n, "peak")
+                ),
+                None,
+            )
+            if peak is None:
+                continue
+            half = next(
+                (
+                    m
+                    for m in results
+                    if (m["system"], m["segments"], m["mode"]) == (system, n, "half_load")
+                ),
+                None,
+            )
+            redis = next(
+                (
+                    m
+                    for m in results
+                    if (m["system"], m["segments"], m["mode"]) == ("redis", n, "peak")
+                ),
+                None,
+            )
+            rows.append(
+                {
+                    "system": "scalable-topics" if system == "ray" else "redis-streams",
+                    "segments": n,
+                    "produce_msgs_per_s": peak["produce_msgs_per_s"],
+                    "e2e_msgs_per_s": peak["e2e_msgs_per_s"],
+                    "p50_ms": peak["latency"]["p50_ms"],
+                    "p99_ms": peak["latency"]["p99_ms"],
+                    "half_load_rate": half["target_rate"] if half else None,
+                    "half_p50_ms": half["latency"]["p50_ms"] if half else None,
+                    "half_p99_ms": half["latency"]["p99_ms"] if half else None,
+                    "cpu_us_per_msg": peak["cpu_us_per_msg"],
+                    "e2e_vs_redis": (
+                        round(peak["e2e_msgs_per_s"] / redis["e2e_msgs_per_s"], 2)
+                        if redis
+                        else None
+                    ),
+                }
+            )
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = (
+        f"{'system':<16} {'seg':>3} {'produce/s':>11} {'e2e/s':>11} {'p50 ms':>8} {'p99 ms':>8}"
+        f" {'half rate':>10} {'½ p50':>7} {'½ p99':>7} {'CPU us/msg':>10} {'vs Redis':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+
+    def num(x: Any, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    for r in rows:
+        print(
+            f"{r['system']:<16} {r['segments']:>3} {r['produce_msgs_per_s']:>11,} "
+            f"{r['e2e_msgs_per_s']:>11,} {num(r['p50_ms'], '.1f'):>8} {num(r['p99_ms'], '.1f'):>8}"
+            f" {num(r['half_load_rate'], ','):>10} {num(r['half_p50_ms'], '.1f'):>7}"
+            f" {num(r['half_p99_ms'], '.1f'):>7} {num(r['cpu_us_per_msg'], '.2f'):>10}"
+            f" {(num(r['e2e_vs_redis'], '.2f') + 'x') if r['e2e_vs_redis'] else '-':>8}"
+        )
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["memory_gb"] = round(int(line.split()[1]) / 1e6, 1)
+    with contextlib.suppress(Exception):
+        info["commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    with contextlib.suppress(Exception):
+        import pyarrow
+        import ray
+        import redis
+
+        info["ray"] = ray.__version__
+        info["pyarrow"] = pyarrow.__version__
+        info["redis_py"] = redis.__version__
+        info["redis_py_parser"] = "hiredis" if _has_hiredis() else "pure Python"
+    return info
+
+
+def _has_hiredis() -> bool:
+    try:
+        import hiredis  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ours = [r for r in rows if r["system"] == "scalable-topics"]
+    if not ours:
+        return {}
+    best_produce = max(r["produce_msgs_per_s"] for r in ours)
+    ratios = [r["e2e_vs_redis"] for r in ours if r["e2e_vs_redis"] is not None]
+    half_p99 = [r["half_p99_ms"] for r in ours if r["half_p99_ms"] is not None]
+    return {
+        "produce_1M_msgs_per_s": {"best": best_produce, "met": best_produce >= 1_000_000},
+        "e2e_at_least_redis": {
+            "ratios": ratios,
+            "met": bool(ratios) and min(ratios) >= 1.0,
+        },
+        "half_load_p99_le_50ms": {
+            "p99_ms": half_p99,
+            "met": bool(half_p99) and max(half_p99) <= 50,
+        },
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--segments", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--messages", type=int, default=2_000_000, help="cap per peak run")
+    parser.add_argument("--seconds", type=float, default=6.0, help="time cap per peak run")
+    parser.add_argument("--half-seconds", type=float, default=10.0, help="half-load run length")
+    parser.add_argument("--drain-seconds", type=float, default=15.0, help="cap on draining")
+    parser.add_argument(
+        "--batch", type=int, default=5_000, help="records per send_batch / pipeline"
+    )
+    parser.add_argument(
+        "--half-rate", type=float, default=0, help="half-load rate (0: half the e2e peak)"
+    )
+    parser.add_argument("--tick-ms", type=float, default=10.0, help="half-load send interval")
+    parser.add_argument("--producers", type=int, default=1)
+    parser.add_argument("--consumers", type=int, default=1)
+    parser.add_argument("--producer-mode", choices=("task", "thread"), default="task")
+    parser.add_argument(
+        "--read-batch", type=int, default=0, help="consumer read_batch (0: default)"
+    )
+    parser.add_argument("--skip-redis", action="store_true")
+    parser.add_argument("--skip-half", action="store_true")
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    info = machine_info()
+    results: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="end-to-end-bench-") as tmp:
+        root = Path(tmp)
+        # Redis first, before Ray starts: it gets the quiet machine.
+        if not args.skip_redis:
+            try:
+                with redis_server(root) as (port, version, pid):
+                    info["redis_server"] = version
+                    for n in args.segments:
+                        peak = run_redis_case((port, pid), n, args, None, args.seconds)
+                        results.append(peak)
+                        print(describe(peak), flush=True)
+                        if not args.skip_half:
+                            rate = args.half_rate or peak["e2e_msgs_per_s"] / 2
+                            half = run_redis_case((port, pid), n, args, rate, args.half_seconds)
+                            results.append(half)
+                            print(describe(half), flush=True)
+            except FileNotFoundError as exc:
+                print(f"skipping Redis: {exc}")
+        import ray
+
+        from clients import ScalableTopicsAdmin
+        from runtime import connect
+
+        os.environ["RAYTOPICS_STORAGE_ROOT"] = str(root / "segments")
+        os.environ.setdefault("RAYTOPICS_NAMESPACE", f"bench-{uuid.uuid4().hex[:8]}")
+        connect(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            admin = ScalableTopicsAdmin()
+            for n in args.segments:
+                # A fresh topic per measurement: a peak run may leave a backlog behind.
+                with ray_topic(admin, n, args) as (topic, consumers):
+                    peak = run_ray_case(topic, n, consumers, args, None, args.seconds)
+                results.append(peak)
+                print(describe(peak), flush=True)
+                if not args.skip_half:
+                    rate = args.half_rate or peak["e2e_msgs_per_s"] / 2
+                    with ray_topic(admin, n, args) as (topic, consumers):
+                        half = run_ray_case(topic, n, consumers, args, rate, args.half_seconds)
+                    results.append(half)
+                    print(describe(half), flush=True)
+        finally:
+            ray.shutdown()
+    info["load_average_at_end"] = os.getloadavg()
+    rows = rows_of(results)
+    print()
+    print_table(rows)
+    goals = targets(rows)
+    for name, goal in goals.items():
+        print(f"target {name}: {'met' if goal['met'] else 'NOT met'} ({goal})")
+    report = {
+        "benchmark": "end_to_end",
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "duration_s": round(time.perf_counter() - started, 1),
+        "machine": info,
+        "settings": {
+            "record_bytes": RECORD_BYTES,
+            "keys": KEYS,
+            "segments": args.segments,
+            "batch": args.batch,
+            "messages_cap": args.messages,
+            "seconds_cap": args.seconds,
+            "half_load_seconds": args.half_seconds,
+            "half_load_tick_ms": args.tick_ms,
+            "producers": args.producers,
+            "consumers": args.consumers,
+            "producer_mode": args.producer_mode,
+            "consumer_read_batch": args.read_batch or "default",
+            "ray": "embedded, num_cpus=2, durability default (interval 200 ms)",
+            "redis": "appendonly yes, appendfsync everysec; XADD pipeline per batch, "
+            "XREADGROUP COUNT=batch + XACK; producers and consumers in processes",
+            "latency": "receive time minus the time.time_ns() stamp written into each value "
+            "just before send_batch / the pipeline",
+        },
+        "results": results,
+        "table": rows,
+        "targets": goals,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
