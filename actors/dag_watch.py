@@ -25,7 +25,7 @@ from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 from runtime.operations import TopicRecord
 from runtime.remote import call
-from storage.metadata import MetadataStore
+from storage.metadata import MetadataStore, Version
 
 ACTOR_NAME = "dagwatch"
 _DELETED = -1
@@ -36,6 +36,7 @@ class _Topic:
 
     def __init__(self) -> None:
         self.epoch: int | None = None
+        self.version: Version | None = None  # of the record last parsed
         self.layout: dict[str, Any] | None = None
         self.changed = asyncio.Event()
         self.listeners = 0
@@ -93,6 +94,10 @@ class DagWatchServer:
 
     def _refresh(self, name: str, state: _Topic) -> None:
         found = self._store.get(TopicName.parse(name).metadata_path)
+        version = found.version if found is not None else None
+        if version is not None and version == state.version:
+            return  # unchanged since the last poll: nothing to parse
+        state.version = version
         if found is None:
             epoch, layout = _DELETED, None
         else:
