@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import functools
 import inspect
 import threading
@@ -19,10 +21,34 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="raytopics-loop", daemon=True).start()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="raytopics-loop", daemon=True
+        )
+        self._thread.start()
+        # atexit runs handlers last-in first-out and Ray registered its shutdown when it was
+        # imported, so this runs first: a task still awaiting an actor call when the script
+        # ends would otherwise touch Ray's core worker after shutdown, which exits with 1.
+        atexit.register(self.stop)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Cancel whatever is still running on the loop, then stop its thread."""
+        if not self.loop.is_running():
+            return
+        with contextlib.suppress(TimeoutError):
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(grace_s)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(grace_s)
+
+
+async def _cancel_all() -> None:
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 _loop: _LoopThread | None = None
