@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from actors.data_plane import AppendProtocol
 from actors.registry import get_or_start, lookup
 from runtime import wire
 from runtime.batch import deserialize_batch
@@ -67,7 +68,9 @@ class SegmentActor:
         """Address of this segment's data plane (appends over TCP, see ``runtime.wire``)."""
         if self._server is None:
             host = ray.util.get_node_ip_address()
-            self._server = await asyncio.start_server(self._serve, host=host, port=0)
+            self._server = await asyncio.get_running_loop().create_server(
+                lambda: AppendProtocol(self._append_now, self._handle_frame), host=host, port=0
+            )
         return self._server.sockets[0].getsockname()[:2]
 
     async def _append(
@@ -77,40 +80,55 @@ class SegmentActor:
         sequence: int | None,
         payload: memoryview | None,
     ) -> tuple[int, int]:
-        self._ensure_syncer()
         if producer_id is not None and sequence is not None:
             await self._await_turn(producer_id, sequence)
+        return self._append_in_turn(batch, producer_id, sequence, payload)
+
+    def _append_in_turn(
+        self,
+        batch: pa.RecordBatch,
+        producer_id: str | None,
+        sequence: int | None,
+        payload: memoryview | None,
+    ) -> tuple[int, int]:
+        self._ensure_syncer()
         result = self._store.append(batch, producer_id, sequence, payload)
         if producer_id is not None:
             self._turns.pop(producer_id, asyncio.Event()).set()
         self._wake()
         return result.base_offset, result.count
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One producer connection: frames in, one response each, in order."""
+    def _append_now(self, body: memoryview) -> bytes | None:
+        """A data-plane frame's response, or ``None`` when it must wait for its turn."""
         try:
-            while True:
-                (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
-                if length > wire.MAX_FRAME:
-                    break
-                writer.write(await self._handle_frame(await reader.readexactly(length)))
-                if writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the producer went away; it resends what it did not see acknowledged
-        finally:
-            writer.close()
+            producer_id, sequence, payload = wire.decode_append(body)
+            if self._must_wait(producer_id, sequence):
+                return None
+            base, count = self._append_in_turn(
+                deserialize_batch(payload), producer_id, sequence, payload
+            )
+            return wire.encode_ok(base, count)
+        except (ScalableTopicsError, pa.ArrowException, ValueError) as err:
+            return _error_frame(err)
 
     async def _handle_frame(self, body: bytes) -> bytes:
+        """A frame that had to wait: it waits for its turn, then is appended."""
         try:
             producer_id, sequence, payload = wire.decode_append(body)
             batch = deserialize_batch(payload)
             base, count = await self._append(batch, producer_id, sequence, payload)
             return wire.encode_ok(base, count)
-        except ScalableTopicsError as err:
-            return wire.encode_error(err)
-        except (pa.ArrowException, ValueError) as err:
-            return wire.encode_error(InvalidArgumentError(f"malformed append frame: {err}"))
+        except (ScalableTopicsError, pa.ArrowException, ValueError) as err:
+            return _error_frame(err)
+
+    def _must_wait(self, producer_id: str | None, sequence: int | None) -> bool:
+        log = self._store.log
+        return (
+            producer_id is not None
+            and sequence is not None
+            and sequence > log.last_sequence(producer_id) + 1
+            and not log.terminated
+        )
 
     async def read(
         self, offset: int, max_records: int = 10_000, wait_s: float = 0.0
@@ -240,6 +258,12 @@ class SegmentActor:
         while True:
             await asyncio.sleep(self._durability.interval_s)
             self._store.log.sync()
+
+
+def _error_frame(error: Exception) -> bytes:
+    if not isinstance(error, ScalableTopicsError):
+        error = InvalidArgumentError(f"malformed append frame: {error}")
+    return wire.encode_error(error)
 
 
 def segment_actor(

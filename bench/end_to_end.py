@@ -31,11 +31,7 @@ import datetime
 import json
 import multiprocessing
 import os
-import platform
-import shutil
-import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import machine_info, redis_server
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -227,50 +224,6 @@ def _process_label(pid: int) -> str:
 
 
 # --- Redis Streams ------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def redis_server(directory: Path) -> Iterator[tuple[int, str, int]]:
-    """A private redis-server with AOF + everysec, the setting Redis recommends."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise FileNotFoundError(
-            "redis-server is not installed; on Debian/Ubuntu: apt-get install -y redis-server"
-        )
-    import redis
-
-    port = free_port()
-    data = directory / "redis"
-    data.mkdir()
-    process = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data)]
-        + ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
-        + ["--protected-mode", "no", "--daemonize", "no", "--logfile", str(data / "log")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(host="127.0.0.1", port=port)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start; see {data / 'log'}") from None
-                time.sleep(0.05)
-        yield port, client.info("server")["redis_version"], process.pid
-    finally:
-        client.close()
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def redis_streams(n: int) -> list[str]:
@@ -767,49 +720,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "load_average_at_start": os.getloadavg(),
-    }
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                info["memory_gb"] = round(int(line.split()[1]) / 1e6, 1)
-    with contextlib.suppress(Exception):
-        info["commit"] = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    with contextlib.suppress(Exception):
-        import pyarrow
-        import ray
-        import redis
-
-        info["ray"] = ray.__version__
-        info["pyarrow"] = pyarrow.__version__
-        info["redis_py"] = redis.__version__
-        info["redis_py_parser"] = "hiredis" if _has_hiredis() else "pure Python"
-    return info
-
-
-def _has_hiredis() -> bool:
-    try:
-        import hiredis  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ours = [r for r in rows if r["system"] == "scalable-topics"]
     if not ours:
@@ -867,7 +777,8 @@ def main() -> int:
         # Redis first, before Ray starts: it gets the quiet machine.
         if not args.skip_redis:
             try:
-                with redis_server(root) as (port, version, pid):
+                with redis_server(root) as redis:
+                    port, version, pid = redis.port, redis.version, redis.pid
                     info["redis_server"] = version
                     for n in args.segments:
                         peak = run_redis_case((port, pid), n, args, None, args.seconds)

@@ -16,14 +16,9 @@ Prints a table and writes ``bench/results/segment_append.json``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
-import platform
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +26,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from _common import machine_info, redis_server
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -106,51 +103,6 @@ def bench_file(
 
 
 # --- Redis Streams ------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def redis_server(directory: Path) -> Iterator[tuple[object, str]]:
-    """A private redis-server with AOF + everysec, the setting Redis recommends."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise FileNotFoundError(
-            "redis-server is not installed; on Debian/Ubuntu: apt-get install -y redis-server"
-        )
-    import redis
-
-    port = free_port()
-    data = directory / "redis"
-    data.mkdir()
-    process = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data)]
-        + ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
-        + ["--protected-mode", "no", "--daemonize", "no", "--logfile", str(data / "log")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(host="127.0.0.1", port=port)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start; see {data / 'log'}") from None
-                time.sleep(0.05)
-        version = client.info("server")["redis_version"]
-        yield client, version
-    finally:
-        client.close()
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def bench_redis(
@@ -307,33 +259,6 @@ def run_segments(
 # --- reporting ----------------------------------------------------------------------------------
 
 
-def machine_info() -> dict[str, object]:
-    info: dict[str, object] = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "load_average_at_start": os.getloadavg(),
-    }
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                info["memory_gb"] = round(int(line.split()[1]) / 1e6, 1)
-    with contextlib.suppress(Exception):
-        import pyarrow
-        import ray
-        import redis
-
-        info["ray"] = ray.__version__
-        info["pyarrow"] = pyarrow.__version__
-        info["redis_py"] = redis.__version__
-    return info
-
-
 def table(results: list[Measurement]) -> list[dict[str, object]]:
     rows = []
     for m in results:
@@ -408,7 +333,8 @@ def main() -> int:
             print(f"file     batch {batch_size:>6}: {results[-1].msgs_per_s:>12,.0f} msgs/s")
         if not args.skip_redis:
             try:
-                with redis_server(root) as (client, version):
+                with redis_server(root) as redis:
+                    client, version = redis.client, redis.version
                     info["redis_server"] = version
                     for batch_size in args.batch_sizes:
                         m = bench_redis(client, values, batch_size, args.seconds, args.budget)

@@ -88,11 +88,22 @@ class SegmentChannel:
         self._tasks = [asyncio.get_running_loop().create_task(self._read(reader))]
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
+        """Resolve responses as they come, every complete one of each read at once."""
+        received = bytearray()
         try:
-            while True:
-                (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
-                self._resolve(await reader.readexactly(length))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            while chunk := await reader.read(1 << 16):
+                received += chunk
+                start = 0
+                while len(received) - start >= wire.LENGTH.size:
+                    (length,) = wire.LENGTH.unpack_from(received, start)
+                    end = start + wire.LENGTH.size + length
+                    if end > len(received):
+                        break
+                    self._resolve(bytes(received[start + wire.LENGTH.size : end]))
+                    start = end
+                del received[:start]
+            raise ConnectionError("the segment closed the connection")
+        except (ConnectionError, OSError):
             self._writer = None
             if self._pending:
                 self._ensure_connecting()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from ray.exceptions import RayActorError
 
 from actors.coordinator import coordinator_actor
 from actors.segment import segment_actor
+from clients._inbox import Inbox
 from clients._ray import background_loop
 from clients.message import Message, messages_from_delivery
 from runtime.errors import ClientClosedError, ConflictError, ConsumerNotRegisteredError
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ConsumerConfig:
     receiver_queue_size: int = 10_000
-    read_batch: int = 2_000
+    read_batch: int = 5_000
     poll_timeout_s: float = 5.0
     release_timeout_s: float = 30.0
     ack_flush_s: float = 0.05
@@ -83,7 +83,7 @@ class GroupConsumerCore:
         self.coordinator = coordinator_actor(topic, group)
         self.readers: dict[int, _Reader] = {}
         self.finished: set[int] = set()
-        self.messages: queue.Queue[tuple[_Reader, Message]] = queue.Queue()
+        self.messages: Inbox[tuple[_Reader, Message]] = Inbox()
         self.version = -1
         self.tasks: list[asyncio.Task] = []
         self.closed = False
@@ -102,10 +102,10 @@ class GroupConsumerCore:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                reader, message = self.messages.get(timeout=remaining)
-            except queue.Empty:
+            taken = self.messages.get(remaining)
+            if taken is None:
                 return None
+            reader, message = taken
             if not reader.revoked:
                 reader.delivered = message.offset + 1
                 return message
@@ -169,7 +169,7 @@ class GroupConsumerCore:
 
     async def _read(self, reader: _Reader) -> None:
         while not reader.revoked and not self.closed:
-            if self.messages.qsize() >= self.config.receiver_queue_size:
+            if len(self.messages) >= self.config.receiver_queue_size:
                 await asyncio.sleep(0.005)
                 continue
             try:
@@ -179,8 +179,8 @@ class GroupConsumerCore:
                 await asyncio.sleep(0.2)  # the segment is restarting
                 continue
             if batch.num_rows:
-                for message in messages_from_delivery(reader.segment_id, batch):
-                    self.messages.put((reader, message))
+                messages = messages_from_delivery(reader.segment_id, batch)
+                self.messages.put([(reader, message) for message in messages])
                 reader.position = batch.column("offset")[-1].as_py() + 1
                 continue
             status = await call(reader.handle.ready.remote())

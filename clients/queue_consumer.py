@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
-import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -22,6 +20,7 @@ from ray.exceptions import RayActorError
 
 from actors.dag_watch import DagWatch
 from actors.segment import segment_actor
+from clients._inbox import Inbox
 from clients._ray import background_loop
 from clients.message import Message, messages_from_delivery
 from runtime.errors import ClientClosedError
@@ -41,7 +40,7 @@ class _QueueCore:
         self.handles: dict[int, Any] = {}
         self.drained: set[int] = set()
         self.pending_acks: dict[int, list[int]] = defaultdict(list)
-        self.messages: queue.Queue[Message] = queue.Queue()
+        self.messages: Inbox[Message] = Inbox()
         self.tasks: list[asyncio.Task] = []
         self.closed = False
 
@@ -77,7 +76,7 @@ class _QueueCore:
     async def _pull(self, segment_id: int) -> None:
         handle = self.handles[segment_id]
         while not self.closed:
-            if self.messages.qsize() >= self.queue_size:
+            if len(self.messages) >= self.queue_size:
                 await asyncio.sleep(0.005)
                 continue
             try:
@@ -86,8 +85,7 @@ class _QueueCore:
                 )
                 batch = await call(ref)
                 if batch.num_rows:
-                    for message in messages_from_delivery(segment_id, batch):
-                        self.messages.put(message)
+                    self.messages.put(messages_from_delivery(segment_id, batch))
                     continue
                 status = await call(handle.position.remote(self.subscription))
             except RayActorError:
@@ -136,12 +134,7 @@ class QueueConsumer:
         """The next message, or ``None`` if none arrives within ``timeout`` seconds."""
         if self._core.closed:
             raise ClientClosedError("consumer is closed")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            return self._core.messages.get(timeout=remaining)
-        except queue.Empty:
-            return None
+        return self._core.messages.get(timeout)
 
     async def receive_async(self, timeout: float | None = None) -> Message | None:
         return await asyncio.get_running_loop().run_in_executor(None, self.receive, timeout)

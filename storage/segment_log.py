@@ -9,7 +9,9 @@ frame, at the tail of the last chunk; recovery cuts that tail off.
 Frame layout (little endian)::
 
     magic      4s   b"RTSL"
-    crc32      u32  zlib.crc32 of every byte after this field (header + payload)
+    crc32c     u32  CRC-32C (Castagnoli, as Kafka's record batches) of every byte after
+                    this field (header + payload); hardware-accelerated, so checking a
+                    100 KB batch costs microseconds, not the ~80 us of zlib's CRC-32
     type       u8   BATCH or TERMINATION
     payload    u32  payload length in bytes
     base       i64  offset of the first record
@@ -34,12 +36,12 @@ import shutil
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal, get_args
 
+import crc32c
 import platformdirs
 import pyarrow as pa
 
@@ -626,7 +628,7 @@ def _encode_frame(frame: _Frame, payload: bytes | memoryview) -> bytes:
         -1 if frame.sequence is None else frame.sequence,
         len(producer),
     )
-    crc = zlib.crc32(payload, zlib.crc32(producer, zlib.crc32(body)))
+    crc = crc32c.crc32c(payload, crc32c.crc32c(producer, crc32c.crc32c(body)))
     return b"".join((_PREFIX.pack(MAGIC, crc), body, producer, payload))
 
 
@@ -656,7 +658,7 @@ def _read_frame(file: BinaryIO, file_size: int, expected_offset: int) -> tuple[_
     if magic != MAGIC or file.tell() + rest_length > file_size:
         return None
     rest = file.read(rest_length)
-    if zlib.crc32(rest, zlib.crc32(header[_PREFIX.size :])) != crc:
+    if crc32c.crc32c(rest, crc32c.crc32c(header[_PREFIX.size :])) != crc:
         return None
     if base != expected_offset or not _plausible(frame_type, count):
         return None

@@ -6,6 +6,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import pytest
 import ray
@@ -80,10 +81,13 @@ def check_delivery(sent: list[tuple[str, str]], received: list[tuple]) -> None:
         assert by_key[pair] == seqs, f"order broken for {pair}"
 
 
-def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
+def wait_for(predicate, timeout_s: float = 30.0, what: str | Callable[[], str] = "condition"):
+    """Poll ``predicate``; ``what`` may be a callable that describes the state on failure."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, (
+            f"timed out waiting for {what() if callable(what) else what}"
+        )
         time.sleep(0.1)
 
 
@@ -235,7 +239,11 @@ def test_queue_consumers_with_splits_and_negative_acks(admin, unique):
                 admin.split_segment(topic, 0)
             if i == 12_000:
                 admin.split_segment(topic, 1)
-    wait_for(lambda: len(values) >= 20_000, 120, "every message acknowledged")
+    wait_for(
+        lambda: len(values) >= 20_000,
+        120,
+        lambda: f"every message acknowledged ({len(values)} of 20000 after 120 s)",
+    )
     time.sleep(0.5)
     stop.set()
     for thread in threads:

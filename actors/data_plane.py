@@ -1,0 +1,110 @@
+"""The server side of a segment's data plane: one ``AppendProtocol`` per producer connection.
+
+A buffered protocol rather than ``asyncio.StreamReader``: frames are received
+straight into one reusable buffer (no per-frame ``bytes`` copies, no pausing
+and resuming a small stream buffer around every 100 KB frame), every complete
+frame in a read is appended at once, and their responses leave in one write.
+A frame that must wait for its producer's previous sequence (it arrived on a
+new connection before the old one's frames were stored) parks the connection:
+it and every later frame go through an async backlog, in order, until the
+backlog is empty again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+
+from runtime import wire
+
+AppendNow = Callable[[memoryview], bytes | None]  # a response, or None: must wait
+AppendLater = Callable[[bytes], Awaitable[bytes]]
+
+_INITIAL_BUFFER = 4 << 20
+_MIN_FREE = 256 << 10
+
+
+class AppendProtocol(asyncio.BufferedProtocol):
+    def __init__(self, append_now: AppendNow, append_later: AppendLater) -> None:
+        self._append_now = append_now
+        self._append_later = append_later
+        self._buffer = bytearray(_INITIAL_BUFFER)
+        self._start = 0  # first byte not yet parsed
+        self._end = 0  # first free byte
+        self._backlog: deque[bytes] = deque()
+        self._draining: asyncio.Task | None = None
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._draining is not None:
+            self._draining.cancel()
+        self._transport = None
+
+    def pause_writing(self) -> None:
+        self._transport.pause_reading()  # the producer is not reading its responses
+
+    def resume_writing(self) -> None:
+        self._transport.resume_reading()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if len(self._buffer) - self._end < _MIN_FREE:
+            self._make_room()
+        return memoryview(self._buffer)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        responses = []
+        for body in self._complete_frames():
+            if self._backlog or (response := self._append_now(body)) is None:
+                self._park(bytes(body))
+            else:
+                responses.append(response)
+        if responses and self._transport is not None:
+            self._transport.write(b"".join(responses))
+
+    def _complete_frames(self) -> Iterator[memoryview]:
+        """Yield each whole frame's body in turn; it is valid until the next is yielded."""
+        view = memoryview(self._buffer)
+        while self._end - self._start >= wire.LENGTH.size:
+            (length,) = wire.LENGTH.unpack_from(self._buffer, self._start)
+            if length > wire.MAX_FRAME:
+                self._transport.close()
+                return
+            first = self._start + wire.LENGTH.size
+            if self._end - first < length:
+                return
+            self._start = first + length
+            yield view[first : first + length]
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def _make_room(self) -> None:
+        """Move the unparsed tail to the front, into a larger buffer if its frame needs one."""
+        pending = self._end - self._start
+        size = len(self._buffer)
+        if pending >= wire.LENGTH.size:
+            (length,) = wire.LENGTH.unpack_from(self._buffer, self._start)
+            size = max(size, wire.LENGTH.size + min(length, wire.MAX_FRAME) + _MIN_FREE)
+        if size > len(self._buffer):
+            fresh = bytearray(size)
+            fresh[:pending] = self._buffer[self._start : self._end]
+            self._buffer = fresh
+        else:
+            self._buffer[:pending] = self._buffer[self._start : self._end]
+        self._start, self._end = 0, pending
+
+    def _park(self, body: bytes) -> None:
+        self._backlog.append(body)
+        if self._draining is None or self._draining.done():
+            self._draining = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._backlog:
+            response = await self._append_later(self._backlog[0])
+            self._backlog.popleft()
+            if self._transport is not None:
+                self._transport.write(response)

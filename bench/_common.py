@@ -1,0 +1,113 @@
+"""What the benchmarks share: the machine they ran on and the peer they compare against,
+a private Redis server on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class RedisServer:
+    client: Any  # redis.Redis
+    port: int
+    version: str
+    pid: int
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[RedisServer]:
+    """A private redis-server with AOF + everysec, the setting Redis recommends."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError(
+            "redis-server is not installed; on Debian/Ubuntu: apt-get install -y redis-server"
+        )
+    import redis
+
+    port = free_port()
+    data = directory / "redis"
+    data.mkdir()
+    process = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data)]
+        + ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+        + ["--protected-mode", "no", "--daemonize", "no", "--logfile", str(data / "log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError(f"redis-server did not start; see {data / 'log'}") from None
+                time.sleep(0.05)
+        yield RedisServer(client, port, client.info("server")["redis_version"], process.pid)
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["memory_gb"] = round(int(line.split()[1]) / 1e6, 1)
+    with contextlib.suppress(Exception):
+        info["commit"] = subprocess.run(
+            ["git", "-C", str(_REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    with contextlib.suppress(Exception):
+        import pyarrow
+        import ray
+        import redis
+
+        info["ray"] = ray.__version__
+        info["pyarrow"] = pyarrow.__version__
+        info["redis_py"] = redis.__version__
+        info["redis_py_parser"] = "hiredis" if _has_hiredis() else "pure Python"
+    return info
+
+
+def _has_hiredis() -> bool:
+    try:
+        import hiredis  # noqa: F401
+    except ImportError:
+        return False
+    return True
