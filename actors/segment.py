@@ -23,7 +23,12 @@ from actors.data_plane import AppendProtocol
 from actors.registry import get_or_start, lookup
 from runtime import wire
 from runtime.batch import deserialize_batch
-from runtime.errors import InvalidArgumentError, OutOfOrderSequenceError, ScalableTopicsError
+from runtime.errors import (
+    InvalidArgumentError,
+    OutOfOrderSequenceError,
+    ScalableTopicsError,
+    UnavailableError,
+)
 from runtime.names import SegmentName
 from storage.cursors import Position
 from storage.segment_log import Durability, default_storage_root
@@ -43,7 +48,11 @@ class SegmentActor:
         # whose storage is gone must fail, not serve an empty log in its place.
         create = initialize and not ray.get_runtime_context().was_current_actor_reconstructed
         self._store = SegmentStore(
-            self._name, Path(storage_root), Durability(**durability), create=create
+            self._name,
+            Path(storage_root),
+            Durability(**durability),
+            create=create,
+            background_sync=True,  # by _sync_forever, off the event loop
         )
         self._new_data = asyncio.Event()
         self._turns: dict[str, asyncio.Event] = {}
@@ -255,9 +264,10 @@ class SegmentActor:
             self._syncer = asyncio.get_running_loop().create_task(self._sync_forever())
 
     async def _sync_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._durability.interval_s)
-            self._store.log.sync()
+        with contextlib.suppress(UnavailableError):  # the log was closed: nothing left to sync
+            while True:
+                await asyncio.sleep(self._durability.interval_s)
+                await asyncio.to_thread(self._store.log.sync)
 
 
 def _error_frame(error: Exception) -> bytes:

@@ -49,6 +49,7 @@ class SegmentStore:
         *,
         create: bool = False,
         ack_timeout_s: float = 30.0,
+        background_sync: bool = False,
     ) -> None:
         """Open a segment's storage; only ``create`` may make it.
 
@@ -63,7 +64,10 @@ class SegmentStore:
                 "empty segment in its place"
             )
         self.log = SegmentLog(
-            self.directory / "log", durability=durability, segment_id=name.segment_id
+            self.directory / "log",
+            durability=durability,
+            segment_id=name.segment_id,
+            background_sync=background_sync,
         )
         self.cursors = CursorStore(self.directory, fsync=durability.policy == "fsync")
         self._fence_path = self.directory / "fence.json"

@@ -189,6 +189,41 @@ def all_records(log: SegmentLog) -> pa.Table:
     return pa.Table.from_batches([b.records for b in stored], schema=BATCH_SCHEMA)
 
 
+def test_background_sync_runs_beside_appends_and_chunk_rolls(tmp_path: Path) -> None:
+    """Interval syncs from another thread, while appends roll chunks: nothing is lost,
+    and every descriptor a sync duplicated (or a roll left for it) is closed again."""
+    open_fds = len(list(Path("/proc/self/fd").iterdir()))
+    log = SegmentLog(
+        tmp_path,
+        durability=Durability("interval", 0.001),
+        max_chunk_bytes=8192,
+        background_sync=True,
+    )
+    errors: list[Exception] = []
+    done = threading.Event()
+
+    def syncer() -> None:
+        try:
+            while not done.is_set():
+                log.sync()
+        except Exception as exc:  # surfaced through the main thread's assert
+            errors.append(exc)
+
+    thread = threading.Thread(target=syncer)
+    thread.start()
+    for start in range(0, 2000, 20):
+        log.append(make_batch(values_for(start, 20)))
+    done.set()
+    thread.join()
+    assert errors == []
+    assert len(chunk_files(tmp_path)) > 5
+    log.close()
+    assert len(list(Path("/proc/self/fd").iterdir())) == open_fds
+    reopened = SegmentLog(tmp_path, durability=FAST)
+    assert read_values(reopened, 0, 10_000) == values_for(0, 2000)
+    reopened.close()
+
+
 def test_torn_tail_at_random_positions_recovers_complete_batches(tmp_path: Path) -> None:
     ends, batches = build_single_chunk_log(tmp_path / "original")
     original = (tmp_path / "original" / FIRST_CHUNK).read_bytes()
