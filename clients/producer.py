@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 import uuid
@@ -30,7 +31,6 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from actors.dag_watch import DagWatch
@@ -128,7 +128,7 @@ class _Chunk:
     positions: np.ndarray
     uniform: bool = False  # every row reports to the same (bulk) sink
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return _charge(self.batch)
 
@@ -148,12 +148,33 @@ class _Chunk:
         taken = self.batch.take(pa.array(rows))
         return _Chunk(taken, self.sinks[rows], self.positions[rows], self.uniform)
 
+    def slice(self, start: int, length: int) -> _Chunk:
+        """Rows ``start`` to ``start + length``, without copying them."""
+        end = start + length
+        sliced = self.batch.slice(start, length)
+        return _Chunk(sliced, self.sinks[start:end], self.positions[start:end], self.uniform)
+
 
 def _charge(batch: pa.RecordBatch) -> int:
-    """Bytes a batch holds against the in-flight budget (same rule as at submit)."""
-    values = pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
-    keys = pc.sum(pc.binary_length(batch.column("key"))).as_py() or 0
-    return values + keys + _ROW_OVERHEAD * batch.num_rows
+    """Bytes a batch holds against the in-flight budget (same rule as at submit).
+
+    Additive over any split of the rows, so the chunks of a batch release
+    exactly what the batch was charged; O(1), from the offsets of the columns.
+    """
+    rows = batch.num_rows
+    return (
+        _data_bytes(batch.column("value"))
+        + _data_bytes(batch.column("key"))
+        + (_ROW_OVERHEAD * rows)
+    )
+
+
+def _data_bytes(column: pa.Array) -> int:
+    """Bytes of a binary or string column's values: last offset minus first."""
+    if not len(column):
+        return 0
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)
+    return int(offsets[column.offset + len(column)] - offsets[column.offset])
 
 
 # --- one segment -------------------------------------------------------------------
@@ -348,18 +369,15 @@ class _ProducerCore:
         active = list(self.layout.active_segments)
         self.round_robin = (self.round_robin + 1) % len(active)
         hashes = key_hashes(chunk.batch.column("key"))
-        limit = self.config.batch_max_records
-        for segment_id, rows in partition(
-            self.layout, hashes, active[self.round_robin]
-        ).groups.items():
-            part = chunk if len(rows) == chunk.batch.num_rows else chunk.take(rows)
-            sender, total = self._sender(segment_id), part.batch.num_rows
-            for start in range(0, total, limit):
-                sender.enqueue(
-                    part
-                    if total <= limit
-                    else part.take(np.arange(start, min(start + limit, total)))
-                )
+        groups = partition(self.layout, hashes, active[self.round_robin]).groups
+        if len(groups) > 1:  # one copy, grouped by segment; each segment gets a slice of it
+            chunk = chunk.take(np.concatenate(list(groups.values())))
+        limit, first = self.config.batch_max_records, 0
+        for segment_id, rows in groups.items():
+            sender = self._sender(segment_id)
+            for start in range(first, first + len(rows), limit):
+                sender.enqueue(chunk.slice(start, min(limit, first + len(rows) - start)))
+            first += len(rows)
 
     def _sender(self, segment_id: int) -> _SegmentSender:
         sender = self.senders.get(segment_id)
