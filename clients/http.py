@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from clients._ray import background_loop, with_sync_twins
+from runtime.auth import default_token
 from runtime.errors import (
     InvalidArgumentError,
     ScalableTopicsError,
@@ -58,8 +59,10 @@ class AdminHttpClient:
     and async calls from any other loop are bridged onto it.
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 30) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 30, token: str | None = None) -> None:
+        """``token`` (default ``RAYTOPICS_TOKEN``) goes out as ``Authorization: Bearer``."""
         self.url = url.rstrip("/")
+        self._token = token if token is not None else default_token()
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -189,7 +192,9 @@ class AdminHttpClient:
         self, method: str, path: str, data: str | None, params: dict[str, str] | None
     ) -> Any:
         """One HTTP exchange on the background loop; errors come back typed."""
-        headers = {"Content-Type": "application/json"} if data is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
         try:
             async with self._session_here().request(
                 method, self.url + path, data=data, params=params, headers=headers

@@ -38,6 +38,7 @@ from actors.segment import segment_actor
 from clients._data_plane import ChannelError, SegmentChannel
 from clients._ray import background_loop
 from clients.message import BatchResult, MessageId
+from runtime.auth import Permission, authorize_client
 from runtime.batch import make_batch, serialize_batch
 from runtime.errors import (
     ClientClosedError,
@@ -416,8 +417,11 @@ class _ProducerCore:
 class Producer:
     """Publish to a scalable topic; thread-safe, usable in Ray tasks and actors."""
 
-    def __init__(self, topic: str, **config: Any) -> None:
-        self._setup(TopicName.parse(topic), ProducerConfig(**config))
+    def __init__(self, topic: str, *, token: str | None = None, **config: Any) -> None:
+        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``produce`` when auth is on."""
+        name = TopicName.parse(topic)
+        authorize_client(token, Permission.PRODUCE, name)
+        self._setup(name, ProducerConfig(**config))
         self._open()  # fail fast here (unknown topic...), not at the first send
 
     def _setup(self, topic: TopicName, config: ProducerConfig) -> None:
