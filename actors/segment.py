@@ -21,10 +21,13 @@ import ray
 
 from actors.registry import get_or_start, lookup
 from runtime import wire
-from runtime.batch import deserialize_batch
+from runtime.batch import deserialize_batch, message_sizes
+from runtime.config import ray_namespace
 from runtime.errors import InvalidArgumentError, OutOfOrderSequenceError, ScalableTopicsError
+from runtime.limits import namespace_limits
 from runtime.names import SegmentName
 from storage.cursors import Position
+from storage.metadata import MetadataStore
 from storage.segment_log import Durability, default_storage_root
 from storage.segment_store import SegmentStore
 
@@ -49,6 +52,10 @@ class SegmentActor:
         self._server: asyncio.Server | None = None
         self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
+        # The authority on sizes; read once per incarnation, so a changed limit
+        # applies to a segment from its next start.
+        namespace = f"{self._name.topic.tenant}/{self._name.topic.namespace}"
+        self._limits = namespace_limits(MetadataStore(ray_namespace()), namespace)
 
     # --- data path ---------------------------------------------------------------
 
@@ -77,6 +84,7 @@ class SegmentActor:
         sequence: int | None,
         payload: memoryview | None,
     ) -> tuple[int, int]:
+        self._limits.check_batch(message_sizes(batch))  # before anything is written
         self._ensure_syncer()
         if producer_id is not None and sequence is not None:
             await self._await_turn(producer_id, sequence)

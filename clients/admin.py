@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import asdict
 from typing import Any
 
 import ray
@@ -24,6 +25,7 @@ from clients._ray import with_sync_twins
 from runtime.auth import AuthPolicy, Permission, default_token
 from runtime.connect import connect
 from runtime.errors import (
+    AlreadyExistsError,
     InvalidArgumentError,
     TopicAlreadyExistsError,
     TopicNotFoundError,
@@ -31,6 +33,7 @@ from runtime.errors import (
     UnavailableSegmentsError,
 )
 from runtime.layout import MAX_SEGMENTS, SegmentLayout
+from runtime.limits import Limits, check_room, limits_path, namespace_limits
 from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
 from runtime.operations import TopicRecord
 from runtime.remote import call
@@ -120,6 +123,7 @@ class ScalableTopicsAdmin:
         _check_properties(properties)
         if self._store.exists(name.metadata_path):
             raise TopicAlreadyExistsError(f"topic {name} already exists")
+        check_room(self._store, name, num_segments, new_topic=True)
         return await self._control(name, "create", num_segments, properties, create=True)
 
     async def delete_scalable_topic_async(self, topic: str) -> None:
@@ -198,6 +202,35 @@ class ScalableTopicsAdmin:
         segment = self._allowed_segment(segment_topic)
         self._record(segment.topic)
         await self._control(segment.topic, "delete_segment", str(segment), force)
+
+    # --- limits -------------------------------------------------------------------------
+
+    async def get_namespace_limits_async(self, namespace: str) -> dict[str, int]:
+        """The limits in force in ``tenant/namespace`` (defaults plus its overrides)."""
+        namespace_prefix(namespace)
+        self._auth.authorize(self._token, Permission.LOOKUP, namespace)
+        return asdict(namespace_limits(self._store, namespace))
+
+    async def set_namespace_limits_async(self, namespace: str, **limits: int) -> dict[str, int]:
+        """Override limits (``max_message_bytes=...``) for one namespace; returns those in force.
+
+        The whole resulting set is validated before it is stored. Controllers apply
+        it at once; segments and producers read size limits when they start.
+        """
+        namespace_prefix(namespace)
+        self._auth.authorize(self._token, Permission.ADMIN, namespace)
+
+        def merged(raw: bytes) -> bytes:
+            overrides = {**json.loads(raw), **limits}
+            Limits.from_env().overridden(overrides)  # raises before anything is written
+            return json.dumps(overrides, sort_keys=True).encode()
+
+        path = limits_path(namespace)
+        try:
+            self._store.put_if_absent(path, merged(b"{}"))
+        except AlreadyExistsError:
+            self._store.update(path, merged)
+        return await self.get_namespace_limits_async(namespace)
 
     # --- internals ------------------------------------------------------------------------
 

@@ -39,7 +39,8 @@ from clients._data_plane import ChannelError, SegmentChannel
 from clients._ray import background_loop
 from clients.message import BatchResult, MessageId
 from runtime.auth import Permission, authorize_client
-from runtime.batch import make_batch, serialize_batch
+from runtime.batch import make_batch, message_sizes, serialize_batch
+from runtime.config import ray_namespace
 from runtime.errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -49,9 +50,11 @@ from runtime.errors import (
 )
 from runtime.hashing import key_hashes
 from runtime.layout import SegmentLayout
+from runtime.limits import batch_slices, namespace_limits
 from runtime.names import TopicName
 from runtime.remote import call
 from runtime.routing import partition
+from storage.metadata import MetadataStore
 
 _ROW_OVERHEAD = 64  # bytes charged per message on top of key and value
 
@@ -256,6 +259,8 @@ class _ProducerCore:
         self.producer_id = config.producer_id or uuid.uuid4().hex
         self.watch = DagWatch(topic)
         self.layout = self.watch.layout
+        namespace = f"{topic.tenant}/{topic.namespace}"
+        self.limits = namespace_limits(MetadataStore(ray_namespace()), namespace)
         self.senders: dict[int, _SegmentSender] = {}
         self.routing_open = asyncio.Event()
         self.routing_open.set()
@@ -349,18 +354,15 @@ class _ProducerCore:
         active = list(self.layout.active_segments)
         self.round_robin = (self.round_robin + 1) % len(active)
         hashes = key_hashes(chunk.batch.column("key"))
-        limit = self.config.batch_max_records
+        max_messages = min(self.config.batch_max_records, self.limits.max_batch_messages)
         for segment_id, rows in partition(
             self.layout, hashes, active[self.round_robin]
         ).groups.items():
             part = chunk if len(rows) == chunk.batch.num_rows else chunk.take(rows)
             sender, total = self._sender(segment_id), part.batch.num_rows
-            for start in range(0, total, limit):
-                sender.enqueue(
-                    part
-                    if total <= limit
-                    else part.take(np.arange(start, min(start + limit, total)))
-                )
+            sizes = message_sizes(part.batch)
+            for start, stop in batch_slices(sizes, max_messages, self.limits.max_batch_bytes):
+                sender.enqueue(part if stop - start == total else part.take(np.arange(start, stop)))
 
     def _sender(self, segment_id: int) -> _SegmentSender:
         sender = self.senders.get(segment_id)
@@ -465,7 +467,9 @@ class Producer:
         if properties is not None and not isinstance(properties, dict):
             raise InvalidArgumentError("properties must be a dict of str to str")
         core, sink = self._open(), _MessageSink()
-        core.charge(len(value) + (len(key.encode()) if key else 0) + _ROW_OVERHEAD)
+        size = len(value) + (len(key.encode()) if key else 0)
+        core.limits.check_message(size)
+        core.charge(size + _ROW_OVERHEAD)
         self._track(sink.future)
         core.submit(("one", bytes(value), key, properties, sink))
         return sink.future
@@ -489,6 +493,7 @@ class Producer:
             sink.future.set_result(BatchResult(sink.segment_ids, sink.offsets))
             return sink.future
         core = self._open()
+        core.limits.check_message(int(message_sizes(batch).max()))
         core.charge(_charge(batch))
         self._track(sink.future)
         core.submit(("bulk", batch, sink))
