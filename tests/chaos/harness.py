@@ -1,0 +1,343 @@
+"""One chaos run: a multi-node Ray cluster on this machine, a workload, a seeded fault
+schedule, then the invariant checker. Run as ``python -m tests.chaos.harness --seed N``;
+it owns its cluster, so it runs in its own process. Exit code 0 = no violations.
+
+Workload: an idempotent producer sending keyed messages ``key:seq``; a stream
+consumer that never crashes (checked exactly once, per-key order); a queue
+consumer that is crashed (abandoned, then replaced) by the schedule (checked at
+least once). Faults: the node holding the controller or a segment is removed
+(and a fresh node added), the coordinator is killed, the queue consumer
+crashes, segments split and merge. An actor on the head node is killed as a
+process instead (the head holds the GCS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+FAULTS = ("controller_node", "segment_node", "coordinator", "consumer", "split", "merge")
+KEYS = 16
+
+
+@dataclass
+class Run:
+    """Shared state of one run; the threads append, the checker reads."""
+
+    topic: str
+    acked: list[tuple[str, int]] = field(default_factory=list)
+    stream: list[tuple[str, int]] = field(default_factory=list)
+    queue: list[tuple[str, int]] = field(default_factory=list)
+    stop_producing: threading.Event = field(default_factory=threading.Event)
+    stop_consuming: threading.Event = field(default_factory=threading.Event)
+    crash_queue_consumer: threading.Event = field(default_factory=threading.Event)
+    errors: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+
+
+def schedule(seed: int, duration_s: float) -> list[tuple[float, str]]:
+    """The seeded fault schedule: (seconds after start, fault), printed for replay."""
+    rng = random.Random(seed)
+    count = max(3, int(duration_s / 5))
+    times = sorted(round(rng.uniform(2, duration_s - 2), 2) for _ in range(count))
+    return [(t, rng.choice(FAULTS)) for t in times]
+
+
+def _decode(value: bytes) -> tuple[str, int]:
+    key, seq = value.decode().split(":")
+    return key, int(seq)
+
+
+def produce(run: Run, rate: float) -> None:
+    from clients import Producer
+
+    seqs = dict.fromkeys((f"k{i}" for i in range(KEYS)), 0)
+    pending: list[tuple[Any, tuple[str, int]]] = []
+    with Producer(run.topic, send_timeout_s=120) as producer:
+        i = 0
+        while not run.stop_producing.is_set():
+            key = f"k{i % KEYS}"
+            pending.append(
+                (producer.send(f"{key}:{seqs[key]}".encode(), key=key), (key, seqs[key]))
+            )
+            seqs[key] += 1
+            i += 1
+            time.sleep(1 / rate)
+        producer.flush(timeout_s=180)
+    for future, message in pending:
+        try:
+            future.result(timeout=0)
+            run.acked.append(message)
+        except Exception as err:  # not acked: allowed to be lost, but must be rare
+            run.errors.append(f"send {message} failed: {type(err).__name__}")
+
+
+def consume_stream(run: Run) -> None:
+    from clients import StreamConsumer
+
+    consumer = StreamConsumer(run.topic, "stream", "c1")
+    while not run.stop_consuming.is_set():
+        message = consumer.receive(timeout=0.5)
+        if message is not None:
+            run.stream.append(_decode(message.value))
+            consumer.acknowledge_cumulative(message)
+    consumer.close()
+
+
+def consume_queue(run: Run) -> None:
+    from clients import QueueConsumer
+
+    consumer = QueueConsumer(run.topic, "queue")
+    while not run.stop_consuming.is_set():
+        if run.crash_queue_consumer.is_set():  # crash: abandon without acking or closing
+            run.crash_queue_consumer.clear()
+            consumer = QueueConsumer(run.topic, "queue")
+        message = consumer.receive(timeout=0.5)
+        if message is not None:
+            run.queue.append(_decode(message.value))
+            consumer.acknowledge(message)
+    consumer.close()
+
+
+class Faults:
+    """Carries out scheduled faults against the cluster."""
+
+    def __init__(self, cluster: Any, run: Run, rng: random.Random) -> None:
+        from clients import ScalableTopicsAdmin
+
+        self.cluster, self.run, self.rng = cluster, run, rng
+        self.admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
+
+    def inject(self, fault: str) -> None:
+        action: Callable[[], str] = getattr(self, f"_{fault}")
+        try:
+            self.run.faults.append(f"{fault}: {action()}")
+        except Exception as err:  # a refused split/merge is fine; it is reported
+            self.run.faults.append(f"{fault}: refused ({type(err).__name__}: {err})")
+        print(f"  [{time.strftime('%X')}] {self.run.faults[-1]}", flush=True)
+
+    def _kill_node_of(self, actor_name: str) -> str:
+        import ray
+
+        from runtime.config import ray_namespace
+
+        alive = [a for a in alive_actors() if a["Name"] == actor_name]
+        if not alive:
+            return f"{actor_name} not alive"
+        node_id = alive[0]["Address"]["NodeID"]
+        for node in self.cluster.worker_nodes:
+            if node.node_id == node_id:
+                self.cluster.remove_node(node, allow_graceful=False)
+                self.cluster.add_node(num_cpus=1)
+                return f"removed node {node_id[:8]} holding {actor_name}, added a fresh one"
+        ray.kill(ray.get_actor(actor_name, namespace=ray_namespace()), no_restart=False)
+        return f"{actor_name} is on the head node: killed its process"
+
+    def _controller_node(self) -> str:
+        from runtime.names import TopicName
+
+        return self._kill_node_of(TopicName.parse(self.run.topic).controller_actor_name)
+
+    def _segment_node(self) -> str:
+        from runtime.names import TopicName
+
+        layout = self.admin.get_layout(self.run.topic)
+        info = self.rng.choice(list(layout.active_segments.values()))
+        name = TopicName.parse(self.run.topic).segment(
+            info.segment_id, info.hash_range.start, info.hash_range.end
+        )
+        return self._kill_node_of(name.actor_name)
+
+    def _coordinator(self) -> str:
+        import ray
+
+        from actors.coordinator import coordinator_actor
+        from runtime.names import TopicName
+
+        ray.kill(coordinator_actor(TopicName.parse(self.run.topic), "stream"), no_restart=False)
+        return "killed the stream subscription's coordinator"
+
+    def _consumer(self) -> str:
+        self.run.crash_queue_consumer.set()
+        return "crashed the queue consumer"
+
+    def _split(self) -> str:
+        layout = self.admin.get_layout(self.run.topic)
+        wide = [s for s in layout.active_segments.values() if s.hash_range.end > s.hash_range.start]
+        target = self.rng.choice(wide).segment_id
+        return f"split {target}: {self.admin.split_segment(self.run.topic, target)['children']}"
+
+    def _merge(self) -> str:
+        layout = self.admin.get_layout(self.run.topic)
+        active = sorted(layout.active_segments.values(), key=lambda s: s.hash_range.start)
+        if len(active) < 2:
+            return "only one active segment"
+        i = self.rng.randrange(len(active) - 1)
+        a, b = active[i].segment_id, active[i + 1].segment_id
+        return f"merge {a}+{b}: {self.admin.merge_segments(self.run.topic, a, b)['children']}"
+
+
+def alive_actors() -> list[dict[str, Any]]:
+    """Alive actors from the GCS directly (the state API needs a dashboard)."""
+    import ray._private.state as state
+
+    return [a for a in state.actors().values() if a["State"] == "ALIVE"]
+
+
+def actor_memory() -> dict[tuple[str, int], int]:
+    """RSS bytes of every alive named actor, by (name, pid): a restart is a new entry."""
+    import psutil
+
+    sizes = {}
+    for actor in alive_actors():
+        try:
+            sizes[(actor["Name"], actor["Pid"])] = psutil.Process(actor["Pid"]).memory_info().rss
+        except (psutil.Error, KeyError):
+            continue
+    return sizes
+
+
+def check(run: Run, admin: Any) -> list[str]:
+    """Every invariant the issue lists, as human-readable violations."""
+    import ray
+
+    from actors.segment import segment_actor
+    from runtime.names import TopicName
+    from tests.chaos.invariants import delivery_violations, segment_state_violations
+
+    problems = [
+        f"stream: {p}" for p in delivery_violations(run.acked, run.stream, exactly_once=True)
+    ]
+    # a queue (shared) subscription promises at least once, not per-key order
+    queue = delivery_violations(run.acked, run.queue, exactly_once=False, ordered=False)
+    problems += [f"queue: {p}" for p in queue]
+    layout = admin.get_layout(run.topic)
+    try:
+        layout.check_invariants()
+    except Exception as err:
+        problems.append(f"layout: {err}")
+    name, states = TopicName.parse(run.topic), {}
+    for info in layout.all_segments.values():
+        seg = name.segment(info.segment_id, info.hash_range.start, info.hash_range.end)
+        stats = ray.get(segment_actor(seg).stats.remote(), timeout=60)
+        states[info.segment_id] = (info.state.value, stats["terminated"])
+    return problems + segment_state_violations(states)
+
+
+def drain(run: Run, timeout_s: float) -> None:
+    """Let consumers catch up with every acked message (or give up at the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    want = set(run.acked)
+    while time.monotonic() < deadline:
+        if want <= set(run.stream) and want <= set(run.queue):
+            break
+        time.sleep(0.5)
+    run.stop_consuming.set()
+
+
+def start_cluster(nodes: int) -> Any:
+    from ray.cluster_utils import Cluster
+
+    system = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": system},
+    )
+    for _ in range(nodes):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seeds", default=str(random.randrange(1 << 30)), help="e.g. 1-10 or 7")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of load + faults")
+    parser.add_argument("--rate", type=float, default=150.0, help="messages per second")
+    parser.add_argument("--nodes", type=int, default=3, help="worker nodes beside the head")
+    args = parser.parse_args(argv)
+    first, _, last = args.seeds.partition("-")
+    failed = 0
+    with chaos_cluster(args.nodes) as cluster:
+        for seed in range(int(first), int(last or first) + 1):
+            plan = schedule(seed, args.duration)
+            print(f"chaos seed={seed} schedule={json.dumps(plan)}", flush=True)
+            result = run_chaos(cluster, seed, plan, args.duration, args.rate)
+            print(json.dumps(result), flush=True)
+            failed += bool(result["violations"])
+    return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def chaos_cluster(nodes: int) -> Iterator[Any]:
+    """One multi-node cluster for a series of runs (starting one costs tens of seconds)."""
+    os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", tempfile.mkdtemp(prefix="raytopics-chaos-"))
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    from runtime import connect
+
+    cluster = start_cluster(nodes)
+    try:
+        connect(cluster.address, namespace=f"chaos-{os.getpid()}", log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def run_chaos(
+    cluster: Any, seed: int, plan: list[tuple[float, str]], duration_s: float, rate: float
+) -> dict[str, Any]:
+    """One seed's workload and faults on its own topic, then the checks."""
+    from clients import ScalableTopicsAdmin
+
+    started = time.monotonic()
+    admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
+    run = Run(f"topic://chaos/s{seed}-{os.getpid()}/events")
+    admin.create_scalable_topic(run.topic, 2)
+    admin.create_subscription(run.topic, "stream")
+    admin.create_subscription(run.topic, "queue")
+    threads = [
+        threading.Thread(target=f, args=a, daemon=True)
+        for f, a in ((produce, (run, rate)), (consume_stream, (run,)), (consume_queue, (run,)))
+    ]
+    for thread in threads:
+        thread.start()
+    faults, t0 = Faults(cluster, run, random.Random(seed)), time.monotonic()
+    for at, fault in plan:
+        time.sleep(max(0.0, at - (time.monotonic() - t0)))
+        faults.inject(fault)
+    time.sleep(max(0.0, duration_s - (time.monotonic() - t0)))
+    run.stop_producing.set()
+    threads[0].join(timeout=240)
+    drain(run, timeout_s=120)
+    for thread in threads[1:]:
+        thread.join(timeout=60)
+    violations = check(run, admin)
+    if len(run.acked) < 0.9 * (len(run.acked) + len(run.errors)):
+        violations.append(f"too many failed sends: {run.errors[:5]}")
+    admin.delete_scalable_topic(run.topic)
+    return {
+        "seed": seed,
+        "acked": len(run.acked),
+        "stream_delivered": len(run.stream),
+        "queue_delivered": len(run.queue),
+        "faults": run.faults,
+        "violations": violations[:20],
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
