@@ -248,7 +248,7 @@ def drain(run: Run, timeout_s: float) -> None:
 def start_cluster(nodes: int) -> Any:
     from ray.cluster_utils import Cluster
 
-    system = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
+    system = {"health_check_period_ms": 1000, "health_check_failure_threshold": 10}
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": system},
