@@ -66,6 +66,9 @@ def _join(address: str | None, namespace: str | None, ray_init_kwargs: dict[str,
     runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
     runtime_env["env_vars"] = {**env_vars, **runtime_env.get("env_vars", {})}
     if address is None and "RAY_ADDRESS" not in os.environ:  # an embedded local Ray
+        # "local", or ray.init would join whichever Ray another program on this
+        # machine happened to start last.
+        address = "local"
         ray_init_kwargs["_system_config"] = {
             **LOCAL_SYSTEM_CONFIG,
             **ray_init_kwargs.get("_system_config", {}),
