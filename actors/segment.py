@@ -22,7 +22,7 @@ import ray
 from actors.registry import get_or_start, lookup
 from runtime import wire
 from runtime.batch import deserialize_batch, message_sizes
-from runtime.config import ray_namespace
+from runtime.config import env_float, ray_namespace
 from runtime.errors import InvalidArgumentError, OutOfOrderSequenceError, ScalableTopicsError
 from runtime.limits import namespace_limits
 from runtime.names import SegmentName
@@ -33,6 +33,10 @@ from storage.segment_store import SegmentStore
 
 MAX_READ_RECORDS = 100_000
 SEQUENCE_WAIT_S = 30.0
+# How long a queue consumer may hold a message unacknowledged before it goes to
+# another: the time a crashed consumer's messages stay stuck.
+ACK_TIMEOUT_ENV = "RAYTOPICS_ACK_TIMEOUT_S"
+DEFAULT_ACK_TIMEOUT_S = 30.0
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -45,7 +49,11 @@ class SegmentActor:
         # whose storage is gone must fail, not serve an empty log in its place.
         create = initialize and not ray.get_runtime_context().was_current_actor_reconstructed
         self._store = SegmentStore(
-            self._name, Path(storage_root), Durability(**durability), create=create
+            self._name,
+            Path(storage_root),
+            Durability(**durability),
+            create=create,
+            ack_timeout_s=env_float(ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT_S),
         )
         self._new_data = asyncio.Event()
         self._turns: dict[str, asyncio.Event] = {}

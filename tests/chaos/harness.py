@@ -4,11 +4,11 @@ it owns its cluster, so it runs in its own process. Exit code 0 = no violations.
 
 Workload: an idempotent producer sending keyed messages ``key:seq``; a stream
 consumer that never crashes (checked exactly once, per-key order); a queue
-consumer that is crashed (abandoned, then replaced) by the schedule (checked at
-least once). Faults: the node holding the controller or a segment is removed
-(and a fresh node added), the coordinator is killed, the queue consumer
-crashes, segments split and merge. An actor on the head node is killed as a
-process instead (the head holds the GCS).
+consumer in a process of its own (checked at least once). Faults: the node
+holding the controller or a segment is removed (and a fresh node added), the
+coordinator is killed, the queue consumer's process is SIGKILLed and replaced
+(what it held comes back after the ack timeout), segments split and merge. An
+actor on the head node is killed as a process instead (the head holds the GCS).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ class Run:
     queue: list[tuple[str, int]] = field(default_factory=list)
     stop_producing: threading.Event = field(default_factory=threading.Event)
     stop_consuming: threading.Event = field(default_factory=threading.Event)
-    crash_queue_consumer: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
 
@@ -94,28 +93,79 @@ def consume_stream(run: Run) -> None:
     consumer.close()
 
 
-def consume_queue(run: Run) -> None:
-    from clients import QueueConsumer
+def queue_consumer_process(topic: str, address: str, namespace: str, out: Any, stop: Any) -> None:
+    """A queue consumer in a process of its own, so that a crash is a real process death.
 
-    consumer = QueueConsumer(run.topic, "queue")
-    while not run.stop_consuming.is_set():
-        if run.crash_queue_consumer.is_set():  # crash: abandon without acking or closing
-            run.crash_queue_consumer.clear()
-            consumer = QueueConsumer(run.topic, "queue")
+    Each value goes down the pipe (a synchronous write) before it is acknowledged:
+    a message acked but unrecorded would be a false loss.
+    """
+    from clients import QueueConsumer
+    from runtime import connect
+
+    connect(address, namespace=namespace, log_to_driver=False)
+    consumer = QueueConsumer(topic, "queue")
+    while not stop.is_set():
         message = consumer.receive(timeout=0.5)
         if message is not None:
-            run.queue.append(_decode(message.value))
+            out.send_bytes(message.value)
             consumer.acknowledge(message)
     consumer.close()
+
+
+class QueueConsumerProcess:
+    """Runs ``queue_consumer_process`` and records what it delivers into ``run.queue``;
+    ``crash`` SIGKILLs it (no ack flushed, no goodbye to the segments) and starts another."""
+
+    def __init__(self, run: Run, address: str) -> None:
+        import multiprocessing
+
+        self.run, self.address = run, address
+        self.context = multiprocessing.get_context("spawn")
+        self.stop = self.context.Event()
+        self.process: Any = None
+        self.recorders: list[threading.Thread] = []
+
+    def start(self) -> None:
+        import ray
+
+        receive, send = self.context.Pipe(duplex=False)
+        namespace = ray.get_runtime_context().namespace
+        args = (self.run.topic, self.address, namespace, send, self.stop)
+        self.process = self.context.Process(target=queue_consumer_process, args=args, daemon=True)
+        self.process.start()
+        send.close()  # the child holds the only writer: its death ends the recorder
+        recorder = threading.Thread(target=self._record, args=(receive,), daemon=True)
+        recorder.start()
+        self.recorders.append(recorder)
+
+    def _record(self, receive: Any) -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while True:
+                self.run.queue.append(_decode(receive.recv_bytes()))
+
+    def crash(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.start()
+
+    def finish(self, timeout_s: float) -> None:
+        self.stop.set()
+        self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.kill()
+        for recorder in self.recorders:
+            recorder.join(timeout_s)
 
 
 class Faults:
     """Carries out scheduled faults against the cluster."""
 
-    def __init__(self, cluster: Any, run: Run, rng: random.Random) -> None:
+    def __init__(
+        self, cluster: Any, run: Run, rng: random.Random, queue: QueueConsumerProcess
+    ) -> None:
         from clients import ScalableTopicsAdmin
 
-        self.cluster, self.run, self.rng = cluster, run, rng
+        self.cluster, self.run, self.rng, self.queue = cluster, run, rng, queue
         self.admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
 
     def inject(self, fault: str) -> None:
@@ -168,8 +218,8 @@ class Faults:
         return "killed the stream subscription's coordinator"
 
     def _consumer(self) -> str:
-        self.run.crash_queue_consumer.set()
-        return "crashed the queue consumer"
+        self.queue.crash()
+        return "killed the queue consumer's process, started another"
 
     def _split(self) -> str:
         layout = self.admin.get_layout(self.run.topic)
@@ -283,6 +333,8 @@ def chaos_cluster(nodes: int) -> Iterator[Any]:
     """One multi-node cluster for a series of runs (starting one costs tens of seconds)."""
     os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", tempfile.mkdtemp(prefix="raytopics-chaos-"))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # a killed queue consumer's messages come back after this, not the default 30 s
+    os.environ.setdefault("RAYTOPICS_ACK_TIMEOUT_S", "5")
     import ray
 
     from runtime import connect
@@ -308,25 +360,31 @@ def run_chaos(
     admin.create_scalable_topic(run.topic, 2)
     admin.create_subscription(run.topic, "stream")
     admin.create_subscription(run.topic, "queue")
+    queue = QueueConsumerProcess(run, cluster.address)
+    queue.start()
     threads = [
-        threading.Thread(target=f, args=a, daemon=True)
-        for f, a in ((produce, (run, rate)), (consume_stream, (run,)), (consume_queue, (run,)))
+        threading.Thread(target=f, args=(run, *a), daemon=True)
+        for f, a in ((produce, (rate,)), (consume_stream, ()))
     ]
     for thread in threads:
         thread.start()
-    faults, t0 = Faults(cluster, run, random.Random(seed)), time.monotonic()
+    faults, t0 = Faults(cluster, run, random.Random(seed), queue), time.monotonic()
     for at, fault in plan:
         time.sleep(max(0.0, at - (time.monotonic() - t0)))
         faults.inject(fault)
     time.sleep(max(0.0, duration_s - (time.monotonic() - t0)))
+    phases = {"load": time.monotonic() - started}
     run.stop_producing.set()
     threads[0].join(timeout=240)
+    phases["flush"] = time.monotonic() - started
     drain(run, timeout_s=120)
-    for thread in threads[1:]:
-        thread.join(timeout=60)
+    threads[1].join(timeout=60)
+    queue.finish(timeout_s=60)
+    phases["drain"] = time.monotonic() - started
     violations = check(run, admin)
     if len(run.acked) < 0.9 * (len(run.acked) + len(run.errors)):
         violations.append(f"too many failed sends: {run.errors[:5]}")
+    phases["check"] = time.monotonic() - started
     admin.delete_scalable_topic(run.topic)
     return {
         "seed": seed,
@@ -336,6 +394,7 @@ def run_chaos(
         "faults": run.faults,
         "violations": violations[:20],
         "wall_s": round(time.monotonic() - started, 1),
+        "phases_end_s": {k: round(v, 1) for k, v in phases.items()},
     }
 
 
