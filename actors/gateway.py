@@ -20,18 +20,19 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import ray
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import models_json_schema
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clients.admin import ScalableTopicsAdmin
 from clients.http import (
+    LIMITS_PATH,
     MERGE_PATH,
     NAMESPACE_PATH,
     SEGMENT_PATH,
@@ -52,6 +53,7 @@ from runtime.errors import (
     UnavailableError,
 )
 from runtime.layout import MAX_SEGMENTS, ScalableTopicMetadata
+from runtime.limits import Limits
 from runtime.names import _DESCRIPTOR, _PART, SegmentName, TopicName, validate_part
 from runtime.operations import CompletedOperation
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
@@ -118,6 +120,29 @@ class DeleteSegmentQuery(_Query):
 
 class TerminateSegmentQuery(_Query):
     force: bool = Field(default=False, description="terminate even if ACTIVE in the layout")
+
+
+def _limits_model(name: str, doc: str, base: type[BaseModel], *, partial: bool) -> Any:
+    """One integer field per ``runtime.limits.Limits`` field, so the REST documents
+    cannot drift from the limits; ``partial``: each may be omitted (an override)."""
+    annotation, default = (int | None, None) if partial else (int, ...)
+    limit = Field(default=default, ge=1, le=(1 << 63) - 1)  # stored as JSON, used as int64
+    model = create_model(
+        name, __base__=base, **{f.name: (annotation, limit) for f in fields(Limits)}
+    )
+    model.__doc__ = doc
+    return model
+
+
+NamespaceLimitsBody = _limits_model(
+    "NamespaceLimitsBody",
+    "Overrides for one namespace; an omitted limit keeps its value.",
+    _Body,
+    partial=True,
+)
+NamespaceLimits = _limits_model(
+    "NamespaceLimits", "The limits in force in a namespace.", BaseModel, partial=False
+)
 
 
 class ErrorBody(BaseModel):
@@ -189,6 +214,11 @@ _MUTATION_ERRORS = (400, 404, 409, 503)
 
 async def _create_topic(admin: ScalableTopicsAdmin, p: Params) -> dict[str, Any]:
     return await admin.create_scalable_topic_async(p.topic, p.body.num_segments, p.body.properties)
+
+
+async def _set_limits(admin: ScalableTopicsAdmin, p: Params) -> dict[str, int]:
+    overrides = p.body.model_dump(exclude_none=True)
+    return await admin.set_namespace_limits_async(p.namespace, **overrides)
 
 
 async def _terminate(admin: ScalableTopicsAdmin, p: Params) -> dict[str, int]:
@@ -273,6 +303,18 @@ ROUTES: tuple[Route, ...] = (
         "DELETE", SEGMENT_PATH, "deleteSegment", "Delete a segment topic (low level)",
         lambda a, p: a.delete_segment_async(p.segment, p.query.force),
         status=204, query=DeleteSegmentQuery, errors=_MUTATION_ERRORS, tag="segments",
+    ),
+    Route(
+        "GET", LIMITS_PATH, "getNamespaceLimits",
+        "The limits in force in a namespace (defaults plus its overrides)",
+        lambda a, p: a.get_namespace_limits_async(p.namespace), returns=NamespaceLimits,
+        errors=(400, 503), tag="limits", permission=Permission.LOOKUP,
+    ),
+    Route(
+        "PUT", LIMITS_PATH, "setNamespaceLimits",
+        "Override limits for a namespace (validated as a whole); returns those in force",
+        _set_limits, body=NamespaceLimitsBody, body_required=True, returns=NamespaceLimits,
+        errors=(400, 409, 503), tag="limits",
     ),
     Route(
         "GET", "/openapi.json", "getOpenApi", "This API as an OpenAPI 3.1 document",
