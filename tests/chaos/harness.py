@@ -124,6 +124,7 @@ class QueueConsumerProcess:
         self.stop = self.context.Event()
         self.process: Any = None
         self.recorders: list[threading.Thread] = []
+        self.lock = threading.Lock()
 
     def start(self) -> None:
         import ray
@@ -144,9 +145,10 @@ class QueueConsumerProcess:
                 self.run.queue.append(_decode(receive.recv_bytes()))
 
     def crash(self) -> None:
-        self.process.kill()
-        self.process.join()
-        self.start()
+        with self.lock:  # two scheduled crashes may overlap
+            self.process.kill()
+            self.process.join()
+            self.start()
 
     def finish(self, timeout_s: float) -> None:
         self.stop.set()
@@ -158,7 +160,13 @@ class QueueConsumerProcess:
 
 
 class Faults:
-    """Carries out scheduled faults against the cluster."""
+    """Carries out scheduled faults against the cluster, each in a thread of its own.
+
+    Faults overlap as they would in production (a split still running when a
+    node dies), and a slow one (a node start on a loaded machine) does not push
+    the rest of the schedule back. Each draws its choices from its own seeded
+    generator, so thread timing does not change which segment a fault picks.
+    """
 
     def __init__(
         self, cluster: Any, run: Run, rng: random.Random, queue: QueueConsumerProcess
@@ -167,48 +175,70 @@ class Faults:
 
         self.cluster, self.run, self.rng, self.queue = cluster, run, rng, queue
         self.admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
+        self.nodes_lock = threading.Lock()  # Cluster is not thread-safe
+        self.threads: list[threading.Thread] = []
 
-    def inject(self, fault: str) -> None:
-        action: Callable[[], str] = getattr(self, f"_{fault}")
+    def start(self, fault: str) -> None:
+        args = (fault, random.Random(self.rng.random()))
+        thread = threading.Thread(target=self.inject, args=args, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def join(self, timeout_s: float) -> None:
+        for thread in self.threads:
+            thread.join(timeout_s)
+
+    def inject(self, fault: str, rng: random.Random) -> None:
+        action: Callable[[random.Random], str] = getattr(self, f"_{fault}")
         try:
-            self.run.faults.append(f"{fault}: {action()}")
+            outcome = f"{fault}: {action(rng)}"
         except Exception as err:  # a refused split/merge is fine; it is reported
-            self.run.faults.append(f"{fault}: refused ({type(err).__name__}: {err})")
-        print(f"  [{time.strftime('%X')}] {self.run.faults[-1]}", flush=True)
+            outcome = f"{fault}: refused ({type(err).__name__}: {err})"
+        self.run.faults.append(outcome)
+        print(f"  [{time.strftime('%X')}] {outcome}", flush=True)
 
     def _kill_node_of(self, actor_name: str) -> str:
         import ray
 
         from runtime.config import ray_namespace
 
-        alive = [a for a in alive_actors() if a["Name"] == actor_name]
-        if not alive:
-            return f"{actor_name} not alive"
-        node_id = alive[0]["Address"]["NodeID"]
-        for node in self.cluster.worker_nodes:
-            if node.node_id == node_id:
+        with self.nodes_lock:
+            alive = [a for a in alive_actors() if a["Name"] == actor_name]
+            if not alive:
+                return f"{actor_name} not alive"
+            node_id = alive[0]["Address"]["NodeID"]
+            node = next((n for n in self.cluster.worker_nodes if n.node_id == node_id), None)
+            if node is not None:
                 self.cluster.remove_node(node, allow_graceful=False)
-                self.cluster.add_node(num_cpus=1)
-                return f"removed node {node_id[:8]} holding {actor_name}, added a fresh one"
+                return f"removed node {node_id[:8]} holding {actor_name}, {self._add_node()}"
         ray.kill(ray.get_actor(actor_name, namespace=ray_namespace()), no_restart=False)
         return f"{actor_name} is on the head node: killed its process"
 
-    def _controller_node(self) -> str:
+    def _add_node(self) -> str:
+        """A fresh node in place of a removed one; on a loaded machine Ray may give up
+        waiting for it to register (30 s), which leaves the cluster a node short."""
+        try:
+            self.cluster.add_node(num_cpus=1)
+        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception here
+            return f"could not add a fresh one ({err})"
+        return "added a fresh one"
+
+    def _controller_node(self, _rng: random.Random) -> str:
         from runtime.names import TopicName
 
         return self._kill_node_of(TopicName.parse(self.run.topic).controller_actor_name)
 
-    def _segment_node(self) -> str:
+    def _segment_node(self, rng: random.Random) -> str:
         from runtime.names import TopicName
 
         layout = self.admin.get_layout(self.run.topic)
-        info = self.rng.choice(list(layout.active_segments.values()))
+        info = rng.choice(list(layout.active_segments.values()))
         name = TopicName.parse(self.run.topic).segment(
             info.segment_id, info.hash_range.start, info.hash_range.end
         )
         return self._kill_node_of(name.actor_name)
 
-    def _coordinator(self) -> str:
+    def _coordinator(self, _rng: random.Random) -> str:
         import ray
 
         from actors.coordinator import coordinator_actor
@@ -217,22 +247,22 @@ class Faults:
         ray.kill(coordinator_actor(TopicName.parse(self.run.topic), "stream"), no_restart=False)
         return "killed the stream subscription's coordinator"
 
-    def _consumer(self) -> str:
+    def _consumer(self, _rng: random.Random) -> str:
         self.queue.crash()
         return "killed the queue consumer's process, started another"
 
-    def _split(self) -> str:
+    def _split(self, rng: random.Random) -> str:
         layout = self.admin.get_layout(self.run.topic)
         wide = [s for s in layout.active_segments.values() if s.hash_range.end > s.hash_range.start]
-        target = self.rng.choice(wide).segment_id
+        target = rng.choice(wide).segment_id
         return f"split {target}: {self.admin.split_segment(self.run.topic, target)['children']}"
 
-    def _merge(self) -> str:
+    def _merge(self, rng: random.Random) -> str:
         layout = self.admin.get_layout(self.run.topic)
         active = sorted(layout.active_segments.values(), key=lambda s: s.hash_range.start)
         if len(active) < 2:
             return "only one active segment"
-        i = self.rng.randrange(len(active) - 1)
+        i = rng.randrange(len(active) - 1)
         a, b = active[i].segment_id, active[i + 1].segment_id
         return f"merge {a}+{b}: {self.admin.merge_segments(self.run.topic, a, b)['children']}"
 
@@ -251,7 +281,9 @@ def actor_memory() -> dict[tuple[str, int], int]:
     sizes = {}
     for actor in alive_actors():
         try:
-            sizes[(actor["Name"], actor["Pid"])] = psutil.Process(actor["Pid"]).memory_info().rss
+            process = psutil.Process(actor["Pid"])
+            if process.status() != psutil.STATUS_ZOMBIE:  # dead with its node, not reaped
+                sizes[(actor["Name"], actor["Pid"])] = process.memory_info().rss
         except (psutil.Error, KeyError):
             continue
     return sizes
@@ -371,8 +403,9 @@ def run_chaos(
     faults, t0 = Faults(cluster, run, random.Random(seed), queue), time.monotonic()
     for at, fault in plan:
         time.sleep(max(0.0, at - (time.monotonic() - t0)))
-        faults.inject(fault)
+        faults.start(fault)
     time.sleep(max(0.0, duration_s - (time.monotonic() - t0)))
+    faults.join(timeout_s=240)
     phases = {"load": time.monotonic() - started}
     run.stop_producing.set()
     threads[0].join(timeout=240)

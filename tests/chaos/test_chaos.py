@@ -17,21 +17,29 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = "1-10"
+SEED_BUDGET_S = 300  # the acceptance bound for one seed
+# ~6-12 minutes in all on a shared 2-core machine; the timeouts only catch hangs
+SUITE_TIMEOUT_S = 1500
 
 
 @pytest.mark.chaos
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(SUITE_TIMEOUT_S + 60)
 def test_ten_seeds_in_a_row(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAYTOPICS_"))}
     env |= {"RAYTOPICS_STORAGE_ROOT": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.chaos.harness", "--seeds", SEEDS, "--duration", "20"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=840,
-    )  # fmt: skip
-    print(proc.stdout)
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    log, errors = tmp_path / "chaos.log", tmp_path / "chaos.err"  # tail -f while it runs
+    print(f"chaos output: {log}")
+    with log.open("w") as out, errors.open("w") as err:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.chaos.harness", "--seeds", SEEDS, "--duration", "20"],
+            cwd=ROOT, env=env, stdout=out, stderr=err, timeout=SUITE_TIMEOUT_S,
+        )  # fmt: skip
+    output = log.read_text()
+    print(output)
+    results = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, output[-4000:] + errors.read_text()[-4000:]
     assert [r["seed"] for r in results] == list(range(1, 11))
     for result in results:
         assert result["violations"] == [] and result["acked"] > 0, result
         assert result["stream_delivered"] == result["acked"]  # exactly once
+        assert result["wall_s"] <= SEED_BUDGET_S, result
