@@ -176,6 +176,7 @@ class Faults:
         self.cluster, self.run, self.rng, self.queue = cluster, run, rng, queue
         self.admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
         self.nodes_lock = threading.Lock()  # Cluster is not thread-safe
+        self.missing_nodes = 0
         self.threads: list[threading.Thread] = []
 
     def start(self, fault: str) -> None:
@@ -184,9 +185,29 @@ class Faults:
         thread.start()
         self.threads.append(thread)
 
+    def wait_until(self, deadline: float) -> None:
+        """Sleep until ``deadline`` (monotonic), replacing removed nodes meanwhile."""
+        while (remaining := deadline - time.monotonic()) > 0:
+            self.replace_nodes()
+            time.sleep(min(remaining, 0.2))
+
     def join(self, timeout_s: float) -> None:
         for thread in self.threads:
             thread.join(timeout_s)
+        self.replace_nodes()
+
+    def replace_nodes(self) -> None:
+        """Add a fresh node per removed one. Main thread only: starting a Ray node
+        installs signal handlers. On a loaded machine Ray may give up waiting for a
+        node to register (30 s); it is then tried again later."""
+        with self.nodes_lock:
+            while self.missing_nodes:
+                try:
+                    self.cluster.add_node(num_cpus=1)
+                except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception here
+                    print(f"  [{time.strftime('%X')}] could not add a fresh node: {err}")
+                    return
+                self.missing_nodes -= 1
 
     def inject(self, fault: str, rng: random.Random) -> None:
         action: Callable[[random.Random], str] = getattr(self, f"_{fault}")
@@ -210,18 +231,10 @@ class Faults:
             node = next((n for n in self.cluster.worker_nodes if n.node_id == node_id), None)
             if node is not None:
                 self.cluster.remove_node(node, allow_graceful=False)
-                return f"removed node {node_id[:8]} holding {actor_name}, {self._add_node()}"
+                self.missing_nodes += 1
+                return f"removed node {node_id[:8]} holding {actor_name} (to be replaced)"
         ray.kill(ray.get_actor(actor_name, namespace=ray_namespace()), no_restart=False)
         return f"{actor_name} is on the head node: killed its process"
-
-    def _add_node(self) -> str:
-        """A fresh node in place of a removed one; on a loaded machine Ray may give up
-        waiting for it to register (30 s), which leaves the cluster a node short."""
-        try:
-            self.cluster.add_node(num_cpus=1)
-        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception here
-            return f"could not add a fresh one ({err})"
-        return "added a fresh one"
 
     def _controller_node(self, _rng: random.Random) -> str:
         from runtime.names import TopicName
@@ -402,9 +415,9 @@ def run_chaos(
         thread.start()
     faults, t0 = Faults(cluster, run, random.Random(seed), queue), time.monotonic()
     for at, fault in plan:
-        time.sleep(max(0.0, at - (time.monotonic() - t0)))
+        faults.wait_until(t0 + at)
         faults.start(fault)
-    time.sleep(max(0.0, duration_s - (time.monotonic() - t0)))
+    faults.wait_until(t0 + duration_s)
     faults.join(timeout_s=240)
     phases = {"load": time.monotonic() - started}
     run.stop_producing.set()
