@@ -47,6 +47,7 @@ from runtime.errors import (
     TopicNotFoundError,
 )
 from runtime.layout import SegmentInfo, SegmentLayout
+from runtime.limits import check_room
 from runtime.names import SegmentName, TopicName
 from runtime.operations import (
     PendingOperation,
@@ -128,6 +129,7 @@ class ScalableTopicController:
     async def create(self, num_segments: int, properties: dict[str, str] | None = None) -> dict:
         """Write the epoch-0 layout (with the create recorded), then start its segments."""
         layout = SegmentLayout.initial(num_segments, properties)
+        check_room(self.store, self.topic, num_segments, new_topic=True)
         op = PendingOperation(kind="create", request_id=uuid.uuid4().hex, base_epoch=0)
         record = TopicRecord.model_validate(
             {**layout.to_dict(), "controllerEpoch": self.epoch}
@@ -173,6 +175,10 @@ class ScalableTopicController:
             if done is not None and done.request_id == request_id:
                 return done.model_dump(by_alias=True)  # a retry of what already happened
             op = plan(record.layout, request_id)
+            added = len(op.children) - len(op.parents)
+            if added > 0:
+                active_now = len(record.layout.active_segments)
+                check_room(self.store, self.topic, added, active_now=active_now)
             self._update_record(lambda r: _with_pending(r, op))
             await self._carry_out(op)
             return self._read_record().last_operation.model_dump(by_alias=True)

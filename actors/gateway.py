@@ -20,18 +20,19 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import ray
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import models_json_schema
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clients.admin import ScalableTopicsAdmin
 from clients.http import (
+    LIMITS_PATH,
     MERGE_PATH,
     NAMESPACE_PATH,
     SEGMENT_PATH,
@@ -42,6 +43,7 @@ from clients.http import (
     TERMINATE_PATH,
     TOPIC_PATH,
 )
+from runtime.auth import AuthPolicy, Permission, bearer_token
 from runtime.config import ray_namespace
 from runtime.errors import (
     ConflictError,
@@ -51,6 +53,7 @@ from runtime.errors import (
     UnavailableError,
 )
 from runtime.layout import MAX_SEGMENTS, ScalableTopicMetadata
+from runtime.limits import Limits
 from runtime.names import _DESCRIPTOR, _PART, SegmentName, TopicName, validate_part
 from runtime.operations import CompletedOperation
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
@@ -119,6 +122,29 @@ class TerminateSegmentQuery(_Query):
     force: bool = Field(default=False, description="terminate even if ACTIVE in the layout")
 
 
+def _limits_model(name: str, doc: str, base: type[BaseModel], *, partial: bool) -> Any:
+    """One integer field per ``runtime.limits.Limits`` field, so the REST documents
+    cannot drift from the limits; ``partial``: each may be omitted (an override)."""
+    annotation, default = (int | None, None) if partial else (int, ...)
+    limit = Field(default=default, ge=1, le=(1 << 63) - 1)  # stored as JSON, used as int64
+    model = create_model(
+        name, __base__=base, **{f.name: (annotation, limit) for f in fields(Limits)}
+    )
+    model.__doc__ = doc
+    return model
+
+
+NamespaceLimitsBody = _limits_model(
+    "NamespaceLimitsBody",
+    "Overrides for one namespace; an omitted limit keeps its value.",
+    _Body,
+    partial=True,
+)
+NamespaceLimits = _limits_model(
+    "NamespaceLimits", "The limits in force in a namespace.", BaseModel, partial=False
+)
+
+
 class ErrorBody(BaseModel):
     """Every 4xx/5xx answer; ``error`` is the ``code`` of a ``runtime.errors`` class."""
 
@@ -180,6 +206,7 @@ class Route:
     returns: type[BaseModel] | dict[str, Any] | None = None
     errors: tuple[int, ...] = (400, 404, 503)
     tag: str = "scalable"
+    permission: Permission | None = Permission.ADMIN  # None: open to all (meta endpoints)
 
 
 _MUTATION_ERRORS = (400, 404, 409, 503)
@@ -187,6 +214,11 @@ _MUTATION_ERRORS = (400, 404, 409, 503)
 
 async def _create_topic(admin: ScalableTopicsAdmin, p: Params) -> dict[str, Any]:
     return await admin.create_scalable_topic_async(p.topic, p.body.num_segments, p.body.properties)
+
+
+async def _set_limits(admin: ScalableTopicsAdmin, p: Params) -> dict[str, int]:
+    overrides = p.body.model_dump(exclude_none=True)
+    return await admin.set_namespace_limits_async(p.namespace, **overrides)
 
 
 async def _terminate(admin: ScalableTopicsAdmin, p: Params) -> dict[str, int]:
@@ -206,6 +238,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "GET", NAMESPACE_PATH, "listScalableTopics", "List the scalable topics of a namespace",
         lambda a, p: a.list_scalable_topics_async(p.namespace), returns=_STRINGS, errors=(400, 503),
+        permission=Permission.LOOKUP,
     ),
     Route(
         "PUT", TOPIC_PATH, "createScalableTopic", "Create a scalable topic",
@@ -215,6 +248,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "GET", TOPIC_PATH, "getMetadata", "Get the topic's segment DAG metadata",
         lambda a, p: a.get_metadata_async(p.topic), returns=ScalableTopicMetadata,
+        permission=Permission.LOOKUP,
     ),
     Route(
         "DELETE", TOPIC_PATH, "deleteScalableTopic", "Delete a topic and all its segments",
@@ -223,11 +257,12 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "GET", STATS_PATH, "getStats",
         "Aggregated stats: segment counts, per-segment size, per-subscription backlog",
-        lambda a, p: a.get_stats_async(p.topic), returns=_OBJECT,
+        lambda a, p: a.get_stats_async(p.topic), returns=_OBJECT, permission=Permission.LOOKUP,
     ),
     Route(
         "GET", SUBSCRIPTIONS_PATH, "listSubscriptions", "List the topic's subscriptions",
         lambda a, p: a.list_subscriptions_async(p.topic), returns=_STRINGS,
+        permission=Permission.LOOKUP,
     ),
     Route(
         "PUT", SUBSCRIPTION_PATH, "createSubscription",
@@ -236,6 +271,7 @@ ROUTES: tuple[Route, ...] = (
             p.topic, p.path["subscription"], p.body.position, p.body.session_grace_s
         ),
         status=204, body=CreateSubscriptionBody, errors=_MUTATION_ERRORS,
+        permission=Permission.CONSUME,
     ),
     Route(
         "DELETE", SUBSCRIPTION_PATH, "deleteSubscription",
@@ -269,13 +305,25 @@ ROUTES: tuple[Route, ...] = (
         status=204, query=DeleteSegmentQuery, errors=_MUTATION_ERRORS, tag="segments",
     ),
     Route(
+        "GET", LIMITS_PATH, "getNamespaceLimits",
+        "The limits in force in a namespace (defaults plus its overrides)",
+        lambda a, p: a.get_namespace_limits_async(p.namespace), returns=NamespaceLimits,
+        errors=(400, 503), tag="limits", permission=Permission.LOOKUP,
+    ),
+    Route(
+        "PUT", LIMITS_PATH, "setNamespaceLimits",
+        "Override limits for a namespace (validated as a whole); returns those in force",
+        _set_limits, body=NamespaceLimitsBody, body_required=True, returns=NamespaceLimits,
+        errors=(400, 409, 503), tag="limits",
+    ),
+    Route(
         "GET", "/openapi.json", "getOpenApi", "This API as an OpenAPI 3.1 document",
-        _openapi, returns=_OBJECT, errors=(400,), tag="meta",
+        _openapi, returns=_OBJECT, errors=(400,), tag="meta", permission=None,
     ),
     Route(
         "GET", "/healthz", "health", "Liveness probe", _health,
         returns={"type": "object", "properties": {"status": {"const": "ok"}}},
-        errors=(400,), tag="meta",
+        errors=(400,), tag="meta", permission=None,
     ),
 )
 # fmt: on
@@ -356,12 +404,18 @@ def _allowed(model: type[BaseModel], what: str = "request body") -> str:
 # --- the aiohttp application ------------------------------------------------------------
 
 ADMIN = web.AppKey("admin", ScalableTopicsAdmin)
+AUTH = web.AppKey("auth", AuthPolicy)
 
 
-def create_app(admin: ScalableTopicsAdmin) -> web.Application:
-    """The REST application over ``admin`` (any object with the admin's async methods)."""
+def create_app(admin: ScalableTopicsAdmin, auth: AuthPolicy | None = None) -> web.Application:
+    """The REST application over ``admin`` (any object with the admin's async methods).
+
+    ``auth`` guards every route with a ``permission``; without it (or with no
+    tokens configured) the API is open, as a local cluster's is.
+    """
     app = web.Application(middlewares=[_json_errors])
     app[ADMIN] = admin
+    app[AUTH] = auth or AuthPolicy()
     resources: dict[str, web.Resource] = {}
     for route in ROUTES:
         if route.path not in resources:
@@ -372,8 +426,9 @@ def create_app(admin: ScalableTopicsAdmin) -> web.Application:
 
 def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
+        path = _authorized_path(request, route)
         params = Params(
-            path=_parse_path(request.match_info),
+            path=path,
             query=_parse_query(request, route),
             body=await _parse_body(request, route),
         )
@@ -383,6 +438,22 @@ def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
         return web.json_response(result, status=route.status)
 
     return handle
+
+
+def _authorized_path(request: web.Request, route: Route) -> dict[str, Any]:
+    """Who asks first (401), then whether they may act on this namespace (403).
+
+    Both happen before the body is read or anything acts, so a refused request
+    changes nothing.
+    """
+    if route.permission is None:
+        return _parse_path(request.match_info)
+    policy = request.app[AUTH]
+    token = bearer_token(request.headers.get("Authorization"))
+    policy.authenticate(token)
+    path = _parse_path(request.match_info)
+    policy.authorize(token, route.permission, f"{path['tenant']}/{path['namespace']}")
+    return path
 
 
 @web.middleware
@@ -429,6 +500,8 @@ def _from_http_exception(request: web.Request, exc: web.HTTPException) -> web.Re
 _REF = "#/components/schemas/{model}"
 _STATUS_TEXT = {
     200: "OK",
+    401: "No valid bearer token (only when the operator configured tokens)",
+    403: "The token's principal lacks the permission on this namespace",
     201: "Created",
     204: "No Content",
     400: "Malformed request: bad JSON, wrong types, unknown fields, invalid names",
@@ -470,7 +543,10 @@ def openapi_document() -> dict[str, Any]:
             "description": "Scalable topics (segment DAGs that split and merge) and segments.",
         },
         "paths": paths,
-        "components": {"schemas": defs.get("$defs", {})},
+        "components": {
+            "schemas": defs.get("$defs", {}),
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+        },
     }
 
 
@@ -497,7 +573,8 @@ def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) ->
         success["content"] = {"application/json": {"schema": schema}}
     error = {"application/json": {"schema": ref(ErrorBody, "serialization")}}
     responses = {str(route.status): success}
-    for status in (*route.errors, 405, 500):
+    secured = (401, 403) if route.permission is not None else ()
+    for status in (*route.errors, *secured, 405, 500):
         responses[str(status)] = {"description": _STATUS_TEXT[status], "content": error}
     operation: dict[str, Any] = {
         "operationId": route.operation_id,
@@ -506,6 +583,9 @@ def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) ->
         "parameters": parameters,
         "responses": responses,
     }
+    if route.permission is not None:
+        operation["security"] = [{"bearerAuth": []}]
+        operation["x-permission"] = route.permission.value
     if route.body.model_fields:
         operation["requestBody"] = {
             "required": route.body_required,
@@ -521,14 +601,17 @@ def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) ->
 class AdminGateway:
     """The REST server for one port; a restarted incarnation binds the port again."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, auth_config: dict[str, Any] | None = None) -> None:
         self._host, self._port = host, port
+        self._auth = AuthPolicy.from_config(auth_config or {})
         # Ray runs an async actor's __init__ on the actor's event loop, so the
         # server starts here and every incarnation serves without being asked.
         self._serving = asyncio.get_running_loop().create_task(self._serve())
 
     async def _serve(self) -> web.AppRunner:
-        runner = web.AppRunner(create_app(ScalableTopicsAdmin()))
+        # The gateway authorizes each request itself; its own admin acts for it.
+        admin = ScalableTopicsAdmin(auth=AuthPolicy())
+        runner = web.AppRunner(create_app(admin, self._auth))
         await runner.setup()
         await web.TCPSite(runner, self._host, self._port).start()
         return runner
@@ -557,12 +640,21 @@ def gateway_actor_name(port: int) -> str:
     return f"gateway:{port}"
 
 
-def start_gateway(port: int, host: str = "127.0.0.1", *, timeout_s: float = 60.0) -> str:
+def start_gateway(
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    timeout_s: float = 60.0,
+    auth: AuthPolicy | None = None,
+) -> str:
     """Start (or find) the gateway for ``port`` and return its base URL once it serves.
 
     The actor is pinned to the caller's node: the caller was told a loopback (or
     this node's) address, so the server must run where that address points.
+    ``auth`` defaults to the caller's ``RAYTOPICS_AUTH_TOKENS_FILE``; only token
+    digests travel to the actor. A gateway already running keeps its policy.
     """
+    policy = AuthPolicy.from_env() if auth is None else auth
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise InvalidArgumentError(f"port must be an integer from 1 to 65535, got {port!r}")
     handle = AdminGateway.options(
@@ -573,7 +665,7 @@ def start_gateway(port: int, host: str = "127.0.0.1", *, timeout_s: float = 60.0
         scheduling_strategy=NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False
         ),
-    ).remote(host, port)
+    ).remote(host, port, policy.to_config())
     try:
         info = ray.get(handle.ready.remote(), timeout=timeout_s)
     except (RayTaskError, GetTimeoutError) as err:

@@ -22,20 +22,27 @@ import ray
 from actors.data_plane import AppendProtocol
 from actors.registry import get_or_start, lookup
 from runtime import wire
-from runtime.batch import deserialize_batch
+from runtime.batch import deserialize_batch, message_sizes
+from runtime.config import env_float, ray_namespace
 from runtime.errors import (
     InvalidArgumentError,
     OutOfOrderSequenceError,
     ScalableTopicsError,
     UnavailableError,
 )
+from runtime.limits import namespace_limits
 from runtime.names import SegmentName
 from storage.cursors import Position
+from storage.metadata import MetadataStore
 from storage.segment_log import Durability, default_storage_root
 from storage.segment_store import SegmentStore
 
 MAX_READ_RECORDS = 100_000
 SEQUENCE_WAIT_S = 30.0
+# How long a queue consumer may hold a message unacknowledged before it goes to
+# another: the time a crashed consumer's messages stay stuck.
+ACK_TIMEOUT_ENV = "RAYTOPICS_ACK_TIMEOUT_S"
+DEFAULT_ACK_TIMEOUT_S = 30.0
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -52,6 +59,7 @@ class SegmentActor:
             Path(storage_root),
             Durability(**durability),
             create=create,
+            ack_timeout_s=env_float(ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT_S),
             background_sync=True,  # by _sync_forever, off the event loop
         )
         self._new_data = asyncio.Event()
@@ -59,6 +67,10 @@ class SegmentActor:
         self._server: asyncio.Server | None = None
         self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
+        # The authority on sizes; read once per incarnation, so a changed limit
+        # applies to a segment from its next start.
+        namespace = f"{self._name.topic.tenant}/{self._name.topic.namespace}"
+        self._limits = namespace_limits(MetadataStore(ray_namespace()), namespace)
 
     # --- data path ---------------------------------------------------------------
 
@@ -100,6 +112,7 @@ class SegmentActor:
         sequence: int | None,
         payload: memoryview | None,
     ) -> tuple[int, int]:
+        self._limits.check_batch(message_sizes(batch))  # before anything is written
         self._ensure_syncer()
         result = self._store.append(batch, producer_id, sequence, payload)
         if producer_id is not None:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import asdict
 from typing import Any
 
 import ray
@@ -21,8 +22,10 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from actors.controller import controller_actor
 from actors.segment import segment_actor
 from clients._ray import with_sync_twins
+from runtime.auth import AuthPolicy, Permission, default_token
 from runtime.connect import connect
 from runtime.errors import (
+    AlreadyExistsError,
     InvalidArgumentError,
     TopicAlreadyExistsError,
     TopicNotFoundError,
@@ -30,6 +33,7 @@ from runtime.errors import (
     UnavailableSegmentsError,
 )
 from runtime.layout import MAX_SEGMENTS, SegmentLayout
+from runtime.limits import Limits, check_room, limits_path, namespace_limits
 from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
 from runtime.operations import TopicRecord
 from runtime.remote import call
@@ -50,7 +54,14 @@ class ScalableTopicsAdmin:
         namespace: str | None = None,
         controller_restart_timeout_s: float = 30.0,
         segment_timeout_s: float = 10.0,
+        token: str | None = None,
+        auth: AuthPolicy | None = None,
     ) -> None:
+        """``token`` (default ``RAYTOPICS_TOKEN``) is checked against ``auth`` (default
+        the operator's ``RAYTOPICS_AUTH_TOKENS_FILE``; no tokens there = auth off)."""
+        self._auth = AuthPolicy.from_env() if auth is None else auth
+        self._token = token if token is not None else default_token()
+        self._auth.authenticate(self._token)  # a bad token fails here, not at first use
         connect(address, namespace=namespace)
         self._store = MetadataStore(ray.get_runtime_context().namespace)
         self._restart_timeout_s = controller_restart_timeout_s
@@ -61,6 +72,7 @@ class ScalableTopicsAdmin:
     async def list_scalable_topics_async(self, namespace: str) -> list[str]:
         """Topics of ``tenant/namespace`` as ``topic://`` names."""
         prefix = namespace_prefix(namespace)
+        self._auth.authorize(self._token, Permission.LOOKUP, namespace)
         return [f"topic://{namespace}/{name}" for name in self._store.children(prefix)]
 
     async def get_metadata_async(self, topic: str) -> dict[str, Any]:
@@ -68,10 +80,10 @@ class ScalableTopicsAdmin:
         return (await self.get_layout_async(topic)).to_dict()
 
     async def get_layout_async(self, topic: str) -> SegmentLayout:
-        return self._record(TopicName.parse(topic)).layout
+        return self._record(self._allowed(Permission.LOOKUP, topic)).layout
 
     async def list_subscriptions_async(self, topic: str) -> list[str]:
-        name = TopicName.parse(topic)
+        name = self._allowed(Permission.LOOKUP, topic)
         self._record(name)
         return self._store.children(f"{name.metadata_path}/subscriptions")
 
@@ -81,7 +93,7 @@ class ScalableTopicsAdmin:
         Backlog is a bulk read over the whole DAG: a segment that cannot answer
         makes this raise ``UnavailableSegmentsError`` rather than under-report.
         """
-        name = TopicName.parse(topic)
+        name = self._allowed(Permission.LOOKUP, topic)
         layout = self._record(name).layout
         segments = list(layout.all_segments.values())
         names = [name.segment(s.segment_id, s.hash_range.start, s.hash_range.end) for s in segments]
@@ -99,7 +111,7 @@ class ScalableTopicsAdmin:
     async def create_scalable_topic_async(
         self, topic: str, num_segments: int, properties: dict[str, str] | None = None
     ) -> dict[str, Any]:
-        name = TopicName.parse(topic)
+        name = self._allowed(Permission.ADMIN, topic)
         if (
             isinstance(num_segments, bool)
             or not isinstance(num_segments, int)
@@ -111,10 +123,11 @@ class ScalableTopicsAdmin:
         _check_properties(properties)
         if self._store.exists(name.metadata_path):
             raise TopicAlreadyExistsError(f"topic {name} already exists")
+        check_room(self._store, name, num_segments, new_topic=True)
         return await self._control(name, "create", num_segments, properties, create=True)
 
     async def delete_scalable_topic_async(self, topic: str) -> None:
-        name = TopicName.parse(topic)
+        name = self._allowed(Permission.ADMIN, topic)
         self._record(name)
         await self._control(name, "delete")
         ray.kill(controller_actor(name), no_restart=True)
@@ -133,13 +146,13 @@ class ScalableTopicsAdmin:
         ``session_grace_s``: how long a disconnected stream consumer keeps its
         segments before they move to the others.
         """
-        name = TopicName.parse(topic)
+        name = self._allowed(Permission.CONSUME, topic)
         validate_part("subscription", subscription)
         self._record(name)
         await self._control(name, "create_subscription", subscription, position, session_grace_s)
 
     async def delete_subscription_async(self, topic: str, subscription: str) -> None:
-        name = TopicName.parse(topic)
+        name = self._allowed(Permission.ADMIN, topic)
         validate_part("subscription", subscription)
         self._record(name)
         await self._control(name, "delete_subscription", subscription)
@@ -148,7 +161,7 @@ class ScalableTopicsAdmin:
 
     async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
         """Split an active segment at its midpoint; returns the completed operation."""
-        name = TopicName.parse(topic)
+        name = self._allowed(Permission.ADMIN, topic)
         _check_id(segment_id)
         self._record(name)
         return await self._control(name, "split_segment", segment_id, uuid.uuid4().hex)
@@ -157,7 +170,7 @@ class ScalableTopicsAdmin:
         self, topic: str, segment_id1: int, segment_id2: int
     ) -> dict[str, Any]:
         """Merge two adjacent active segments; returns the completed operation."""
-        name = TopicName.parse(topic)
+        name = self._allowed(Permission.ADMIN, topic)
         _check_id(segment_id1)
         _check_id(segment_id2)
         self._record(name)
@@ -170,7 +183,7 @@ class ScalableTopicsAdmin:
     async def create_segment_async(
         self, segment_topic: str, subscriptions: list[str] | None = None
     ) -> None:
-        segment = SegmentName.parse(segment_topic)
+        segment = self._allowed_segment(segment_topic)
         for sub in subscriptions or []:
             validate_part("subscription", sub)
         self._record(segment.topic)
@@ -181,16 +194,57 @@ class ScalableTopicsAdmin:
     async def terminate_segment_async(self, segment_topic: str, force: bool = False) -> int:
         """Seal a segment of the layout; returns its end offset. An ACTIVE one only with
         ``force``: producers to its range then stall until a split or merge replaces it."""
-        segment = SegmentName.parse(segment_topic)
+        segment = self._allowed_segment(segment_topic)
         self._record(segment.topic)
         return await self._control(segment.topic, "terminate_segment", str(segment), force)
 
     async def delete_segment_async(self, segment_topic: str, force: bool = False) -> None:
-        segment = SegmentName.parse(segment_topic)
+        segment = self._allowed_segment(segment_topic)
         self._record(segment.topic)
         await self._control(segment.topic, "delete_segment", str(segment), force)
 
+    # --- limits -------------------------------------------------------------------------
+
+    async def get_namespace_limits_async(self, namespace: str) -> dict[str, int]:
+        """The limits in force in ``tenant/namespace`` (defaults plus its overrides)."""
+        namespace_prefix(namespace)
+        self._auth.authorize(self._token, Permission.LOOKUP, namespace)
+        return asdict(namespace_limits(self._store, namespace))
+
+    async def set_namespace_limits_async(self, namespace: str, **limits: int) -> dict[str, int]:
+        """Override limits (``max_message_bytes=...``) for one namespace; returns those in force.
+
+        The whole resulting set is validated before it is stored. Controllers apply
+        it at once; segments and producers read size limits when they start.
+        """
+        namespace_prefix(namespace)
+        self._auth.authorize(self._token, Permission.ADMIN, namespace)
+
+        def merged(raw: bytes) -> bytes:
+            overrides = {**json.loads(raw), **limits}
+            Limits.from_env().overridden(overrides)  # raises before anything is written
+            return json.dumps(overrides, sort_keys=True).encode()
+
+        path = limits_path(namespace)
+        try:
+            self._store.put_if_absent(path, merged(b"{}"))
+        except AlreadyExistsError:
+            self._store.update(path, merged)
+        return await self.get_namespace_limits_async(namespace)
+
     # --- internals ------------------------------------------------------------------------
+
+    def _allowed(self, action: Permission, topic: str) -> TopicName:
+        """Parse ``topic`` and check this client's token may ``action`` in its namespace."""
+        name = TopicName.parse(topic)
+        self._auth.authorize(self._token, action, f"{name.tenant}/{name.namespace}")
+        return name
+
+    def _allowed_segment(self, segment_topic: str) -> SegmentName:
+        """Segment operations are internal: they need admin on the topic's namespace."""
+        segment = SegmentName.parse(segment_topic)
+        self._allowed(Permission.ADMIN, str(segment.topic))
+        return segment
 
     def _record(self, name: TopicName) -> TopicRecord:
         found = self._store.get(name.metadata_path)

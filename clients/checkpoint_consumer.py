@@ -19,6 +19,7 @@ from clients._group_consumer import (
     GroupConsumerCore,
     run_on_loop,
 )
+from runtime.auth import Permission, authorize_client
 from runtime.config import ray_namespace
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
@@ -66,9 +67,11 @@ class CheckpointConsumer(GroupConsumer):
         start: Checkpoint | None = None,
         *,
         session_grace_s: float = DEFAULT_GRACE_S,
+        token: str | None = None,
         **config: Any,
     ) -> None:
         name = TopicName.parse(topic)
+        authorize_client(token, Permission.CONSUME, name)
         if start is not None and start.topic != str(name):
             raise InvalidArgumentError(f"checkpoint is for {start.topic}, not {name}")
         store = MetadataStore(ray_namespace())

@@ -35,6 +35,7 @@ examples:
   raytopics merge public/default/orders 4 5
   raytopics stats public/default/orders --json
   raytopics subscriptions create public/default/orders billing --position latest
+  raytopics limits public/default --set max_message_bytes=1048576
   raytopics --url http://127.0.0.1:8080 describe public/default/orders
   raytopics delete public/default/orders
 """
@@ -98,6 +99,16 @@ def _subscription_delete(admin: Any, args: argparse.Namespace) -> str:
 
 def _subscription_list(admin: Any, args: argparse.Namespace) -> str:
     return "\n".join(admin.list_subscriptions(args.topic))
+
+
+def _limits(admin: Any, args: argparse.Namespace) -> str:
+    """Show a namespace's limits; with ``--set`` override some first (validated whole)."""
+    if args.set:
+        limits = admin.set_namespace_limits(args.namespace_path, **dict(args.set))
+    else:
+        limits = admin.get_namespace_limits(args.namespace_path)
+    width = max(map(len, limits))
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in limits.items())
 
 
 def _serve(args: argparse.Namespace) -> str:
@@ -210,6 +221,13 @@ def _property(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _limit(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=INTEGER, got {text!r}")
+    return name, int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="raytopics",
@@ -253,6 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
     stats = _command(commands, "stats", _stats, "segment and subscription stats", topic=True)
     stats.add_argument("--json", action="store_true", help="print the raw stats JSON")
     _command(commands, "delete", _delete, "delete a topic and its segments", topic=True)
+    limits = _command(commands, "limits", _limits, "show (or --set) a namespace's limits")
+    limits.add_argument("namespace_path", metavar="TENANT/NS")
+    limits.add_argument(
+        "--set",
+        type=_limit,
+        action="append",
+        default=[],
+        metavar="NAME=INTEGER",
+        help="override a limit, e.g. max_message_bytes=1048576 (repeatable)",
+    )
 
     subs = commands.add_parser("subscriptions", help="create, delete or list subscriptions")
     sub_commands = subs.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from clients._ray import background_loop, with_sync_twins
+from runtime.auth import default_token
 from runtime.errors import (
     InvalidArgumentError,
     ScalableTopicsError,
@@ -37,6 +38,7 @@ T = TypeVar("T")
 
 SCALABLE = "/admin/v2/scalable"
 SEGMENTS = "/admin/v2/segments"
+LIMITS = "/admin/v2/limits"
 NAMESPACE_PATH = SCALABLE + "/{tenant}/{namespace}"
 TOPIC_PATH = NAMESPACE_PATH + "/{topic}"
 STATS_PATH = TOPIC_PATH + "/stats"
@@ -46,6 +48,8 @@ SPLIT_PATH = TOPIC_PATH + "/split/{segmentId}"
 MERGE_PATH = TOPIC_PATH + "/merge/{segmentId1}/{segmentId2}"
 SEGMENT_PATH = SEGMENTS + "/{tenant}/{namespace}/{topic}/{descriptor}"
 TERMINATE_PATH = SEGMENT_PATH + "/terminate"
+# not under NAMESPACE_PATH, where "limits" would be read as a topic name
+LIMITS_PATH = LIMITS + "/{tenant}/{namespace}"
 
 
 @with_sync_twins
@@ -58,8 +62,10 @@ class AdminHttpClient:
     and async calls from any other loop are bridged onto it.
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 30) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 30, token: str | None = None) -> None:
+        """``token`` (default ``RAYTOPICS_TOKEN``) goes out as ``Authorization: Bearer``."""
         self.url = url.rstrip("/")
+        self._token = token if token is not None else default_token()
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -67,9 +73,7 @@ class AdminHttpClient:
 
     async def list_scalable_topics_async(self, namespace: str) -> list[str]:
         """Topics of ``tenant/namespace`` as ``topic://`` names."""
-        namespace_prefix(namespace)  # validates, raising what ScalableTopicsAdmin raises
-        tenant, ns = namespace.split("/")
-        return await self._call("GET", NAMESPACE_PATH.format(tenant=tenant, namespace=ns))
+        return await self._call("GET", _namespace_path(NAMESPACE_PATH, namespace))
 
     async def get_metadata_async(self, topic: str) -> dict[str, Any]:
         """The topic's ``ScalableTopicMetadata`` document (the spec's JSON shape)."""
@@ -153,6 +157,16 @@ class AdminHttpClient:
 
     # --- lifecycle of the client itself --------------------------------------------------
 
+    # --- limits -------------------------------------------------------------------------
+
+    async def get_namespace_limits_async(self, namespace: str) -> dict[str, int]:
+        """The limits in force in ``tenant/namespace`` (defaults plus its overrides)."""
+        return await self._call("GET", _namespace_path(LIMITS_PATH, namespace))
+
+    async def set_namespace_limits_async(self, namespace: str, **limits: int) -> dict[str, int]:
+        """Override limits (``max_message_bytes=...``) for one namespace; returns those in force."""
+        return await self._call("PUT", _namespace_path(LIMITS_PATH, namespace), body=limits)
+
     async def close_async(self) -> None:
         """Close the HTTP session (a later call opens a new one)."""
         await _on_background_loop(self._close_session())
@@ -189,7 +203,9 @@ class AdminHttpClient:
         self, method: str, path: str, data: str | None, params: dict[str, str] | None
     ) -> Any:
         """One HTTP exchange on the background loop; errors come back typed."""
-        headers = {"Content-Type": "application/json"} if data is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
         try:
             async with self._session_here().request(
                 method, self.url + path, data=data, params=params, headers=headers
@@ -233,6 +249,13 @@ def error_from_response(status: int, text: str) -> ScalableTopicsError:
 
 
 # --- helpers ----------------------------------------------------------------------------
+
+
+def _namespace_path(template: str, namespace: str) -> str:
+    """Fill a template from ``tenant/namespace``, validated as the Ray client does."""
+    namespace_prefix(namespace)  # raises what ScalableTopicsAdmin raises
+    tenant, ns = namespace.split("/")
+    return template.format(tenant=tenant, namespace=ns)
 
 
 def _topic_path(template: str, topic: str, **extra: object) -> str:

@@ -38,7 +38,9 @@ from actors.segment import segment_actor
 from clients._data_plane import ChannelError, SegmentChannel
 from clients._ray import background_loop
 from clients.message import BatchResult, MessageId
-from runtime.batch import make_batch, serialize_batch
+from runtime.auth import Permission, authorize_client
+from runtime.batch import make_batch, message_sizes, serialize_batch
+from runtime.config import ray_namespace
 from runtime.errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -48,9 +50,11 @@ from runtime.errors import (
 )
 from runtime.hashing import key_hashes
 from runtime.layout import SegmentLayout
+from runtime.limits import batch_slices, namespace_limits
 from runtime.names import TopicName
 from runtime.remote import call
 from runtime.routing import partition
+from storage.metadata import MetadataStore
 
 _ROW_OVERHEAD = 64  # bytes charged per message on top of key and value
 
@@ -276,6 +280,8 @@ class _ProducerCore:
         self.producer_id = config.producer_id or uuid.uuid4().hex
         self.watch = DagWatch(topic)
         self.layout = self.watch.layout
+        namespace = f"{topic.tenant}/{topic.namespace}"
+        self.limits = namespace_limits(MetadataStore(ray_namespace()), namespace)
         self.senders: dict[int, _SegmentSender] = {}
         self.routing_open = asyncio.Event()
         self.routing_open.set()
@@ -370,14 +376,18 @@ class _ProducerCore:
         self.round_robin = (self.round_robin + 1) % len(active)
         hashes = key_hashes(chunk.batch.column("key"))
         groups = partition(self.layout, hashes, active[self.round_robin]).groups
-        if len(groups) > 1:  # one copy, grouped by segment; each segment gets a slice of it
+        if len(groups) > 1:  # one copy, grouped by segment; each segment gets slices of it
             chunk = chunk.take(np.concatenate(list(groups.values())))
-        limit, first = self.config.batch_max_records, 0
+        sizes = message_sizes(chunk.batch)
+        max_messages = min(self.config.batch_max_records, self.limits.max_batch_messages)
+        first = 0
         for segment_id, rows in groups.items():
-            sender = self._sender(segment_id)
-            for start in range(first, first + len(rows), limit):
-                sender.enqueue(chunk.slice(start, min(limit, first + len(rows) - start)))
-            first += len(rows)
+            sender, end = self._sender(segment_id), first + len(rows)
+            for start, stop in batch_slices(
+                sizes[first:end], max_messages, self.limits.max_batch_bytes
+            ):
+                sender.enqueue(chunk.slice(first + start, stop - start))
+            first = end
 
     def _sender(self, segment_id: int) -> _SegmentSender:
         sender = self.senders.get(segment_id)
@@ -434,8 +444,11 @@ class _ProducerCore:
 class Producer:
     """Publish to a scalable topic; thread-safe, usable in Ray tasks and actors."""
 
-    def __init__(self, topic: str, **config: Any) -> None:
-        self._setup(TopicName.parse(topic), ProducerConfig(**config))
+    def __init__(self, topic: str, *, token: str | None = None, **config: Any) -> None:
+        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``produce`` when auth is on."""
+        name = TopicName.parse(topic)
+        authorize_client(token, Permission.PRODUCE, name)
+        self._setup(name, ProducerConfig(**config))
         self._open()  # fail fast here (unknown topic...), not at the first send
 
     def _setup(self, topic: TopicName, config: ProducerConfig) -> None:
@@ -479,7 +492,9 @@ class Producer:
         if properties is not None and not isinstance(properties, dict):
             raise InvalidArgumentError("properties must be a dict of str to str")
         core, sink = self._open(), _MessageSink()
-        core.charge(len(value) + (len(key.encode()) if key else 0) + _ROW_OVERHEAD)
+        size = len(value) + (len(key.encode()) if key else 0)
+        core.limits.check_message(size)
+        core.charge(size + _ROW_OVERHEAD)
         self._track(sink.future)
         core.submit(("one", bytes(value), key, properties, sink))
         return sink.future
@@ -503,6 +518,7 @@ class Producer:
             sink.future.set_result(BatchResult(sink.segment_ids, sink.offsets))
             return sink.future
         core = self._open()
+        core.limits.check_message(int(message_sizes(batch).max()))
         core.charge(_charge(batch))
         self._track(sink.future)
         core.submit(("bulk", batch, sink))

@@ -23,6 +23,7 @@ from actors.segment import segment_actor
 from clients._inbox import Inbox
 from clients._ray import background_loop
 from clients.message import Message, messages_from_delivery
+from runtime.auth import Permission, authorize_client
 from runtime.errors import ClientClosedError
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName, validate_part
@@ -123,10 +124,19 @@ class QueueConsumer:
     """Attach to ``subscription`` as one of any number of competing consumers."""
 
     def __init__(
-        self, topic: str, subscription: str, consumer_name: str | None = None, **config: Any
+        self,
+        topic: str,
+        subscription: str,
+        consumer_name: str | None = None,
+        *,
+        token: str | None = None,
+        **config: Any,
     ) -> None:
+        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` when auth is on."""
+        topic_name = TopicName.parse(topic)
+        authorize_client(token, Permission.CONSUME, topic_name)
         name = consumer_name or f"queue-{uuid.uuid4().hex[:12]}"
-        self._core = _QueueCore(TopicName.parse(topic), subscription, name, config)
+        self._core = _QueueCore(topic_name, subscription, name, config)
         self._loop = background_loop()
         self._loop.run(self._core.start())
 

@@ -16,6 +16,7 @@ from clients._group_consumer import (
     run_on_loop,
 )
 from clients.message import Message
+from runtime.auth import Permission, authorize_client
 from runtime.names import TopicName
 
 
@@ -23,9 +24,20 @@ class StreamConsumer(GroupConsumer):
     """Join ``subscription`` as ``consumer_name``; a restart with the same name within the
     subscription's grace period resumes the same segments without disturbing others."""
 
-    def __init__(self, topic: str, subscription: str, consumer_name: str, **config: Any) -> None:
+    def __init__(
+        self,
+        topic: str,
+        subscription: str,
+        consumer_name: str,
+        *,
+        token: str | None = None,
+        **config: Any,
+    ) -> None:
+        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` when auth is on."""
+        name = TopicName.parse(topic)
+        authorize_client(token, Permission.CONSUME, name)
         self._core = GroupConsumerCore(
-            TopicName.parse(topic),
+            name,
             subscription,
             consumer_name,
             acknowledges=True,

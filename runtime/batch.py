@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from runtime.errors import InvalidArgumentError
 
@@ -57,6 +58,13 @@ def make_batch(
     return pa.RecordBatch.from_arrays(
         [key_array, value_array, properties_array], schema=BATCH_SCHEMA
     )
+
+
+def message_sizes(batch: pa.RecordBatch) -> np.ndarray:
+    """Bytes of key + value of each message: what size limits count."""
+    values = pc.binary_length(batch.column("value")).fill_null(0)
+    keys = pc.binary_length(batch.column("key")).fill_null(0)
+    return pc.add(values, keys).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def serialize_batch(batch: pa.RecordBatch) -> bytes:

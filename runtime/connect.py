@@ -8,9 +8,16 @@ from typing import Any
 import ray
 
 from runtime.config import ray_namespace
+from runtime.limits import LIMIT_ENV_VARS
 
 # Variables that actors started from this driver must see too.
-_FORWARDED_ENV = ("RAYTOPICS_NAMESPACE", "RAYTOPICS_STORAGE_ROOT", "RAYTOPICS_DURABILITY")
+_FORWARDED_ENV = (
+    "RAYTOPICS_NAMESPACE",
+    "RAYTOPICS_STORAGE_ROOT",
+    "RAYTOPICS_DURABILITY",
+    "RAYTOPICS_ACK_TIMEOUT_S",
+    *LIMIT_ENV_VARS,
+)
 
 # Ray passes call arguments up to this size inline instead of through the object
 # store. A 1,000-message batch is ~130 KB, just over Ray's 100 KiB default, and

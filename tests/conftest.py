@@ -28,3 +28,17 @@ def ray_cluster():
 @pytest.fixture
 def unique() -> str:
     return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def kv_snapshot(ray_cluster):
+    """A callable returning every raw GCS KV entry of this session's namespace: what a
+    refused request must leave exactly as it was."""
+    from ray.experimental import internal_kv
+
+    def take() -> dict[bytes, bytes | None]:
+        namespace = ray.get_runtime_context().namespace
+        keys = internal_kv._internal_kv_list(b"", namespace=namespace)
+        return {key: internal_kv._internal_kv_get(key, namespace=namespace) for key in keys}
+
+    return take

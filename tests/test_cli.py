@@ -95,6 +95,17 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     assert_one_error_line(raytopics(cli_env, "create", "cli/n$/x", "--segments", "1", code=1))
 
 
+def test_namespace_limits(cli_env: dict[str, str], unique: str) -> None:
+    namespace = f"cli/lim-{unique}"
+    shown = raytopics(cli_env, "limits", namespace, "--set", "max_message_bytes=1000")
+    limits = dict(line.split() for line in shown.splitlines())
+    assert limits["max_message_bytes"] == "1000" and limits["max_topics_per_namespace"] == "10000"
+    assert raytopics(cli_env, "limits", namespace) == shown
+    refused = raytopics(cli_env, "limits", namespace, "--set", "max_batch_bytes=10", code=1)
+    assert_one_error_line(refused, "max_batch_bytes")
+    assert "expected NAME=INTEGER" in raytopics(cli_env, "limits", namespace, "--set", "x", code=2)
+
+
 def test_serve_and_url_mode(cli_env: dict[str, str]) -> None:
     port = free_port()
     serve = subprocess.Popen(

@@ -408,3 +408,22 @@ def test_connect_starts_the_gateway_and_busy_ports_fail_cleanly(ray_cluster) -> 
         with pytest.raises(UnavailableError, match="cannot listen"):
             start_gateway(busy.getsockname()[1])
         assert not stop_gateway(busy.getsockname()[1])  # the failed actor was removed
+
+
+def test_namespace_limits_over_rest(gateway: str, admin: ScalableTopicsAdmin, unique: str) -> None:
+    namespace, path = f"{TENANT}/lim-{unique}", f"/admin/v2/limits/{TENANT}/lim-{unique}"
+    with AdminHttpClient(gateway) as client:
+        limits = client.set_namespace_limits(namespace, max_topics_per_namespace=2)
+        assert limits["max_topics_per_namespace"] == 2
+        assert (
+            limits
+            == admin.get_namespace_limits(namespace)
+            == client.get_namespace_limits(namespace)
+        )
+        too_small = {"max_batch_bytes": 1}  # below max_message_bytes: the set is refused whole
+        for api in (admin, client):
+            with pytest.raises(InvalidArgumentError, match="max_batch_bytes"):
+                api.set_namespace_limits(namespace, **too_small)
+    for body in ({"max_message_bytes": "4"}, {"bogus": 1}, {"max_message_bytes": 0}, None):
+        assert http(gateway, "PUT", path, body)[0] == 400, body
+    assert admin.get_namespace_limits(namespace) == limits

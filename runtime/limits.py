@@ -1,0 +1,176 @@
+"""Limits: message and batch size, topics and segments per namespace and per topic.
+
+Defaults come from ``RAYTOPICS_MAX_*`` variables; an operator can override any of
+them for one namespace (``ScalableTopicsAdmin.set_namespace_limits``), stored at
+``/limits/{tenant}/{namespace}``. Every check raises ``LimitExceededError`` saying
+what was asked and what is allowed, before anything is changed. The segment is
+the authority on message and batch size; producers check the same numbers early
+so that the error names the message, and split batches so none is too large.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from runtime.errors import InvalidArgumentError, LimitExceededError
+from runtime.names import TopicName, namespace_prefix
+from runtime.operations import TopicRecord
+
+_ENV = {
+    "max_message_bytes": "RAYTOPICS_MAX_MESSAGE_BYTES",
+    "max_batch_bytes": "RAYTOPICS_MAX_BATCH_BYTES",
+    "max_batch_messages": "RAYTOPICS_MAX_BATCH_MESSAGES",
+    "max_topics_per_namespace": "RAYTOPICS_MAX_TOPICS_PER_NAMESPACE",
+    "max_segments_per_topic": "RAYTOPICS_MAX_SEGMENTS_PER_TOPIC",
+    "max_segments_per_namespace": "RAYTOPICS_MAX_SEGMENTS_PER_NAMESPACE",
+}
+LIMIT_ENV_VARS = tuple(_ENV.values())
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Segment counts are of ACTIVE segments: sealed ones take no new writes."""
+
+    max_message_bytes: int = 5 << 20
+    max_batch_bytes: int = 64 << 20
+    max_batch_messages: int = 100_000
+    max_topics_per_namespace: int = 10_000
+    max_segments_per_topic: int = 65_536
+    max_segments_per_namespace: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(
+                    f"{field.name} must be a positive integer, got {value!r}"
+                )
+        if self.max_batch_bytes < self.max_message_bytes:
+            raise InvalidArgumentError("max_batch_bytes must be >= max_message_bytes")
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        values = {}
+        for name, var in _ENV.items():
+            raw = os.environ.get(var)
+            if raw:
+                try:
+                    values[name] = int(raw)
+                except ValueError:
+                    raise InvalidArgumentError(f"{var} must be an integer, got {raw!r}") from None
+        return cls(**values)
+
+    def overridden(self, overrides: dict[str, Any]) -> Limits:
+        unknown = sorted(set(overrides) - set(_ENV))
+        if unknown:
+            raise InvalidArgumentError(f"unknown limits {unknown}; known: {sorted(_ENV)}")
+        return replace(self, **overrides)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    # --- checks ----------------------------------------------------------------------
+
+    def check_message(self, nbytes: int) -> None:
+        if nbytes > self.max_message_bytes:
+            raise LimitExceededError(
+                f"message of {nbytes} bytes (key + value) exceeds max_message_bytes "
+                f"{self.max_message_bytes}"
+            )
+
+    def check_batch(self, sizes: np.ndarray) -> None:
+        """``sizes``: bytes (key + value) of each message of one append."""
+        if len(sizes) > self.max_batch_messages:
+            raise LimitExceededError(
+                f"batch of {len(sizes)} messages exceeds max_batch_messages "
+                f"{self.max_batch_messages}"
+            )
+        if len(sizes):
+            self.check_message(int(sizes.max()))
+        total = int(sizes.sum())
+        if total > self.max_batch_bytes:
+            raise LimitExceededError(
+                f"batch of {total} bytes exceeds max_batch_bytes {self.max_batch_bytes}"
+            )
+
+    def check_topics(self, namespace: str, existing: int) -> None:
+        if existing + 1 > self.max_topics_per_namespace:
+            raise LimitExceededError(
+                f"namespace {namespace} has {existing} topics; max_topics_per_namespace is "
+                f"{self.max_topics_per_namespace}"
+            )
+
+    def check_segments(self, where: str, active_after: int, limit_name: str) -> None:
+        """``limit_name``: ``max_segments_per_topic`` or ``max_segments_per_namespace``."""
+        limit = getattr(self, limit_name)
+        if active_after > limit:
+            raise LimitExceededError(
+                f"{where} would have {active_after} active segments; {limit_name} is {limit}"
+            )
+
+
+def batch_slices(sizes: np.ndarray, max_messages: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Cut consecutive messages into ``[start, stop)`` runs within both limits.
+
+    Every single message is assumed to fit (checked at send); a run always holds
+    at least one message, so the cut always makes progress.
+    """
+    slices, start, total = [], 0, len(sizes)
+    ends = np.cumsum(sizes, dtype=np.int64)
+    while start < total:
+        base = ends[start - 1] if start else 0
+        by_bytes = int(np.searchsorted(ends, base + max_bytes, side="right"))
+        stop = min(total, start + max_messages, max(by_bytes, start + 1))
+        slices.append((start, stop))
+        start = stop
+    return slices
+
+
+class _Store(Protocol):
+    def get(self, path: str) -> Any: ...
+
+    def children(self, path: str) -> list[str]: ...
+
+
+def limits_path(namespace: str) -> str:
+    return f"/limits/{namespace}"
+
+
+def namespace_limits(store: _Store, namespace: str) -> Limits:
+    """The env defaults with this namespace's stored overrides applied."""
+    found = store.get(limits_path(namespace))
+    base = Limits.from_env()
+    return base if found is None else base.overridden(json.loads(found.value))
+
+
+def check_room(
+    store: _Store, topic: TopicName, added: int, *, new_topic: bool = False, active_now: int = 0
+) -> None:
+    """Refuse what would break the namespace's limits, before anything is written.
+
+    The admin client checks early (so a refused create starts no controller);
+    the controller checks again as the authority. Per topic the check is exact
+    (its controller is the only writer); across the topics of a namespace two
+    concurrent creates may both pass.
+    """
+    namespace = f"{topic.tenant}/{topic.namespace}"
+    limits = namespace_limits(store, namespace)
+    prefix = namespace_prefix(namespace)
+    others = [t for t in store.children(prefix) if t != topic.topic]
+    if new_topic:
+        limits.check_topics(namespace, len(others))
+    limits.check_segments(str(topic), active_now + added, "max_segments_per_topic")
+    total = sum(_active_count(store, f"{prefix}/{t}") for t in others) + active_now + added
+    limits.check_segments(f"namespace {namespace}", total, "max_segments_per_namespace")
+
+
+def _active_count(store: _Store, path: str) -> int:
+    found = store.get(path)
+    if found is None:
+        return 0
+    return len(TopicRecord.from_bytes(found.value).layout.active_segments)

@@ -1,0 +1,146 @@
+"""Limits: pure checks and slicing, then enforcement by producer, segment and controller."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.segment import segment_actor
+from clients import Producer, ScalableTopicsAdmin
+from runtime.batch import make_batch
+from runtime.errors import InvalidArgumentError, LimitExceededError
+from runtime.limits import Limits, batch_slices
+from runtime.names import TopicName
+
+# --- pure ------------------------------------------------------------------------------
+
+
+def test_defaults_and_env(monkeypatch) -> None:
+    assert Limits().max_message_bytes == 5 << 20
+    monkeypatch.setenv("RAYTOPICS_MAX_MESSAGE_BYTES", "10")
+    monkeypatch.setenv("RAYTOPICS_MAX_TOPICS_PER_NAMESPACE", "3")
+    limits = Limits.from_env()
+    assert (limits.max_message_bytes, limits.max_topics_per_namespace) == (10, 3)
+    monkeypatch.setenv("RAYTOPICS_MAX_BATCH_BYTES", "lots")
+    with pytest.raises(InvalidArgumentError, match="RAYTOPICS_MAX_BATCH_BYTES"):
+        Limits.from_env()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"max_message_bytes": 0}, {"max_batch_bytes": 1}, {"nope": 1}, {"max_batch_messages": True}],
+)
+def test_bad_overrides_are_refused(overrides: dict) -> None:
+    with pytest.raises(InvalidArgumentError):
+        Limits().overridden(overrides)
+
+
+def test_checks_say_what_and_what_is_allowed() -> None:
+    limits = Limits(max_message_bytes=10, max_batch_bytes=25, max_batch_messages=3)
+    limits.check_batch(np.array([10, 10, 5]))
+    with pytest.raises(LimitExceededError, match="11 bytes .* max_message_bytes 10"):
+        limits.check_batch(np.array([11]))
+    with pytest.raises(LimitExceededError, match="4 messages exceeds max_batch_messages 3"):
+        limits.check_batch(np.array([1, 1, 1, 1]))
+    with pytest.raises(LimitExceededError, match="26 bytes exceeds max_batch_bytes 25"):
+        limits.check_batch(np.array([10, 10, 6]))
+    with pytest.raises(LimitExceededError, match="has 3 topics; max_topics_per_namespace is 3"):
+        Limits(max_topics_per_namespace=3).check_topics("a/b", 3)
+
+
+@given(
+    st.lists(st.integers(0, 50), max_size=200),
+    st.integers(1, 20),
+    st.integers(50, 400),
+)
+def test_slices_cover_in_order_within_limits(sizes: list[int], max_messages: int, max_bytes: int):
+    array = np.array(sizes, dtype=np.int64)
+    slices = batch_slices(array, max_messages, max_bytes)
+    assert [i for a, b in slices for i in range(a, b)] == list(range(len(sizes)))
+    for start, stop in slices:
+        assert 0 < stop - start <= max_messages
+        assert array[start:stop].sum() <= max_bytes
+
+
+# --- enforced on a real cluster ---------------------------------------------------------
+
+
+@pytest.fixture
+def admin(ray_cluster) -> ScalableTopicsAdmin:
+    return ScalableTopicsAdmin()
+
+
+def _limited(admin: ScalableTopicsAdmin, unique: str, **limits: int) -> str:
+    namespace = f"lim/{unique}"
+    admin.set_namespace_limits(namespace, **limits)
+    return namespace
+
+
+def test_namespace_limits_are_stored_validated_whole(admin, unique, kv_snapshot) -> None:
+    namespace = _limited(admin, unique, max_topics_per_namespace=2)
+    assert admin.get_namespace_limits(namespace)["max_topics_per_namespace"] == 2
+    before = kv_snapshot()
+    with pytest.raises(InvalidArgumentError):  # valid + invalid: neither is applied
+        admin.set_namespace_limits(namespace, max_segments_per_topic=5, max_batch_bytes=1)
+    assert kv_snapshot() == before
+    assert admin.get_namespace_limits("lim/other")["max_topics_per_namespace"] == 10_000
+
+
+def test_topics_and_segments_per_namespace(admin, unique, kv_snapshot) -> None:
+    namespace = _limited(
+        admin, unique, max_topics_per_namespace=2, max_segments_per_namespace=4,
+        max_segments_per_topic=3,
+    )  # fmt: skip
+    first, second = f"topic://{namespace}/a", f"topic://{namespace}/b"
+    admin.create_scalable_topic(first, 2)
+    before = kv_snapshot()
+    with pytest.raises(LimitExceededError, match="max_segments_per_topic is 3"):
+        admin.create_scalable_topic(second, 4)
+    with pytest.raises(LimitExceededError, match="would have 5 active .*namespace is 4"):
+        admin.create_scalable_topic(second, 3)
+    assert kv_snapshot() == before and admin.list_scalable_topics(namespace) == [first]
+    admin.create_scalable_topic(second, 2)
+    with pytest.raises(LimitExceededError, match="has 2 topics; max_topics_per_namespace is 2"):
+        admin.create_scalable_topic(f"topic://{namespace}/c", 1)
+    before = kv_snapshot()
+    with pytest.raises(LimitExceededError, match="namespace .* would have 5 active"):
+        admin.split_segment(first, 0)
+    assert kv_snapshot() == before
+    admin.merge_segments(second, 0, 1)  # frees one
+    admin.split_segment(first, 0)
+    with pytest.raises(LimitExceededError, match="max_segments_per_topic is 3"):
+        admin.split_segment(first, 3)
+    for topic in (first, second):
+        admin.delete_scalable_topic(topic)
+
+
+def test_message_and_batch_size_at_producer_and_segment(admin, unique) -> None:
+    namespace = _limited(
+        admin, unique, max_message_bytes=1_000, max_batch_bytes=4_000, max_batch_messages=50
+    )
+    topic = f"topic://{namespace}/sizes"
+    admin.create_scalable_topic(topic, 1)
+    with Producer(topic) as producer:
+        with pytest.raises(LimitExceededError, match="1001 bytes .* max_message_bytes 1000"):
+            producer.send(b"x" * 1_000, key="k")
+        with pytest.raises(LimitExceededError):
+            producer.send_batch([b"x" * 1_001])
+        # 200 x 100 bytes: the producer cuts batches of <= 40 so the segment accepts all
+        producer.send_batch([b"y" * 100] * 200).result(timeout=60)
+        producer.send(b"z" * 999, key="k").result(timeout=60)
+    name = TopicName.parse(topic).segment(0, 0, 0xFFFF)
+    segment = segment_actor(name)
+    records = ray.get(segment.stats.remote())["records"]
+    assert records == 201
+    for batch in (
+        make_batch([b"x" * 1_001]),
+        make_batch([b"x" * 10] * 51),
+        make_batch([b"x" * 1_000] * 5),
+    ):  # the segment is the authority: a client that skips the checks is refused
+        with pytest.raises(LimitExceededError):
+            ray.get(segment.append.remote(batch))
+    assert ray.get(segment.stats.remote())["records"] == records
+    admin.delete_scalable_topic(topic)
