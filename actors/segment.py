@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
 from runtime import wire
 from runtime.batch import deserialize_batch
@@ -49,6 +51,7 @@ class SegmentActor:
         self._server: asyncio.Server | None = None
         self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
+        self._metrics = SegmentMetrics(self._name)
 
     # --- data path ---------------------------------------------------------------
 
@@ -78,9 +81,17 @@ class SegmentActor:
         payload: memoryview | None,
     ) -> tuple[int, int]:
         self._ensure_syncer()
-        if producer_id is not None and sequence is not None:
-            await self._await_turn(producer_id, sequence)
-        result = self._store.append(batch, producer_id, sequence, payload)
+        try:
+            if producer_id is not None and sequence is not None:
+                await self._await_turn(producer_id, sequence)
+            started = time.perf_counter()
+            result = self._store.append(batch, producer_id, sequence, payload)
+        except ScalableTopicsError as err:
+            self._metrics.rejected(err.code)
+            raise
+        if not result.duplicate:  # one record per batch: the hot path stays cheap
+            nbytes = len(payload) if payload is not None else batch.nbytes
+            self._metrics.appended(result.count, nbytes, time.perf_counter() - started)
         if producer_id is not None:
             self._turns.pop(producer_id, asyncio.Event()).set()
         self._wake()
@@ -121,6 +132,7 @@ class SegmentActor:
         if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
             await self._wait(wait_s)
             batch = self._store.read(offset, max_records)
+        self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
 
     async def queue_receive(
@@ -130,6 +142,7 @@ class SegmentActor:
         if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
             await self._wait(wait_s)
             batch = self._store.queue_receive(subscription, consumer, max_records)
+        self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
 
     # --- lifecycle (fenced by controller epoch) ---------------------------------
@@ -153,6 +166,9 @@ class SegmentActor:
     async def delete(self, epoch: int | None = None) -> None:
         self._store.delete(epoch)
         self._wake()
+
+    async def retain(self, oldest_publish_ms: int | None, max_bytes: int | None) -> int:
+        return self._store.retain(oldest_publish_ms, max_bytes)
 
     async def check_epoch(self, epoch: int) -> None:
         self._store.check_epoch(epoch)

@@ -114,6 +114,11 @@ class SegmentStore:
         self.log.terminate()
         return self.log.end_offset
 
+    def retain(self, oldest_publish_ms: int | None, max_bytes: int | None) -> int:
+        """Time/size retention of this segment's head; returns the new start offset."""
+        self._check_alive()
+        return self.log.retain(oldest_publish_ms, max_bytes)
+
     def delete(self, epoch: int | None) -> None:
         self.check_epoch(epoch)
         self.log.close()
@@ -182,7 +187,7 @@ class SegmentStore:
         for name in self.cursors.names():
             cursor = self.cursors.get(name)
             entry: dict[str, Any] = {
-                "backlog": cursor.backlog(end),
+                "backlog": cursor.backlog(end) - cursor.backlog(self.log.start_offset),
                 "markDelete": cursor.mark_delete,
             }
             if name in self._dispatchers:
