@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from actors.controller import ScalableTopicController
 
 log = logging.getLogger(__name__)
-DEFAULT_INTERVAL_S = float(os.environ.get("RAYTOPICS_MAINTENANCE_INTERVAL_S", "2.0"))
+DEFAULT_INTERVAL_S = float(os.environ.get("RAYTOPICS_MAINTENANCE_INTERVAL_S", "5.0"))
 
 
 class TopicMaintenance:
@@ -122,7 +122,10 @@ class TopicMaintenance:
 
 
 def _interval(policy: TopicPolicy) -> float:
-    """Autoscaling samples a few times per window; otherwise a relaxed pace."""
+    """Autoscaling samples a few times per window, retention looks every second; a topic
+    without a policy only refreshes its gauges, at a relaxed pace."""
     if policy.autoscale is not None:
-        return min(DEFAULT_INTERVAL_S, policy.autoscale.window_s / 4)
+        return min(1.0, policy.autoscale.window_s / 4)
+    if policy.retention is not None:
+        return 1.0
     return DEFAULT_INTERVAL_S

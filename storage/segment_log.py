@@ -376,9 +376,12 @@ class SegmentLog:
                 fsync_directory(self._directory)
             return dropped
 
-    def retain(self, oldest_publish_ms: int | None, max_bytes: int | None) -> int:
+    def retain(
+        self, oldest_publish_ms: int | None, max_bytes: int | None, keep_from: int | None = None
+    ) -> int:
         """Retention on a live log: drop whole batches from the head that were published
-        before ``oldest_publish_ms`` or that push the log over ``max_bytes``.
+        before ``oldest_publish_ms`` or that push the log over ``max_bytes``, but never
+        a batch reaching ``keep_from`` or beyond (what a reader still needs).
 
         The new start offset is persisted (a marker file), so a restart does not
         resurrect what retention dropped; chunk files wholly below it are unlinked.
@@ -386,14 +389,14 @@ class SegmentLog:
         """
         with self._lock:
             self._check_open()
-            keep = bisect.bisect_left(self._bases, self._start_offset)
-            entries = self._entries
+            entries, keep = self._entries, bisect.bisect_left(self._bases, self._start_offset)
+            stop = self._droppable(keep_from)
             if oldest_publish_ms is not None:
-                while keep < len(entries) and entries[keep].publish_time_ms < oldest_publish_ms:
+                while keep < stop and entries[keep].publish_time_ms < oldest_publish_ms:
                     keep += 1
             if max_bytes is not None:
                 excess = sum(e.frame_length for e in entries[keep:]) - max_bytes
-                while keep < len(entries) and excess > 0:
+                while keep < stop and excess > 0:
                     excess -= entries[keep].frame_length
                     keep += 1
             start = entries[keep].base_offset if keep < len(entries) else self._end_offset
@@ -407,6 +410,18 @@ class SegmentLog:
                 while len(self._chunks) > 1 and self._chunks[1].base_offset <= start:
                     self._drop_first_chunk()
             return self._start_offset
+
+    def _droppable(self, keep_from: int | None) -> int:
+        """How many leading index entries end at or before ``keep_from``."""
+        if keep_from is None:
+            return len(self._entries)
+        count = bisect.bisect_right(self._bases, keep_from)
+        if (
+            count
+            and self._entries[count - 1].base_offset + self._entries[count - 1].count > keep_from
+        ):
+            count -= 1
+        return count
 
     def close(self) -> None:
         """Release file handles; flushes first unless the policy says not to bother."""
