@@ -472,13 +472,13 @@ def _param_schema(name: str) -> dict[str, Any]:
 @functools.cache
 def openapi_document() -> dict[str, Any]:
     """An OpenAPI 3.1 document of ``ROUTES``, schemas generated from the pydantic models."""
-    models = {ErrorBody: "serialization"}
+    models = {(ErrorBody, "serialization"): None}  # a model can be a body and a reply
     for route in ROUTES:
         if route.body.model_fields:
-            models[route.body] = "validation"
+            models[(route.body, "validation")] = None
         if isinstance(route.returns, type):
-            models[route.returns] = "serialization"
-    keys, defs = models_json_schema(list(models.items()), ref_template=_REF)
+            models[(route.returns, "serialization")] = None
+    keys, defs = models_json_schema(list(models), ref_template=_REF)
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, keys)
