@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 from test_clients import Collector, check_delivery, wait_for
 
 from clients import Producer, ScalableTopicsAdmin, StreamConsumer
@@ -77,11 +76,6 @@ def flaps(layout: SegmentLayout, seen: dict[int, float]) -> list[str]:
             if gap < COOLDOWN_S - 0.3:
                 found.append(f"split {a.parent_ids[0]} undone by {merged.segment_id} in {gap:.1f}s")
     return found
-
-
-@pytest.fixture(scope="module")
-def admin(ray_cluster) -> ScalableTopicsAdmin:
-    return ScalableTopicsAdmin()
 
 
 def test_ramp_up_grows_ramp_down_shrinks_without_flapping_or_loss(admin, unique) -> None:

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from actors.segment import segment_actor
-from clients import Producer, ScalableTopicsAdmin, StreamConsumer
+from clients import Producer, StreamConsumer
 from runtime.batch import make_batch
 from runtime.errors import SegmentTerminated
 from runtime.names import TopicName
@@ -42,11 +42,6 @@ def total(samples, metric: str, **tags: str) -> float | None:
     """Sum over every series (one per worker process) whose labels include ``tags``."""
     values = [v for labels, v in samples.get(metric, []) if tags.items() <= labels.items()]
     return sum(values) if values else None
-
-
-@pytest.fixture(scope="module")
-def admin(ray_cluster) -> ScalableTopicsAdmin:
-    return ScalableTopicsAdmin()
 
 
 def test_metrics_are_exported_with_tags_and_plausible_values(admin, unique) -> None:

@@ -4,32 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import pytest
 from test_cli import cli_env, raytopics  # noqa: F401  (cli_env is a fixture)
-from test_gateway import free_port, http
+from test_gateway import gateway, http  # noqa: F401  (gateway is a fixture)
 
-from actors.gateway import openapi_document, start_gateway, stop_gateway
-from clients import AdminHttpClient, ScalableTopicsAdmin
+from actors.gateway import openapi_document
+from clients import AdminHttpClient
 from runtime.errors import InvalidArgumentError, TopicNotFoundError
 
 POLICY = {
     "autoscale": {"targetMsgsPerS": 500, "minSegments": 2, "maxSegments": 8, "cooldownS": 30},
     "retention": {"timeS": 3600},
 }
-
-
-@pytest.fixture(scope="module")
-def admin(ray_cluster) -> ScalableTopicsAdmin:
-    return ScalableTopicsAdmin()
-
-
-@pytest.fixture(scope="module")
-def gateway(ray_cluster) -> Iterator[str]:
-    port = free_port()
-    yield start_gateway(port)
-    stop_gateway(port)
 
 
 def test_python_admin_stores_validates_and_never_half_applies(admin, unique) -> None:
@@ -50,7 +37,7 @@ def test_python_admin_stores_validates_and_never_half_applies(admin, unique) -> 
     admin.delete_scalable_topic(topic)
 
 
-def test_rest_and_openapi(admin, gateway, unique) -> None:
+def test_rest_and_openapi(admin, gateway, unique) -> None:  # noqa: F811
     topic = f"topic://policy/ns/r-{unique}"
     admin.create_scalable_topic(topic, 1)
     client = AdminHttpClient(gateway)

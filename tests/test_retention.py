@@ -7,17 +7,11 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 from test_clients import Collector, wait_for
 
-from clients import Producer, ScalableTopicsAdmin, StreamConsumer
+from clients import Producer, StreamConsumer
 from runtime.names import TopicName
 from storage.segment_store import segment_directory
-
-
-@pytest.fixture(scope="module")
-def admin(ray_cluster) -> ScalableTopicsAdmin:
-    return ScalableTopicsAdmin()
 
 
 def test_twenty_split_merge_cycles_leave_only_active_segments(admin, unique) -> None:
