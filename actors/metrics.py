@@ -4,7 +4,8 @@ Metrics go through ``ray.util.metrics``, so they reach the Ray dashboard and
 the node's Prometheus endpoint (``metrics_export_port``) with a ``ray_`` prefix
 and no extra infrastructure. Names and tag keys live only here; actors hold a
 recorder bound to their own tags and call it once per batch, never per message,
-because appends run at millions of messages a second.
+because appends run at millions of messages a second (and the segment recorder
+batches further, see ``SegmentMetrics``).
 
 Metric objects are created lazily (on first use in a process): a module import
 must not need a connected Ray worker.
@@ -13,6 +14,7 @@ must not need a connected Ray worker.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 
 from ray.util.metrics import Counter, Gauge, Histogram
@@ -88,26 +90,54 @@ def _metrics() -> _Metrics:
 
 
 class SegmentMetrics:
-    """Recorder of one segment actor: its tags are computed once, not per call."""
+    """Recorder of one segment actor, cheap enough for the append path.
+
+    Recording a Ray metric costs tens of microseconds, so counts are summed in
+    plain integers and handed to Ray at most once per ``FLUSH_S`` (and whenever
+    the controller's maintenance round asks for stats); append latency is
+    observed for at most ``LATENCY_SAMPLES`` batches per flush period.
+    """
+
+    FLUSH_S = 1.0
+    LATENCY_SAMPLES = 100
 
     def __init__(self, name: SegmentName) -> None:
         self._tags = {"topic": str(name.topic), "segment": name.descriptor}
         self._topic = str(name.topic)
+        self._counts = [0, 0, 0, 0]  # messages in, bytes in, messages out, bytes out
+        self._latencies_ms: list[float] = []
+        self._last_flush = time.monotonic()
 
     def appended(self, count: int, nbytes: int, latency_s: float) -> None:
-        m = _metrics()
-        m.messages_in.inc(count, self._tags)
-        m.bytes_in.inc(nbytes, self._tags)
-        m.append_latency.observe(latency_s * 1000.0, self._tags)
+        self._counts[0] += count
+        self._counts[1] += nbytes
+        if len(self._latencies_ms) < self.LATENCY_SAMPLES:
+            self._latencies_ms.append(latency_s * 1000.0)
+        self._flush_if_due()
 
     def delivered(self, count: int, nbytes: int) -> None:
-        if count:
-            m = _metrics()
-            m.messages_out.inc(count, self._tags)
-            m.bytes_out.inc(nbytes, self._tags)
+        self._counts[2] += count
+        self._counts[3] += nbytes
+        self._flush_if_due()
 
     def rejected(self, code: str) -> None:
         record_rejected(self._topic, "segment", code)
+
+    def flush(self) -> None:
+        m = _metrics()
+        counters = (m.messages_in, m.bytes_in, m.messages_out, m.bytes_out)
+        for counter, value in zip(counters, self._counts, strict=True):
+            if value:
+                counter.inc(value, self._tags)
+        for latency in self._latencies_ms:
+            m.append_latency.observe(latency, self._tags)
+        self._counts = [0, 0, 0, 0]
+        self._latencies_ms = []
+        self._last_flush = time.monotonic()
+
+    def _flush_if_due(self) -> None:
+        if time.monotonic() - self._last_flush >= self.FLUSH_S:
+            self.flush()
 
 
 class ControllerMetrics:

@@ -212,6 +212,7 @@ class SegmentActor:
         self._wake()
 
     async def stats(self) -> dict[str, Any]:
+        self._metrics.flush()  # asked every maintenance round: quiet segments report too
         return self._store.stats()
 
     # --- internals ---------------------------------------------------------------

@@ -102,6 +102,10 @@ def test_ramp_up_grows_ramp_down_shrinks_without_flapping_or_loss(admin, unique)
     assert peak >= 4, f"only {peak} active segments at 6x the target"
     wait_for(lambda: recorder.active() == 1, 90, "the topic to shrink back to minSegments")
     wait_for(lambda: len(received) >= len(sent), 60, "every message")
+    (only,) = admin.get_layout(topic).active_segments
+    admin.split_segment(topic, only)  # manual operations work alongside the policy...
+    wait_for(lambda: recorder.active() == 2, 10, "the manual split")
+    wait_for(lambda: recorder.active() == 1, 30, "...and cold halves merge back")
     recorder.close()
     collector.close()
 
