@@ -559,7 +559,7 @@ class ScalableTopicController:
         shutil.rmtree(segment_directory(Path(self.storage_root), name), ignore_errors=True)
 
 
-class _MaintainedController(ScalableTopicController):
+class ScalableTopicControllerActor(ScalableTopicController):
     """The controller as an actor: it also runs the maintenance loop from the start, so
     a restarted incarnation keeps scaling and retaining without being called."""
 
@@ -568,7 +568,7 @@ class _MaintainedController(ScalableTopicController):
         self._maintenance = TopicMaintenance(self).start()  # async actor: a loop is running
 
 
-ControllerActor = ray.remote(num_cpus=0, max_restarts=-1)(_MaintainedController)
+ControllerActor = ray.remote(num_cpus=0, max_restarts=-1)(ScalableTopicControllerActor)
 
 
 def controller_actor(
