@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import time
 import uuid
@@ -30,6 +31,8 @@ from ray.exceptions import RayActorError
 
 from actors.coordinator import coordinator_actor
 from actors.dag_watch import dag_watch_actor
+from actors.maintenance import TopicMaintenance
+from actors.metrics import ControllerMetrics
 from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
 from runtime.config import ray_namespace
@@ -55,12 +58,14 @@ from runtime.operations import (
     apply_operation,
     completed,
     plan_merge,
+    plan_prune,
     plan_split,
 )
+from runtime.policy import RetentionPolicy, TopicPolicy
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition, SubscriptionMetadata
 from storage.metadata import MetadataStore
 from storage.segment_log import Durability, default_storage_root
-from storage.segment_store import SegmentStore
+from storage.segment_store import SegmentStore, segment_directory
 
 
 class ScalableTopicController:
@@ -72,7 +77,10 @@ class ScalableTopicController:
         self.durability = Durability(**durability)
         self.store = MetadataStore(ray_namespace())
         self.epoch = self._elect()
+        self.metrics = ControllerMetrics(self.topic)
+        self.metrics.leader(self.epoch)
         self._lock = asyncio.Lock()
+        self._watch_handles: dict[SegmentName, ray.actor.ActorHandle] = {}
         self._recovered = False
         self._fault_after_step: int | None = None
 
@@ -164,6 +172,27 @@ class ScalableTopicController:
             request_id, lambda layout, rid: plan_merge(layout, segment_id1, segment_id2, rid)
         )
 
+    async def prune_segments(self, segment_ids: list[int]) -> list[int]:
+        """Retention: delete sealed root segments' storage, then drop them from the DAG.
+
+        Storage goes first: a crash in between leaves the plan pending and the
+        next incarnation deletes (idempotently) and prunes; the other order
+        could leave files that no record names any more.
+        """
+        async with self._lock:
+            await self._recover()
+            op = plan_prune(self._read_record().layout, segment_ids, uuid.uuid4().hex)
+            await self._run(op)
+        return list(op.parents)
+
+    async def set_policy(self, policy: dict[str, Any]) -> dict[str, Any]:
+        """Replace the topic's policy (validated first, so nothing is half-applied)."""
+        parsed = TopicPolicy.parse(policy)
+        async with self._lock:
+            await self._recover()
+            self._update_record(lambda r: r.model_copy(update={"policy": parsed}))
+        return parsed.to_dict()
+
     async def _change_layout(
         self, request_id: str | None, plan: Callable[[SegmentLayout, str], PendingOperation]
     ) -> dict:
@@ -179,9 +208,15 @@ class ScalableTopicController:
             if added > 0:
                 active_now = len(record.layout.active_segments)
                 check_room(self.store, self.topic, added, active_now=active_now)
-            self._update_record(lambda r: _with_pending(r, op))
-            await self._carry_out(op)
+            await self._run(op)
             return self._read_record().last_operation.model_dump(by_alias=True)
+
+    async def _run(self, op: PendingOperation) -> None:
+        """Record ``op`` as pending, carry it out, and time it for the metrics."""
+        started = time.monotonic()
+        self._update_record(lambda r: _with_pending(r, op))
+        await self._carry_out(op)
+        self.metrics.operation(op.kind, time.monotonic() - started)
 
     async def _carry_out(self, op: PendingOperation) -> None:
         """Run (or resume) ``op``; each step is safe to repeat."""
@@ -191,6 +226,14 @@ class ScalableTopicController:
             return
         if op.kind == "delete":
             await self._delete_everything()
+            return
+        if op.kind == "prune":
+            layout = self._read_record().layout
+            for segment_id in op.parents:
+                if segment_id in layout.all_segments:
+                    await self._destroy_segment(self._name_of(layout.get(segment_id)))
+            self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
+            dag_watch_actor().notify.remote(str(self.topic))
             return
         subscriptions = await self._discover_subscriptions(op.parents)
         self._step_done(1)
@@ -224,12 +267,8 @@ class ScalableTopicController:
     async def _delete_everything(self) -> None:
         for subscription in self.store.children(f"{self.topic.metadata_path}/subscriptions"):
             await self._stop_coordinator(subscription)
-        record = self._read_record()
-        for segment in record.layout.all_segments.values():
-            name = self.topic.segment(
-                segment.segment_id, segment.hash_range.start, segment.hash_range.end
-            )
-            await self._destroy_segment(name)
+        for segment in self._read_record().layout.all_segments.values():
+            await self._destroy_segment(self._name_of(segment))
         self.store.delete_tree(self.topic.metadata_path)
 
     # --- subscriptions ---------------------------------------------------------------
@@ -369,6 +408,52 @@ class ScalableTopicController:
             )
         return info
 
+    # --- maintenance (metrics, autoscale, retention; see actors.maintenance) ----------
+
+    async def observe(self) -> tuple[TopicRecord, dict[int, dict[str, Any]]] | None:
+        """The record and the stats of every segment that answers; None without a topic."""
+        record = self._read_record(required=False)
+        if record is None or record.pending_operation is not None:
+            return None
+        segments = list(record.layout.all_segments.values())
+        found = await asyncio.gather(
+            *(self._watched(self._name_of(s)).stats.remote() for s in segments),
+            return_exceptions=True,
+        )
+        stats = {
+            s.segment_id: st for s, st in zip(segments, found, strict=True) if isinstance(st, dict)
+        }
+        return record, stats
+
+    async def retain_active(self, layout: SegmentLayout, retention: RetentionPolicy) -> None:
+        """Apply time and size retention to the active segments (whole batches from the head)."""
+        if retention.time_s is None and retention.size_bytes is None:
+            return
+        oldest_ms = None
+        if retention.time_s is not None:
+            oldest_ms = time.time_ns() // 1_000_000 - int(retention.time_s * 1000)
+        await asyncio.gather(
+            *(
+                self._watched(self._name_of(s)).retain.remote(oldest_ms, retention.size_bytes)
+                for s in layout.active_segments.values()
+            )
+        )
+
+    def _watched(self, name: SegmentName) -> ray.actor.ActorHandle:
+        """Segment handles for the maintenance rounds, cached: a lookup per segment per
+        round would cost a GCS round trip each. Pruned segments drop out of the cache."""
+        handle = self._watch_handles.get(name)
+        if handle is None:
+            handle = self._watch_handles[name] = self._segment_handle(name)
+        return handle
+
+    def subscription_names(self) -> list[str]:
+        return self.store.children(f"{self.topic.metadata_path}/subscriptions")
+
+    def consumer_count(self, subscription: str) -> int:
+        path = f"{self.topic.subscription_path(subscription)}/consumers"
+        return len(self.store.children(path))
+
     # --- fault injection (crash tests and chaos) -------------------------------------
 
     def inject_fault_after_step(self, step: int | None) -> None:
@@ -418,10 +503,12 @@ class ScalableTopicController:
     def _names(self, active_only: bool, record: TopicRecord | None = None) -> list[SegmentName]:
         layout = (record or self._read_record()).layout
         segments = layout.active_segments if active_only else layout.all_segments
-        return [
-            self.topic.segment(s.segment_id, s.hash_range.start, s.hash_range.end)
-            for s in segments.values()
-        ]
+        return [self._name_of(s) for s in segments.values()]
+
+    def _name_of(self, segment: SegmentInfo) -> SegmentName:
+        return self.topic.segment(
+            segment.segment_id, segment.hash_range.start, segment.hash_range.end
+        )
 
     def _active_names(self, record: TopicRecord | None = None) -> list[SegmentName]:
         return self._names(True, record)
@@ -433,8 +520,7 @@ class ScalableTopicController:
         info = self._read_record().layout.all_segments.get(segment_id)
         if info is None:
             raise SegmentNotFoundError(f"segment {segment_id} is not in the layout of {self.topic}")
-        rng = info.hash_range
-        return self._segment_handle(self.topic.segment(segment_id, rng.start, rng.end))
+        return self._segment_handle(self._name_of(info))
 
     def _segment_handle(self, name: SegmentName) -> ray.actor.ActorHandle:
         return segment_actor(
@@ -477,12 +563,26 @@ class ScalableTopicController:
             store.close()
 
     async def _destroy_segment(self, name: SegmentName) -> None:
-        handle = self._segment_handle(name)
-        await handle.delete.remote(self.epoch)
-        ray.kill(handle, no_restart=True)
+        """Stop the segment's actor (if any) and remove its storage; safe to repeat."""
+        self._watch_handles.pop(name, None)
+        with contextlib.suppress(ValueError):
+            handle = segment_actor(name)
+            with contextlib.suppress(RayActorError, SegmentNotFoundError):
+                await handle.delete.remote(self.epoch)
+            ray.kill(handle, no_restart=True)
+        shutil.rmtree(segment_directory(Path(self.storage_root), name), ignore_errors=True)
 
 
-ControllerActor = ray.remote(num_cpus=0, max_restarts=-1)(ScalableTopicController)
+class ScalableTopicControllerActor(ScalableTopicController):
+    """The controller as an actor: it also runs the maintenance loop from the start, so
+    a restarted incarnation keeps scaling and retaining without being called."""
+
+    def __init__(self, topic: str, storage_root: str, durability: dict[str, Any]) -> None:
+        super().__init__(topic, storage_root, durability)
+        self._maintenance = TopicMaintenance(self).start()  # async actor: a loop is running
+
+
+ControllerActor = ray.remote(num_cpus=0, max_restarts=-1)(ScalableTopicControllerActor)
 
 
 def controller_actor(
@@ -515,7 +615,9 @@ def _with_pending(record: TopicRecord, op: PendingOperation) -> TopicRecord:
 def _cleared(record: TopicRecord, op: PendingOperation, layout: SegmentLayout) -> TopicRecord:
     if record.pending_operation != op:
         raise OperationInProgressError(f"operation {op.request_id} is no longer the pending one")
-    done = completed(op, layout.epoch) if op.kind != "create" else record.last_operation
+    # Only split/merge results are what a client's retry is matched against.
+    keep = op.kind in ("create", "prune")
+    done = record.last_operation if keep else completed(op, layout.epoch)
     return record.with_layout(layout, pending_operation=None, last_operation=done)
 
 

@@ -30,11 +30,13 @@ from pydantic.json_schema import models_json_schema
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actors.metrics import record_rejected
 from clients.admin import ScalableTopicsAdmin
 from clients.http import (
     LIMITS_PATH,
     MERGE_PATH,
     NAMESPACE_PATH,
+    POLICY_PATH,
     SEGMENT_PATH,
     SPLIT_PATH,
     STATS_PATH,
@@ -56,6 +58,7 @@ from runtime.layout import MAX_SEGMENTS, ScalableTopicMetadata
 from runtime.limits import Limits
 from runtime.names import _DESCRIPTOR, _PART, SegmentName, TopicName, validate_part
 from runtime.operations import CompletedOperation
+from runtime.policy import TopicPolicy
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 
 log = logging.getLogger(__name__)
@@ -200,7 +203,7 @@ class Route:
     summary: str
     action: Action
     status: int = 200
-    body: type[_Body] = NoBody
+    body: type[BaseModel] = NoBody
     body_required: bool = False
     query: type[_Query] = NoQuery
     returns: type[BaseModel] | dict[str, Any] | None = None
@@ -288,6 +291,15 @@ ROUTES: tuple[Route, ...] = (
         "POST", MERGE_PATH, "mergeSegments", "Merge two adjacent ACTIVE segments",
         lambda a, p: a.merge_segments_async(p.topic, p.path["segmentId1"], p.path["segmentId2"]),
         returns=CompletedOperation, errors=_MUTATION_ERRORS,
+    ),
+    Route(
+        "GET", POLICY_PATH, "getPolicy", "Get the topic's autoscale and retention policy",
+        lambda a, p: a.get_policy_async(p.topic), returns=TopicPolicy,
+    ),
+    Route(
+        "PUT", POLICY_PATH, "setPolicy", "Replace the topic's autoscale and retention policy",
+        lambda a, p: a.set_policy_async(p.topic, p.body.to_dict()), body=TopicPolicy,
+        body_required=True, returns=TopicPolicy, errors=_MUTATION_ERRORS,
     ),
     Route(
         "PUT", SEGMENT_PATH, "createSegment", "Create a segment topic (low level)",
@@ -464,6 +476,8 @@ async def _json_errors(
     try:
         return await handler(request)
     except ScalableTopicsError as err:
+        if err.http_status < 500:
+            record_rejected(_topic_label(request.match_info), "gateway", err.code)
         return web.json_response(err.to_dict(), status=err.http_status)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -476,6 +490,12 @@ async def _json_errors(
             "details are in the gateway's log"
         )
         return web.json_response({"error": "internal", "message": message}, status=500)
+
+
+def _topic_label(match: Mapping[str, str]) -> str:
+    """The metric tag of a request's topic, as given (it may be what was invalid)."""
+    parts = [match.get(key, "") for key in ("tenant", "namespace", "topic")]
+    return "/".join(p for p in parts if p) or "-"
 
 
 def _from_http_exception(request: web.Request, exc: web.HTTPException) -> web.Response:
@@ -525,13 +545,13 @@ def _param_schema(name: str) -> dict[str, Any]:
 @functools.cache
 def openapi_document() -> dict[str, Any]:
     """An OpenAPI 3.1 document of ``ROUTES``, schemas generated from the pydantic models."""
-    models = {ErrorBody: "serialization"}
+    models = {(ErrorBody, "serialization"): None}  # a model can be a body and a reply
     for route in ROUTES:
         if route.body.model_fields:
-            models[route.body] = "validation"
+            models[(route.body, "validation")] = None
         if isinstance(route.returns, type):
-            models[route.returns] = "serialization"
-    keys, defs = models_json_schema(list(models.items()), ref_template=_REF)
+            models[(route.returns, "serialization")] = None
+    keys, defs = models_json_schema(list(models), ref_template=_REF)
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, keys)

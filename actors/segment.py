@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pyarrow as pa
 import ray
 
 from actors.data_plane import AppendProtocol
+from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
 from runtime import wire
 from runtime.batch import deserialize_batch, message_sizes
@@ -71,6 +73,7 @@ class SegmentActor:
         # applies to a segment from its next start.
         namespace = f"{self._name.topic.tenant}/{self._name.topic.namespace}"
         self._limits = namespace_limits(MetadataStore(ray_namespace()), namespace)
+        self._metrics = SegmentMetrics(self._name)
 
     # --- data path ---------------------------------------------------------------
 
@@ -102,7 +105,11 @@ class SegmentActor:
         payload: memoryview | None,
     ) -> tuple[int, int]:
         if producer_id is not None and sequence is not None:
-            await self._await_turn(producer_id, sequence)
+            try:
+                await self._await_turn(producer_id, sequence)
+            except ScalableTopicsError as err:
+                self._metrics.rejected(err.code)
+                raise
         return self._append_in_turn(batch, producer_id, sequence, payload)
 
     def _append_in_turn(
@@ -112,9 +119,17 @@ class SegmentActor:
         sequence: int | None,
         payload: memoryview | None,
     ) -> tuple[int, int]:
-        self._limits.check_batch(message_sizes(batch))  # before anything is written
+        try:
+            self._limits.check_batch(message_sizes(batch))  # before anything is written
+            started = time.perf_counter()
+            result = self._store.append(batch, producer_id, sequence, payload)
+        except ScalableTopicsError as err:
+            self._metrics.rejected(err.code)
+            raise
         self._ensure_syncer()
-        result = self._store.append(batch, producer_id, sequence, payload)
+        if not result.duplicate:  # one record per batch: the hot path stays cheap
+            nbytes = len(payload) if payload is not None else batch.nbytes
+            self._metrics.appended(result.count, nbytes, time.perf_counter() - started)
         if producer_id is not None:
             self._turns.pop(producer_id, asyncio.Event()).set()
         self._wake()
@@ -161,6 +176,7 @@ class SegmentActor:
         if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
             await self._wait(wait_s)
             batch = self._store.read(offset, max_records)
+        self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
 
     async def queue_receive(
@@ -170,6 +186,7 @@ class SegmentActor:
         if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
             await self._wait(wait_s)
             batch = self._store.queue_receive(subscription, consumer, max_records)
+        self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
 
     # --- lifecycle (fenced by controller epoch) ---------------------------------
@@ -193,6 +210,9 @@ class SegmentActor:
     async def delete(self, epoch: int | None = None) -> None:
         self._store.delete(epoch)
         self._wake()
+
+    async def retain(self, oldest_publish_ms: int | None, max_bytes: int | None) -> int:
+        return self._store.retain(oldest_publish_ms, max_bytes)
 
     async def check_epoch(self, epoch: int) -> None:
         self._store.check_epoch(epoch)
@@ -236,6 +256,7 @@ class SegmentActor:
         self._wake()
 
     async def stats(self) -> dict[str, Any]:
+        self._metrics.flush()  # asked every maintenance round: quiet segments report too
         return self._store.stats()
 
     # --- internals ---------------------------------------------------------------

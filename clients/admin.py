@@ -36,6 +36,7 @@ from runtime.layout import MAX_SEGMENTS, SegmentLayout
 from runtime.limits import Limits, check_room, limits_path, namespace_limits
 from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
 from runtime.operations import TopicRecord
+from runtime.policy import TopicPolicy
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition, SubscriptionMetadata
 from storage.metadata import MetadataStore
@@ -177,6 +178,20 @@ class ScalableTopicsAdmin:
         return await self._control(
             name, "merge_segments", segment_id1, segment_id2, uuid.uuid4().hex
         )
+
+    # --- operating policy (autoscale, retention; see runtime.policy) --------------------
+
+    async def get_policy_async(self, topic: str) -> dict[str, Any]:
+        """The topic's policy; parts that are not set are ``None`` (off)."""
+        return (self._record(TopicName.parse(topic)).policy or TopicPolicy()).to_dict()
+
+    async def set_policy_async(self, topic: str, policy: dict[str, Any]) -> dict[str, Any]:
+        """Replace the topic's policy (``{"autoscale": {...}, "retention": {...}}``);
+        validated here first, stored by the controller; returns it as stored."""
+        name = TopicName.parse(topic)
+        parsed = TopicPolicy.parse(policy)
+        self._record(name)
+        return await self._control(name, "set_policy", parsed.to_dict())
 
     # --- segments (the spec's Segments API; routed through the controller) -------------
 

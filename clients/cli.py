@@ -37,6 +37,9 @@ examples:
   raytopics subscriptions create public/default/orders billing --position latest
   raytopics limits public/default --set max_message_bytes=1048576
   raytopics --url http://127.0.0.1:8080 describe public/default/orders
+  raytopics policy set public/default/orders \
+    '{"autoscale": {"targetMsgsPerS": 5000, "minSegments": 2, "maxSegments": 16}}'
+  raytopics policy show public/default/orders
   raytopics delete public/default/orders
 """
 
@@ -109,6 +112,15 @@ def _limits(admin: Any, args: argparse.Namespace) -> str:
         limits = admin.get_namespace_limits(args.namespace_path)
     width = max(map(len, limits))
     return "\n".join(f"{name:<{width}}  {value}" for name, value in limits.items())
+
+
+def _policy_show(admin: Any, args: argparse.Namespace) -> str:
+    return json.dumps(admin.get_policy(args.topic), indent=2)
+
+
+def _policy_set(admin: Any, args: argparse.Namespace) -> str:
+    stored = admin.set_policy(args.topic, args.policy)
+    return f"policy of {args.topic} is now\n{json.dumps(stored, indent=2)}"
 
 
 def _serve(args: argparse.Namespace) -> str:
@@ -214,6 +226,16 @@ def _topic(text: str) -> str:
     return text if text.startswith("topic://") else f"topic://{text}"
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def _property(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -301,6 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub_delete.add_argument("subscription", metavar="SUB")
     _command(sub_commands, "list", _subscription_list, "list subscriptions", topic=True)
+
+    policy = commands.add_parser("policy", help="show or set a topic's autoscale/retention policy")
+    policy_commands = policy.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    _command(policy_commands, "show", _policy_show, "print the policy as JSON", topic=True)
+    policy_set = _command(policy_commands, "set", _policy_set, "replace the policy", topic=True)
+    policy_set.add_argument(
+        "policy", type=_json_object, metavar="JSON",
+        help='e.g. {"autoscale": {"targetMsgsPerS": 5000}, "retention": {"timeS": 86400}}',
+    )  # fmt: skip
     return parser
 
 

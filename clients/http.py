@@ -30,6 +30,7 @@ from runtime.errors import (
 from runtime.layout import SegmentLayout
 from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
 from runtime.operations import CompletedOperation
+from runtime.policy import TopicPolicy
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 
 T = TypeVar("T")
@@ -50,6 +51,7 @@ SEGMENT_PATH = SEGMENTS + "/{tenant}/{namespace}/{topic}/{descriptor}"
 TERMINATE_PATH = SEGMENT_PATH + "/terminate"
 # not under NAMESPACE_PATH, where "limits" would be read as a topic name
 LIMITS_PATH = LIMITS + "/{tenant}/{namespace}"
+POLICY_PATH = TOPIC_PATH + "/policy"
 
 
 @with_sync_twins
@@ -135,6 +137,16 @@ class AdminHttpClient:
         """Merge two adjacent active segments; returns the completed operation."""
         path = _topic_path(MERGE_PATH, topic, segmentId1=segment_id1, segmentId2=segment_id2)
         return _completed(await self._call("POST", path))
+
+    # --- operating policy (autoscale, retention) ------------------------------------------
+
+    async def get_policy_async(self, topic: str) -> dict[str, Any]:
+        return await self._call("GET", _topic_path(POLICY_PATH, topic))
+
+    async def set_policy_async(self, topic: str, policy: dict[str, Any]) -> dict[str, Any]:
+        """Replace the topic's policy; returns it as stored (defaults filled in)."""
+        TopicPolicy.parse(policy)  # the same typed error the Ray client raises, before any I/O
+        return await self._call("PUT", _topic_path(POLICY_PATH, topic), body=policy)
 
     # --- segments (the spec's Segments API) ----------------------------------------------
 

@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from runtime.errors import InvalidArgumentError
 from runtime.layout import ScalableTopicMetadata, SegmentLayout
 from runtime.names import SegmentName, TopicName
+from runtime.policy import TopicPolicy
 
-OperationKind = Literal["create", "split", "merge", "delete"]
+OperationKind = Literal["create", "split", "merge", "delete", "prune"]
 
 
 class _Model(BaseModel):
@@ -60,6 +61,7 @@ class TopicRecord(ScalableTopicMetadata):
     controller_epoch: int = Field(default=0, alias="controllerEpoch", ge=0)
     pending_operation: PendingOperation | None = Field(default=None, alias="pendingOperation")
     last_operation: CompletedOperation | None = Field(default=None, alias="lastOperation")
+    policy: TopicPolicy | None = None
 
     @property
     def layout(self) -> SegmentLayout:
@@ -101,6 +103,20 @@ def plan_merge(
     return _plan("merge", layout, after, parents, request_id)
 
 
+def plan_prune(layout: SegmentLayout, segment_ids: list[int], request_id: str) -> PendingOperation:
+    """Plan retention's removal of sealed roots, in the order they can go."""
+    _prune_all(layout, tuple(segment_ids))  # validates every step now, before anything runs
+    return PendingOperation(
+        kind="prune", request_id=request_id, parents=tuple(segment_ids), base_epoch=layout.epoch
+    )
+
+
+def _prune_all(layout: SegmentLayout, segment_ids: tuple[int, ...]) -> SegmentLayout:
+    for segment_id in segment_ids:
+        layout = layout.prune_segment(segment_id)
+    return layout
+
+
 def apply_operation(layout: SegmentLayout, op: PendingOperation) -> SegmentLayout:
     """The layout after ``op``; refuses to apply a plan made for another epoch."""
     if layout.epoch != op.base_epoch:
@@ -112,6 +128,8 @@ def apply_operation(layout: SegmentLayout, op: PendingOperation) -> SegmentLayou
         return layout.split_segment(op.parents[0])
     if op.kind == "merge":
         return layout.merge_segments(*op.parents)
+    if op.kind == "prune":
+        return _prune_all(layout, op.parents)
     return layout
 
 

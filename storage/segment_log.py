@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from runtime.batch import BATCH_SCHEMA, deserialize_batch, serialize_batch
 from runtime.errors import InvalidArgumentError, SegmentTerminated, UnavailableError
-from storage.files import fsync_directory
+from storage.files import atomic_write, fsync_directory
 
 DurabilityPolicy = Literal["fsync", "interval", "none"]
 
@@ -62,6 +62,7 @@ _HEADER_SIZE = _PREFIX.size + _BODY.size
 _MAX_PAYLOAD = (1 << 32) - 1
 _MAX_PRODUCER_ID = (1 << 16) - 1
 _CHUNK_NAME = re.compile(r"(\d{20})\.log")
+_START_MARKER = "start-offset"
 _datasync = getattr(os, "fdatasync", os.fsync)
 
 
@@ -276,7 +277,13 @@ class SegmentLog:
 
     @property
     def size_bytes(self) -> int:
-        return sum(chunk.size for chunk in self._chunks)
+        """Bytes of the retained records (batches below the start no longer count)."""
+        total = sum(chunk.size for chunk in self._chunks)
+        index = bisect.bisect_left(self._bases, self._start_offset)
+        if index == len(self._entries):  # everything retention allowed is gone
+            return total - self._chunks[0].size if self._start_offset > 0 else total
+        head = self._entries[index]
+        return total - (head.position if head.chunk_base == self._chunks[0].base_offset else 0)
 
     @property
     def terminated(self) -> bool:
@@ -385,6 +392,53 @@ class SegmentLog:
             if dropped and self._durability.policy != "none":
                 fsync_directory(self._directory)
             return dropped
+
+    def retain(
+        self, oldest_publish_ms: int | None, max_bytes: int | None, keep_from: int | None = None
+    ) -> int:
+        """Retention on a live log: drop whole batches from the head that were published
+        before ``oldest_publish_ms`` or that push the log over ``max_bytes``, but never
+        a batch reaching ``keep_from`` or beyond (what a reader still needs).
+
+        The new start offset is persisted (a marker file), so a restart does not
+        resurrect what retention dropped; chunk files wholly below it are unlinked.
+        Returns the start offset.
+        """
+        with self._lock:
+            self._check_open()
+            entries, keep = self._entries, bisect.bisect_left(self._bases, self._start_offset)
+            stop = self._droppable(keep_from)
+            if oldest_publish_ms is not None:
+                while keep < stop and entries[keep].publish_time_ms < oldest_publish_ms:
+                    keep += 1
+            if max_bytes is not None:
+                excess = sum(e.frame_length for e in entries[keep:]) - max_bytes
+                while keep < stop and excess > 0:
+                    excess -= entries[keep].frame_length
+                    keep += 1
+            start = entries[keep].base_offset if keep < len(entries) else self._end_offset
+            if start > self._start_offset:
+                atomic_write(
+                    self._directory / _START_MARKER,
+                    str(start).encode(),
+                    fsync=self._durability.policy != "none",
+                )
+                self._start_offset = start
+                while len(self._chunks) > 1 and self._chunks[1].base_offset <= start:
+                    self._drop_first_chunk()
+            return self._start_offset
+
+    def _droppable(self, keep_from: int | None) -> int:
+        """How many leading index entries end at or before ``keep_from``."""
+        if keep_from is None:
+            return len(self._entries)
+        count = bisect.bisect_right(self._bases, keep_from)
+        if (
+            count
+            and self._entries[count - 1].base_offset + self._entries[count - 1].count > keep_from
+        ):
+            count -= 1
+        return count
 
     def close(self) -> None:
         """Release file handles; flushes first unless the policy says not to bother."""
@@ -555,7 +609,7 @@ class SegmentLog:
         if fd is not None:
             os.close(fd)
         chunk.path.unlink()
-        self._start_offset = self._chunks[0].base_offset
+        self._start_offset = max(self._start_offset, self._chunks[0].base_offset)
         return dropped
 
     def _close_read_fds(self) -> None:
@@ -585,6 +639,9 @@ class SegmentLog:
                     f"{self._end_offset}; the log has a hole"
                 )
             self._recover_chunk(base_offset, path, is_last=number == len(paths) - 1)
+        with contextlib.suppress(FileNotFoundError):
+            marker = int((self._directory / _START_MARKER).read_text())
+            self._start_offset = min(max(self._start_offset, marker), self._end_offset)
 
     def _chunk_paths(self) -> list[tuple[int, Path]]:
         found = []

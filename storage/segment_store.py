@@ -118,6 +118,18 @@ class SegmentStore:
         self.log.terminate()
         return self.log.end_offset
 
+    def retain(self, oldest_publish_ms: int | None, max_bytes: int | None) -> int:
+        """Time/size retention of this segment's head; returns the new start offset.
+
+        Like a sealed segment, which is pruned only once drained, an active one
+        loses only what every subscription has acknowledged: retention bounds
+        consumed data and never takes a message from a subscriber.
+        """
+        self._check_alive()
+        positions = [self.cursors.get(name).mark_delete for name in self.cursors.names()]
+        keep_from = min(positions) if positions else None
+        return self.log.retain(oldest_publish_ms, max_bytes, keep_from)
+
     def delete(self, epoch: int | None) -> None:
         self.check_epoch(epoch)
         self.log.close()
@@ -186,7 +198,7 @@ class SegmentStore:
         for name in self.cursors.names():
             cursor = self.cursors.get(name)
             entry: dict[str, Any] = {
-                "backlog": cursor.backlog(end),
+                "backlog": cursor.backlog(end) - cursor.backlog(self.log.start_offset),
                 "markDelete": cursor.mark_delete,
             }
             if name in self._dispatchers:

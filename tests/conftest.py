@@ -25,6 +25,14 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def admin(ray_cluster):
+    """A Ray admin client (modules that need another flavour define their own)."""
+    from clients import ScalableTopicsAdmin
+
+    return ScalableTopicsAdmin()
+
+
 @pytest.fixture
 def unique() -> str:
     return uuid.uuid4().hex[:8]

@@ -448,6 +448,35 @@ def test_truncate_head_drops_whole_old_chunks_only(tmp_path: Path) -> None:
     assert not tmp_path.exists()
 
 
+def test_retain_drops_whole_batches_by_time_and_size_and_survives_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = iter(range(1_000, 10**6, 1_000))  # each batch published one second after the last
+    monkeypatch.setattr(segment_log_module, "_now_ms", lambda: next(clock))
+    log = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=2048)
+    for start in range(0, 300, 10):  # 30 batches, published at 1s, 2s, ... 30s
+        log.append(make_batch(values_for(start, 10)))
+    full = log.size_bytes
+    assert log.retain(oldest_publish_ms=5_500, max_bytes=None) == 50  # batches at 1s..5s go
+    with pytest.raises(InvalidArgumentError, match="below the start offset"):
+        log.read(49, 1)
+    assert read_values(log, 50, 20) == values_for(50, 20)
+    assert log.size_bytes < full
+    assert log.retain(None, max_bytes=log.size_bytes // 2) % 10 == 0  # whole batches only
+    assert log.size_bytes <= full // 2
+    start = log.start_offset
+    assert int(chunk_files(tmp_path)[0].removesuffix(".log")) <= start  # whole files unlinked
+    assert len(chunk_files(tmp_path)) < 10
+    log.close()
+    reopened = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=2048)
+    assert (reopened.start_offset, reopened.end_offset) == (start, 300)
+    assert reopened.retain(10**9, None, keep_from=start + 15) == start + 10  # a reader needs it
+    assert reopened.retain(10**9, None) == 300  # everything expired: the log is empty, not gone
+    reopened.append(make_batch(values_for(300, 5)))
+    assert read_values(reopened, 300, 10) == values_for(300, 5)
+    reopened.close()
+
+
 # --- property: the log behaves like a list -----------------------------------------
 
 operations = st.lists(

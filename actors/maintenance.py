@@ -1,0 +1,131 @@
+"""The controller's background loop: metrics, automatic scaling and retention.
+
+Each round reads the topic record and every segment's stats once, then
+publishes gauges, asks ``runtime.autoscale`` whether to split or merge, and
+asks ``runtime.retention`` what to prune. All decisions are pure functions;
+this loop only gathers facts and calls the controller's ordinary (locked,
+fenced) operations, so automatic and manual changes share one path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from runtime.autoscale import Decision, LoadTracker, decide
+from runtime.errors import ConflictError, StaleEpochError, TopicNotFoundError
+from runtime.layout import SegmentLayout
+from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
+from runtime.retention import SealedSegmentState, prunable
+
+if TYPE_CHECKING:
+    from actors.controller import ScalableTopicController
+
+log = logging.getLogger(__name__)
+DEFAULT_INTERVAL_S = float(os.environ.get("RAYTOPICS_MAINTENANCE_INTERVAL_S", "5.0"))
+
+
+class TopicMaintenance:
+    def __init__(self, controller: ScalableTopicController) -> None:
+        self._ctl = controller
+        self._tracker = LoadTracker()
+        self._active_ids: frozenset[int] = frozenset()
+        self._last_change: float | None = None
+
+    def start(self) -> asyncio.Task:
+        return asyncio.get_running_loop().create_task(self._run_forever())
+
+    async def _run_forever(self) -> None:
+        while True:
+            policy = TopicPolicy()
+            try:
+                policy = await self.tick()
+            except StaleEpochError:
+                log.info("%s: a newer controller leads; maintenance stops", self._ctl.topic)
+                return
+            except Exception:  # one bad round must not end maintenance for good
+                log.exception("%s: maintenance round failed", self._ctl.topic)
+            await asyncio.sleep(_interval(policy))
+
+    async def tick(self) -> TopicPolicy:
+        """One round; returns the policy in force (it sets the pace of the next round)."""
+        observed = await self._ctl.observe()
+        if observed is None:
+            return TopicPolicy()
+        record, stats = observed
+        policy = record.policy or TopicPolicy()
+        self._publish(record.layout, stats)
+        if policy.retention is not None:
+            await self._retain(record.layout, stats, policy.retention)
+        if policy.autoscale is not None:
+            await self._autoscale(record.layout, stats, policy.autoscale)
+        return policy
+
+    def _publish(self, layout: SegmentLayout, stats: dict[int, dict[str, Any]]) -> None:
+        metrics = self._ctl.metrics
+        metrics.leader(self._ctl.epoch)
+        active = len(layout.active_segments)
+        metrics.layout(active, len(layout.all_segments) - active)
+        backlog: dict[str, int] = {name: 0 for name in self._ctl.subscription_names()}
+        for st in stats.values():
+            for name, cursor in st["subscriptions"].items():
+                backlog[name] = backlog.get(name, 0) + cursor["backlog"]
+        for name, total in backlog.items():
+            metrics.subscription(name, total, self._ctl.consumer_count(name))
+
+    async def _retain(
+        self, layout: SegmentLayout, stats: dict[int, dict[str, Any]], retention: RetentionPolicy
+    ) -> None:
+        states = {
+            segment_id: SealedSegmentState(
+                terminated=st["terminated"],
+                drained=all(c["backlog"] == 0 for c in st["subscriptions"].values()),
+                last_publish_ms=st["lastPublishTimeMs"],
+            )
+            for segment_id, st in stats.items()
+        }
+        doomed = prunable(layout, states, retention, time.time_ns() // 1_000_000)
+        if doomed:
+            await self._ctl.prune_segments(doomed)
+        await self._ctl.retain_active(layout, retention)
+
+    async def _autoscale(
+        self, layout: SegmentLayout, stats: dict[int, dict[str, Any]], policy: AutoscalePolicy
+    ) -> None:
+        now = time.monotonic()
+        active = frozenset(layout.active_segments)
+        if active != self._active_ids:  # any change, manual ones too, starts a cool-down
+            self._active_ids, self._last_change = active, now
+        totals = {i: (stats[i]["endOffset"], stats[i]["sizeBytes"]) for i in active if i in stats}
+        self._tracker.observe(now, totals)
+        rates = self._tracker.rates(now, policy.window_s)
+        decision = decide(policy, layout, rates, now, self._last_change)
+        if decision is not None:
+            await self._apply(decision)
+
+    async def _apply(self, decision: Decision) -> None:
+        log.info("%s: autoscale %s %s (%s)", self._ctl.topic, decision.kind, decision.segment_ids,
+                 decision.reason)  # fmt: skip
+        try:
+            if decision.kind == "split":
+                await self._ctl.split_segment(*decision.segment_ids)
+            else:
+                await self._ctl.merge_segments(*decision.segment_ids)
+        except (ConflictError, TopicNotFoundError) as err:  # a manual change won the race
+            if isinstance(err, StaleEpochError):
+                raise
+            log.info("%s: autoscale %s skipped: %s", self._ctl.topic, decision.kind, err)
+        self._last_change = time.monotonic()
+
+
+def _interval(policy: TopicPolicy) -> float:
+    """Autoscaling samples a few times per window, retention looks every second; a topic
+    without a policy only refreshes its gauges, at a relaxed pace."""
+    if policy.autoscale is not None:
+        return min(1.0, policy.autoscale.window_s / 4)
+    if policy.retention is not None:
+        return 1.0
+    return DEFAULT_INTERVAL_S

@@ -1,0 +1,170 @@
+"""Every metric the system exports, defined once, with thin recorders for the actors.
+
+Metrics go through ``ray.util.metrics``, so they reach the Ray dashboard and
+the node's Prometheus endpoint (``metrics_export_port``) with a ``ray_`` prefix
+and no extra infrastructure. Names and tag keys live only here; actors hold a
+recorder bound to their own tags and call it once per batch, never per message,
+because appends run at millions of messages a second (and the segment recorder
+batches further, see ``SegmentMetrics``).
+
+Metric objects are created lazily (on first use in a process): a module import
+must not need a connected Ray worker.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+from ray.util.metrics import Counter, Gauge, Histogram
+
+from runtime.names import SegmentName, TopicName
+
+PREFIX = "raytopics_"
+LATENCY_BOUNDARIES_MS = [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000]
+DURATION_BOUNDARIES_S = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+_SEGMENT_TAGS = ("topic", "segment")
+
+
+@dataclass(frozen=True)
+class _Metrics:
+    messages_in: Counter
+    bytes_in: Counter
+    messages_out: Counter
+    bytes_out: Counter
+    append_latency: Histogram
+    backlog: Gauge
+    consumers: Gauge
+    segments: Gauge
+    operations: Counter
+    operation_duration: Histogram
+    leader_epoch: Gauge
+    rejected: Counter
+
+
+@functools.cache
+def _metrics() -> _Metrics:
+    def counter(name: str, doc: str, tags: tuple[str, ...] = _SEGMENT_TAGS) -> Counter:
+        return Counter(PREFIX + name, doc, tag_keys=tags)
+
+    def gauge(name: str, doc: str, tags: tuple[str, ...]) -> Gauge:
+        return Gauge(PREFIX + name, doc, tag_keys=tags)
+
+    return _Metrics(
+        messages_in=counter("messages_in_total", "Messages appended to a segment"),
+        bytes_in=counter("bytes_in_total", "Bytes (Arrow IPC) appended to a segment"),
+        messages_out=counter("messages_out_total", "Messages delivered from a segment"),
+        bytes_out=counter("bytes_out_total", "Bytes delivered from a segment"),
+        append_latency=Histogram(
+            PREFIX + "append_latency_ms",
+            "Time to store one appended batch (write plus the fsync policy), ms",
+            boundaries=LATENCY_BOUNDARIES_MS,
+            tag_keys=_SEGMENT_TAGS,
+        ),
+        backlog=gauge(
+            "backlog_messages",
+            "Unacknowledged messages of a subscription, all segments",
+            ("topic", "subscription"),
+        ),  # fmt: skip
+        consumers=gauge(
+            "consumers", "Registered consumers of a subscription", ("topic", "subscription")
+        ),
+        segments=gauge("segments", "Segments of a topic by state", ("topic", "state")),
+        operations=counter(
+            "layout_operations_total", "Completed layout changes", ("topic", "kind")
+        ),
+        operation_duration=Histogram(
+            PREFIX + "layout_operation_seconds",
+            "Wall time of a split, merge or prune, seconds",
+            boundaries=DURATION_BOUNDARIES_S,
+            tag_keys=("topic", "kind"),
+        ),
+        leader_epoch=gauge("controller_leader_epoch", "Fencing epoch of the leader", ("topic",)),
+        rejected=counter(
+            "rejected_requests_total",
+            "Requests refused with a typed error",
+            ("topic", "component", "code"),
+        ),  # fmt: skip
+    )
+
+
+class SegmentMetrics:
+    """Recorder of one segment actor, cheap enough for the append path.
+
+    Recording a Ray metric costs tens of microseconds, so counts are summed in
+    plain integers and handed to Ray at most once per ``FLUSH_S`` (and whenever
+    the controller's maintenance round asks for stats); append latency is
+    observed for at most ``LATENCY_SAMPLES`` batches per flush period.
+    """
+
+    FLUSH_S = 1.0
+    LATENCY_SAMPLES = 100
+
+    def __init__(self, name: SegmentName) -> None:
+        self._tags = {"topic": str(name.topic), "segment": name.descriptor}
+        self._topic = str(name.topic)
+        self._counts = [0, 0, 0, 0]  # messages in, bytes in, messages out, bytes out
+        self._latencies_ms: list[float] = []
+        self._last_flush = time.monotonic()
+
+    def appended(self, count: int, nbytes: int, latency_s: float) -> None:
+        self._counts[0] += count
+        self._counts[1] += nbytes
+        if len(self._latencies_ms) < self.LATENCY_SAMPLES:
+            self._latencies_ms.append(latency_s * 1000.0)
+        self._flush_if_due()
+
+    def delivered(self, count: int, nbytes: int) -> None:
+        self._counts[2] += count
+        self._counts[3] += nbytes
+        self._flush_if_due()
+
+    def rejected(self, code: str) -> None:
+        record_rejected(self._topic, "segment", code)
+
+    def flush(self) -> None:
+        m = _metrics()
+        counters = (m.messages_in, m.bytes_in, m.messages_out, m.bytes_out)
+        for counter, value in zip(counters, self._counts, strict=True):
+            if value:
+                counter.inc(value, self._tags)
+        for latency in self._latencies_ms:
+            m.append_latency.observe(latency, self._tags)
+        self._counts = [0, 0, 0, 0]
+        self._latencies_ms = []
+        self._last_flush = time.monotonic()
+
+    def _flush_if_due(self) -> None:
+        if time.monotonic() - self._last_flush >= self.FLUSH_S:
+            self.flush()
+
+
+class ControllerMetrics:
+    """Recorder of one topic's controller: leadership, layout, subscriptions, operations."""
+
+    def __init__(self, topic: TopicName) -> None:
+        self._topic = str(topic)
+
+    def leader(self, epoch: int) -> None:
+        _metrics().leader_epoch.set(epoch, {"topic": self._topic})
+
+    def layout(self, active: int, sealed: int) -> None:
+        gauge = _metrics().segments
+        gauge.set(active, {"topic": self._topic, "state": "ACTIVE"})
+        gauge.set(sealed, {"topic": self._topic, "state": "SEALED"})
+
+    def subscription(self, name: str, backlog: int, consumers: int) -> None:
+        tags = {"topic": self._topic, "subscription": name}
+        _metrics().backlog.set(backlog, tags)
+        _metrics().consumers.set(consumers, tags)
+
+    def operation(self, kind: str, duration_s: float) -> None:
+        tags = {"topic": self._topic, "kind": kind}
+        _metrics().operations.inc(1, tags)
+        _metrics().operation_duration.observe(duration_s, tags)
+
+
+def record_rejected(topic: str, component: str, code: str) -> None:
+    """Count a refused request (``code`` is a ``runtime.errors`` code)."""
+    _metrics().rejected.inc(1, {"topic": topic, "component": component, "code": code})

@@ -1,0 +1,93 @@
+"""A topic's operating policy: automatic scaling and retention.
+
+Stored inside the topic record (``policy``), so it changes through the same
+fenced compare-and-swap as the layout and a restarted controller finds it
+there. Absent parts mean "off": a topic without a policy is never split,
+merged, truncated or pruned behind its operator's back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from runtime.errors import InvalidArgumentError
+from runtime.layout import MAX_SEGMENTS
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid", strict=True)
+
+
+class AutoscalePolicy(_Model):
+    """Split a segment whose load stays above target; merge two adjacent cold ones.
+
+    Load is the larger of msgs/s and bytes/s, each relative to its target
+    (1.0 = at target). ``scale_factor`` is the hysteresis: two neighbours
+    merge only when together they carry less than ``1 / scale_factor`` of one
+    segment's target, so the merged segment is far from a split again, and a
+    split's two halves (together above target) are never merged back.
+    """
+
+    target_msgs_per_s: float | None = Field(
+        default=None, alias="targetMsgsPerS", gt=0, description="messages/s one segment should take"
+    )
+    target_bytes_per_s: float | None = Field(
+        default=None, alias="targetBytesPerS", gt=0, description="bytes/s one segment should take"
+    )
+    scale_factor: float = Field(
+        default=2.0, alias="scaleFactor", gt=1, le=100,
+        description="merge only below target / scaleFactor (hysteresis), > 1",
+    )  # fmt: skip
+    min_segments: int = Field(default=1, alias="minSegments", ge=1, le=MAX_SEGMENTS)
+    max_segments: int = Field(default=64, alias="maxSegments", ge=1, le=MAX_SEGMENTS)
+    cooldown_s: float = Field(
+        default=60.0, alias="cooldownS", ge=0, description="quiet time after any layout change"
+    )
+    window_s: float = Field(
+        default=10.0, alias="windowS", gt=0, description="rates are averaged over this window"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AutoscalePolicy:
+        if self.target_msgs_per_s is None and self.target_bytes_per_s is None:
+            raise ValueError("set targetMsgsPerS, targetBytesPerS or both")
+        if self.min_segments > self.max_segments:
+            raise ValueError(f"minSegments {self.min_segments} > maxSegments {self.max_segments}")
+        return self
+
+
+class RetentionPolicy(_Model):
+    """How long data is kept, for sealed and active segments alike."""
+
+    time_s: float | None = Field(
+        default=None, alias="timeS", ge=0,
+        description="drop data older than this; drained sealed segments are pruned after it",
+    )  # fmt: skip
+    size_bytes: int | None = Field(
+        default=None, alias="sizeBytes", gt=0,
+        description="cap on an active segment's stored bytes (oldest batches go first)",
+    )  # fmt: skip
+
+
+class TopicPolicy(_Model):
+    autoscale: AutoscalePolicy | None = None
+    retention: RetentionPolicy | None = None
+
+    @classmethod
+    def parse(cls, data: Any) -> TopicPolicy:
+        """Validate a JSON-shaped dict, raising ``InvalidArgumentError`` saying what is wrong."""
+        if isinstance(data, TopicPolicy):
+            return data
+        try:
+            return cls.model_validate(data) if data is not None else cls()
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'policy'}: {e['msg']}"
+                for e in err.errors(include_url=False)
+            )
+            raise InvalidArgumentError(f"invalid topic policy: {problems}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, mode="json")

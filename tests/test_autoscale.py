@@ -1,0 +1,148 @@
+"""Autoscale and retention decisions as pure functions: unit and property tests, no Ray."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.autoscale import LoadTracker, Rate, decide
+from runtime.errors import InvalidArgumentError
+from runtime.layout import SegmentLayout
+from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
+from runtime.retention import SealedSegmentState, prunable
+
+POLICY = AutoscalePolicy(
+    target_msgs_per_s=100, scale_factor=2, min_segments=1, max_segments=8, cooldown_s=5
+)
+
+
+def rates_of(layout: SegmentLayout, msgs: list[float]) -> dict[int, Rate]:
+    return {i: Rate(m, 0) for i, m in zip(layout.active_segments, msgs, strict=True)}
+
+
+def test_hot_segment_splits_and_cold_neighbours_merge() -> None:
+    layout = SegmentLayout.initial(2)
+    split = decide(POLICY, layout, rates_of(layout, [30, 250]), now=100, last_change_at=None)
+    assert (split.kind, split.segment_ids) == ("split", (1,))
+    merge = decide(POLICY, layout, rates_of(layout, [20, 25]), now=100, last_change_at=None)
+    assert (merge.kind, merge.segment_ids) == ("merge", (0, 1))
+    # between the thresholds (50 < load < 100 per pair): hysteresis band, nothing happens
+    assert decide(POLICY, layout, rates_of(layout, [30, 40]), now=100, last_change_at=None) is None
+
+
+def test_cool_down_unmeasured_segments_and_bounds_hold_back() -> None:
+    layout = SegmentLayout.initial(2)
+    hot = rates_of(layout, [500, 500])
+    assert decide(POLICY, layout, hot, now=100, last_change_at=97) is None
+    assert decide(POLICY, layout, {0: Rate(500, 0)}, now=100, last_change_at=None) is None
+    capped = POLICY.model_copy(update={"max_segments": 2})
+    assert decide(capped, layout, hot, now=100, last_change_at=None) is None
+    floor = POLICY.model_copy(update={"min_segments": 2})
+    assert decide(floor, layout, rates_of(layout, [0, 0]), now=100, last_change_at=None) is None
+    grow = POLICY.model_copy(update={"min_segments": 3})
+    assert decide(grow, layout, {}, now=100, last_change_at=None).kind == "split"
+
+
+def test_bytes_target_counts_too() -> None:
+    policy = AutoscalePolicy(target_bytes_per_s=1000, cooldown_s=0)
+    layout = SegmentLayout.initial(1)
+    assert decide(policy, layout, {0: Rate(1, 5000)}, 0, None).kind == "split"
+
+
+def test_load_tracker_needs_a_whole_window() -> None:
+    tracker = LoadTracker()
+    tracker.observe(0.0, {0: (0, 0)})
+    tracker.observe(0.5, {0: (50, 500), 1: (0, 0)})
+    assert tracker.rates(0.5, 1.0) == {}
+    tracker.observe(1.0, {0: (100, 1000), 1: (10, 10)})
+    assert tracker.rates(1.0, 1.0) == {0: Rate(100.0, 1000.0)}
+    tracker.observe(2.0, {1: (110, 10)})  # segment 0 is gone: forgotten
+    assert set(tracker.rates(2.0, 1.0)) == {1}
+
+
+@st.composite
+def layouts(draw) -> SegmentLayout:
+    layout = SegmentLayout.initial(draw(st.integers(1, 4)))
+    for _ in range(draw(st.integers(0, 6))):
+        active = list(layout.active_segments)
+        if draw(st.booleans()) or len(active) < 2:
+            layout = layout.split_segment(draw(st.sampled_from(active)))
+        else:
+            i = draw(st.integers(0, len(active) - 2))
+            layout = layout.merge_segments(active[i], active[i + 1])
+    return layout
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    layout=layouts(),
+    loads=st.lists(st.floats(0, 1000), min_size=16, max_size=16),
+    share=st.floats(0, 1),
+    factor=st.floats(1.01, 10),
+)
+def test_a_change_is_never_undone_by_the_next_decision(layout, loads, share, factor) -> None:
+    """Whatever the rates: a split's halves are not merged back, a merge not split again."""
+    policy = POLICY.model_copy(update={"scale_factor": factor, "max_segments": 64})
+    rates = rates_of(layout, loads[: len(layout.active_segments)])
+    decision = decide(policy, layout, rates, now=100, last_change_at=None)
+    if decision is None:
+        return
+    if decision.kind == "split":
+        (parent,) = decision.segment_ids
+        after = layout.split_segment(parent)
+        a, b = after.next_segment_id - 2, after.next_segment_id - 1
+        total = rates[parent].msgs_per_s
+        rates.update({a: Rate(total * share, 0), b: Rate(total * (1 - share), 0)})
+        undo = ("merge", (a, b))
+    else:
+        after = layout.merge_segments(*decision.segment_ids)
+        merged = after.next_segment_id - 1
+        rates[merged] = Rate(sum(rates[i].msgs_per_s for i in decision.segment_ids), 0)
+        undo = ("split", (merged,))
+    after.check_invariants()
+    again = decide(policy, after, rates, now=1000, last_change_at=100)
+    assert again is None or (again.kind, again.segment_ids) != undo
+
+
+def test_policy_validation_is_typed() -> None:
+    parsed = TopicPolicy.parse({"autoscale": {"targetMsgsPerS": 10}, "retention": {"timeS": 0}})
+    assert parsed.to_dict()["autoscale"]["targetMsgsPerS"] == 10
+    for bad in (
+        {"autoscale": {}},
+        {"autoscale": {"targetMsgsPerS": 10, "minSegments": 5, "maxSegments": 2}},
+        {"autoscale": {"targetMsgsPerS": 10, "scaleFactor": 1}},
+        {"autoscale": {"targetMsgsPerS": "10"}},
+        {"retention": {"sizeBytes": -1}},
+        {"unknown": 1},
+    ):
+        with pytest.raises(InvalidArgumentError):
+            TopicPolicy.parse(bad)
+
+
+def chain(cycles: int) -> SegmentLayout:
+    """One segment split and merged back ``cycles`` times: a long chain of sealed roots."""
+    layout = SegmentLayout.initial(1)
+    for _ in range(cycles):
+        (only,) = layout.active_segments
+        layout = layout.split_segment(only)
+        layout = layout.merge_segments(*layout.active_segments)
+    return layout
+
+
+def test_prunable_walks_down_from_the_roots() -> None:
+    layout = chain(3)  # 0 -> (1, 2) -> 3 -> (4, 5) -> 6 -> (7, 8) -> 9
+    drained = SealedSegmentState(terminated=True, drained=True, last_publish_ms=0)
+    states = {i: drained for i in layout.all_segments if i != 9}
+    keep_all = RetentionPolicy(time_s=10)
+    assert prunable(layout, states, keep_all, now_ms=5_000) == []
+    assert prunable(layout, states, keep_all, now_ms=20_000) == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    states[4] = SealedSegmentState(terminated=True, drained=False, last_publish_ms=0)
+    assert prunable(layout, states, RetentionPolicy(), now_ms=0) == [0, 1, 2, 3, 5]
+    del states[0]  # no answer from segment 0: keep it, and everything below it
+    assert prunable(layout, states, RetentionPolicy(), now_ms=0) == []
+    pruned = layout
+    for segment_id in [0, 1, 2, 3, 5]:
+        pruned = pruned.prune_segment(segment_id)
+    pruned.check_invariants()
+    assert pruned.get(6).parent_ids == (4,)

@@ -1,0 +1,98 @@
+"""The metrics reach Ray's Prometheus export with the right tags and plausible values.
+
+Scrapes the real endpoint of the session's Ray node (``metrics_export_port``):
+no dashboard is needed, the node's metrics agent serves it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from collections import defaultdict
+
+import pytest
+import ray
+
+from actors.segment import segment_actor
+from clients import Producer, StreamConsumer
+from runtime.batch import make_batch
+from runtime.errors import SegmentTerminated
+from runtime.names import TopicName
+
+_SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape() -> dict[str, list[tuple[dict[str, str], float]]]:
+    node = ray._private.worker.global_worker.node
+    url = f"http://{node.node_ip_address}:{node.metrics_export_port}/metrics"
+    samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group(1).startswith("ray_raytopics_"):
+            labels = dict(_LABEL.findall(match.group(2)))
+            samples[match.group(1).removeprefix("ray_raytopics_")].append(
+                (labels, float(match.group(3)))
+            )
+    return samples
+
+
+def total(samples, metric: str, **tags: str) -> float | None:
+    """Sum over every series (one per worker process) whose labels include ``tags``."""
+    values = [v for labels, v in samples.get(metric, []) if tags.items() <= labels.items()]
+    return sum(values) if values else None
+
+
+def test_metrics_are_exported_with_tags_and_plausible_values(admin, unique) -> None:
+    topic = f"topic://metrics/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    admin.create_subscription(topic, "billing")
+    with Producer(topic) as producer:
+        for i in range(200):
+            producer.send(b"v" * 50, key=f"k{i}")
+    consumer = StreamConsumer(topic, "billing", "c1")
+    acked = 0
+    while acked < 60:
+        for message in consumer.receive_batch(60 - acked, timeout=5):
+            consumer.acknowledge_cumulative(message)
+            acked += 1
+    admin.split_segment(topic, 0)
+    sealed = admin.get_layout(topic).get(0)
+    name = TopicName.parse(topic).segment(0, sealed.hash_range.start, sealed.hash_range.end)
+    with pytest.raises(SegmentTerminated):
+        ray.get(segment_actor(name).append.remote(make_batch([b"late"])))
+
+    expected = {
+        ("messages_in_total", ()): lambda v: v == 200,
+        ("bytes_in_total", ()): lambda v: v > 200 * 50,
+        ("messages_out_total", ()): lambda v: v >= 60,
+        ("bytes_out_total", ()): lambda v: v > 60 * 50,
+        ("append_latency_ms_count", ()): lambda v: v >= 2,
+        ("append_latency_ms_sum", ()): lambda v: 0 < v < 60_000,
+        ("backlog_messages", (("subscription", "billing"),)): lambda v: v == 200 - acked,
+        ("consumers", (("subscription", "billing"),)): lambda v: v == 1,
+        ("segments", (("state", "ACTIVE"),)): lambda v: v == 3,
+        ("segments", (("state", "SEALED"),)): lambda v: v == 1,
+        ("layout_operations_total", (("kind", "split"),)): lambda v: v == 1,
+        ("layout_operation_seconds_count", (("kind", "split"),)): lambda v: v == 1,
+        ("controller_leader_epoch", ()): lambda v: v >= 1,
+        (
+            "rejected_requests_total",
+            (("component", "segment"), ("code", "segment_terminated")),
+        ): lambda v: v >= 1,
+    }
+    deadline, failing = time.monotonic() + 90, {}
+    while time.monotonic() < deadline:
+        samples = scrape()
+        values = {key: total(samples, key[0], topic=topic, **dict(key[1])) for key in expected}
+        failing = {k: v for k, v in values.items() if v is None or not expected[k](v)}
+        if not failing:
+            break
+        time.sleep(2)
+    assert not failing, f"metrics missing or implausible: {failing}"
+    per_segment = {labels["segment"] for labels, _ in samples["messages_in_total"]
+                   if labels.get("topic") == topic}  # fmt: skip
+    assert per_segment == {"0000-7fff-0", "8000-ffff-1"}
+    consumer.close()
+    admin.delete_scalable_topic(topic)
