@@ -415,14 +415,17 @@ class ScalableTopicController:
         record = self._read_record(required=False)
         if record is None or record.pending_operation is not None:
             return None
-        segments = list(record.layout.all_segments.values())
+        names = {s.segment_id: self._name_of(s) for s in record.layout.all_segments.values()}
+        handles = {i: h for i, n in names.items() if (h := self._watched(n)) is not None}
         found = await asyncio.gather(
-            *(self._watched(self._name_of(s)).stats.remote() for s in segments),
-            return_exceptions=True,
+            *(h.stats.remote() for h in handles.values()), return_exceptions=True
         )
-        stats = {
-            s.segment_id: st for s, st in zip(segments, found, strict=True) if isinstance(st, dict)
-        }
+        stats = {}
+        for segment_id, st in zip(handles, found, strict=True):
+            if isinstance(st, dict):
+                stats[segment_id] = st
+            elif isinstance(st, RayActorError):
+                self._watch_handles.pop(names[segment_id], None)  # look it up afresh next round
         return record, stats
 
     async def retain_active(self, layout: SegmentLayout, retention: RetentionPolicy) -> None:
@@ -432,19 +435,24 @@ class ScalableTopicController:
         oldest_ms = None
         if retention.time_s is not None:
             oldest_ms = time.time_ns() // 1_000_000 - int(retention.time_s * 1000)
+        handles = [self._watched(self._name_of(s)) for s in layout.active_segments.values()]
         await asyncio.gather(
-            *(
-                self._watched(self._name_of(s)).retain.remote(oldest_ms, retention.size_bytes)
-                for s in layout.active_segments.values()
-            )
+            *(h.retain.remote(oldest_ms, retention.size_bytes) for h in handles if h is not None)
         )
 
-    def _watched(self, name: SegmentName) -> ray.actor.ActorHandle:
+    def _watched(self, name: SegmentName) -> ray.actor.ActorHandle | None:
         """Segment handles for the maintenance rounds, cached: a lookup per segment per
-        round would cost a GCS round trip each. Pruned segments drop out of the cache."""
+        round would cost a GCS round trip each. Pruned segments drop out of the cache.
+
+        Looked up, never started: observing must not bring back a segment that an
+        operator stopped (``None`` then, and the round goes on without it).
+        """
         handle = self._watch_handles.get(name)
         if handle is None:
-            handle = self._watch_handles[name] = self._segment_handle(name)
+            try:
+                handle = self._watch_handles[name] = segment_actor(name)
+            except ValueError:
+                return None
         return handle
 
     def subscription_names(self) -> list[str]:
