@@ -237,16 +237,15 @@ class ScalableTopicController:
             return
         subscriptions = await self._discover_subscriptions(op.parents)
         self._step_done(1)
-        children = [c.name(self.topic) for c in op.children]
-        await asyncio.gather(*(self._create_segment(c, subscriptions, False) for c in children))
+        await asyncio.gather(
+            *(self._create_segment(c.name(self.topic), subscriptions) for c in op.children)
+        )
         self._step_done(2)
         for parent in op.parents:  # one after the other, as the merge protocol requires
             await self._segment(parent).terminate.remote(self.epoch)
         self._step_done(3)
         self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
         self._step_done(4)
-        for child in children:  # booting them earlier would slow the protocol's own steps
-            self._segment_handle(child)
         dag_watch_actor().notify.remote(str(self.topic))  # step 5: push, don't wait
         self._step_done(5)
 
@@ -535,26 +534,23 @@ class ScalableTopicController:
             name, create=True, storage_root=self.storage_root, durability=self.durability
         )
 
-    async def _create_segment(
-        self, name: SegmentName, subscriptions: list[str], start: bool = True
-    ) -> None:
+    async def _create_segment(self, name: SegmentName, subscriptions: list[str]) -> None:
         """Protocol step 2 for one segment: storage with every cursor at Earliest.
 
         A new segment's storage is initialized here, directly on the shared
-        storage root: the segment exists (and is fenced) before metadata names
-        it. Its actor is started (with ``start``) without waiting for its
-        process to boot; callers' requests queue until it is up. A split or
-        merge starts its children only once the layout names them, because a
-        booting Python process competes for the CPU with the protocol's steps
-        (a restarted controller's recovery starts any it missed). A segment
-        whose actor already runs (a resumed operation) is served through it.
+        storage root, and its actor is started without waiting for its process
+        to boot: the segment exists (and is fenced) before metadata names it,
+        and callers' requests queue until the actor is up. Starting the actor
+        only after the layout commit would be faster (its booting process
+        competes with the protocol's steps for the CPU) but lets a client see a
+        segment whose actor is not registered yet. A segment whose actor
+        already runs (a resumed operation) is served through the actor.
         """
         try:
             handle = segment_actor(name)
         except ValueError:
             self._initialize_storage(name, subscriptions)
-            if start:
-                self._segment_handle(name)
+            self._segment_handle(name)
             return
         await handle.check_epoch.remote(self.epoch)
         await asyncio.gather(
