@@ -493,9 +493,12 @@ async def _json_errors(
 
 
 def _topic_label(match: Mapping[str, str]) -> str:
-    """The metric tag of a request's topic, as given (it may be what was invalid)."""
-    parts = [match.get(key, "") for key in ("tenant", "namespace", "topic")]
-    return "/".join(p for p in parts if p) or "-"
+    """The metric tag of a request's topic; ``invalid`` when a part is not a valid name
+    (Ray refuses some characters in tag values, and a refusal must still be answered)."""
+    parts = [p for p in (match.get(key, "") for key in ("tenant", "namespace", "topic")) if p]
+    if not all(_PART.fullmatch(p) for p in parts):
+        return "invalid"
+    return "/".join(parts) or "-"
 
 
 def _from_http_exception(request: web.Request, exc: web.HTTPException) -> web.Response:
