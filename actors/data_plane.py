@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 
 from runtime import wire
+from runtime.errors import InvalidArgumentError
 
 AppendNow = Callable[[memoryview], bytes | None]  # a response, or None: must wait
 AppendLater = Callable[[bytes], Awaitable[bytes]]
@@ -69,16 +70,13 @@ class AppendProtocol(asyncio.BufferedProtocol):
     def _complete_frames(self) -> Iterator[memoryview]:
         """Yield each whole frame's body in turn; it is valid until the next is yielded."""
         view = memoryview(self._buffer)
-        while self._end - self._start >= wire.LENGTH.size:
-            (length,) = wire.LENGTH.unpack_from(self._buffer, self._start)
-            if length > wire.MAX_FRAME:
-                self._transport.close()
-                return
-            first = self._start + wire.LENGTH.size
-            if self._end - first < length:
-                return
-            self._start = first + length
-            yield view[first : first + length]
+        try:
+            while (frame := wire.frame_at(self._buffer, self._start, self._end)) is not None:
+                first, self._start = frame
+                yield view[first : self._start]
+        except InvalidArgumentError:
+            self._transport.close()
+            return
         if self._start == self._end:
             self._start = self._end = 0
 

@@ -86,31 +86,17 @@ class SegmentActor:
         for its producer's previous sequence: per-producer order is part of the
         contract, not an accident of scheduling.
         """
-        return await self._append(batch, producer_id, sequence, None)
+        await self._await_turn(producer_id, sequence)
+        return self._append_in_turn(batch, producer_id, sequence, None)
 
     async def data_endpoint(self) -> tuple[str, int]:
         """Address of this segment's data plane (appends over TCP, see ``runtime.wire``)."""
         if self._server is None:
             host = ray.util.get_node_ip_address()
             self._server = await asyncio.get_running_loop().create_server(
-                lambda: AppendProtocol(self._append_now, self._handle_frame), host=host, port=0
+                lambda: AppendProtocol(self._append_now, self._append_later), host=host, port=0
             )
         return self._server.sockets[0].getsockname()[:2]
-
-    async def _append(
-        self,
-        batch: pa.RecordBatch,
-        producer_id: str | None,
-        sequence: int | None,
-        payload: memoryview | None,
-    ) -> tuple[int, int]:
-        if producer_id is not None and sequence is not None:
-            try:
-                await self._await_turn(producer_id, sequence)
-            except ScalableTopicsError as err:
-                self._metrics.rejected(err.code)
-                raise
-        return self._append_in_turn(batch, producer_id, sequence, payload)
 
     def _append_in_turn(
         self,
@@ -139,21 +125,27 @@ class SegmentActor:
         """A data-plane frame's response, or ``None`` when it must wait for its turn."""
         try:
             producer_id, sequence, payload = wire.decode_append(body)
-            if self._must_wait(producer_id, sequence):
-                return None
-            base, count = self._append_in_turn(
-                deserialize_batch(payload), producer_id, sequence, payload
-            )
-            return wire.encode_ok(base, count)
-        except (ScalableTopicsError, pa.ArrowException, ValueError) as err:
+        except (ScalableTopicsError, ValueError) as err:
             return _error_frame(err)
+        if self._must_wait(producer_id, sequence):
+            return None
+        return self._append_frame(producer_id, sequence, payload)
 
-    async def _handle_frame(self, body: bytes) -> bytes:
-        """A frame that had to wait: it waits for its turn, then is appended."""
+    async def _append_later(self, body: bytes) -> bytes:
+        """A frame that had to wait (it decoded when it arrived): its turn, then its append."""
+        producer_id, sequence, payload = wire.decode_append(body)
         try:
-            producer_id, sequence, payload = wire.decode_append(body)
+            await self._await_turn(producer_id, sequence)
+        except ScalableTopicsError as err:
+            return _error_frame(err)
+        return self._append_frame(producer_id, sequence, payload)
+
+    def _append_frame(
+        self, producer_id: str | None, sequence: int | None, payload: memoryview
+    ) -> bytes:
+        try:
             batch = deserialize_batch(payload)
-            base, count = await self._append(batch, producer_id, sequence, payload)
+            base, count = self._append_in_turn(batch, producer_id, sequence, payload)
             return wire.encode_ok(base, count)
         except (ScalableTopicsError, pa.ArrowException, ValueError) as err:
             return _error_frame(err)
@@ -269,17 +261,17 @@ class SegmentActor:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._new_data.wait(), timeout=wait_s)
 
-    async def _await_turn(self, producer_id: str, sequence: int) -> None:
+    async def _await_turn(self, producer_id: str | None, sequence: int | None) -> None:
         """Wait for the predecessor; a terminated segment ends the wait at once, since the
         predecessor will be refused too and the producer must re-route, not time out."""
         deadline = asyncio.get_running_loop().time() + SEQUENCE_WAIT_S
-        log = self._store.log
-        while sequence > log.last_sequence(producer_id) + 1 and not log.terminated:
+        while self._must_wait(producer_id, sequence):
             remaining = deadline - asyncio.get_running_loop().time()
             turn = self._turns.setdefault(producer_id, asyncio.Event())
             try:
                 await asyncio.wait_for(turn.wait(), timeout=max(remaining, 0))
             except TimeoutError:
+                self._metrics.rejected(OutOfOrderSequenceError.code)
                 raise OutOfOrderSequenceError(
                     f"{self._name}: batch {sequence} of producer {producer_id!r} waited "
                     f"{SEQUENCE_WAIT_S:.0f}s for batch "

@@ -17,6 +17,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from runtime import wire
+from runtime.errors import InvalidArgumentError
 from runtime.remote import call
 
 
@@ -94,16 +95,12 @@ class SegmentChannel:
             while chunk := await reader.read(1 << 16):
                 received += chunk
                 start = 0
-                while len(received) - start >= wire.LENGTH.size:
-                    (length,) = wire.LENGTH.unpack_from(received, start)
-                    end = start + wire.LENGTH.size + length
-                    if end > len(received):
-                        break
-                    self._resolve(bytes(received[start + wire.LENGTH.size : end]))
-                    start = end
+                while (frame := wire.frame_at(received, start, len(received))) is not None:
+                    body, start = frame
+                    self._resolve(bytes(received[body:start]))
                 del received[:start]
             raise ConnectionError("the segment closed the connection")
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, InvalidArgumentError):
             self._writer = None
             if self._pending:
                 self._ensure_connecting()

@@ -32,6 +32,19 @@ STATUS_ERROR = 1
 MAX_FRAME = 256 << 20
 
 
+def frame_at(buffer: bytes | bytearray, start: int, end: int) -> tuple[int, int] | None:
+    """``(body start, body end)`` of the frame at ``start`` once all of it is in
+    ``buffer[:end]``, ``None`` while bytes are missing; a length over ``MAX_FRAME``
+    raises ``InvalidArgumentError`` (the stream is not ours, or is corrupt)."""
+    if end - start < LENGTH.size:
+        return None
+    (length,) = LENGTH.unpack_from(buffer, start)
+    if length > MAX_FRAME:
+        raise InvalidArgumentError(f"data plane frame of {length} bytes, over {MAX_FRAME}")
+    body = start + LENGTH.size
+    return (body, body + length) if end - body >= length else None
+
+
 def encode_append(producer_id: str | None, sequence: int | None, payload: bytes) -> bytes:
     pid = (producer_id or "").encode()
     body_length = _REQUEST.size + len(pid) + _SEQUENCE.size + len(payload)
