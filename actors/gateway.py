@@ -493,12 +493,9 @@ async def _json_errors(
 
 
 def _topic_label(match: Mapping[str, str]) -> str:
-    """The metric tag of a request's topic; ``invalid`` when a part is not a valid name
-    (Ray refuses some characters in tag values, and a refusal must still be answered)."""
-    parts = [p for p in (match.get(key, "") for key in ("tenant", "namespace", "topic")) if p]
-    if not all(_PART.fullmatch(p) for p in parts):
-        return "invalid"
-    return "/".join(parts) or "-"
+    """A request's topic path as given (it may be what was invalid); empty if none."""
+    parts = [match.get(key, "") for key in ("tenant", "namespace", "topic")]
+    return "/".join(p for p in parts if p)
 
 
 def _from_http_exception(request: web.Request, exc: web.HTTPException) -> web.Response:

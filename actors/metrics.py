@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ray.util.metrics import Counter, Gauge, Histogram
 
-from runtime.names import SegmentName, TopicName
+from runtime.names import SegmentName, TopicName, is_valid_part
 
 PREFIX = "raytopics_"
 LATENCY_BOUNDARIES_MS = [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000]
@@ -166,5 +166,14 @@ class ControllerMetrics:
 
 
 def record_rejected(topic: str, component: str, code: str) -> None:
-    """Count a refused request (``code`` is a ``runtime.errors`` code)."""
-    _metrics().rejected.inc(1, {"topic": topic, "component": component, "code": code})
+    """Count a refused request (``code`` is a ``runtime.errors`` code).
+
+    ``topic`` is the topic (``topic://`` name, or the ``tenant/namespace/topic``
+    path as a REST request gave it; empty when it named none), which may be
+    exactly what was wrong with it: such a name is counted as ``invalid``,
+    because Ray refuses tag values that are not ASCII (the refusal would become
+    a 500) and because every garbled name would otherwise be a series of its own.
+    """
+    parts = [part for part in topic.removeprefix("topic://").split("/") if part]
+    label = (topic or "-") if all(is_valid_part(part) for part in parts) else "invalid"
+    _metrics().rejected.inc(1, {"topic": label, "component": component, "code": code})

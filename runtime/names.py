@@ -20,9 +20,13 @@ _ALLOWED = (
 MAX_HASH = 0xFFFF
 
 
+def is_valid_part(value: object) -> bool:
+    return isinstance(value, str) and _PART.fullmatch(value) is not None
+
+
 def validate_part(kind: str, value: str) -> str:
     """Check one path component (tenant, namespace, topic, subscription, consumer)."""
-    if not isinstance(value, str) or not _PART.fullmatch(value):
+    if not is_valid_part(value):
         raise InvalidNameError(f"invalid {kind} {value!r}: use {_ALLOWED}")
     return value
 

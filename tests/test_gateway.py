@@ -166,6 +166,8 @@ BAD_REQUESTS = [
      "invalid_argument"),
     ("bad-topic-name", "PUT", f"{SCALABLE}/bad$name", {"numSegments": 1}, 400, "invalid_name"),
     ("bad-tenant-name", "GET", "/admin/v2/scalable/-gw/ns", None, 400, "invalid_name"),
+    # not ASCII: counted as an "invalid" topic, since Ray refuses such metric tags
+    ("non-ascii-namespace", "GET", "/admin/v2/scalable/gw/%C2%80", None, 400, "invalid_name"),
     ("topic-exists", "PUT", "{T}", {"numSegments": 1}, 409, "topic_exists"),
     ("delete-missing-topic", "DELETE", "{N}", None, 404, "topic_not_found"),
     ("stats-missing-topic", "GET", "{N}/stats", None, 404, "topic_not_found"),
