@@ -4,6 +4,7 @@ a private Redis server on loopback."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -111,3 +112,9 @@ def _has_hiredis() -> bool:
     except ImportError:
         return False
     return True
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {path}")

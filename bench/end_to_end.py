@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import multiprocessing
 import os
 import struct
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import machine_info, redis_server
+from _common import machine_info, redis_server, write_report
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -322,6 +321,21 @@ def redis_consumer(
     client.close()
 
 
+def producer_spec(
+    args: argparse.Namespace, rate: float | None, seconds: float
+) -> tuple[int, dict[str, Any]]:
+    """How many producers a run uses and what each is told: a paced (half-load) run
+    has one producer; a peak run splits the message cap over ``--producers``."""
+    producers = 1 if rate else args.producers
+    return producers, {
+        "batch": args.batch,
+        "messages": args.messages // producers if not rate else 1 << 62,
+        "seconds": seconds,
+        "rate": rate / producers if rate else None,
+        "tick_records": max(1, int((rate or 0) / producers * args.tick_ms / 1000)),
+    }
+
+
 def run_redis_case(
     server: tuple[int, int], n: int, args: argparse.Namespace, rate: float | None, seconds: float
 ) -> dict[str, Any]:
@@ -334,14 +348,7 @@ def run_redis_case(
     for stream in redis_streams(n):
         client.delete(stream)
         client.xgroup_create(stream, SUBSCRIPTION, id="0", mkstream=True)
-    producers = 1 if rate else args.producers
-    spec = {
-        "batch": args.batch,
-        "messages": args.messages // producers if not rate else 1 << 62,
-        "seconds": seconds,
-        "rate": rate / producers if rate else None,
-        "tick_records": max(1, int((rate or 0) / producers * args.tick_ms / 1000)),
-    }
+    producers, spec = producer_spec(args, rate, seconds)
     go, stop = ctx.Event(), ctx.Event()
     received = ctx.Value("q", 0)
     results, consumed = ctx.Queue(), ctx.Queue()
@@ -490,15 +497,8 @@ def run_ray_case(
     import ray
 
     ray.get([c.reset.remote() for c in consumers])
-    producers = 1 if rate else args.producers
-    spec = {
-        "batch": args.batch,
-        "messages": args.messages // producers if not rate else 1 << 62,
-        "seconds": seconds,
-        "rate": rate / producers if rate else None,
-        "tick_records": max(1, int((rate or 0) / producers * args.tick_ms / 1000)),
-        "producer_config": {"batch_max_records": max(args.batch, 5_000)},
-    }
+    producers, spec = producer_spec(args, rate, seconds)
+    spec["producer_config"] = {"batch_max_records": max(args.batch, 5_000)}
     go_at = time.time_ns() + int(1.5e9)  # everyone starts at once, after setting up
 
     def start_meter() -> CpuMeter:
@@ -850,9 +850,7 @@ def main() -> int:
         "table": rows,
         "targets": goals,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -133,27 +135,41 @@ def test_refuses_empty_and_foreign_batches(tmp_path: Path) -> None:
     log.close()
 
 
-def test_reads_run_concurrently_with_appends(tmp_path: Path) -> None:
-    log = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=8192)
+@contextlib.contextmanager
+def repeated_in_a_thread(step: Callable[[], None]) -> Iterator[list[Exception]]:
+    """Run ``step`` over and over in another thread for the duration of the block; the
+    yielded list holds what it raised, for the main thread to assert on."""
     errors: list[Exception] = []
     done = threading.Event()
 
-    def reader() -> None:
+    def loop() -> None:
         try:
             while not done.is_set():
-                end = log.end_offset
-                values = read_values(log, 0, 10_000)
-                assert len(values) >= end
-                assert values == values_for(0, len(values))
+                step()
         except Exception as exc:  # surfaced through the main thread's assert
             errors.append(exc)
 
-    thread = threading.Thread(target=reader)
+    thread = threading.Thread(target=loop)
     thread.start()
-    for start in range(0, 2000, 20):
-        log.append(make_batch(values_for(start, 20)))
-    done.set()
-    thread.join()
+    try:
+        yield errors
+    finally:
+        done.set()
+        thread.join()
+
+
+def test_reads_run_concurrently_with_appends(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=8192)
+
+    def read_all() -> None:
+        end = log.end_offset
+        values = read_values(log, 0, 10_000)
+        assert len(values) >= end
+        assert values == values_for(0, len(values))
+
+    with repeated_in_a_thread(read_all) as errors:
+        for start in range(0, 2000, 20):
+            log.append(make_batch(values_for(start, 20)))
     assert errors == []
     log.close()
 
@@ -199,22 +215,9 @@ def test_background_sync_runs_beside_appends_and_chunk_rolls(tmp_path: Path) -> 
         max_chunk_bytes=8192,
         background_sync=True,
     )
-    errors: list[Exception] = []
-    done = threading.Event()
-
-    def syncer() -> None:
-        try:
-            while not done.is_set():
-                log.sync()
-        except Exception as exc:  # surfaced through the main thread's assert
-            errors.append(exc)
-
-    thread = threading.Thread(target=syncer)
-    thread.start()
-    for start in range(0, 2000, 20):
-        log.append(make_batch(values_for(start, 20)))
-    done.set()
-    thread.join()
+    with repeated_in_a_thread(log.sync) as errors:
+        for start in range(0, 2000, 20):
+            log.append(make_batch(values_for(start, 20)))
     assert errors == []
     assert len(chunk_files(tmp_path)) > 5
     log.close()
