@@ -4,6 +4,7 @@ a private Redis server on loopback."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import platform
@@ -112,6 +113,17 @@ def _has_hiredis() -> bool:
     except ImportError:
         return False
     return True
+
+
+def report(benchmark: str, started: float, machine: dict[str, Any], **sections: Any) -> dict:
+    """A results file's content: what ran, when, for how long, where, then ``sections``."""
+    return {
+        "benchmark": benchmark,
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "duration_s": round(time.perf_counter() - started, 1),
+        "machine": machine,
+        **sections,
+    }
 
 
 def write_report(path: Path, report: dict[str, Any]) -> None:

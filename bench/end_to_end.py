@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import multiprocessing
 import os
 import struct
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import machine_info, redis_server, write_report
+from _common import machine_info, redis_server, report, write_report
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -152,12 +151,20 @@ def sample_rows(count: int, samples: int = 16) -> range:
     return range(0, count, max(1, count // samples))
 
 
-def pace(started: float, sent: int, rate: float | None) -> None:
-    """Sleep until ``sent`` messages are due at ``rate`` messages/s."""
-    if rate:
-        delay = started + sent / rate - time.perf_counter()
+def send_ticks(spec: dict[str, Any], batch: int) -> Iterator[tuple[int, int]]:
+    """``(k, count)`` of each send of a producer: ``count`` messages due now (paced at
+    the spec's rate, if any, in ticks of ``tick_records``), until its caps are reached."""
+    limit, seconds, rate = spec["messages"], spec["seconds"], spec.get("rate")
+    tick = min(spec["tick_records"], batch) if rate else batch
+    started, sent, k = time.perf_counter(), 0, 0
+    while sent < limit and time.perf_counter() - started < seconds:
+        delay = started + sent / rate - time.perf_counter() if rate else 0
         if delay > 0:
             time.sleep(delay)
+        count = min(tick, limit - sent)
+        yield k, count
+        sent += count
+        k += 1
 
 
 class CpuMeter:
@@ -257,14 +264,10 @@ def redis_producer(
     key_stream = redis_key_streams(workload, n)
     names = [s.encode() for s in streams]
     client = redis.Redis(host="127.0.0.1", port=port)
-    limit, seconds, rate = spec["messages"], spec["seconds"], spec.get("rate")
-    tick = min(spec["tick_records"], workload.batch) if rate else workload.batch
     go.wait()
     cpu = time.process_time()
-    started_ns, started, sent, k = time.time_ns(), time.perf_counter(), 0, 0
-    while sent < limit and time.perf_counter() - started < seconds:
-        pace(started, sent, rate)
-        count = min(tick, limit - sent)
+    started_ns, sent = time.time_ns(), 0
+    for k, count in send_ticks(spec, workload.batch):
         records, _ = workload.stamped(count)
         data = records.tobytes()
         keys = workload.keys_index(k)[:count]
@@ -277,7 +280,6 @@ def redis_producer(
             )
         pipe.execute()
         sent += count
-        k += 1
     end_ns = time.time_ns()
     out.put(
         {"sent": sent, "start_ns": started_ns, "end_ns": end_ns, "cpu_s": time.process_time() - cpu}
@@ -397,8 +399,6 @@ def ray_producer(topic: str, spec: dict[str, Any], go_at_ns: int) -> dict[str, A
     workload = Workload(spec["batch"], seed=spec["seed"])
     keys = pa.array(workload.key_names, type=pa.string())
     key_batches = [keys.take(pa.array(workload.keys_index(k))) for k in range(16)]
-    limit, seconds, rate = spec["messages"], spec["seconds"], spec.get("rate")
-    tick = min(spec["tick_records"], workload.batch) if rate else workload.batch
     offsets = pa.py_buffer(workload.offsets)
     futures = []
     with Producer(topic, **spec["producer_config"]) as producer:
@@ -407,10 +407,8 @@ def ray_producer(topic: str, spec: dict[str, Any], go_at_ns: int) -> dict[str, A
         producer.send_batch([warm.tobytes()], keys=["key-00000"]).result()
         time.sleep(max(0.0, (go_at_ns - time.time_ns()) / 1e9))
         cpu = time.process_time()
-        started_ns, started, sent, k = time.time_ns(), time.perf_counter(), 0, 0
-        while sent < limit and time.perf_counter() - started < seconds:
-            pace(started, sent, rate)
-            count = min(tick, limit - sent)
+        started_ns, sent = time.time_ns(), 0
+        for k, count in send_ticks(spec, workload.batch):
             records, _ = workload.stamped(count)
             values = pa.Array.from_buffers(
                 pa.binary(), count, [None, offsets, pa.py_buffer(records)]
@@ -418,7 +416,6 @@ def ray_producer(topic: str, spec: dict[str, Any], go_at_ns: int) -> dict[str, A
             batch_keys = key_batches[k % 16]
             futures.append(producer.send_batch(values, batch_keys.slice(0, count)))
             sent += count
-            k += 1
         producer.flush()
         end_ns = time.time_ns()
     cpu = time.process_time() - cpu  # the whole process: the driver's too in thread mode
@@ -822,12 +819,11 @@ def main() -> int:
     goals = targets(rows)
     for name, goal in goals.items():
         print(f"target {name}: {'met' if goal['met'] else 'NOT met'} ({goal})")
-    report = {
-        "benchmark": "end_to_end",
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "duration_s": round(time.perf_counter() - started, 1),
-        "machine": info,
-        "settings": {
+    results_file = report(
+        "end_to_end",
+        started,
+        info,
+        settings={
             "record_bytes": RECORD_BYTES,
             "keys": KEYS,
             "segments": args.segments,
@@ -846,11 +842,11 @@ def main() -> int:
             "latency": "receive time minus the time.time_ns() stamp written into each value "
             "just before send_batch / the pipeline",
         },
-        "results": results,
-        "table": rows,
-        "targets": goals,
-    }
-    write_report(args.out, report)
+        results=results,
+        table=rows,
+        targets=goals,
+    )
+    write_report(args.out, results_file)
     return 0
 
 

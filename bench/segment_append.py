@@ -16,7 +16,6 @@ Prints a table and writes ``bench/results/segment_append.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _common import machine_info, redis_server, write_report
+from _common import machine_info, redis_server, report, write_report
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -348,12 +347,11 @@ def main() -> int:
     rows = table(results)
     print()
     print_table(rows)
-    report = {
-        "benchmark": "segment_append",
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "duration_s": round(time.perf_counter() - started, 1),
-        "machine": info,
-        "settings": {
+    results_file = report(
+        "segment_append",
+        started,
+        info,
+        settings={
             "record_bytes": RECORD_BYTES,
             "seconds_per_measurement": args.seconds,
             "record_budget_per_measurement": args.budget,
@@ -363,9 +361,9 @@ def main() -> int:
             "file": "one os.write per batch, no fsync",
             "segment": "one actor per measurement, sequenced appends from one producer",
         },
-        "results": rows,
-    }
-    write_report(args.out, report)
+        results=rows,
+    )
+    write_report(args.out, results_file)
     return 0
 
 
