@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -67,6 +68,8 @@ from storage.metadata import MetadataStore
 from storage.segment_log import Durability, default_storage_root
 from storage.segment_store import SegmentStore, segment_directory
 
+log = logging.getLogger(__name__)
+
 
 class ScalableTopicController:
     """Leader logic for one topic; ``ControllerActor`` is this class as a Ray actor."""
@@ -81,6 +84,7 @@ class ScalableTopicController:
         self.metrics.leader(self.epoch)
         self._lock = asyncio.Lock()
         self._watch_handles: dict[SegmentName, ray.actor.ActorHandle] = {}
+        self._starting: set[asyncio.Future] = set()  # segment actors being started
         self._recovered = False
         self._fault_after_step: int | None = None
 
@@ -208,33 +212,37 @@ class ScalableTopicController:
             if added > 0:
                 active_now = len(record.layout.active_segments)
                 check_room(self.store, self.topic, added, active_now=active_now)
-            await self._run(op)
-            return self._read_record().last_operation.model_dump(by_alias=True)
+            committed = await self._run(op)
+            return committed.last_operation.model_dump(by_alias=True)
 
-    async def _run(self, op: PendingOperation) -> None:
+    async def _run(self, op: PendingOperation) -> TopicRecord | None:
         """Record ``op`` as pending, carry it out, and time it for the metrics."""
         started = time.monotonic()
         self._update_record(lambda r: _with_pending(r, op))
-        await self._carry_out(op)
+        committed = await self._carry_out(op)
         self.metrics.operation(op.kind, time.monotonic() - started)
+        return committed
 
-    async def _carry_out(self, op: PendingOperation) -> None:
-        """Run (or resume) ``op``; each step is safe to repeat."""
+    async def _carry_out(self, op: PendingOperation) -> TopicRecord | None:
+        """Run (or resume) ``op``; each step is safe to repeat. Returns the record
+        it committed (none after a delete)."""
         if op.kind == "create":
-            await asyncio.gather(*(self._create_segment(n, []) for n in self._active_names()))
-            self._update_record(lambda r: _cleared(r, op, r.layout))
-            return
+            names = self._active_names()
+            await asyncio.gather(*(self._create_segment(n, []) for n in names))
+            for name in names:
+                self._segment_handle(name)  # started: the topic is served once created
+            return self._update_record(lambda r: _cleared(r, op, r.layout))
         if op.kind == "delete":
             await self._delete_everything()
-            return
+            return None
         if op.kind == "prune":
             layout = self._read_record().layout
             for segment_id in op.parents:
                 if segment_id in layout.all_segments:
                     await self._destroy_segment(self._name_of(layout.get(segment_id)))
-            self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
+            committed = self._commit(op)
             dag_watch_actor().notify.remote(str(self.topic))
-            return
+            return committed
         subscriptions = await self._discover_subscriptions(op.parents)
         self._step_done(1)
         await asyncio.gather(
@@ -244,10 +252,16 @@ class ScalableTopicController:
         for parent in op.parents:  # one after the other, as the merge protocol requires
             await self._segment(parent).terminate.remote(self.epoch)
         self._step_done(3)
-        self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
+        committed = self._commit(op)
         self._step_done(4)
         dag_watch_actor().notify.remote(str(self.topic))  # step 5: push, don't wait
         self._step_done(5)
+        self._start_in_background([c.name(self.topic) for c in op.children])
+        return committed
+
+    def _commit(self, op: PendingOperation) -> TopicRecord:
+        """The one CAS that applies ``op`` to the layout and clears it as pending."""
+        return self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
 
     async def _discover_subscriptions(self, parents: tuple[int, ...]) -> list[str]:
         """Union of the parents' subscriptions and the topic's live ones."""
@@ -361,6 +375,7 @@ class ScalableTopicController:
             if info is not None:
                 self._layout_segment(name)  # the id is taken: the range must match
             await self._create_segment(name, subscriptions)
+            self._segment_handle(name)
 
     async def terminate_segment(self, segment: str, force: bool = False) -> int:
         """Seal a segment of the layout; an ACTIVE one only with ``force`` (producers to
@@ -538,24 +553,34 @@ class ScalableTopicController:
         """Protocol step 2 for one segment: storage with every cursor at Earliest.
 
         A new segment's storage is initialized here, directly on the shared
-        storage root, and its actor is started without waiting for its process
-        to boot: the segment exists (and is fenced) before metadata names it,
-        and callers' requests queue until the actor is up. Starting the actor
-        only after the layout commit would be faster (its booting process
-        competes with the protocol's steps for the CPU) but lets a client see a
-        segment whose actor is not registered yet. A segment whose actor
+        storage root, so the segment exists (and is fenced) before metadata
+        names it. The caller starts its actor: a split's or merge's children only
+        after the layout commit, in the background (booting an actor's process
+        costs more CPU than the whole protocol, and on a small machine it would
+        slow the protocol's own steps; clients wait for a segment the layout
+        names to register, see ``find_segment_actor``). A segment whose actor
         already runs (a resumed operation) is served through the actor.
         """
         try:
             handle = segment_actor(name)
         except ValueError:
             self._initialize_storage(name, subscriptions)
-            self._segment_handle(name)
             return
         await handle.check_epoch.remote(self.epoch)
         await asyncio.gather(
             *(handle.create_subscription.remote(s, "earliest", self.epoch) for s in subscriptions)
         )
+
+    def _start_in_background(self, names: list[SegmentName]) -> None:
+        """Start the actors of committed segments, in the background: registering an
+        actor is a blocking round trip to the GCS per segment (10-80 ms for two on a
+        busy 2-core machine), and nothing in the operation waits for it. A crash
+        before they are started is repaired by the next incarnation's recovery, which
+        starts every active segment's actor (``_recover`` -> ``check_epoch``)."""
+        loop = asyncio.get_running_loop()
+        starting = loop.run_in_executor(None, lambda: [self._segment_handle(n) for n in names])
+        self._starting.add(starting)
+        starting.add_done_callback(self._starting.discard)
 
     def _initialize_storage(self, name: SegmentName, subscriptions: list[str]) -> None:
         store = SegmentStore(name, Path(self.storage_root), self.durability, create=True)
@@ -568,6 +593,7 @@ class ScalableTopicController:
 
     async def _destroy_segment(self, name: SegmentName) -> None:
         """Stop the segment's actor (if any) and remove its storage; safe to repeat."""
+        await asyncio.gather(*self._starting)  # or a late start could outlive the deletion
         self._watch_handles.pop(name, None)
         with contextlib.suppress(ValueError):
             handle = segment_actor(name)
@@ -583,7 +609,17 @@ class ScalableTopicControllerActor(ScalableTopicController):
 
     def __init__(self, topic: str, storage_root: str, durability: dict[str, Any]) -> None:
         super().__init__(topic, storage_root, durability)
-        self._maintenance = TopicMaintenance(self).start()  # async actor: a loop is running
+        # An async actor, so a loop is running. A restarted incarnation recovers at once
+        # (finishes its predecessor's operation, starts missing segment actors) instead
+        # of waiting for a call: producers and consumers never call the controller.
+        self._recovery = asyncio.get_running_loop().create_task(self._recover_in_background())
+        self._maintenance = TopicMaintenance(self).start()
+
+    async def _recover_in_background(self) -> None:
+        try:
+            await self.ready()
+        except Exception:  # the next call recovers (and reports) instead
+            log.exception("%s: recovery at start failed", self.topic)
 
 
 ControllerActor = ray.remote(num_cpus=0, max_restarts=-1)(ScalableTopicControllerActor)

@@ -30,6 +30,7 @@ from runtime.errors import (
     InvalidArgumentError,
     OutOfOrderSequenceError,
     ScalableTopicsError,
+    SegmentNotFoundError,
     UnavailableError,
 )
 from runtime.limits import namespace_limits
@@ -40,6 +41,8 @@ from storage.segment_log import Durability, default_storage_root
 from storage.segment_store import SegmentStore
 
 MAX_READ_RECORDS = 100_000
+# How long a client waits for a segment named by the layout to register its actor.
+LOOKUP_WAIT_S = 30.0
 SEQUENCE_WAIT_S = 30.0
 # How long a queue consumer may hold a message unacknowledged before it goes to
 # another: the time a crashed consumer's messages stay stuck.
@@ -321,3 +324,28 @@ def segment_actor(
     root = str(storage_root or default_storage_root())
     args = (str(name), root, asdict(durability), initialize)
     return get_or_start(SegmentActor, name.actor_name, *args)
+
+
+async def find_segment_actor(
+    name: SegmentName, timeout_s: float = LOOKUP_WAIT_S
+) -> ray.actor.ActorHandle:
+    """The segment's running actor, waiting while it is not registered yet.
+
+    Clients learn of a segment from the layout, and the controller registers a
+    new segment's actor only around the layout commit (and a controller that
+    dies in between leaves it to its next incarnation), so a client may be a
+    moment early. ``SegmentNotFoundError`` once ``timeout_s`` has passed: the
+    segment was deleted, or nobody brought its actor back.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.01
+    while True:
+        try:
+            return segment_actor(name)
+        except ValueError:
+            if time.monotonic() >= deadline:
+                raise SegmentNotFoundError(
+                    f"{name} has no running actor (waited {timeout_s:.0f}s)"
+                ) from None
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)

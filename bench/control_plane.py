@@ -14,6 +14,7 @@ Writes bench/results/control_plane.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -40,7 +41,7 @@ def main() -> None:
     import ray
 
     from actors.controller import controller_actor
-    from actors.segment import segment_actor
+    from actors.segment import find_segment_actor
     from clients import ScalableTopicsAdmin
     from runtime import connect
     from runtime.names import TopicName
@@ -52,12 +53,11 @@ def main() -> None:
     admin.create_scalable_topic(topic, 1)
 
     def handles(ids: list[int]) -> list:
+        """A split's or merge's children register their actors just after it returns."""
         layout = admin.get_layout(topic)
         infos = [layout.all_segments[i] for i in ids]
-        return [
-            segment_actor(name.segment(i.segment_id, i.hash_range.start, i.hash_range.end))
-            for i in infos
-        ]
+        names = [name.segment(i.segment_id, i.hash_range.start, i.hash_range.end) for i in infos]
+        return [asyncio.run(find_segment_actor(n)) for n in names]
 
     def wait_booted(ids: list[int]) -> None:
         ray.get([h.ready.remote() for h in handles(ids)])

@@ -84,7 +84,7 @@ def memory_report(samples: Samples) -> dict[str, Any]:
     }
 
 
-def soak(minutes: float, seed: int, rate: float) -> dict[str, Any]:
+def soak(minutes: float, seed: int, rate: float, retention_s: float) -> dict[str, Any]:
     """Run the chaos workload for ``minutes`` with memory sampling; return the report."""
     duration = minutes * 60
     plan = schedule(seed, duration)
@@ -95,13 +95,14 @@ def soak(minutes: float, seed: int, rate: float) -> dict[str, Any]:
         period = max(1.0, min(10.0, duration / 30))
         sampler = threading.Thread(target=sample_memory, args=(stop, period, samples), daemon=True)
         sampler.start()
-        result = run_chaos(cluster, seed, plan, duration, rate)
+        result = run_chaos(cluster, seed, plan, duration, rate, retention_s)
         stop.set()
         sampler.join()
     return {
         "minutes": minutes,
         "seed": seed,
         "offered_msgs_per_s": rate,
+        "retention_s": retention_s,
         "producing_s": result["phases_end_s"]["load"],
         "held_msgs_per_s": round(result["acked"] / result["phases_end_s"]["load"], 1),
         "acked": result["acked"],
@@ -121,10 +122,16 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rate", type=float, default=150.0, help="offered messages per second")
+    parser.add_argument(
+        "--retention-s",
+        type=float,
+        default=60.0,
+        help="the topic's retention time: drained sealed segments are pruned after it",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
     load_at_start = os.getloadavg()
-    report = soak(args.minutes, args.seed, args.rate)
+    report = soak(args.minutes, args.seed, args.rate, args.retention_s)
     report["machine"] = {
         "date": datetime.date.today().isoformat(),
         "platform": platform.platform(),

@@ -25,7 +25,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.coordinator import coordinator_actor
-from actors.segment import segment_actor
+from actors.segment import find_segment_actor
 from clients._inbox import Inbox
 from clients._ray import background_loop
 from clients.message import Message, messages_from_delivery
@@ -48,10 +48,10 @@ class ConsumerConfig:
 class _Reader:
     """Reads one assigned segment from ``position`` on, in order."""
 
-    def __init__(self, name: SegmentName, position: int) -> None:
+    def __init__(self, name: SegmentName, handle: Any, position: int) -> None:
         self.name = name
         self.segment_id = name.segment_id
-        self.handle = segment_actor(name)
+        self.handle = handle
         self.position = position  # next offset to fetch
         self.delivered = position  # next offset the application has not received
         self.acked = position  # next offset not acknowledged
@@ -153,13 +153,14 @@ class GroupConsumerCore:
         for segment_id, spec in wanted.items():
             if segment_id not in self.readers and segment_id not in self.finished:
                 name = SegmentName.parse(spec["segmentTopic"])
-                position = await self._start_position(name, spec.get("startPosition"))
-                reader = self.readers[segment_id] = _Reader(name, position)
+                handle = await find_segment_actor(name)
+                position = await self._start_position(handle, name, spec.get("startPosition"))
+                reader = self.readers[segment_id] = _Reader(name, handle, position)
                 reader.task = asyncio.get_running_loop().create_task(self._read(reader))
 
-    async def _start_position(self, name: SegmentName, released: int | None) -> int:
+    async def _start_position(self, handle: Any, name: SegmentName, released: int | None) -> int:
         if self.acknowledges:
-            status = await call(segment_actor(name).position.remote(self.group))
+            status = await call(handle.position.remote(self.group))
             return status["position"]
         if name.segment_id in self.start_positions:
             return self.start_positions[name.segment_id]

@@ -19,14 +19,14 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.dag_watch import DagWatch
-from actors.segment import segment_actor
+from actors.segment import find_segment_actor
 from clients._inbox import Inbox
 from clients._ray import background_loop
 from clients.message import Message, messages_from_delivery
 from runtime.auth import Permission, authorize_client
-from runtime.errors import ClientClosedError
+from runtime.errors import ClientClosedError, SegmentNotFoundError
 from runtime.layout import SegmentLayout
-from runtime.names import TopicName, validate_part
+from runtime.names import SegmentName, TopicName, validate_part
 from runtime.remote import call
 
 
@@ -38,8 +38,8 @@ class _QueueCore:
         self.max_records = config.get("receive_batch", 500)
         self.queue_size = config.get("receiver_queue_size", 1_000)
         self.watch = DagWatch(topic)
-        self.handles: dict[int, Any] = {}
-        self.drained: set[int] = set()
+        self.handles: dict[int, Any] = {}  # segments being pulled from, once their actor is found
+        self.attached: set[int] = set()
         self.pending_acks: dict[int, list[int]] = defaultdict(list)
         self.messages: Inbox[Message] = Inbox()
         self.tasks: list[asyncio.Task] = []
@@ -67,15 +67,18 @@ class _QueueCore:
 
     def _attach(self, layout: SegmentLayout) -> None:
         for segment_id, info in layout.all_segments.items():
-            if segment_id in self.handles or segment_id in self.drained:
+            if segment_id in self.attached:
                 continue
+            self.attached.add(segment_id)
             rng = info.hash_range
             name = self.topic.segment(segment_id, rng.start, rng.end)
-            self.handles[segment_id] = segment_actor(name)
-            self.tasks.append(asyncio.get_running_loop().create_task(self._pull(segment_id)))
+            self.tasks.append(asyncio.get_running_loop().create_task(self._pull(segment_id, name)))
 
-    async def _pull(self, segment_id: int) -> None:
-        handle = self.handles[segment_id]
+    async def _pull(self, segment_id: int, name: SegmentName) -> None:
+        try:
+            handle = self.handles[segment_id] = await find_segment_actor(name)
+        except SegmentNotFoundError:
+            return  # deleted (retention pruned it, or the topic is going): nothing to pull
         while not self.closed:
             if len(self.messages) >= self.queue_size:
                 await asyncio.sleep(0.005)
@@ -93,7 +96,6 @@ class _QueueCore:
                 await asyncio.sleep(0.2)
                 continue
             if status["drained"]:
-                self.drained.add(segment_id)
                 del self.handles[segment_id]
                 return
 

@@ -95,9 +95,15 @@ def deserialize_batch(buf: bytes | memoryview | pa.Buffer) -> pa.RecordBatch:
     return pa.ipc.open_stream(data).read_next_batch()
 
 
+def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    """A batch with no rows. Not ``RecordBatch.from_pylist([])``: that imports pandas,
+    which would cost every actor process that imports this module a second of CPU."""
+    return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+
+
 def _schema_message() -> bytes:
     """The bytes ``serialize_batch`` writes before the record batch itself."""
-    stream = pa.BufferReader(serialize_batch(pa.RecordBatch.from_pylist([], schema=BATCH_SCHEMA)))
+    stream = pa.BufferReader(serialize_batch(empty_batch(BATCH_SCHEMA)))
     pa.ipc.read_message(stream)
     length = stream.tell()
     stream.seek(0)

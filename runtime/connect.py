@@ -19,11 +19,19 @@ _FORWARDED_ENV = (
     *LIMIT_ENV_VARS,
 )
 
-# Ray passes call arguments up to this size inline instead of through the object
-# store. A 1,000-message batch is ~130 KB, just over Ray's 100 KiB default, and
-# inlining it doubles append throughput (bench/segment_append.py). Clusters
-# started with `ray start` take the same setting via --system-config.
-LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": 1 << 20}
+# Settings for an embedded local Ray; clusters started with `ray start` take the
+# same ones via --system-config (or RAY_<name> variables on every node).
+LOCAL_SYSTEM_CONFIG = {
+    # Ray passes call arguments up to this size inline instead of through the object
+    # store. A 1,000-message batch is ~130 KB, just over Ray's 100 KiB default, and
+    # inlining it doubles append throughput (bench/segment_append.py).
+    "max_direct_call_object_size": 1 << 20,
+    # After a call to a dead actor fails, Ray waits this long for the cause of death
+    # before failing (or, for a restarting actor, resending) the call: 1 s by default,
+    # which every caller pays on each controller or segment restart. Our clients
+    # retry such calls anyway, so a nicer error message is not worth a second.
+    "timeout_ms_task_wait_for_death_info": 100,
+}
 
 
 def connect(

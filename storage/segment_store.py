@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from runtime.batch import empty_batch
 from runtime.dispatch import QueueDispatcher
 from runtime.errors import SegmentNotFoundError, StaleEpochError, UnavailableError
 from runtime.names import SegmentName
@@ -251,7 +252,7 @@ class SegmentStore:
 def to_delivery(stored: list[StoredBatch]) -> pa.RecordBatch:
     """Concatenate stored batches into one batch with ``offset`` and ``publish_time`` columns."""
     if not stored:
-        return pa.RecordBatch.from_pylist([], schema=DELIVERY_SCHEMA)
+        return empty_batch(DELIVERY_SCHEMA)
     columns: list[list[pa.Array]] = [[], [], [], [], []]
     for batch in stored:
         n = batch.records.num_rows

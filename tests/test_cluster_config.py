@@ -7,11 +7,14 @@ with) and `validate_config` (the JSON schema plus Ray's cross-field checks).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
+
+from runtime.connect import LOCAL_SYSTEM_CONFIG
 
 CONFIG = Path(__file__).resolve().parent.parent / "ray_cluster.yaml"
 STORAGE_ROOT = "RAYTOPICS_STORAGE_ROOT=/mnt/raytopics/segments"
@@ -47,7 +50,7 @@ def test_head_starts_ray_with_inline_limit_then_the_gateway(config: dict) -> Non
     head = config["head_start_ray_commands"]
     ray_start = next(i for i, cmd in enumerate(head) if "ray start --head" in cmd)
     gateway = next(i for i, cmd in enumerate(head) if "raytopics --address auto serve" in cmd)
-    assert "--system-config='{\"max_direct_call_object_size\": 1048576}'" in head[ray_start]
+    assert f"--system-config='{json.dumps(LOCAL_SYSTEM_CONFIG)}'" in head[ray_start]
     assert gateway > ray_start, "the gateway joins Ray, so it starts after it"
     assert "nohup" in head[gateway] and "--port 8080" in head[gateway]
     assert head[gateway].rstrip().endswith("&"), "serve stays in the foreground"

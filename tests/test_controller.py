@@ -118,15 +118,20 @@ def test_concurrent_split_merge_requests_are_serialized(admin, unique):
     admin.delete_scalable_topic(topic)
 
 
-async def wait_until_ready(name: TopicName, timeout_s: float = 30.0) -> dict:
+async def wait_until_ready(name: TopicName, above_epoch: int = 0, timeout_s: float = 30.0) -> dict:
+    """The controller's ``ready()`` once it leads at an epoch above ``above_epoch``
+    (``ray.kill`` is asynchronous: the old process may still answer a first call)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         try:
-            return await call(controller_actor(name).ready.remote())
+            ready = await call(controller_actor(name).ready.remote())
+            if ready["leaderEpoch"] > above_epoch:
+                return ready
         except (ActorUnavailableError, ActorDiedError):
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+            pass
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"no controller of {name} above epoch {above_epoch} in time")
+        await asyncio.sleep(0.2)
 
 
 def test_stale_controller_cannot_change_metadata_or_segments(admin, unique):
@@ -139,8 +144,7 @@ def test_stale_controller_cannot_change_metadata_or_segments(admin, unique):
         old = ScalableTopicController(topic, root, {"policy": "interval", "interval_s": 0.2})
         await old.ready()
         ray.kill(controller_actor(name), no_restart=False)  # Ray restarts it: a newer epoch
-        fresh = await wait_until_ready(name)
-        assert fresh["leaderEpoch"] > old.epoch
+        await wait_until_ready(name, above_epoch=old.epoch)  # Ray restarted it: newer epoch
         before = admin.get_metadata(topic)
         with pytest.raises(StaleEpochError):
             await old.split_segment(0)

@@ -8,6 +8,7 @@ the machine, including other people's.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from runtime.connect import LOCAL_SYSTEM_CONFIG
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -71,7 +74,7 @@ def head() -> Iterator[dict]:
         f"--temp-dir={scratch / 'ray'}",
         "--dashboard-host=127.0.0.1",
         "--include-dashboard=true",
-        '--system-config={"max_direct_call_object_size": 1048576}',
+        f"--system-config={json.dumps(LOCAL_SYSTEM_CONFIG)}",
         *(f"{option}={port}" for option, port in ports.items()),
     ]
     starter = subprocess.Popen(

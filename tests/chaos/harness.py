@@ -394,15 +394,27 @@ def chaos_cluster(nodes: int) -> Iterator[Any]:
 
 
 def run_chaos(
-    cluster: Any, seed: int, plan: list[tuple[float, str]], duration_s: float, rate: float
+    cluster: Any,
+    seed: int,
+    plan: list[tuple[float, str]],
+    duration_s: float,
+    rate: float,
+    retention_s: float | None = None,
 ) -> dict[str, Any]:
-    """One seed's workload and faults on its own topic, then the checks."""
+    """One seed's workload and faults on its own topic, then the checks.
+
+    ``retention_s`` gives the topic a retention policy: long runs need one, as
+    every split and merge leaves sealed segments (and their actors) behind, and
+    without pruning the drained ones a soak's node faults restart ever more actors.
+    """
     from clients import ScalableTopicsAdmin
 
     started = time.monotonic()
     admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
     run = Run(f"topic://chaos/s{seed}-{os.getpid()}/events")
     admin.create_scalable_topic(run.topic, 2)
+    if retention_s is not None:
+        admin.set_policy(run.topic, {"retention": {"timeS": retention_s}})
     admin.create_subscription(run.topic, "stream")
     admin.create_subscription(run.topic, "queue")
     queue = QueueConsumerProcess(run, cluster.address)
