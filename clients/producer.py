@@ -34,7 +34,7 @@ import pyarrow as pa
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from actors.dag_watch import DagWatch
-from actors.segment import segment_actor
+from actors.segment import find_segment_actor
 from clients._data_plane import ChannelError, SegmentChannel
 from clients._ray import background_loop
 from clients.message import BatchResult, MessageId
@@ -45,6 +45,7 @@ from runtime.errors import (
     ClientClosedError,
     InvalidArgumentError,
     ProducerQueueFullError,
+    SegmentNotFoundError,
     SegmentTerminated,
     SendTimeoutError,
 )
@@ -197,6 +198,7 @@ class _SegmentSender:
         self.refused: list[tuple[int, _Chunk]] = []
         self.next_sequence = 0
         self.handle: Any = None
+        self.lookup: asyncio.Task | None = None
         self.channel: SegmentChannel | None = None
         self.retiring = False
         self.settled = asyncio.Event()
@@ -222,8 +224,13 @@ class _SegmentSender:
             except SegmentTerminated:
                 self.refused.append((sequence, chunk))
                 self.core.segment_sealed(self)
-            except (ValueError, ActorUnavailableError, ActorDiedError, RayActorError) as err:
-                self.handle = None
+            except (
+                SegmentNotFoundError,
+                ActorUnavailableError,
+                ActorDiedError,
+                RayActorError,
+            ) as err:
+                self.handle = self.lookup = None
                 if time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
                     continue
@@ -240,7 +247,7 @@ class _SegmentSender:
 
     async def _append(self, sequence: int, chunk: _Chunk, deadline: float) -> int:
         """One append over the configured transport; returns the base offset."""
-        self.handle = self.handle or segment_actor(self.name)
+        self.handle = self.handle or await self._find_actor()
         producer_id = self.core.producer_id
         if self.core.config.transport == "ray":
             base, _ = await call(self.handle.append.remote(chunk.batch, producer_id, sequence))
@@ -251,6 +258,15 @@ class _SegmentSender:
         append = self.channel.append(producer_id, sequence, payload)
         base, _ = await asyncio.wait_for(append, timeout=remaining)
         return base
+
+    async def _find_actor(self) -> Any:
+        """One lookup shared by every send waiting for it: a split's children register
+        their actors just after the layout names them. The waiting sends resume in
+        the order they asked, so their frames reach the data plane in sequence order
+        (a frame that overtook its predecessor would have to wait for it)."""
+        if self.lookup is None:
+            self.lookup = asyncio.get_running_loop().create_task(find_segment_actor(self.name))
+        return await asyncio.shield(self.lookup)
 
     def _fail(self, chunk: _Chunk, error: BaseException) -> None:
         chunk.fail(error)
