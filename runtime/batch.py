@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from runtime.errors import InvalidArgumentError
 
@@ -62,9 +61,17 @@ def make_batch(
 
 def message_sizes(batch: pa.RecordBatch) -> np.ndarray:
     """Bytes of key + value of each message: what size limits count."""
-    values = pc.binary_length(batch.column("value")).fill_null(0)
-    keys = pc.binary_length(batch.column("key")).fill_null(0)
-    return pc.add(values, keys).to_numpy(zero_copy_only=False).astype(np.int64)
+    return _item_sizes(batch.column("value")) + _item_sizes(batch.column("key"))
+
+
+def _item_sizes(array: pa.Array) -> np.ndarray:
+    """Bytes of each item of a binary or string array, read off its offsets buffer: a
+    third of the time of Arrow's compute kernels, and every append in a segment pays
+    it. A null item spans no bytes (or, in a batch built by hand, the bytes it spans)."""
+    if len(array) == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)
+    return np.diff(offsets[array.offset : array.offset + len(array) + 1]).astype(np.int64)
 
 
 def serialize_batch(batch: pa.RecordBatch) -> bytes:

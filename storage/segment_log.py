@@ -532,19 +532,24 @@ class SegmentLog:
                 segment_id=self._segment_id,
             )
 
-    def _write(self, frame: bytes) -> int:
-        """Write one whole frame and return its position; a failed write is undone,
-        so no half frame can sit in front of the next append."""
+    def _write(self, frame: tuple[bytes, bytes | memoryview]) -> int:
+        """Write one whole frame (header, payload) and return its position; a failed
+        write is undone, so no half frame can sit in front of the next append. One
+        ``writev``: the payload goes to the file without first being copied behind
+        its header."""
         chunk = self._chunks[-1]
         position = chunk.size
+        size = len(frame[0]) + len(frame[1])
         try:
-            written = os.write(self._write_fd, frame)
-            while written < len(frame):
-                written += os.write(self._write_fd, frame[written:])
+            written = os.writev(self._write_fd, frame)
+            if written < size:  # a short write (rare): the rest, whatever it takes
+                rest = memoryview(b"".join(frame))[written:]
+                while rest:
+                    rest = rest[os.write(self._write_fd, rest) :]
         except OSError:
             os.ftruncate(self._write_fd, position)
             raise
-        chunk.size += len(frame)
+        chunk.size += size
         self._dirty = True
         return position
 
@@ -701,7 +706,8 @@ def _sync_and_close(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _encode_frame(frame: _Frame, payload: bytes | memoryview) -> bytes:
+def _encode_frame(frame: _Frame, payload: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+    """(header, payload): the frame as written, in two pieces."""
     if len(payload) > _MAX_PAYLOAD:
         raise InvalidArgumentError(f"batch too large: {len(payload)} bytes serialized")
     producer = frame.producer_bytes
@@ -715,7 +721,7 @@ def _encode_frame(frame: _Frame, payload: bytes | memoryview) -> bytes:
         len(producer),
     )
     crc = crc32c.crc32c(payload, crc32c.crc32c(producer, crc32c.crc32c(body)))
-    return b"".join((_PREFIX.pack(MAGIC, crc), body, producer, payload))
+    return b"".join((_PREFIX.pack(MAGIC, crc), body, producer)), payload
 
 
 def _scan_frames(file: BinaryIO, expected_offset: int) -> Iterator[tuple[_Frame, int]]:
