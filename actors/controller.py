@@ -580,7 +580,15 @@ class ScalableTopicController:
         loop = asyncio.get_running_loop()
         starting = loop.run_in_executor(None, lambda: [self._segment_handle(n) for n in names])
         self._starting.add(starting)
-        starting.add_done_callback(self._starting.discard)
+        starting.add_done_callback(self._started)
+
+    def _started(self, starting: asyncio.Future) -> None:
+        self._starting.discard(starting)
+        if starting.cancelled() or starting.exception() is None:
+            return
+        error = starting.exception()
+        log.error("%s: starting new segments' actors failed: %s", self.topic, error)
+        self._recovered = False  # the next call's _recover starts every active segment's actor
 
     def _initialize_storage(self, name: SegmentName, subscriptions: list[str]) -> None:
         store = SegmentStore(name, Path(self.storage_root), self.durability, create=True)
@@ -593,7 +601,8 @@ class ScalableTopicController:
 
     async def _destroy_segment(self, name: SegmentName) -> None:
         """Stop the segment's actor (if any) and remove its storage; safe to repeat."""
-        await asyncio.gather(*self._starting)  # or a late start could outlive the deletion
+        # or a late start could outlive the deletion
+        await asyncio.gather(*self._starting, return_exceptions=True)
         self._watch_handles.pop(name, None)
         with contextlib.suppress(ValueError):
             handle = segment_actor(name)
