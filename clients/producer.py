@@ -208,6 +208,9 @@ class _SegmentSender:
         self.pump()
 
     def pump(self) -> None:
+        if self.handle is None:  # sends start once the actor is known, in sequence order
+            self._look_up_once()
+            return
         while not self.retiring and self.queue and len(self.in_flight) < self.core.config.window:
             chunk, sequence = self.queue.popleft(), self.next_sequence
             self.next_sequence += 1
@@ -230,7 +233,7 @@ class _SegmentSender:
                 ActorDiedError,
                 RayActorError,
             ) as err:
-                self.handle = self.lookup = None
+                self.handle = None
                 if time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
                     continue
@@ -247,7 +250,7 @@ class _SegmentSender:
 
     async def _append(self, sequence: int, chunk: _Chunk, deadline: float) -> int:
         """One append over the configured transport; returns the base offset."""
-        self.handle = self.handle or await self._find_actor()
+        self.handle = self.handle or await find_segment_actor(self.name)  # after a failure
         producer_id = self.core.producer_id
         if self.core.config.transport == "ray":
             base, _ = await call(self.handle.append.remote(chunk.batch, producer_id, sequence))
@@ -259,14 +262,23 @@ class _SegmentSender:
         base, _ = await asyncio.wait_for(append, timeout=remaining)
         return base
 
-    async def _find_actor(self) -> Any:
-        """One lookup shared by every send waiting for it: a split's children register
-        their actors just after the layout names them. The waiting sends resume in
-        the order they asked, so their frames reach the data plane in sequence order
-        (a frame that overtook its predecessor would have to wait for it)."""
-        if self.lookup is None:
-            self.lookup = asyncio.get_running_loop().create_task(find_segment_actor(self.name))
-        return await asyncio.shield(self.lookup)
+    def _look_up_once(self) -> None:
+        if self.lookup is None or self.lookup.done():
+            self.lookup = asyncio.get_running_loop().create_task(self._look_up())
+
+    async def _look_up(self) -> None:
+        """Find the segment's actor before any send starts: a split's children register
+        theirs just after the layout names them. Sends that each looked up on their
+        own could overtake one another on the data plane, and a frame that overtook
+        its predecessor waits for it, parked in front of it."""
+        try:
+            self.handle = await find_segment_actor(self.name)
+        except SegmentNotFoundError as err:
+            queued, self.queue = list(self.queue), deque()
+            for chunk in queued:
+                self._fail(chunk, SendTimeoutError(f"{self.name} unavailable: {err}"))
+            return
+        self.pump()
 
     def _fail(self, chunk: _Chunk, error: BaseException) -> None:
         chunk.fail(error)
