@@ -7,6 +7,7 @@ from typing import Any
 import ray
 
 from runtime.config import ray_namespace
+from runtime.placement import actor_resources, placement_from_env
 
 
 def lookup(name: str) -> ray.actor.ActorHandle:
@@ -18,8 +19,14 @@ def get_or_start(actor_class: Any, name: str, *args: Any) -> ray.actor.ActorHand
     """The actor called ``name``, started detached with ``args`` if it is not running.
 
     Detached, so it outlives the driver that started it; Ray restarts it on
-    failure per its class options.
+    failure per its class options, on a node that has the resources its
+    namespace's placement (``runtime.placement``) asks for.
     """
+    resources = actor_resources(name, placement_from_env())
     return actor_class.options(
-        name=name, namespace=ray_namespace(), lifetime="detached", get_if_exists=True
+        name=name,
+        namespace=ray_namespace(),
+        lifetime="detached",
+        get_if_exists=True,
+        **({"resources": resources} if resources else {}),
     ).remote(*args)

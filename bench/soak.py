@@ -6,6 +6,14 @@ invariant violations (must be none) and actor memory: every actor incarnation
 most 10% since the end of its warm-up (20% of the run, from its start). Writes
 ``bench/results/soak.json``.
 
+Node faults every few seconds leave few actors alive long enough for their memory
+to say anything, so a second, "steady" topic runs beside the chaos topic under
+the same load: namespace isolation (``RAYTOPICS_PLACEMENT``) keeps its actors on
+the head node, which is never removed, and no fault targets them. It is not idle:
+its lower half is split and merged in turn every ``--steady-change-s`` (controller,
+coordinators, retention and the DAG watch at work), while its upper half's segment
+takes writes for the whole run.
+
     python bench/soak.py --minutes 30 --seed 7
 """
 
@@ -25,11 +33,22 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.chaos.harness import actor_memory, chaos_cluster, run_chaos, schedule  # noqa: E402
+from runtime.names import MAX_HASH  # noqa: E402
+from runtime.placement import PLACEMENT_ENV  # noqa: E402
+from tests.chaos.harness import (  # noqa: E402
+    actor_memory,
+    chaos_cluster,
+    finish_workload,
+    run_chaos,
+    schedule,
+    start_workload,
+)
 
 MAX_GROWTH = 0.10
 WARM_UP = 0.2
 DEFAULT_RESULTS = REPO / "bench" / "results" / "soak.json"
+STEADY_RESOURCE = "soak_steady"  # only the head node has it
+MIDDLE = (MAX_HASH + 1) // 2
 Samples = list[tuple[float, dict[tuple[str, int], int]]]
 
 
@@ -73,29 +92,66 @@ def memory_report(samples: Samples) -> dict[str, Any]:
         if (name, pid) in last
     ]
     worst = max((a["growth"] for a in actors), default=0.0)
+    kinds: dict[str, dict[str, Any]] = {}
+    for a in actors:
+        kind = kinds.setdefault(a["actor"].split(":")[0], {"compared": 0, "worst_growth": 0.0})
+        kind["compared"] += 1
+        kind["worst_growth"] = max(kind["worst_growth"], a["growth"])
     return {
         "samples": len(samples),
         "warm_up_s": round(warm_up, 1),
         "incarnations_seen": len(born),
         "actors_compared": len(actors),
+        "by_kind": kinds,
         "worst_growth": worst,
         "flat": worst <= MAX_GROWTH,
         "actors": actors,
     }
 
 
-def soak(minutes: float, seed: int, rate: float, retention_s: float) -> dict[str, Any]:
-    """Run the chaos workload for ``minutes`` with memory sampling; return the report."""
+def change_steady(topic: str, stop: threading.Event, period_s: float, log: list[str]) -> None:
+    """Every ``period_s``, split the steady topic's lower half or merge it back."""
+    from clients import ScalableTopicsAdmin
+
+    admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
+    while not stop.wait(period_s):
+        active = admin.get_layout(topic).active_segments.values()
+        lower = sorted(
+            (s.hash_range.start, s.segment_id) for s in active if s.hash_range.start < MIDDLE
+        )
+        try:
+            if len(lower) == 1:
+                log.append(f"split {lower[0][1]}: {admin.split_segment(topic, lower[0][1])}")
+            else:
+                ids = lower[0][1], lower[1][1]
+                log.append(f"merge {ids}: {admin.merge_segments(topic, *ids)}")
+        except Exception as err:  # reported, and the next round tries again
+            log.append(f"refused: {type(err).__name__}: {err}")
+
+
+def soak(
+    minutes: float, seed: int, rate: float, retention_s: float, steady_change_s: float
+) -> dict[str, Any]:
+    """Run the chaos and steady workloads for ``minutes`` with memory sampling; report."""
     duration = minutes * 60
     plan = schedule(seed, duration)
     print(f"soak seed={seed} schedule={json.dumps(plan)}", flush=True)
     samples: Samples = []
-    stop = threading.Event()
-    with chaos_cluster(nodes=3) as cluster:
+    stop, stop_changes, changes = threading.Event(), threading.Event(), []
+    os.environ[PLACEMENT_ENV] = json.dumps({"steady/*": {STEADY_RESOURCE: 0.01}})
+    with chaos_cluster(nodes=3, head_resources={STEADY_RESOURCE: 100}) as cluster:
         period = max(1.0, min(10.0, duration / 30))
         sampler = threading.Thread(target=sample_memory, args=(stop, period, samples), daemon=True)
         sampler.start()
+        steady_topic = f"topic://steady/soak-{os.getpid()}/events"
+        steady = start_workload(cluster, steady_topic, rate, retention_s)
+        args = (steady.run.topic, stop_changes, steady_change_s, changes)
+        changer = threading.Thread(target=change_steady, args=args, daemon=True)
+        changer.start()
         result = run_chaos(cluster, seed, plan, duration, rate, retention_s)
+        stop_changes.set()
+        changer.join()
+        steady_result = finish_workload(steady, {})
         stop.set()
         sampler.join()
     return {
@@ -108,13 +164,24 @@ def soak(minutes: float, seed: int, rate: float, retention_s: float) -> dict[str
         "acked": result["acked"],
         "faults_injected": len(result["faults"]),
         "faults": result["faults"],
-        "messages_checked": result["acked"]
-        + result["stream_delivered"]
-        + result["queue_delivered"],
-        "violations": result["violations"],
+        "messages_checked": checked(result) + checked(steady_result),
+        "violations": result["violations"] + [f"steady {v}" for v in steady_result["violations"]],
         "wall_s": result["wall_s"],
+        "steady": {
+            "held_msgs_per_s": round(
+                steady_result["acked"] / steady_result["phases_end_s"]["load"], 1
+            ),
+            "acked": steady_result["acked"],
+            "changes": len(changes),
+            "refused_changes": sum(c.startswith("refused") for c in changes),
+            "change_log": changes,
+        },
         "memory": memory_report(samples),
     }
+
+
+def checked(result: dict[str, Any]) -> int:
+    return result["acked"] + result["stream_delivered"] + result["queue_delivered"]
 
 
 def main() -> int:
@@ -128,10 +195,16 @@ def main() -> int:
         default=60.0,
         help="the topic's retention time: drained sealed segments are pruned after it",
     )
+    parser.add_argument(
+        "--steady-change-s",
+        type=float,
+        default=60.0,
+        help="how often the steady topic's lower half is split or merged back",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
     load_at_start = os.getloadavg()
-    report = soak(args.minutes, args.seed, args.rate, args.retention_s)
+    report = soak(args.minutes, args.seed, args.rate, args.retention_s, args.steady_change_s)
     report["machine"] = {
         "date": datetime.date.today().isoformat(),
         "platform": platform.platform(),
@@ -141,7 +214,8 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    summary = {k: v for k, v in report.items() if k not in ("faults", "memory")}
+    summary = {k: v for k, v in report.items() if k not in ("faults", "memory", "steady")}
+    summary["steady"] = {k: v for k, v in report["steady"].items() if k != "change_log"}
     memory = {k: v for k, v in report["memory"].items() if k != "actors"}
     print(json.dumps({**summary, "memory": memory}, indent=2), flush=True)
     return 0 if not report["violations"] and report["memory"]["flat"] else 1

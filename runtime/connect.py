@@ -9,6 +9,7 @@ import ray
 
 from runtime.config import ray_namespace
 from runtime.limits import LIMIT_ENV_VARS
+from runtime.placement import PLACEMENT_ENV, placement_from_env
 
 # Variables that actors started from this driver must see too.
 _FORWARDED_ENV = (
@@ -16,6 +17,7 @@ _FORWARDED_ENV = (
     "RAYTOPICS_STORAGE_ROOT",
     "RAYTOPICS_DURABILITY",
     "RAYTOPICS_ACK_TIMEOUT_S",
+    PLACEMENT_ENV,
     *LIMIT_ENV_VARS,
 )
 
@@ -70,6 +72,7 @@ def _join(address: str | None, namespace: str | None, ray_init_kwargs: dict[str,
                 "call ray.shutdown() first or pass namespace=" + repr(current)
             )
         return namespace
+    placement_from_env()  # a bad placement fails here, not in some actor start later
     os.environ["RAYTOPICS_NAMESPACE"] = namespace
     env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
     runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})

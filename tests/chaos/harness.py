@@ -340,14 +340,13 @@ def drain(run: Run, timeout_s: float) -> None:
     run.stop_consuming.set()
 
 
-def start_cluster(nodes: int) -> Any:
+def start_cluster(nodes: int, head_resources: dict[str, float] | None = None) -> Any:
+    """The head (never removed: it holds the GCS) plus ``nodes`` one-CPU workers."""
     from ray.cluster_utils import Cluster
 
     system = {"health_check_period_ms": 1000, "health_check_failure_threshold": 10}
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": system},
-    )
+    head = {"num_cpus": 1, "include_dashboard": False, "_system_config": system}
+    cluster = Cluster(initialize_head=True, head_node_args={**head, "resources": head_resources})
     for _ in range(nodes):
         cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
@@ -374,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def chaos_cluster(nodes: int) -> Iterator[Any]:
+def chaos_cluster(nodes: int, head_resources: dict[str, float] | None = None) -> Iterator[Any]:
     """One multi-node cluster for a series of runs (starting one costs tens of seconds)."""
     os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", tempfile.mkdtemp(prefix="raytopics-chaos-"))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -384,7 +383,7 @@ def chaos_cluster(nodes: int) -> Iterator[Any]:
 
     from runtime import connect
 
-    cluster = start_cluster(nodes)
+    cluster = start_cluster(nodes, head_resources)
     try:
         connect(cluster.address, namespace=f"chaos-{os.getpid()}", log_to_driver=False)
         yield cluster
@@ -393,15 +392,21 @@ def chaos_cluster(nodes: int) -> Iterator[Any]:
         cluster.shutdown()
 
 
-def run_chaos(
-    cluster: Any,
-    seed: int,
-    plan: list[tuple[float, str]],
-    duration_s: float,
-    rate: float,
-    retention_s: float | None = None,
-) -> dict[str, Any]:
-    """One seed's workload and faults on its own topic, then the checks.
+@dataclass
+class Workload:
+    """A topic under load: its run record, producer and stream-consumer threads, and
+    the queue consumer's process."""
+
+    run: Run
+    threads: list[threading.Thread]
+    queue: QueueConsumerProcess
+    started: float
+
+
+def start_workload(
+    cluster: Any, topic: str, rate: float, retention_s: float | None = None
+) -> Workload:
+    """Create ``topic`` (2 segments, a stream and a queue subscription) and load it.
 
     ``retention_s`` gives the topic a retention policy: long runs need one, as
     every split and merge leaves sealed segments (and their actors) behind, and
@@ -411,7 +416,7 @@ def run_chaos(
 
     started = time.monotonic()
     admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
-    run = Run(f"topic://chaos/s{seed}-{os.getpid()}/events")
+    run = Run(topic)
     admin.create_scalable_topic(run.topic, 2)
     if retention_s is not None:
         admin.set_policy(run.topic, {"retention": {"timeS": retention_s}})
@@ -425,19 +430,22 @@ def run_chaos(
     ]
     for thread in threads:
         thread.start()
-    faults, t0 = Faults(cluster, run, random.Random(seed), queue), time.monotonic()
-    for at, fault in plan:
-        faults.wait_until(t0 + at)
-        faults.start(fault)
-    faults.wait_until(t0 + duration_s)
-    faults.join(timeout_s=240)
-    phases = {"load": time.monotonic() - started}
+    return Workload(run, threads, queue, started)
+
+
+def finish_workload(workload: Workload, phases: dict[str, float]) -> dict[str, Any]:
+    """Stop producing, let the consumers drain, check every invariant, delete the topic."""
+    from clients import ScalableTopicsAdmin
+
+    run, started = workload.run, workload.started
+    admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
+    phases["load"] = time.monotonic() - started
     run.stop_producing.set()
-    threads[0].join(timeout=240)
+    workload.threads[0].join(timeout=240)
     phases["flush"] = time.monotonic() - started
     drain(run, timeout_s=120)
-    threads[1].join(timeout=60)
-    queue.finish(timeout_s=60)
+    workload.threads[1].join(timeout=60)
+    workload.queue.finish(timeout_s=60)
     phases["drain"] = time.monotonic() - started
     violations = check(run, admin)
     if len(run.acked) < 0.9 * (len(run.acked) + len(run.errors)):
@@ -445,7 +453,6 @@ def run_chaos(
     phases["check"] = time.monotonic() - started
     admin.delete_scalable_topic(run.topic)
     return {
-        "seed": seed,
         "acked": len(run.acked),
         "stream_delivered": len(run.stream),
         "queue_delivered": len(run.queue),
@@ -454,6 +461,27 @@ def run_chaos(
         "wall_s": round(time.monotonic() - started, 1),
         "phases_end_s": {k: round(v, 1) for k, v in phases.items()},
     }
+
+
+def run_chaos(
+    cluster: Any,
+    seed: int,
+    plan: list[tuple[float, str]],
+    duration_s: float,
+    rate: float,
+    retention_s: float | None = None,
+) -> dict[str, Any]:
+    """One seed's workload and faults on its own topic, then the checks."""
+    topic = f"topic://chaos/s{seed}-{os.getpid()}/events"
+    workload = start_workload(cluster, topic, rate, retention_s)
+    faults = Faults(cluster, workload.run, random.Random(seed), workload.queue)
+    t0 = time.monotonic()
+    for at, fault in plan:
+        faults.wait_until(t0 + at)
+        faults.start(fault)
+    faults.wait_until(t0 + duration_s)
+    faults.join(timeout_s=240)
+    return {"seed": seed, **finish_workload(workload, {})}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""Namespace isolation: which Ray nodes may hold a tenant's or a namespace's actors.
+
+Pulsar's namespace isolation policies in Ray terms. An operator gives some nodes
+a custom resource (``ray start --resources='{"orders_nodes": 100}'``) and maps
+namespaces to it in ``RAYTOPICS_PLACEMENT``, a JSON object such as
+``{"acme/orders": {"orders_nodes": 0.01}, "acme/*": {"acme_nodes": 0.01}}``.
+Every controller, segment and subscription coordinator of a matching topic then
+asks Ray for that resource, so Ray starts it, and restarts it after a fault,
+only on those nodes. An exact ``tenant/namespace`` entry wins over ``tenant/*``.
+Actors of other topics, and the shared DAG watch and gateway, go anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from functools import lru_cache
+
+from runtime.errors import InvalidArgumentError
+from runtime.names import is_valid_part
+
+PLACEMENT_ENV = "RAYTOPICS_PLACEMENT"
+Placement = dict[str, dict[str, float]]
+_EXAMPLE = '{"acme/orders": {"orders_nodes": 0.01}}'
+
+
+@lru_cache(maxsize=8)
+def parse_placement(raw: str) -> Placement:
+    """``RAYTOPICS_PLACEMENT``'s value, checked whole: a bad entry is an error, not ignored."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise InvalidArgumentError(
+            f"{PLACEMENT_ENV} is not JSON ({err}); e.g. {_EXAMPLE}"
+        ) from None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"{PLACEMENT_ENV} must be a JSON object, e.g. {_EXAMPLE}")
+    return {_checked_key(key): _checked_resources(key, res) for key, res in value.items()}
+
+
+def _checked_key(key: str) -> str:
+    tenant, slash, namespace = key.partition("/")
+    if not (slash and is_valid_part(tenant) and (namespace == "*" or is_valid_part(namespace))):
+        raise InvalidArgumentError(
+            f"{PLACEMENT_ENV}: key {key!r} must be 'tenant/namespace' or 'tenant/*'"
+        )
+    return key
+
+
+def _checked_resources(key: str, resources: object) -> dict[str, float]:
+    def amount_ok(amount: object) -> bool:
+        number = isinstance(amount, int | float) and not isinstance(amount, bool)
+        # Ray takes fractions of one unit or whole numbers of units
+        return number and amount > 0 and math.isfinite(amount) and (amount <= 1 or amount % 1 == 0)
+
+    if (
+        not isinstance(resources, dict)
+        or not resources
+        or not all(isinstance(name, str) and name and amount_ok(n) for name, n in resources.items())
+    ):
+        raise InvalidArgumentError(
+            f"{PLACEMENT_ENV}[{key!r}] must map Ray custom resource names to amounts in "
+            f'(0, 1] or whole numbers, e.g. {{"orders_nodes": 0.01}}; got {resources!r}'
+        )
+    return {name: float(amount) for name, amount in resources.items()}
+
+
+def actor_resources(actor_name: str, placement: Placement) -> dict[str, float] | None:
+    """The custom resources an actor called ``actor_name`` must ask for, if any.
+
+    Topic actors are named ``kind:tenant/namespace/...`` (``runtime.names``).
+    """
+    _, _, path = actor_name.partition(":")
+    tenant, _, rest = path.partition("/")
+    namespace, slash, _ = rest.partition("/")
+    if not slash:
+        return None  # not a topic's actor
+    return placement.get(f"{tenant}/{namespace}") or placement.get(f"{tenant}/*")
+
+
+def placement_from_env() -> Placement:
+    return parse_placement(os.environ.get(PLACEMENT_ENV, ""))
