@@ -327,7 +327,7 @@ def segment_actor(
 
 
 async def find_segment_actor(
-    name: SegmentName, timeout_s: float = LOOKUP_WAIT_S
+    name: SegmentName, timeout_s: float | None = None
 ) -> ray.actor.ActorHandle:
     """The segment's running actor, waiting while it is not registered yet.
 
@@ -335,8 +335,9 @@ async def find_segment_actor(
     new segment's actor only around the layout commit (and a controller that
     dies in between leaves it to its next incarnation), so a client may be a
     moment early. ``SegmentNotFoundError`` once ``timeout_s`` has passed: the
-    segment was deleted, or nobody brought its actor back.
+    segment was deleted, or nobody brought its actor back (``LOOKUP_WAIT_S`` by default).
     """
+    timeout_s = LOOKUP_WAIT_S if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
     delay = 0.01
     while True:

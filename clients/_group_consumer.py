@@ -22,14 +22,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from ray.exceptions import RayActorError
 
 from actors.coordinator import coordinator_actor
 from actors.segment import find_segment_actor
 from clients._inbox import Inbox
-from clients._ray import background_loop
+from clients._ray import background_loop, freeze_what_exists
 from clients.message import Message, messages_from_delivery
-from runtime.errors import ClientClosedError, ConflictError, ConsumerNotRegisteredError
+from runtime.errors import (
+    ClientClosedError,
+    ConflictError,
+    ConsumerNotRegisteredError,
+    SegmentNotFoundError,
+)
 from runtime.names import SegmentName, TopicName, validate_part
 from runtime.remote import call
 
@@ -83,7 +89,8 @@ class GroupConsumerCore:
         self.coordinator = coordinator_actor(topic, group)
         self.readers: dict[int, _Reader] = {}
         self.finished: set[int] = set()
-        self.messages: Inbox[tuple[_Reader, Message]] = Inbox()
+        # delivery batches, tagged with their _Reader; unpacked when the application takes them
+        self.messages: Inbox[pa.RecordBatch] = Inbox()
         self.version = -1
         self.tasks: list[asyncio.Task] = []
         self.closed = False
@@ -94,21 +101,27 @@ class GroupConsumerCore:
         self.tasks = [loop.create_task(self._follow_assignment())]
         if self.acknowledges:
             self.tasks.append(loop.create_task(self._flush_acks_forever()))
+        freeze_what_exists()
 
     # --- application side (called on the loop via the public wrappers) --------------
 
-    def take(self, timeout_s: float | None) -> Message | None:
-        """Next message for the application; ``None`` on timeout. Any thread."""
+    def take(self, max_messages: int, timeout_s: float | None) -> list[Message]:
+        """Up to ``max_messages`` for the application, waiting up to ``timeout_s`` for the
+        first; ``[]`` on timeout. Any thread. Messages of a revoked segment are dropped:
+        its next owner delivers them from the last acknowledged position."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            taken = self.messages.get(remaining)
-            if taken is None:
-                return None
-            reader, message = taken
-            if not reader.revoked:
-                reader.delivered = message.offset + 1
-                return message
+            taken = self.messages.get_batches(max_messages, remaining)
+            if not taken:
+                return []
+            messages: list[Message] = []
+            for reader, run in taken:
+                if not reader.revoked:
+                    reader.delivered = run.column("offset")[-1].as_py() + 1
+                    messages += messages_from_delivery(reader.segment_id, run)
+            if messages:
+                return messages
 
     def acknowledge(self, segment_id: int, offset: int) -> None:
         reader = self.readers.get(segment_id)
@@ -143,7 +156,16 @@ class GroupConsumerCore:
                 await asyncio.sleep(0.2)  # the coordinator is restarting
                 continue
             if assignment is not None:
-                await self._apply(assignment)
+                try:
+                    await self._apply(assignment)
+                except (SegmentNotFoundError, RayActorError) as err:
+                    # A segment's actor is gone until its controller brings it back.
+                    # Forgetting the version makes the next poll hand the same
+                    # assignment back at once, so the lookup is tried again.
+                    who = f"{self.topic}/{self.group}/{self.consumer}"
+                    log.warning("%s: assignment not taken up, retrying: %s", who, err)
+                    self.version = -1
+                    await asyncio.sleep(0.5)
 
     async def _apply(self, assignment: dict[str, Any]) -> None:
         self.version = assignment["version"]
@@ -180,8 +202,7 @@ class GroupConsumerCore:
                 await asyncio.sleep(0.2)  # the segment is restarting
                 continue
             if batch.num_rows:
-                messages = messages_from_delivery(reader.segment_id, batch)
-                self.messages.put([(reader, message) for message in messages])
+                self.messages.put(batch, reader)
                 reader.position = batch.column("offset")[-1].as_py() + 1
                 continue
             status = await call(reader.handle.ready.remote())
@@ -249,9 +270,8 @@ class GroupConsumer:
 
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next message, or ``None`` if none arrives within ``timeout`` seconds."""
-        if self._core.closed:
-            raise ClientClosedError("consumer is closed")
-        return self._core.take(timeout)
+        taken = self.receive_batch(1, timeout)
+        return taken[0] if taken else None
 
     async def receive_async(self, timeout: float | None = None) -> Message | None:
         return await asyncio.get_running_loop().run_in_executor(None, self.receive, timeout)
@@ -260,14 +280,9 @@ class GroupConsumer:
         self, max_messages: int = 1_000, timeout: float | None = 1.0
     ) -> list[Message]:
         """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is there."""
-        first = self.receive(timeout)
-        batch = [first] if first is not None else []
-        while first is not None and len(batch) < max_messages:
-            message = self._core.take(0)
-            if message is None:
-                break
-            batch.append(message)
-        return batch
+        if self._core.closed:
+            raise ClientClosedError("consumer is closed")
+        return self._core.take(max_messages, timeout)
 
     def assigned_segments(self) -> list[int]:
         return sorted(self._core.readers)

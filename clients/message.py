@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import repeat
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -33,14 +35,17 @@ class BatchResult:
         ]
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
+    """A received message. A named tuple, like kafka-python's ``ConsumerRecord``: a
+    consumer builds tens of thousands a second, and a frozen dataclass costs about
+    three times as much to build (each field goes through ``object.__setattr__``)."""
+
     key: str | None
     value: bytes
     segment_id: int
     offset: int
     publish_time: datetime
-    properties: dict[str, str] = field(default_factory=dict)
+    properties: dict[str, str]
 
     @property
     def message_id(self) -> MessageId:
@@ -61,23 +66,26 @@ def messages_from_delivery(segment_id: int, batch: pa.RecordBatch) -> list[Messa
         if properties.null_count < count
         else [{} for _ in range(count)]
     )
-    return [
-        Message(key, value, segment_id, offset, published, prop)
-        for key, value, offset, published, prop in zip(
-            batch.column("key").to_pylist(),
-            batch.column("value").to_pylist(),
-            batch.column("offset").to_pylist(),
-            _publish_times(batch.column("publish_time")),
-            props,
-            strict=True,
-        )
-    ]
+    columns = zip(
+        batch.column("key").to_pylist(),
+        batch.column("value").to_pylist(),
+        repeat(segment_id, count),
+        batch.column("offset").to_pylist(),
+        _publish_times(batch.column("publish_time")),
+        props,
+        strict=True,
+    )
+    return list(map(Message._make, columns))  # a fifth faster than calling Message()
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _publish_times(column: pa.Array) -> list[datetime]:
-    millis = column.cast(pa.int64())
-    distinct = millis.unique()
-    as_datetime = dict(
-        zip(distinct.to_pylist(), distinct.cast(column.type).to_pylist(), strict=True)
-    )
-    return [as_datetime[ms] for ms in millis.to_pylist()]
+    """Millisecond timestamps as UTC datetimes, converted here rather than by
+    ``to_pylist``: Arrow converts zoned timestamps through pandas, and importing it
+    costs a consumer process half a second and ~300 modules."""
+    data = np.frombuffer(column.buffers()[1], dtype=np.int64)  # to_numpy imports pandas too
+    millis = data[column.offset : column.offset + len(column)].tolist()
+    as_datetime = {ms: _EPOCH + timedelta(milliseconds=ms) for ms in set(millis)}
+    return [as_datetime[ms] for ms in millis]

@@ -36,7 +36,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from actors.dag_watch import DagWatch
 from actors.segment import find_segment_actor
 from clients._data_plane import ChannelError, SegmentChannel
-from clients._ray import background_loop
+from clients._ray import background_loop, freeze_what_exists
 from clients.message import BatchResult, MessageId
 from runtime.auth import Permission, authorize_client
 from runtime.batch import make_batch, message_sizes, serialize_batch
@@ -478,6 +478,7 @@ class Producer:
         authorize_client(token, Permission.PRODUCE, name)
         self._setup(name, ProducerConfig(**config))
         self._open()  # fail fast here (unknown topic...), not at the first send
+        freeze_what_exists()
 
     def _setup(self, topic: TopicName, config: ProducerConfig) -> None:
         self._topic = topic

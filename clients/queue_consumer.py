@@ -21,7 +21,7 @@ from ray.exceptions import RayActorError
 from actors.dag_watch import DagWatch
 from actors.segment import find_segment_actor
 from clients._inbox import Inbox
-from clients._ray import background_loop
+from clients._ray import background_loop, freeze_what_exists
 from clients.message import Message, messages_from_delivery
 from runtime.auth import Permission, authorize_client
 from runtime.errors import ClientClosedError, SegmentNotFoundError
@@ -41,7 +41,7 @@ class _QueueCore:
         self.handles: dict[int, Any] = {}  # segments being pulled from, once their actor is found
         self.attached: set[int] = set()
         self.pending_acks: dict[int, list[int]] = defaultdict(list)
-        self.messages: Inbox[Message] = Inbox()
+        self.messages: Inbox[list[Message]] = Inbox()
         self.tasks: list[asyncio.Task] = []
         self.closed = False
 
@@ -50,6 +50,7 @@ class _QueueCore:
         self.watch.start()
         self._attach(self.watch.layout)
         self.tasks += [loop.create_task(self._follow()), loop.create_task(self._flush_forever())]
+        freeze_what_exists()
 
     async def close(self) -> None:
         self.closed = True

@@ -424,6 +424,12 @@ class SegmentLog:
                     fsync=self._durability.policy != "none",
                 )
                 self._start_offset = start
+                # Reads below the start are refused, so the index of the batches there
+                # is dead weight until their whole chunk goes: tens of MB for a slow
+                # topic of small batches, whose 64 MB chunk may take days to fill.
+                forget = bisect.bisect_left(self._bases, start)
+                del self._bases[:forget]
+                del self._entries[:forget]
                 while len(self._chunks) > 1 and self._chunks[1].base_offset <= start:
                     self._drop_first_chunk()
             return self._start_offset

@@ -11,7 +11,9 @@ from collections.abc import Callable
 import pytest
 import ray
 
+from actors.controller import controller_actor
 from actors.coordinator import coordinator_actor
+from actors.registry import lookup
 from clients import (
     Checkpoint,
     CheckpointConsumer,
@@ -206,6 +208,54 @@ def test_children_are_never_delivered_before_parents_are_drained(admin, unique):
     admin.delete_scalable_topic(topic)
 
 
+def test_stream_consumer_waits_out_a_segment_actor_that_is_gone(admin, unique, monkeypatch):
+    """A child whose actor is gone when its assignment arrives: the consumer keeps
+    asking for it until the controller's next incarnation brings the actor back."""
+    import actors.segment
+
+    monkeypatch.setattr(actors.segment, "LOOKUP_WAIT_S", 1.0)  # give up fast, many times
+    topic = f"topic://lost/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    admin.create_subscription(topic, "s")
+    with Producer(topic) as prod:
+        prod.send(b"parent", key="k").result()
+    consumer = StreamConsumer(topic, "s", "c")
+    parent_message = consumer.receive(timeout=30)  # not acked: the parent is not drained
+    children = admin.split_segment(topic, 0)["children"]
+    layout, name = admin.get_layout(topic), TopicName.parse(topic)
+    actor_names = [
+        name.segment(i, s.hash_range.start, s.hash_range.end).actor_name
+        for i, s in layout.all_segments.items()
+        if i in children
+    ]
+    wait_for(lambda: all(map(alive_actor, actor_names)), what="the children's actors")
+    for actor_name in actor_names:
+        ray.kill(lookup(actor_name), no_restart=True)  # gone for good, as if deleted
+    consumer.acknowledge_cumulative(parent_message)  # drained: the children are assigned
+    time.sleep(3)  # ... and their lookups give up, more than once
+    ray.kill(controller_actor(name), no_restart=False)  # its next incarnation recovers
+    wait_for(lambda: all(map(alive_actor, actor_names)), 60, "the children's actors back")
+    with Producer(topic) as prod:
+        for i in range(20):
+            prod.send(f"m{i}".encode(), key=f"k{i}")
+    received = set()
+    deadline = time.monotonic() + 30
+    while len(received) < 20 and time.monotonic() < deadline:
+        for message in consumer.receive_batch(100, timeout=0.5):
+            received.add(message.value)
+            consumer.acknowledge_cumulative(message)
+    consumer.close()
+    assert received == {f"m{i}".encode() for i in range(20)}
+    admin.delete_scalable_topic(topic)
+
+
+def alive_actor(actor_name: str) -> ray.actor.ActorHandle | None:
+    try:
+        return lookup(actor_name)
+    except ValueError:
+        return None
+
+
 def test_queue_consumers_with_splits_and_negative_acks(admin, unique):
     topic = f"topic://queue/ns/t-{unique}"
     admin.create_scalable_topic(topic, 2)
@@ -280,9 +330,11 @@ def test_checkpoint_consumer_resumes_exactly_after_its_checkpoint(admin, unique)
     prod.close()
 
     resumed = CheckpointConsumer(topic, "connector", "reader", start=checkpoint)
-    after = []
-    while (message := resumed.receive(timeout=3)) is not None:
-        after.append(message)
+    after: list = []
+    deadline = time.monotonic() + 90  # children boot slowly on a loaded machine
+    while len(after) < 3_000 - len(before) and time.monotonic() < deadline:
+        after += resumed.receive_batch(1_000, timeout=1)
+    after += resumed.receive_batch(1_000, timeout=1)  # anything extra would be a bug
     resumed.close()
     seen_before = {int(m.value) for m in before}
     seen_after = [int(m.value) for m in after]

@@ -461,6 +461,7 @@ def test_retain_drops_whole_batches_by_time_and_size_and_survives_a_restart(
         log.append(make_batch(values_for(start, 10)))
     full = log.size_bytes
     assert log.retain(oldest_publish_ms=5_500, max_bytes=None) == 50  # batches at 1s..5s go
+    assert log._bases[0] == 50, "the index still holds batches retention dropped"
     with pytest.raises(InvalidArgumentError, match="below the start offset"):
         log.read(49, 1)
     assert read_values(log, 50, 20) == values_for(50, 20)
@@ -475,6 +476,7 @@ def test_retain_drops_whole_batches_by_time_and_size_and_survives_a_restart(
     assert (reopened.start_offset, reopened.end_offset) == (start, 300)
     assert reopened.retain(10**9, None, keep_from=start + 15) == start + 10  # a reader needs it
     assert reopened.retain(10**9, None) == 300  # everything expired: the log is empty, not gone
+    assert reopened._bases == []
     reopened.append(make_batch(values_for(300, 5)))
     assert read_values(reopened, 300, 10) == values_for(300, 5)
     reopened.close()

@@ -1,0 +1,48 @@
+"""The consumers' inbox: batches in, runs of at most N items out, in order, with tags."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clients._inbox import Inbox
+
+batches = st.lists(st.lists(st.integers(), min_size=1, max_size=30), max_size=10)
+takes = st.lists(st.integers(1, 40), min_size=1, max_size=30)
+
+
+@given(batches, takes)
+def test_runs_come_out_in_order_with_their_tags_and_never_too_many(
+    put: list[list[int]], sizes: list[int]
+) -> None:
+    inbox: Inbox[list[int]] = Inbox()
+    for tag, items in enumerate(put):
+        inbox.put(items, tag)
+    expected = [(tag, item) for tag, items in enumerate(put) for item in items]
+    got: list[tuple[int, int]] = []
+    for size in [*sizes, 10**6]:
+        runs = inbox.get_batches(size, 0)
+        assert sum(len(run) for _, run in runs) <= size
+        got += [(tag, item) for tag, run in runs for item in run]
+        assert len(inbox) == len(expected) - len(got)
+    assert got == expected
+    assert inbox.get(0) is None and inbox.get_batches(5, 0.01) == []
+
+
+def test_arrow_batches_are_sliced_without_unpacking() -> None:
+    inbox: Inbox[pa.RecordBatch] = Inbox()
+    inbox.put(pa.RecordBatch.from_pydict({"offset": list(range(10))}), "reader")
+    first, rest = inbox.get_batches(4, 0), inbox.get_batches(100, 0)
+    assert [(tag, run.column("offset").to_pylist()) for tag, run in first + rest] == [
+        ("reader", [0, 1, 2, 3]),
+        ("reader", [4, 5, 6, 7, 8, 9]),
+    ]
+
+
+def test_a_waiting_receiver_wakes_when_a_batch_arrives() -> None:
+    inbox: Inbox[list[str]] = Inbox()
+    threading.Timer(0.05, inbox.put, args=(["a", "b"],)).start()
+    assert inbox.get_batches(10, timeout_s=5) == [(None, ["a", "b"])]
