@@ -646,9 +646,8 @@ def controller_actor(
         return lookup(topic.controller_actor_name)
     durability = durability or Durability.from_env()
     root = str(storage_root or default_storage_root())
-    return get_or_start(
-        ControllerActor, topic.controller_actor_name, str(topic), root, asdict(durability)
-    )
+    args = (str(topic), root, asdict(durability))
+    return get_or_start(ControllerActor, topic.controller_actor_name, *args, topic=topic)
 
 
 def _with_pending(record: TopicRecord, op: PendingOperation) -> TopicRecord:

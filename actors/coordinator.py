@@ -266,7 +266,7 @@ class SubscriptionCoordinator:
 def coordinator_actor(topic: TopicName, subscription: str) -> ray.actor.ActorHandle:
     """The subscription's coordinator, started if it is not running."""
     name = topic.coordinator_actor_name(subscription)
-    return get_or_start(SubscriptionCoordinator, name, str(topic), subscription)
+    return get_or_start(SubscriptionCoordinator, name, str(topic), subscription, topic=topic)
 
 
 def ensure_group(store: MetadataStore, topic: TopicName, group: str, grace_s: float) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import ray
 
 from runtime.config import ray_namespace
+from runtime.names import TopicName
 from runtime.placement import actor_resources, placement_from_env
 
 
@@ -15,14 +16,16 @@ def lookup(name: str) -> ray.actor.ActorHandle:
     return ray.get_actor(name, namespace=ray_namespace())
 
 
-def get_or_start(actor_class: Any, name: str, *args: Any) -> ray.actor.ActorHandle:
+def get_or_start(
+    actor_class: Any, name: str, *args: Any, topic: TopicName | None = None
+) -> ray.actor.ActorHandle:
     """The actor called ``name``, started detached with ``args`` if it is not running.
 
     Detached, so it outlives the driver that started it; Ray restarts it on
-    failure per its class options, on a node that has the resources its
-    namespace's placement (``runtime.placement``) asks for.
+    failure per its class options, on a node that has the resources the
+    placement of ``topic``'s namespace (``runtime.placement``) asks for.
     """
-    resources = actor_resources(name, placement_from_env())
+    resources = actor_resources(topic, placement_from_env())
     return actor_class.options(
         name=name,
         namespace=ray_namespace(),

@@ -323,7 +323,7 @@ def segment_actor(
     durability = durability or Durability.from_env()
     root = str(storage_root or default_storage_root())
     args = (str(name), root, asdict(durability), initialize)
-    return get_or_start(SegmentActor, name.actor_name, *args)
+    return get_or_start(SegmentActor, name.actor_name, *args, topic=name.topic)
 
 
 async def find_segment_actor(

@@ -151,7 +151,7 @@ def soak(
         result = run_chaos(cluster, seed, plan, duration, rate, retention_s)
         stop_changes.set()
         changer.join()
-        steady_result = finish_workload(steady, {})
+        steady_result = finish_workload(steady)
         stop.set()
         sampler.join()
     return {
@@ -160,7 +160,7 @@ def soak(
         "offered_msgs_per_s": rate,
         "retention_s": retention_s,
         "producing_s": result["phases_end_s"]["load"],
-        "held_msgs_per_s": round(result["acked"] / result["phases_end_s"]["load"], 1),
+        "held_msgs_per_s": held(result),
         "acked": result["acked"],
         "faults_injected": len(result["faults"]),
         "faults": result["faults"],
@@ -168,9 +168,7 @@ def soak(
         "violations": result["violations"] + [f"steady {v}" for v in steady_result["violations"]],
         "wall_s": result["wall_s"],
         "steady": {
-            "held_msgs_per_s": round(
-                steady_result["acked"] / steady_result["phases_end_s"]["load"], 1
-            ),
+            "held_msgs_per_s": held(steady_result),
             "acked": steady_result["acked"],
             "changes": len(changes),
             "refused_changes": sum(c.startswith("refused") for c in changes),
@@ -182,6 +180,11 @@ def soak(
 
 def checked(result: dict[str, Any]) -> int:
     return result["acked"] + result["stream_delivered"] + result["queue_delivered"]
+
+
+def held(result: dict[str, Any]) -> float:
+    """Acked sends per second of producing."""
+    return round(result["acked"] / result["phases_end_s"]["load"], 1)
 
 
 def main() -> int:

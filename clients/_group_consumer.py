@@ -118,7 +118,7 @@ class GroupConsumerCore:
             messages: list[Message] = []
             for reader, run in taken:
                 if not reader.revoked:
-                    reader.delivered = run.column("offset")[-1].as_py() + 1
+                    reader.delivered = _after(run)
                     messages += messages_from_delivery(reader.segment_id, run)
             if messages:
                 return messages
@@ -203,7 +203,7 @@ class GroupConsumerCore:
                 continue
             if batch.num_rows:
                 self.messages.put(batch, reader)
-                reader.position = batch.column("offset")[-1].as_py() + 1
+                reader.position = _after(batch)
                 continue
             status = await call(reader.handle.ready.remote())
             if status["terminated"] and reader.position >= status["endOffset"]:
@@ -257,6 +257,11 @@ class GroupConsumerCore:
         with contextlib.suppress(RayActorError):
             await call(reader.handle.ack_cumulative.remote(self.group, target - 1))
             reader.flushed = max(reader.flushed, target)
+
+
+def _after(batch: pa.RecordBatch) -> int:
+    """The offset that follows a delivery batch."""
+    return batch.column("offset")[-1].as_py() + 1
 
 
 def run_on_loop(coro: Any) -> Any:

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
+from runtime.config import GC_FREEZE_ENV
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -55,7 +57,6 @@ async def _cancel_all() -> None:
 
 _loop: _LoopThread | None = None
 _loop_lock = threading.Lock()
-GC_FREEZE_ENV = "RAYTOPICS_GC_FREEZE"
 
 
 def background_loop() -> _LoopThread:

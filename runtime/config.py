@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 DEFAULT_NAMESPACE = "scalable-topics"
+GC_FREEZE_ENV = "RAYTOPICS_GC_FREEZE"  # read by clients (clients._ray), forwarded to actors
 
 
 def ray_namespace() -> str:

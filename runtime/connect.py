@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from runtime.config import ray_namespace
+from runtime.config import GC_FREEZE_ENV, ray_namespace
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV, placement_from_env
 
@@ -18,7 +18,7 @@ _FORWARDED_ENV = (
     "RAYTOPICS_DURABILITY",
     "RAYTOPICS_ACK_TIMEOUT_S",
     PLACEMENT_ENV,
-    "RAYTOPICS_GC_FREEZE",
+    GC_FREEZE_ENV,
     *LIMIT_ENV_VARS,
 )
 

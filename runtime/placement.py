@@ -18,7 +18,7 @@ import os
 from functools import lru_cache
 
 from runtime.errors import InvalidArgumentError
-from runtime.names import is_valid_part
+from runtime.names import TopicName, is_valid_part
 
 PLACEMENT_ENV = "RAYTOPICS_PLACEMENT"
 Placement = dict[str, dict[str, float]]
@@ -68,17 +68,12 @@ def _checked_resources(key: str, resources: object) -> dict[str, float]:
     return {name: float(amount) for name, amount in resources.items()}
 
 
-def actor_resources(actor_name: str, placement: Placement) -> dict[str, float] | None:
-    """The custom resources an actor called ``actor_name`` must ask for, if any.
-
-    Topic actors are named ``kind:tenant/namespace/...`` (``runtime.names``).
-    """
-    _, _, path = actor_name.partition(":")
-    tenant, _, rest = path.partition("/")
-    namespace, slash, _ = rest.partition("/")
-    if not slash:
-        return None  # not a topic's actor
-    return placement.get(f"{tenant}/{namespace}") or placement.get(f"{tenant}/*")
+def actor_resources(topic: TopicName | None, placement: Placement) -> dict[str, float] | None:
+    """The custom resources an actor of ``topic`` must ask for, if any (``None``: an
+    actor of no topic, such as the DAG watch)."""
+    if topic is None:
+        return None
+    return placement.get(topic.namespace_path) or placement.get(f"{topic.tenant}/*")
 
 
 def placement_from_env() -> Placement:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from clients._ray import GC_FREEZE_ENV, freeze_what_exists
+from clients._ray import freeze_what_exists
+from runtime.config import GC_FREEZE_ENV
 from storage.segment_store import DELIVERY_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]

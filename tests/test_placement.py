@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runtime.errors import InvalidArgumentError  # noqa: E402
+from runtime.names import TopicName  # noqa: E402
 from runtime.placement import actor_resources, parse_placement  # noqa: E402
 
 PINNED = {"iso/pinned": {"pinned_nodes": 0.01}}
@@ -27,10 +28,10 @@ PINNED = {"iso/pinned": {"pinned_nodes": 0.01}}
 
 def test_exact_namespace_wins_over_tenant_wildcard() -> None:
     placement = parse_placement(json.dumps({"acme/orders": {"a": 0.5}, "acme/*": {"b": 2}}))
-    assert actor_resources("segment:acme/orders/t/0000-7fff-3", placement) == {"a": 0.5}
-    assert actor_resources("controller:acme/billing/t", placement) == {"b": 2.0}
-    assert actor_resources("coordinator:other/orders/t/sub", placement) is None
-    assert actor_resources("dagwatch", placement) is None
+    assert actor_resources(TopicName("acme", "orders", "t"), placement) == {"a": 0.5}
+    assert actor_resources(TopicName("acme", "billing", "t"), placement) == {"b": 2.0}
+    assert actor_resources(TopicName("other", "orders", "t"), placement) is None
+    assert actor_resources(None, placement) is None  # the DAG watch, the gateway
     assert parse_placement("") == {} and parse_placement("  ") == {}
 
 

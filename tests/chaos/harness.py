@@ -433,13 +433,13 @@ def start_workload(
     return Workload(run, threads, queue, started)
 
 
-def finish_workload(workload: Workload, phases: dict[str, float]) -> dict[str, Any]:
+def finish_workload(workload: Workload) -> dict[str, Any]:
     """Stop producing, let the consumers drain, check every invariant, delete the topic."""
     from clients import ScalableTopicsAdmin
 
     run, started = workload.run, workload.started
     admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
-    phases["load"] = time.monotonic() - started
+    phases = {"load": time.monotonic() - started}
     run.stop_producing.set()
     workload.threads[0].join(timeout=240)
     phases["flush"] = time.monotonic() - started
@@ -481,7 +481,7 @@ def run_chaos(
         faults.start(fault)
     faults.wait_until(t0 + duration_s)
     faults.join(timeout_s=240)
-    return {"seed": seed, **finish_workload(workload, {})}
+    return {"seed": seed, **finish_workload(workload)}
 
 
 if __name__ == "__main__":
