@@ -2,8 +2,8 @@
 
 A buffered protocol rather than ``asyncio.StreamReader``: frames are received
 straight into one reusable buffer (no per-frame ``bytes`` copies, no pausing
-and resuming a small stream buffer around every 100 KB frame), every complete
-frame in a read is appended at once, and their responses leave in one write.
+and resuming a small stream buffer around every 100 KB frame), the complete
+frames of a read are appended together, and their responses leave in one write.
 A frame that must wait for its producer's previous sequence (it arrived on a
 new connection before the old one's frames were stored) parks the connection:
 it and every later frame go through an async backlog, in order, until the
@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from runtime import wire
 from runtime.errors import InvalidArgumentError
 
-AppendNow = Callable[[memoryview], bytes | None]  # a response, or None: must wait
+# Responses to the longest prefix of these frames that could be stored now.
+AppendNow = Callable[[list[memoryview]], list[bytes]]
 AppendLater = Callable[[bytes], Awaitable[bytes]]
 
 _INITIAL_BUFFER = 4 << 20
@@ -58,17 +59,15 @@ class AppendProtocol(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
-        responses = []
-        for body in self._complete_frames():
-            if self._backlog or (response := self._append_now(body)) is None:
-                self._park(bytes(body))
-            else:
-                responses.append(response)
+        bodies = list(self._complete_frames())
+        responses = self._append_now(bodies) if bodies and not self._backlog else []
+        for body in bodies[len(responses) :]:
+            self._park(bytes(body))
         if responses and self._transport is not None:
             self._transport.write(b"".join(responses))
 
     def _complete_frames(self) -> Iterator[memoryview]:
-        """Yield each whole frame's body in turn; it is valid until the next is yielded."""
+        """Yield each whole frame's body; views valid until the next ``get_buffer``."""
         view = memoryview(self._buffer)
         try:
             while (frame := wire.frame_at(self._buffer, self._start, self._end)) is not None:

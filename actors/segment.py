@@ -20,16 +20,12 @@ from typing import Any
 import pyarrow as pa
 import ray
 
+from actors.appender import SegmentAppender
 from actors.data_plane import AppendProtocol
 from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
-from runtime import wire
-from runtime.batch import deserialize_batch, message_sizes
 from runtime.config import env_float, ray_namespace
 from runtime.errors import (
-    InvalidArgumentError,
-    OutOfOrderSequenceError,
-    ScalableTopicsError,
     SegmentNotFoundError,
     UnavailableError,
 )
@@ -43,7 +39,6 @@ from storage.segment_store import SegmentStore
 MAX_READ_RECORDS = 100_000
 # How long a client waits for a segment named by the layout to register its actor.
 LOOKUP_WAIT_S = 30.0
-SEQUENCE_WAIT_S = 30.0
 # How long a queue consumer may hold a message unacknowledged before it goes to
 # another: the time a crashed consumer's messages stay stuck.
 ACK_TIMEOUT_ENV = "RAYTOPICS_ACK_TIMEOUT_S"
@@ -68,15 +63,17 @@ class SegmentActor:
             background_sync=True,  # by _sync_forever, off the event loop
         )
         self._new_data = asyncio.Event()
-        self._turns: dict[str, asyncio.Event] = {}
         self._server: asyncio.Server | None = None
         self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
+        self._metrics = SegmentMetrics(self._name)
         # The authority on sizes; read once per incarnation, so a changed limit
         # applies to a segment from its next start.
         namespace = f"{self._name.topic.tenant}/{self._name.topic.namespace}"
-        self._limits = namespace_limits(MetadataStore(ray_namespace()), namespace)
-        self._metrics = SegmentMetrics(self._name)
+        limits = namespace_limits(MetadataStore(ray_namespace()), namespace)
+        self._appender = SegmentAppender(
+            self._name, self._store, limits, self._metrics, self._appended
+        )
 
     # --- data path ---------------------------------------------------------------
 
@@ -85,82 +82,23 @@ class SegmentActor:
     ) -> tuple[int, int]:
         """Append a batch; returns (base offset, count). Raises ``SegmentTerminated``.
 
-        Ray may start pipelined calls out of order, so a sequenced batch waits
-        for its producer's previous sequence: per-producer order is part of the
-        contract, not an accident of scheduling.
+        A sequenced batch waits for its producer's previous sequence: Ray may
+        start pipelined calls out of order, and per-producer order is part of
+        the contract, not an accident of scheduling.
         """
-        await self._await_turn(producer_id, sequence)
-        return self._append_in_turn(batch, producer_id, sequence, None)
+        return await self._appender.append(batch, producer_id, sequence)
 
     async def data_endpoint(self) -> tuple[str, int]:
         """Address of this segment's data plane (appends over TCP, see ``runtime.wire``)."""
         if self._server is None:
             host = ray.util.get_node_ip_address()
+            appender = self._appender
             self._server = await asyncio.get_running_loop().create_server(
-                lambda: AppendProtocol(self._append_now, self._append_later), host=host, port=0
+                lambda: AppendProtocol(appender.append_frames, appender.append_parked),
+                host=host,
+                port=0,
             )
         return self._server.sockets[0].getsockname()[:2]
-
-    def _append_in_turn(
-        self,
-        batch: pa.RecordBatch,
-        producer_id: str | None,
-        sequence: int | None,
-        payload: memoryview | None,
-    ) -> tuple[int, int]:
-        try:
-            self._limits.check_batch(message_sizes(batch))  # before anything is written
-            started = time.perf_counter()
-            result = self._store.append(batch, producer_id, sequence, payload)
-        except ScalableTopicsError as err:
-            self._metrics.rejected(err.code)
-            raise
-        self._ensure_syncer()
-        if not result.duplicate:  # one record per batch: the hot path stays cheap
-            nbytes = len(payload) if payload is not None else batch.nbytes
-            self._metrics.appended(result.count, nbytes, time.perf_counter() - started)
-        if producer_id is not None:
-            self._turns.pop(producer_id, asyncio.Event()).set()
-        self._wake()
-        return result.base_offset, result.count
-
-    def _append_now(self, body: memoryview) -> bytes | None:
-        """A data-plane frame's response, or ``None`` when it must wait for its turn."""
-        try:
-            producer_id, sequence, payload = wire.decode_append(body)
-        except (ScalableTopicsError, ValueError) as err:
-            return _error_frame(err)
-        if self._must_wait(producer_id, sequence):
-            return None
-        return self._append_frame(producer_id, sequence, payload)
-
-    async def _append_later(self, body: bytes) -> bytes:
-        """A frame that had to wait (it decoded when it arrived): its turn, then its append."""
-        producer_id, sequence, payload = wire.decode_append(body)
-        try:
-            await self._await_turn(producer_id, sequence)
-        except ScalableTopicsError as err:
-            return _error_frame(err)
-        return self._append_frame(producer_id, sequence, payload)
-
-    def _append_frame(
-        self, producer_id: str | None, sequence: int | None, payload: memoryview
-    ) -> bytes:
-        try:
-            batch = deserialize_batch(payload)
-            base, count = self._append_in_turn(batch, producer_id, sequence, payload)
-            return wire.encode_ok(base, count)
-        except (ScalableTopicsError, pa.ArrowException, ValueError) as err:
-            return _error_frame(err)
-
-    def _must_wait(self, producer_id: str | None, sequence: int | None) -> bool:
-        log = self._store.log
-        return (
-            producer_id is not None
-            and sequence is not None
-            and sequence > log.last_sequence(producer_id) + 1
-            and not log.terminated
-        )
 
     async def read(
         self, offset: int, max_records: int = 10_000, wait_s: float = 0.0
@@ -199,7 +137,7 @@ class SegmentActor:
     async def terminate(self, epoch: int | None = None) -> int:
         end = self._store.terminate(epoch)
         self._wake()
-        self._release_turns()
+        self._appender.release_turns()
         return end
 
     async def delete(self, epoch: int | None = None) -> None:
@@ -256,6 +194,10 @@ class SegmentActor:
 
     # --- internals ---------------------------------------------------------------
 
+    def _appended(self) -> None:
+        self._ensure_syncer()
+        self._wake()
+
     def _wake(self) -> None:
         self._new_data.set()
         self._new_data = asyncio.Event()
@@ -263,29 +205,6 @@ class SegmentActor:
     async def _wait(self, wait_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._new_data.wait(), timeout=wait_s)
-
-    async def _await_turn(self, producer_id: str | None, sequence: int | None) -> None:
-        """Wait for the predecessor; a terminated segment ends the wait at once, since the
-        predecessor will be refused too and the producer must re-route, not time out."""
-        deadline = asyncio.get_running_loop().time() + SEQUENCE_WAIT_S
-        while self._must_wait(producer_id, sequence):
-            remaining = deadline - asyncio.get_running_loop().time()
-            turn = self._turns.setdefault(producer_id, asyncio.Event())
-            try:
-                await asyncio.wait_for(turn.wait(), timeout=max(remaining, 0))
-            except TimeoutError:
-                self._metrics.rejected(OutOfOrderSequenceError.code)
-                raise OutOfOrderSequenceError(
-                    f"{self._name}: batch {sequence} of producer {producer_id!r} waited "
-                    f"{SEQUENCE_WAIT_S:.0f}s for batch "
-                    f"{self._store.log.last_sequence(producer_id) + 1}, which never arrived"
-                ) from None
-
-    def _release_turns(self) -> None:
-        """Wake every waiting append so it re-checks (and sees the termination)."""
-        for turn in self._turns.values():
-            turn.set()
-        self._turns.clear()
 
     def _ensure_syncer(self) -> None:
         """Interval durability needs a clock even when appends stop arriving."""
@@ -297,12 +216,6 @@ class SegmentActor:
             while True:
                 await asyncio.sleep(self._durability.interval_s)
                 await asyncio.to_thread(self._store.log.sync)
-
-
-def _error_frame(error: Exception) -> bytes:
-    if not isinstance(error, ScalableTopicsError):
-        error = InvalidArgumentError(f"malformed append frame: {error}")
-    return wire.encode_error(error)
 
 
 def segment_actor(

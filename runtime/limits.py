@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 
+from runtime.batch import batch_bytes, message_sizes
 from runtime.errors import InvalidArgumentError, LimitExceededError
 from runtime.names import TopicName, namespace_prefix
 from runtime.operations import TopicRecord
@@ -83,16 +85,22 @@ class Limits:
                 f"{self.max_message_bytes}"
             )
 
-    def check_batch(self, sizes: np.ndarray) -> None:
-        """``sizes``: bytes (key + value) of each message of one append."""
-        if len(sizes) > self.max_batch_messages:
+    def check_batch(self, batch: pa.RecordBatch) -> None:
+        """One append's batch. Every append in a segment pays this, so the common case
+        is settled in O(1): when all the batch's buffers together fit both size
+        limits, no message and no batch total can exceed them. Otherwise the sizes
+        per message are read only when the batch's total is over ``max_message_bytes``.
+        """
+        if batch.num_rows > self.max_batch_messages:
             raise LimitExceededError(
-                f"batch of {len(sizes)} messages exceeds max_batch_messages "
+                f"batch of {batch.num_rows} messages exceeds max_batch_messages "
                 f"{self.max_batch_messages}"
             )
-        if len(sizes):
-            self.check_message(int(sizes.max()))
-        total = int(sizes.sum())
+        if batch.get_total_buffer_size() <= min(self.max_message_bytes, self.max_batch_bytes):
+            return
+        total = batch_bytes(batch)
+        if total > self.max_message_bytes:
+            self.check_message(int(message_sizes(batch).max()))
         if total > self.max_batch_bytes:
             raise LimitExceededError(
                 f"batch of {total} bytes exceeds max_batch_bytes {self.max_batch_bytes}"

@@ -36,17 +36,22 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal, get_args
+from typing import BinaryIO, Literal, NamedTuple, get_args
 
 import crc32c
 import platformdirs
 import pyarrow as pa
 
 from runtime.batch import BATCH_SCHEMA, deserialize_batch, serialize_batch
-from runtime.errors import InvalidArgumentError, SegmentTerminated, UnavailableError
+from runtime.errors import (
+    InvalidArgumentError,
+    ScalableTopicsError,
+    SegmentTerminated,
+    UnavailableError,
+)
 from storage.files import atomic_write, fsync_directory
 
 DurabilityPolicy = Literal["fsync", "interval", "none"]
@@ -59,6 +64,7 @@ PRODUCER_WINDOW = 1000
 _PREFIX = struct.Struct("<4sI")
 _BODY = struct.Struct("<BIqIqqH")
 _HEADER_SIZE = _PREFIX.size + _BODY.size
+_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
 _MAX_PAYLOAD = (1 << 32) - 1
 _MAX_PRODUCER_ID = (1 << 16) - 1
 _CHUNK_NAME = re.compile(r"(\d{20})\.log")
@@ -116,8 +122,16 @@ class Durability:
 DEFAULT_DURABILITY = Durability()
 
 
-@dataclass(frozen=True)
-class AppendResult:
+class Append(NamedTuple):
+    """One batch to store; ``payload``: its Arrow IPC bytes, when the caller has them."""
+
+    batch: pa.RecordBatch
+    producer_id: str | None = None
+    sequence: int | None = None
+    payload: bytes | memoryview | None = None
+
+
+class AppendResult(NamedTuple):
     base_offset: int
     count: int
     duplicate: bool = False
@@ -145,9 +159,10 @@ class _Chunk:
     size: int
 
 
-@dataclass(frozen=True)
-class _IndexEntry:
-    """Everything a read needs, so it never parses a header again."""
+class _IndexEntry(NamedTuple):
+    """Everything a read needs, so it never parses a header again. Named tuples, like
+    ``_Frame`` and ``AppendResult``: every append makes some, and a frozen dataclass
+    costs several times as much to build."""
 
     base_offset: int
     count: int
@@ -160,8 +175,7 @@ class _IndexEntry:
     sequence: int | None
 
 
-@dataclass(frozen=True)
-class _Frame:
+class _Frame(NamedTuple):
     """The header fields of one frame, as written or as recovered."""
 
     frame_type: int
@@ -315,39 +329,95 @@ class SegmentLog:
         ``payload``: the batch's Arrow IPC bytes when the caller already has them
         (``batch`` decoded from them), so they are stored without re-encoding.
         """
-        _check_append_arguments(batch, producer_id, sequence)
-        if payload is None:  # encoded outside the lock: other threads can write meanwhile
-            payload = serialize_batch(batch)
+        (outcome,) = self.append_all([Append(batch, producer_id, sequence, payload)])
+        if isinstance(outcome, ScalableTopicsError):
+            raise outcome
+        return outcome
+
+    def append_all(self, appends: Sequence[Append]) -> list[AppendResult | ScalableTopicsError]:
+        """Store several batches, in order, with one write and at most one flush.
+
+        Group commit: a segment's data plane receives several batches per read,
+        and storing them together makes its cost per batch mostly the copy of its
+        bytes. Each append has its own outcome: its offsets, or the error that
+        refused it (a refused append stores nothing and does not stop the others).
+        A failed write raises, and stores none of them.
+        """
+        outcomes: list[AppendResult | ScalableTopicsError | None] = []
+        payloads: list[bytes | memoryview | None] = []
+        for append in appends:
+            try:
+                _check_append_arguments(append.batch, append.producer_id, append.sequence)
+            except ScalableTopicsError as err:
+                outcomes.append(err)
+                payloads.append(None)
+                continue
+            outcomes.append(None)
+            # Encoded outside the lock: other threads can write meanwhile.
+            payloads.append(
+                append.payload if append.payload is not None else serialize_batch(append.batch)
+            )
         with self._lock:
             self._check_open()
-            # Duplicates first: a resend of a batch stored before the seal must get its
-            # original offsets, or the producer would re-route it to the children.
-            window = self._producers.get(producer_id) if producer_id is not None else None
-            if window is not None and sequence is not None:
-                duplicate = window.check(producer_id, sequence)
-                if duplicate is not None:
-                    return duplicate
-            self._check_not_terminated()
-            # Publish times never go backwards within a segment, even if the clock
-            # does, so time-based retention and seeks can rely on their order.
-            frame = _Frame(
-                frame_type=FRAME_BATCH,
-                base_offset=self._end_offset,
-                count=batch.num_rows,
-                publish_time_ms=max(_now_ms(), self._last_publish_time_ms or 0),
-                producer_id=producer_id,
-                sequence=sequence,
-            )
-            self._store(frame, payload)
-            return AppendResult(frame.base_offset, frame.count)
+            frames = self._frames_for(appends, payloads, outcomes)
+            if frames:
+                self._store(frames)
+        return outcomes  # type: ignore[return-value]
 
-    def _store(self, frame: _Frame, payload: bytes | memoryview) -> None:
-        """Indexed before the flush: if the flush fails, the frame is on file anyway
-        and later appends must come after it; a producer retry is then a duplicate."""
-        encoded = _encode_frame(frame, payload)
+    def _frames_for(
+        self,
+        appends: Sequence[Append],
+        payloads: list[bytes | memoryview | None],
+        outcomes: list[AppendResult | ScalableTopicsError | None],
+    ) -> list[tuple[_Frame, bytes | memoryview]]:
+        """The frames to write, with their offsets; fills in the outcome of every append
+        that is refused or a duplicate (also of an earlier append in this group)."""
+        frames: list[tuple[_Frame, bytes | memoryview]] = []
+        grouped: dict[tuple[str, int], AppendResult] = {}
+        offset = self._end_offset
+        # Publish times never go backwards within a segment, even if the clock
+        # does, so time-based retention and seeks can rely on their order.
+        publish_time_ms = max(_now_ms(), self._last_publish_time_ms or 0)
+        for i, (append, payload) in enumerate(zip(appends, payloads, strict=True)):
+            if outcomes[i] is not None:
+                continue
+            key = (append.producer_id, append.sequence)
+            try:
+                # Duplicates first: a resend of a batch stored before the seal must get
+                # its original offsets, or the producer would re-route it to the children.
+                duplicate = grouped.get(key) or self._duplicate(*key)
+                if duplicate is None:
+                    self._check_not_terminated()
+            except ScalableTopicsError as err:
+                outcomes[i] = err
+                continue
+            if duplicate is not None:
+                outcomes[i] = duplicate
+                continue
+            count = append.batch.num_rows
+            frames.append((_Frame(FRAME_BATCH, offset, count, publish_time_ms, *key), payload))
+            outcomes[i] = AppendResult(offset, count)
+            if append.sequence is not None:
+                grouped[key] = AppendResult(offset, count, duplicate=True)
+            offset += count
+        return frames
+
+    def _duplicate(self, producer_id: str | None, sequence: int | None) -> AppendResult | None:
+        window = self._producers.get(producer_id) if producer_id is not None else None
+        if window is None or sequence is None:
+            return None
+        return window.check(producer_id, sequence)
+
+    def _store(self, frames: list[tuple[_Frame, bytes | memoryview]]) -> None:
+        """Indexed before the flush: if the flush fails, the frames are on file anyway
+        and later appends must come after them; a producer retry is then a duplicate."""
+        encoded = [_encode_frame(frame, payload) for frame, payload in frames]
         self._roll_if_full()
-        position = self._write(encoded)
-        self._index(_entry_for(frame, self._chunks[-1].base_offset, position, len(payload)))
+        position = self._write([piece for pair in encoded for piece in pair])
+        chunk_base = self._chunks[-1].base_offset
+        for (frame, payload), (header, _) in zip(frames, encoded, strict=True):
+            self._index(_entry_for(frame, chunk_base, position, len(payload)))
+            position += len(header) + len(payload)
         self._sync_per_policy()
 
     def terminate(self) -> None:
@@ -538,20 +608,24 @@ class SegmentLog:
                 segment_id=self._segment_id,
             )
 
-    def _write(self, frame: tuple[bytes, bytes | memoryview]) -> int:
-        """Write one whole frame (header, payload) and return its position; a failed
-        write is undone, so no half frame can sit in front of the next append. One
-        ``writev``: the payload goes to the file without first being copied behind
-        its header."""
+    def _write(self, pieces: Sequence[bytes | memoryview]) -> int:
+        """Write whole frames (each a header and a payload) and return the position of
+        the first; a failed write is undone, so no half frame can sit in front of the
+        next append. ``writev``: payloads go to the file without first being copied
+        behind their headers."""
         chunk = self._chunks[-1]
         position = chunk.size
-        size = len(frame[0]) + len(frame[1])
+        size = 0
         try:
-            written = os.writev(self._write_fd, frame)
-            if written < size:  # a short write (rare): the rest, whatever it takes
-                rest = memoryview(b"".join(frame))[written:]
-                while rest:
-                    rest = rest[os.write(self._write_fd, rest) :]
+            for first in range(0, len(pieces), _IOV_MAX):
+                group = pieces[first : first + _IOV_MAX]
+                expected = sum(len(piece) for piece in group)
+                written = os.writev(self._write_fd, group)
+                if written < expected:  # a short write (rare): the rest, whatever it takes
+                    rest = memoryview(b"".join(group))[written:]
+                    while rest:
+                        rest = rest[os.write(self._write_fd, rest) :]
+                size += expected
         except OSError:
             os.ftruncate(self._write_fd, position)
             raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,16 @@ import pyarrow as pa
 
 from runtime.batch import empty_batch
 from runtime.dispatch import QueueDispatcher
-from runtime.errors import SegmentNotFoundError, StaleEpochError, UnavailableError
+from runtime.errors import (
+    ScalableTopicsError,
+    SegmentNotFoundError,
+    StaleEpochError,
+    UnavailableError,
+)
 from runtime.names import SegmentName
 from storage.cursors import CursorStore, Position
 from storage.files import atomic_write
-from storage.segment_log import AppendResult, Durability, SegmentLog, StoredBatch
+from storage.segment_log import Append, AppendResult, Durability, SegmentLog, StoredBatch
 
 DELIVERY_SCHEMA = pa.schema(
     [
@@ -100,14 +105,14 @@ class SegmentStore:
     # --- data path ---------------------------------------------------------------
 
     def append(
-        self,
-        batch: pa.RecordBatch,
-        producer_id: str | None,
-        sequence: int | None,
-        payload: bytes | memoryview | None = None,
+        self, batch: pa.RecordBatch, producer_id: str | None, sequence: int | None
     ) -> AppendResult:
         self._check_alive()
-        return self.log.append(batch, producer_id=producer_id, sequence=sequence, payload=payload)
+        return self.log.append(batch, producer_id=producer_id, sequence=sequence)
+
+    def append_all(self, appends: Sequence[Append]) -> list[AppendResult | ScalableTopicsError]:
+        self._check_alive()
+        return self.log.append_all(appends)
 
     def read(self, offset: int, max_records: int) -> pa.RecordBatch:
         self._check_alive()

@@ -66,6 +66,48 @@ def test_appends_over_tcp_with_typed_errors(segment):
     asyncio.run(scenario())
 
 
+async def _responses(reader: asyncio.StreamReader, count: int) -> list[bytes]:
+    bodies = []
+    for _ in range(count):
+        (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
+        bodies.append(await reader.readexactly(length))
+    return bodies
+
+
+def test_frames_of_one_read_are_stored_together_and_wait_for_their_turn(segment):
+    """Several frames in one write: each gets its own response, a bad one does not stop
+    the others, and frames that come before their predecessor (on another
+    connection) wait for it and are then stored in sequence order."""
+    batch = [serialize_batch(make_batch([f"{i}".encode()])) for i in range(5)]
+
+    async def scenario():
+        host, port = await segment.data_endpoint.remote()
+        first = await asyncio.open_connection(host, port)
+        early = await asyncio.open_connection(host, port)
+        first[1].write(wire.encode_append("p", 0, batch[0]))
+        assert [wire.decode_response(r) for r in await _responses(first[0], 1)] == [(0, 1)]
+        early[1].write(
+            b"".join(wire.encode_append("p", seq, batch[seq]) for seq in (2, 3))
+            + wire.encode_append(None, None, b"not arrow")
+            + wire.encode_append(None, None, batch[4])
+        )
+        await asyncio.sleep(0.3)  # the early frames park: nothing is answered yet
+        assert (await segment.position.remote("s"))["endOffset"] == 1
+        first[1].write(wire.encode_append("p", 1, batch[1]))
+        assert [wire.decode_response(r) for r in await _responses(first[0], 1)] == [(1, 1)]
+        responses = await _responses(early[0], 4)
+        assert [wire.decode_response(r) for r in responses[:2]] == [(2, 1), (3, 1)]
+        with pytest.raises(InvalidArgumentError, match="malformed"):
+            wire.decode_response(responses[2])
+        assert wire.decode_response(responses[3]) == (4, 1)
+        for _, writer in (first, early):
+            writer.close()
+
+    asyncio.run(scenario())
+    stored = ray.get(segment.read.remote(0, 10)).column("value").to_pylist()
+    assert stored == [b"0", b"1", b"2", b"3", b"4"]
+
+
 def test_channel_resends_in_order_across_a_segment_crash(segment):
     seed = int(os.environ.get("RAYTOPICS_TEST_SEED", random.randrange(1 << 30)))
     print("seed", seed)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
-from runtime.batch import make_batch
+from runtime.batch import batch_bytes, make_batch, message_sizes
 from runtime.errors import InvalidArgumentError, LimitExceededError
 from runtime.limits import Limits, batch_slices
 from runtime.names import TopicName
@@ -40,15 +40,34 @@ def test_bad_overrides_are_refused(overrides: dict) -> None:
 
 def test_checks_say_what_and_what_is_allowed() -> None:
     limits = Limits(max_message_bytes=10, max_batch_bytes=25, max_batch_messages=3)
-    limits.check_batch(np.array([10, 10, 5]))
+    limits.check_batch(_sized([10, 10, 5]))
+    limits.check_batch(make_batch([b"x" * 4], keys=["k" * 6]))  # key + value count
     with pytest.raises(LimitExceededError, match="11 bytes .* max_message_bytes 10"):
-        limits.check_batch(np.array([11]))
+        limits.check_batch(_sized([11]))
+    with pytest.raises(LimitExceededError, match="11 bytes .* max_message_bytes 10"):
+        limits.check_batch(make_batch([b"x" * 5], keys=["k" * 6]))
+    with pytest.raises(LimitExceededError, match="11 bytes .* max_message_bytes 10"):
+        limits.check_batch(_sized([1, 11, 1]).slice(1, 1))  # a slice counts its own rows
     with pytest.raises(LimitExceededError, match="4 messages exceeds max_batch_messages 3"):
-        limits.check_batch(np.array([1, 1, 1, 1]))
+        limits.check_batch(_sized([1, 1, 1, 1]))
     with pytest.raises(LimitExceededError, match="26 bytes exceeds max_batch_bytes 25"):
-        limits.check_batch(np.array([10, 10, 6]))
+        limits.check_batch(_sized([10, 10, 6]))
     with pytest.raises(LimitExceededError, match="has 3 topics; max_topics_per_namespace is 3"):
         Limits(max_topics_per_namespace=3).check_topics("a/b", 3)
+
+
+def _sized(sizes: list[int]):
+    return make_batch([b"v" * size for size in sizes])
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30) | st.none()), max_size=50))
+def test_batch_bytes_is_the_sum_of_message_sizes(messages: list[tuple[int, int | None]]) -> None:
+    batch = make_batch(
+        [b"v" * value for value, _ in messages],
+        keys=[None if key is None else "k" * key for _, key in messages],
+    )
+    for view in (batch, batch.slice(len(messages) // 3, len(messages) // 2)):
+        assert batch_bytes(view) == int(message_sizes(view).sum())
 
 
 @given(

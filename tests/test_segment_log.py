@@ -19,6 +19,7 @@ from runtime.batch import BATCH_SCHEMA, deserialize_batch, make_batch, serialize
 from runtime.errors import InvalidArgumentError, SegmentTerminated, UnavailableError
 from storage.segment_log import (
     PRODUCER_WINDOW,
+    Append,
     AppendResult,
     Durability,
     SegmentLog,
@@ -52,6 +53,28 @@ def test_make_batch_from_lists_and_round_trip() -> None:
     decoded = deserialize_batch(serialize_batch(batch))
     assert decoded.equals(batch)
     assert decoded.column("properties").to_pylist() == [[("h", "1")], None]
+
+
+def test_our_batches_decode_without_parsing_the_schema(monkeypatch) -> None:
+    """The fast path must hold for what a socket hands over (a memoryview of a
+    bytearray) as well as for bytes; a batch of another schema takes the general
+    reader."""
+    batch = make_batch([bytes([200, i]) for i in range(5)], keys=["k"] * 5)
+    payload = serialize_batch(batch)
+    foreign = pa.RecordBatch.from_pydict({"x": [1, 2]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, foreign.schema) as writer:
+        writer.write_batch(foreign)
+    foreign_payload = sink.getvalue().to_pybytes()
+
+    def no_general_reader(*_args: object) -> None:
+        raise AssertionError("the schema was parsed")
+
+    monkeypatch.setattr(pa.ipc, "open_stream", no_general_reader)
+    for form in (payload, memoryview(bytearray(payload))):
+        assert deserialize_batch(form).equals(batch)
+    monkeypatch.undo()
+    assert deserialize_batch(memoryview(bytearray(foreign_payload))).equals(foreign)
 
 
 def test_make_batch_arrow_and_numpy_inputs() -> None:
@@ -322,6 +345,40 @@ def test_sequence_gaps_order_and_window(tmp_path: Path) -> None:
     log.close()
 
 
+def test_append_all_gives_each_append_its_own_outcome(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, durability=FAST)
+    log.append(make_batch([b"a"]), producer_id="p", sequence=0)
+    outcomes = log.append_all(
+        [
+            Append(make_batch([b"b", b"c"]), "p", 1),
+            Append(make_batch([b"a"]), "p", 0),  # stored before: a duplicate
+            Append(make_batch([b"b", b"c"]), "p", 1),  # earlier in this group: a duplicate
+            Append(make_batch([b"d"]), "", None),  # refused, and stops nothing
+            Append(make_batch([b"e"])),
+        ]
+    )
+    assert outcomes[:3] == [
+        AppendResult(1, 2),
+        AppendResult(0, 1, duplicate=True),
+        AppendResult(1, 2, duplicate=True),
+    ]
+    assert isinstance(outcomes[3], InvalidArgumentError)
+    assert outcomes[4] == AppendResult(3, 1)
+    log.terminate()
+    refused = log.append_all([Append(make_batch([b"f"])), Append(make_batch([b"b"]), "p", 1)])
+    assert isinstance(refused[0], SegmentTerminated)
+    assert refused[1] == AppendResult(1, 2, duplicate=True)  # resends still get their offsets
+    log.close()
+    reopened = SegmentLog(tmp_path, durability=FAST)
+    assert [v for b in reopened.read(0, 10) for v in b.records.column("value").to_pylist()] == [
+        b"a",
+        b"b",
+        b"c",
+        b"e",
+    ]
+    reopened.close()
+
+
 @pytest.mark.parametrize(("producer", "sequence"), [(None, 1), ("", None), ("p", -1)])
 def test_rejects_bad_producer_arguments(
     tmp_path: Path, producer: str | None, sequence: int | None
@@ -487,6 +544,7 @@ def test_retain_drops_whole_batches_by_time_and_size_and_survives_a_restart(
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("append"), st.integers(1, 30), st.integers(0, 200)),
+        st.tuples(st.just("group"), st.integers(1, 5), st.integers(0, 200)),
         st.tuples(st.just("read"), st.integers(0, 400), st.integers(1, 100)),
         st.tuples(st.just("reopen"), st.just(0), st.just(0)),
     ),
@@ -509,6 +567,11 @@ def test_log_matches_in_memory_model(ops: list[tuple[str, int, int]]) -> None:
                 values = [b"%d:" % (len(model) + i) + b"v" * second for i in range(first)]
                 assert log.append(make_batch(values)).base_offset == len(model)
                 model += values
+            elif kind == "group":  # one write of several batches, across chunk rolls too
+                batches = [[b"%d:" % (len(model) + i) + b"g" * second] for i in range(first)]
+                results = log.append_all([Append(make_batch(values)) for values in batches])
+                assert [r.base_offset for r in results] == [len(model) + i for i in range(first)]
+                model += [v for values in batches for v in values]
             elif kind == "read":
                 batches = log.read(first, second)
                 assert [v for b in batches for v in b.records.column("value").to_pylist()] == (

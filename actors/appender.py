@@ -1,0 +1,174 @@
+"""How a segment actor takes appends, from Ray calls and data-plane frames alike.
+
+A plain object, not actor methods: Ray wraps every actor method for tracing, a
+cost the data plane would pay per frame. The frames of one read are stored
+together (``SegmentLog.append_all``: one write, at most one flush), so the
+cost per batch is mostly the copy of its bytes. Per producer, batches are
+stored in sequence order: Ray may start pipelined calls out of order, and a
+frame can arrive on a new connection before the old one's are stored, so a
+batch that comes before its predecessor waits for its turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from actors.metrics import SegmentMetrics
+from runtime import wire
+from runtime.batch import deserialize_batch
+from runtime.errors import InvalidArgumentError, OutOfOrderSequenceError, ScalableTopicsError
+from runtime.limits import Limits
+from runtime.names import SegmentName
+from storage.segment_log import Append, AppendResult
+from storage.segment_store import SegmentStore
+
+SEQUENCE_WAIT_S = 30.0
+
+
+class SegmentAppender:
+    def __init__(
+        self,
+        name: SegmentName,
+        store: SegmentStore,
+        limits: Limits,
+        metrics: SegmentMetrics,
+        on_appended: Callable[[], None],
+    ) -> None:
+        """``on_appended``: called after every stored group (wakes long-polling readers)."""
+        self._name = name
+        self._store = store
+        self._limits = limits  # read once per incarnation: a changed limit applies from the next
+        self._metrics = metrics
+        self._on_appended = on_appended
+        self._turns: dict[str, asyncio.Event] = {}
+
+    async def append(
+        self, batch: pa.RecordBatch, producer_id: str | None, sequence: int | None
+    ) -> tuple[int, int]:
+        """A Ray call's append: (base offset, count), or the error that refused it."""
+        await self.await_turn(producer_id, sequence)
+        self._admit(batch)
+        (outcome,) = self._store_all([Append(batch, producer_id, sequence)])
+        if isinstance(outcome, ScalableTopicsError):
+            raise outcome
+        return outcome.base_offset, outcome.count
+
+    def append_frames(self, bodies: list[memoryview]) -> list[bytes]:
+        """Responses to the longest prefix of ``bodies`` that can be stored now: the
+        first frame left out (and so every later one) must wait for its turn."""
+        responses: list[bytes | None] = []
+        appends: list[tuple[int, Append]] = []
+        admitted: dict[str, int] = {}  # the last sequence of each producer in this group
+        for body in bodies:
+            try:
+                append = _decode(body)
+                if self._must_wait(append.producer_id, append.sequence, admitted):
+                    break
+                self._admit(append.batch)
+            except (ScalableTopicsError, pa.ArrowException, ValueError) as err:
+                responses.append(_error_frame(err))
+                continue
+            if append.sequence is not None:
+                admitted[append.producer_id] = append.sequence
+            appends.append((len(responses), append))
+            responses.append(None)
+        try:
+            outcomes = self._store_all([append for _, append in appends])
+        except ScalableTopicsError as err:  # the segment is gone: every frame hears why
+            outcomes = [err] * len(appends)
+        for (position, _), outcome in zip(appends, outcomes, strict=True):
+            responses[position] = (
+                _error_frame(outcome)
+                if isinstance(outcome, ScalableTopicsError)
+                else wire.encode_ok(outcome.base_offset, outcome.count)
+            )
+        return responses  # type: ignore[return-value]
+
+    async def append_parked(self, body: bytes) -> bytes:
+        """A frame that had to wait: its turn, then its append."""
+        try:
+            producer_id, sequence, _ = wire.decode_append(body)
+            await self.await_turn(producer_id, sequence)
+        except (ScalableTopicsError, ValueError) as err:
+            return _error_frame(err)
+        (response,) = self.append_frames([memoryview(body)])
+        return response
+
+    async def await_turn(self, producer_id: str | None, sequence: int | None) -> None:
+        """Wait for the predecessor; a terminated segment ends the wait at once, since the
+        predecessor will be refused too and the producer must re-route, not time out."""
+        deadline = asyncio.get_running_loop().time() + SEQUENCE_WAIT_S
+        while self._must_wait(producer_id, sequence, {}):
+            remaining = deadline - asyncio.get_running_loop().time()
+            turn = self._turns.setdefault(producer_id, asyncio.Event())
+            try:
+                await asyncio.wait_for(turn.wait(), timeout=max(remaining, 0))
+            except TimeoutError:
+                self._metrics.rejected(OutOfOrderSequenceError.code)
+                raise OutOfOrderSequenceError(
+                    f"{self._name}: batch {sequence} of producer {producer_id!r} waited "
+                    f"{SEQUENCE_WAIT_S:.0f}s for batch "
+                    f"{self._store.log.last_sequence(producer_id) + 1}, which never arrived"
+                ) from None
+
+    def release_turns(self) -> None:
+        """Wake every waiting append so it re-checks (and sees the termination)."""
+        for turn in self._turns.values():
+            turn.set()
+        self._turns.clear()
+
+    def _must_wait(
+        self, producer_id: str | None, sequence: int | None, admitted: dict[str, int]
+    ) -> bool:
+        if producer_id is None or sequence is None or self._store.log.terminated:
+            return False
+        last = max(self._store.log.last_sequence(producer_id), admitted.get(producer_id, -1))
+        return sequence > last + 1
+
+    def _admit(self, batch: pa.RecordBatch) -> None:
+        """Limits are checked before anything is written."""
+        try:
+            self._limits.check_batch(batch)
+        except ScalableTopicsError as err:
+            self._metrics.rejected(err.code)
+            raise
+
+    def _store_all(self, appends: list[Append]) -> list[AppendResult | ScalableTopicsError]:
+        if not appends:
+            return []
+        started = time.perf_counter()
+        outcomes = self._store.append_all(appends)
+        latency_s = time.perf_counter() - started
+        count = nbytes = 0
+        for append, outcome in zip(appends, outcomes, strict=True):
+            if isinstance(outcome, ScalableTopicsError):
+                self._metrics.rejected(outcome.code)
+                continue
+            if not outcome.duplicate:
+                count += outcome.count
+                nbytes += _payload_bytes(append)
+            if append.producer_id in self._turns:
+                self._turns.pop(append.producer_id).set()
+        if count:  # one record per group: the hot path stays cheap
+            self._metrics.appended(count, nbytes, latency_s)
+        self._on_appended()
+        return outcomes
+
+
+def _decode(body: memoryview) -> Append:
+    producer_id, sequence, payload = wire.decode_append(body)
+    return Append(deserialize_batch(payload), producer_id, sequence, payload)
+
+
+def _payload_bytes(append: Append) -> int:
+    return len(append.payload) if append.payload is not None else append.batch.nbytes
+
+
+def _error_frame(error: Exception) -> bytes:
+    if not isinstance(error, ScalableTopicsError):
+        error = InvalidArgumentError(f"malformed append frame: {error}")
+    return wire.encode_error(error)
