@@ -20,15 +20,19 @@ def frame(body: bytes) -> bytes:
 async def exchange(bodies: list[bytes], cuts: random.Random) -> list[tuple[int, int]]:
     """Send ``bodies`` in randomly cut pieces; return the decoded responses in arrival order.
 
-    A body starting with b"w" must wait (answered later, asynchronously); each response
+    A body starting with b"w" must wait (answered later, asynchronously, with every body
+    after it on the connection); each response
     carries (index of the body, its length) so order and integrity are both visible.
     """
     seen = iter(range(len(bodies)))
 
-    def now(body: memoryview) -> bytes | None:
-        if body[:1] == b"w":
-            return None
-        return wire.encode_ok(next(seen), len(body))
+    def now(bodies: list[memoryview]) -> list[bytes]:
+        responses = []
+        for body in bodies:
+            if body[:1] == b"w":
+                break
+            responses.append(wire.encode_ok(next(seen), len(body)))
+        return responses
 
     async def later(body: bytes) -> bytes:
         await asyncio.sleep(0.001)
@@ -72,7 +76,7 @@ def test_frames_answered_in_order_whatever_their_sizes_and_cuts(sizes, waits, se
 def test_an_oversized_length_closes_the_connection() -> None:
     async def run() -> bytes:
         server = await asyncio.get_running_loop().create_server(
-            lambda: AppendProtocol(lambda body: b"", None), "127.0.0.1", 0
+            lambda: AppendProtocol(lambda bodies: [], None), "127.0.0.1", 0
         )
         reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
         writer.write(wire.LENGTH.pack(wire.MAX_FRAME + 1))
