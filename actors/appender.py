@@ -45,14 +45,16 @@ class SegmentAppender:
         self._metrics = metrics
         self._on_appended = on_appended
         self._turns: dict[str, asyncio.Event] = {}
+        self._refused: dict[str, int] = {}  # per producer, the last sequence refused
 
     async def append(
         self, batch: pa.RecordBatch, producer_id: str | None, sequence: int | None
     ) -> tuple[int, int]:
         """A Ray call's append: (base offset, count), or the error that refused it."""
         await self.await_turn(producer_id, sequence)
-        self._admit(batch)
-        (outcome,) = self._store_all([Append(batch, producer_id, sequence)])
+        append = Append(batch, producer_id, sequence)
+        self._admit(append)
+        (outcome,) = self._store_all([append])
         if isinstance(outcome, ScalableTopicsError):
             raise outcome
         return outcome.base_offset, outcome.count
@@ -65,15 +67,25 @@ class SegmentAppender:
         admitted: dict[str, int] = {}  # the last sequence of each producer in this group
         for body in bodies:
             try:
-                append = _decode(body)
-                if self._must_wait(append.producer_id, append.sequence, admitted):
-                    break
-                self._admit(append.batch)
-            except (ScalableTopicsError, pa.ArrowException, ValueError) as err:
+                producer_id, sequence, payload = wire.decode_append(body)
+            except (ScalableTopicsError, ValueError) as err:
                 responses.append(_error_frame(err))
                 continue
-            if append.sequence is not None:
-                admitted[append.producer_id] = append.sequence
+            if self._must_wait(producer_id, sequence, admitted):
+                break
+            try:
+                append = Append(deserialize_batch(payload), producer_id, sequence, payload)
+            except (pa.ArrowException, ValueError) as err:
+                self._refuse(producer_id, sequence)
+                responses.append(_error_frame(err))
+                continue
+            try:
+                self._admit(append)
+            except ScalableTopicsError as err:
+                responses.append(_error_frame(err))
+                continue
+            if sequence is not None:
+                admitted[producer_id] = sequence
             appends.append((len(responses), append))
             responses.append(None)
         try:
@@ -126,16 +138,33 @@ class SegmentAppender:
     ) -> bool:
         if producer_id is None or sequence is None or self._store.log.terminated:
             return False
-        last = max(self._store.log.last_sequence(producer_id), admitted.get(producer_id, -1))
+        last = max(
+            self._store.log.last_sequence(producer_id),
+            self._refused.get(producer_id, -1),
+            admitted.get(producer_id, -1),
+        )
         return sequence > last + 1
 
-    def _admit(self, batch: pa.RecordBatch) -> None:
+    def _admit(self, append: Append) -> None:
         """Limits are checked before anything is written."""
         try:
-            self._limits.check_batch(batch)
+            self._limits.check_batch(append.batch)
         except ScalableTopicsError as err:
             self._metrics.rejected(err.code)
+            self._refuse(append.producer_id, append.sequence)
             raise
+
+    def _refuse(self, producer_id: str | None, sequence: int | None) -> None:
+        """A sequence refused before it was stored is used up: its producer learns the
+        error, and the next sequence must not wait for a batch that never comes (it
+        did, for 30 s, and failed with ``OutOfOrderSequenceError``, and so did every
+        later one). Kept in memory only: once a later sequence is stored the log's own
+        record covers the gap; a restart in between leaves the successor waiting."""
+        if producer_id is None or sequence is None:
+            return
+        self._refused[producer_id] = max(self._refused.get(producer_id, -1), sequence)
+        if producer_id in self._turns:
+            self._turns.pop(producer_id).set()
 
     def _store_all(self, appends: list[Append]) -> list[AppendResult | ScalableTopicsError]:
         if not appends:
@@ -157,11 +186,6 @@ class SegmentAppender:
             self._metrics.appended(count, nbytes, latency_s)
         self._on_appended()
         return outcomes
-
-
-def _decode(body: memoryview) -> Append:
-    producer_id, sequence, payload = wire.decode_append(body)
-    return Append(deserialize_batch(payload), producer_id, sequence, payload)
 
 
 def _payload_bytes(append: Append) -> int:

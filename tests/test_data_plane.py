@@ -66,6 +66,24 @@ def test_appends_over_tcp_with_typed_errors(segment):
     asyncio.run(scenario())
 
 
+def test_a_refused_sequence_does_not_hold_up_the_next(segment):
+    """Sequence 1 is refused (not Arrow); sequence 2 must be stored at once, not wait
+    30 s for a batch 1 that will never be stored."""
+
+    async def scenario():
+        channel = SegmentChannel(segment)
+        batch = serialize_batch(make_batch([b"x"] * 10))
+        assert await channel.append("r", 0, batch) == (0, 10)
+        refused = asyncio.ensure_future(channel.append("r", 1, b"not arrow"))
+        after = asyncio.ensure_future(channel.append("r", 2, batch))
+        with pytest.raises(InvalidArgumentError, match="malformed"):
+            await refused
+        assert await asyncio.wait_for(after, timeout=5) == (10, 10)
+        await channel.close()
+
+    asyncio.run(scenario())
+
+
 async def _responses(reader: asyncio.StreamReader, count: int) -> list[bytes]:
     bodies = []
     for _ in range(count):
