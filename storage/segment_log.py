@@ -781,9 +781,10 @@ def _write_groups(
     frames: Sequence[tuple[bytes, bytes | memoryview]],
 ) -> Iterator[list[bytes | memoryview]]:
     """The buffers of ``frames`` in ``writev``-sized groups: at most ``_IOV_MAX`` buffers
-    and, unless one frame is larger, ``_WRITE_BYTES``. Measured: writes of several MB
-    stalled ~10 ms each in the kernel (dirty-page throttling) where the same bytes in
-    ~1 MB writes did not; group commit of 1.2 MB frames fell from 7M to 3.3M msgs/s."""
+    and, unless one frame is larger, ``_WRITE_BYTES``. Measured on a 2-core VM (cause
+    in the kernel not pinned down): writes of several MB took ~10 ms each where the
+    same bytes in ~1 MB writes took ~1.5 ms; group commit of 1.2 MB frames fell from
+    7M to 3.3M msgs/s before this cap, and 256 KB or 2 MB caps were slower than 1 MB."""
     group: list[bytes | memoryview] = []
     size = 0
     for header, payload in frames:
