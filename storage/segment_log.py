@@ -345,58 +345,54 @@ class SegmentLog:
         A failed write raises, and stores none of them.
         """
         outcomes: list[AppendResult | ScalableTopicsError | None] = []
-        payloads: list[bytes | memoryview | None] = []
+        checked: list[tuple[int, Append]] = []  # (position in appends, with its payload)
         for append in appends:
             try:
                 _check_append_arguments(append.batch, append.producer_id, append.sequence)
             except ScalableTopicsError as err:
                 outcomes.append(err)
-                payloads.append(None)
                 continue
+            if append.payload is None:  # encoded outside the lock: others write meanwhile
+                append = append._replace(payload=serialize_batch(append.batch))
+            checked.append((len(outcomes), append))
             outcomes.append(None)
-            # Encoded outside the lock: other threads can write meanwhile.
-            payloads.append(
-                append.payload if append.payload is not None else serialize_batch(append.batch)
-            )
         with self._lock:
             self._check_open()
-            frames = self._frames_for(appends, payloads, outcomes)
+            frames = self._frames_for(checked, outcomes)
             if frames:
                 self._store(frames)
         return outcomes  # type: ignore[return-value]
 
     def _frames_for(
         self,
-        appends: Sequence[Append],
-        payloads: list[bytes | memoryview | None],
+        checked: list[tuple[int, Append]],
         outcomes: list[AppendResult | ScalableTopicsError | None],
     ) -> list[tuple[_Frame, bytes | memoryview]]:
-        """The frames to write, with their offsets; fills in the outcome of every append
-        that is refused or a duplicate (also of an earlier append in this group)."""
+        """The frames to write, with their offsets; fills in the outcome of every checked
+        append: its offsets, a duplicate (also of an earlier append in this group), or
+        the error that refused it."""
         frames: list[tuple[_Frame, bytes | memoryview]] = []
-        grouped: dict[tuple[str, int], AppendResult] = {}
+        grouped: dict[tuple[str | None, int | None], AppendResult] = {}
         offset = self._end_offset
         # Publish times never go backwards within a segment, even if the clock
         # does, so time-based retention and seeks can rely on their order.
         publish_time_ms = max(_now_ms(), self._last_publish_time_ms or 0)
-        for i, (append, payload) in enumerate(zip(appends, payloads, strict=True)):
-            if outcomes[i] is not None:
-                continue
+        for i, append in checked:
             key = (append.producer_id, append.sequence)
             try:
                 # Duplicates first: a resend of a batch stored before the seal must get
                 # its original offsets, or the producer would re-route it to the children.
-                duplicate = grouped.get(key) or self._duplicate(*key)
-                if duplicate is None:
-                    self._check_not_terminated()
+                outcomes[i] = grouped.get(key) or self._duplicate(*key)
+                if outcomes[i] is not None:
+                    continue
+                self._check_not_terminated()
             except ScalableTopicsError as err:
                 outcomes[i] = err
                 continue
-            if duplicate is not None:
-                outcomes[i] = duplicate
-                continue
             count = append.batch.num_rows
-            frames.append((_Frame(FRAME_BATCH, offset, count, publish_time_ms, *key), payload))
+            frames.append(
+                (_Frame(FRAME_BATCH, offset, count, publish_time_ms, *key), append.payload)
+            )
             outcomes[i] = AppendResult(offset, count)
             if append.sequence is not None:
                 grouped[key] = AppendResult(offset, count, duplicate=True)
@@ -416,9 +412,10 @@ class SegmentLog:
         self._roll_if_full()
         position = self._write(encoded)
         chunk_base = self._chunks[-1].base_offset
-        for (frame, payload), (header, _) in zip(frames, encoded, strict=True):
-            self._index(_entry_for(frame, chunk_base, position, len(payload)))
-            position += len(header) + len(payload)
+        for frame, payload in frames:
+            entry = _entry_for(frame, chunk_base, position, len(payload))
+            self._index(entry)
+            position += entry.frame_length
         self._sync_per_policy()
 
     def terminate(self) -> None:

@@ -265,7 +265,7 @@ def to_delivery(stored: list[StoredBatch]) -> pa.RecordBatch:
     sizes = [batch.records.num_rows for batch in stored]
     # Offsets run on across batches except where a read skips (queue redeliveries).
     offsets = np.concatenate(
-        [np.arange(b.base_offset, b.base_offset + b.records.num_rows) for b in stored]
+        [np.arange(b.base_offset, b.base_offset + n) for b, n in zip(stored, sizes, strict=True)]
     ).astype(np.int64, copy=False)
     publish = np.repeat(np.array([b.publish_time_ms for b in stored], dtype=np.int64), sizes)
     arrays = [pa.concat_arrays(c) if len(c) > 1 else c[0] for c in columns]
