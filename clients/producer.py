@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import logging
 import threading
 import time
 import uuid
@@ -57,6 +58,9 @@ from runtime.remote import call
 from runtime.routing import partition
 from storage.metadata import MetadataStore
 
+logger = logging.getLogger(__name__)
+
+_ADOPT_RETRY_S = 0.5
 _ROW_OVERHEAD = 64  # bytes charged per message on top of key and value
 
 
@@ -273,10 +277,10 @@ class _SegmentSender:
         its predecessor waits for it, parked in front of it."""
         try:
             self.handle = await find_segment_actor(self.name)
-        except SegmentNotFoundError as err:
+        except Exception as err:  # noqa: BLE001 - queued sends must fail, never hang
             queued, self.queue = list(self.queue), deque()
             for chunk in queued:
-                self._fail(chunk, SendTimeoutError(f"{self.name} unavailable: {err}"))
+                self._fail(chunk, SendTimeoutError(f"{self.name} unavailable: {err!r}"))
             return
         self.pump()
 
@@ -444,26 +448,40 @@ class _ProducerCore:
 
     async def _follow_layouts(self) -> None:
         async for layout in self.watch.updates():
-            await self._adopt(layout)
+            while True:  # sends refused by a sealed segment wait for this adoption
+                try:
+                    await self._adopt(layout)
+                    break
+                except Exception:
+                    logger.exception("producer for %s: adopting epoch %d", self.topic, layout.epoch)
+                    await asyncio.sleep(_ADOPT_RETRY_S)
 
     async def _adopt(self, layout: SegmentLayout) -> None:
+        """Re-route retired segments' backlogs; sends wait while this runs, and
+        resume even if it fails (``finally``): a closed gate would hang them all."""
         async with self.layout_lock:
             if layout.epoch <= self.layout.epoch:
                 return
             retiring = [s for sid, s in self.senders.items() if sid not in layout.active_segments]
             self.routing_open.clear()
-            for sender in retiring:
-                sender.retiring = True
-            await asyncio.gather(*(s.until_settled() for s in retiring))
-            backlog = [chunk for sender in retiring for chunk in sender.take_backlog()]
-            for sender in retiring:
-                del self.senders[sender.segment_id]
-                if sender.channel is not None:
-                    await sender.channel.close()
-            self.layout = layout
-            for chunk in backlog:
-                self._route(chunk)
-            self.routing_open.set()
+            try:
+                await self._retire(retiring, layout)
+            finally:
+                self.routing_open.set()
+
+    async def _retire(self, retiring: list[_SegmentSender], layout: SegmentLayout) -> None:
+        for sender in retiring:
+            sender.retiring = True
+        await asyncio.gather(*(s.until_settled() for s in retiring))
+        backlog = [chunk for sender in retiring for chunk in sender.take_backlog()]
+        for sender in retiring:
+            del self.senders[sender.segment_id]
+        self.layout = layout
+        for chunk in backlog:
+            self._route(chunk)
+        for sender in retiring:
+            if sender.channel is not None:
+                await sender.channel.close()
 
 
 # --- public API ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from clients import (
     ScalableTopicsAdmin,
     StreamConsumer,
 )
+from runtime.errors import SendTimeoutError
 from runtime.names import TopicName
 
 
@@ -246,6 +247,56 @@ def test_stream_consumer_waits_out_a_segment_actor_that_is_gone(admin, unique, m
             consumer.acknowledge_cumulative(message)
     consumer.close()
     assert received == {f"m{i}".encode() for i in range(20)}
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_failed_segment_lookup_fails_its_sends_instead_of_hanging(admin, unique, monkeypatch):
+    """An unexpected error while finding a segment's actor (the GCS unreachable, say)
+    fails the sends waiting for it; later sends look the actor up again."""
+    import clients.producer
+
+    real_lookup, calls = clients.producer.find_segment_actor, []
+
+    async def flaky_lookup(name, timeout_s=None):
+        calls.append(name)
+        if len(calls) == 1:
+            raise RuntimeError("GCS unreachable")
+        return await real_lookup(name, timeout_s)
+
+    monkeypatch.setattr(clients.producer, "find_segment_actor", flaky_lookup)
+    topic = f"topic://lost/ns/lookup-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    with Producer(topic) as prod:
+        with pytest.raises(SendTimeoutError, match="GCS unreachable"):
+            prod.send(b"first").result(timeout=30)
+        assert prod.send(b"second").result(timeout=30).offset == 0
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_failed_layout_adoption_is_retried_and_sends_go_on(admin, unique, monkeypatch):
+    """A producer that fails to adopt a new layout must not keep its sends gated
+    (nor leave them refused by the sealed parent): it adopts the layout again."""
+    import clients.producer
+
+    real_retire, failures = clients.producer._ProducerCore._retire, []
+
+    async def failing_once(self, retiring, layout):
+        if not failures:
+            failures.append(layout.epoch)
+            raise RuntimeError("injected")
+        await real_retire(self, retiring, layout)
+
+    monkeypatch.setattr(clients.producer._ProducerCore, "_retire", failing_once)
+    topic = f"topic://lost/ns/adopt-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    with Producer(topic) as prod:
+        prod.send(b"before", key="k").result(timeout=30)
+        children = admin.split_segment(topic, 0)["children"]
+        ids = {
+            prod.send(f"m{i}".encode(), key=f"k{i}").result(timeout=30).segment_id
+            for i in range(20)
+        }
+    assert failures and ids <= set(children)
     admin.delete_scalable_topic(topic)
 
 
