@@ -138,6 +138,8 @@ class SegmentAppender:
     ) -> bool:
         if producer_id is None or sequence is None or self._store.log.terminated:
             return False
+        if admitted.get(producer_id) == sequence - 1:  # the common case: the next in a group
+            return False
         last = max(
             self._store.log.last_sequence(producer_id),
             self._refused.get(producer_id, -1),

@@ -26,6 +26,7 @@ LENGTH = struct.Struct("!I")
 _REQUEST = struct.Struct("!BH")
 _SEQUENCE = struct.Struct("!q")
 _OK = struct.Struct("!Bqq")
+_OK_FRAME = struct.Struct("!IBqq")  # length prefix and body in one pack
 OP_APPEND = 1
 STATUS_OK = 0
 STATUS_ERROR = 1
@@ -74,7 +75,7 @@ def decode_append(body: bytes | memoryview) -> tuple[str | None, int | None, mem
 
 
 def encode_ok(base_offset: int, count: int) -> bytes:
-    return LENGTH.pack(_OK.size) + _OK.pack(STATUS_OK, base_offset, count)
+    return _OK_FRAME.pack(_OK.size, STATUS_OK, base_offset, count)
 
 
 def encode_error(error: ScalableTopicsError) -> bytes:

@@ -36,6 +36,7 @@ import shutil
 import struct
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,7 @@ from runtime.errors import (
     SegmentTerminated,
     UnavailableError,
 )
-from storage.files import atomic_write, fsync_directory
+from storage.files import atomic_write, fsync_directory, preallocate
 
 DurabilityPolicy = Literal["fsync", "interval", "none"]
 
@@ -66,6 +67,7 @@ _BODY = struct.Struct("<BIqIqqH")
 _HEADER_SIZE = _PREFIX.size + _BODY.size
 _IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
 _WRITE_BYTES = 1 << 20  # bytes per writev, see _write_groups
+_PREALLOCATE_BYTES = 16 << 20  # reserved ahead of the active chunk's end, see _preallocate
 _MAX_PAYLOAD = (1 << 32) - 1
 _MAX_PRODUCER_ID = (1 << 16) - 1
 _CHUNK_NAME = re.compile(r"(\d{20})\.log")
@@ -203,13 +205,17 @@ class _ProducerWindow:
 
     def __init__(self) -> None:
         self.last_sequence = -1
-        self.results: dict[int, AppendResult] = {}
+        # Ordered: the oldest goes in O(1). A plain dict's first key is found by
+        # scanning past the slots its deletes left, a cost ``perf`` saw per append.
+        self.results: OrderedDict[int, AppendResult] = OrderedDict()
 
-    def remember(self, sequence: int, result: AppendResult) -> None:
-        self.results[sequence] = AppendResult(result.base_offset, result.count, duplicate=True)
-        self.last_sequence = max(self.last_sequence, sequence)
+    def remember(self, sequence: int, duplicate: AppendResult) -> None:
+        """``duplicate``: what a retry of ``sequence`` is answered."""
+        self.results[sequence] = duplicate
+        if sequence > self.last_sequence:
+            self.last_sequence = sequence
         if len(self.results) > PRODUCER_WINDOW:
-            del self.results[next(iter(self.results))]
+            self.results.popitem(last=False)
 
     def check(self, producer_id: str, sequence: int) -> AppendResult | None:
         """The original result for a retried sequence, None for a new one."""
@@ -271,6 +277,8 @@ class SegmentLog:
         self._background_sync = background_sync
         self._unsynced_fds: list[int] = []  # full chunks a background sync still owes
         self._write_fd: int | None = None
+        self._preallocated = 0  # the active chunk's bytes with disk blocks reserved
+        self._may_preallocate = True
         self._directory.mkdir(parents=True, exist_ok=True)
         self._recover()
         self._write_fd = os.open(self._chunks[-1].path, os.O_WRONLY | os.O_APPEND)
@@ -412,10 +420,10 @@ class SegmentLog:
         self._roll_if_full()
         position = self._write(encoded)
         chunk_base = self._chunks[-1].base_offset
-        for frame, payload in frames:
-            entry = _entry_for(frame, chunk_base, position, len(payload))
-            self._index(entry)
-            position += entry.frame_length
+        for (frame, payload), (header, _) in zip(frames, encoded, strict=True):
+            length = len(header) + len(payload)
+            self._index(_entry_for(frame, chunk_base, position, len(payload), length))
+            position += length
         self._sync_per_policy()
 
     def terminate(self) -> None:
@@ -427,6 +435,7 @@ class SegmentLog:
                 return
             frame = _Frame(FRAME_TERMINATION, self._end_offset, 0, _now_ms(), None, None)
             self._write([_encode_frame(frame, b"")])
+            self._release_preallocation()
             self._fsync()
             self._terminated = True
 
@@ -523,6 +532,7 @@ class SegmentLog:
                 self._fsync()
             _sync_and_close(self._unsynced_fds)
             self._unsynced_fds = []
+            self._release_preallocation()
             os.close(self._write_fd)
             self._write_fd = None
             self._close_read_fds()
@@ -614,6 +624,7 @@ class SegmentLog:
         chunk = self._chunks[-1]
         position = chunk.size
         size = 0
+        self._preallocate(position + sum(len(h) + len(p) for h, p in frames))
         try:
             for group in _write_groups(frames):
                 expected = sum(len(piece) for piece in group)
@@ -624,11 +635,28 @@ class SegmentLog:
                         rest = rest[os.write(self._write_fd, rest) :]
                 size += expected
         except OSError:
-            os.ftruncate(self._write_fd, position)
+            os.ftruncate(self._write_fd, position)  # which also gives back reserved blocks
+            self._preallocated = 0
             raise
         chunk.size += size
         self._dirty = True
         return position
+
+    def _preallocate(self, end: int) -> None:
+        """Reserve the active chunk's blocks ahead of its writes, a step at a time and
+        not past its planned size, so an idle segment holds at most one step."""
+        if end <= self._preallocated or not self._may_preallocate:
+            return
+        target = max(end, min(self._preallocated + _PREALLOCATE_BYTES, self._max_chunk_bytes))
+        start = self._preallocated
+        self._may_preallocate = preallocate(self._write_fd, start, target - start)
+        self._preallocated = target
+
+    def _release_preallocation(self) -> None:
+        """Give back the blocks reserved past the active chunk's end."""
+        if self._preallocated > self._chunks[-1].size:
+            os.ftruncate(self._write_fd, self._chunks[-1].size)
+        self._preallocated = 0
 
     def _sync_per_policy(self) -> None:
         policy = self._durability.policy
@@ -652,6 +680,7 @@ class SegmentLog:
             self._dirty = False
         elif self._dirty and self._durability.policy != "none":
             self._fsync()
+        self._release_preallocation()
         chunk = self._create_chunk(self._end_offset)
         full_chunk_fd, self._write_fd = (
             self._write_fd,
@@ -678,8 +707,10 @@ class SegmentLog:
         self._end_offset = entry.base_offset + entry.count
         self._last_publish_time_ms = entry.publish_time_ms
         if entry.producer_id is not None and entry.sequence is not None:
-            window = self._producers.setdefault(entry.producer_id, _ProducerWindow())
-            window.remember(entry.sequence, AppendResult(entry.base_offset, entry.count))
+            window = self._producers.get(entry.producer_id)
+            if window is None:
+                window = self._producers[entry.producer_id] = _ProducerWindow()
+            window.remember(entry.sequence, AppendResult(entry.base_offset, entry.count, True))
 
     def _drop_first_chunk(self) -> int:
         chunk = self._chunks.pop(0)
@@ -738,11 +769,12 @@ class SegmentLog:
         self._chunks.append(chunk)
         with open(path, "rb") as file:
             for frame, payload_length in _scan_frames(file, self._end_offset):
+                length = frame.length(payload_length)
                 if frame.frame_type == FRAME_TERMINATION:
                     self._terminated = True
                 else:
-                    self._index(_entry_for(frame, base_offset, chunk.size, payload_length))
-                chunk.size += frame.length(payload_length)
+                    self._index(_entry_for(frame, base_offset, chunk.size, payload_length, length))
+                chunk.size += length
             file_size = os.fstat(file.fileno()).st_size
         if chunk.size == file_size:
             return
@@ -869,17 +901,19 @@ def _plausible(frame_type: int, count: int) -> bool:
     )
 
 
-def _entry_for(frame: _Frame, chunk_base: int, position: int, payload_length: int) -> _IndexEntry:
+def _entry_for(
+    frame: _Frame, chunk_base: int, position: int, payload_length: int, frame_length: int
+) -> _IndexEntry:
     return _IndexEntry(
-        base_offset=frame.base_offset,
-        count=frame.count,
-        chunk_base=chunk_base,
-        position=position,
-        frame_length=frame.length(payload_length),
-        payload_length=payload_length,
-        publish_time_ms=frame.publish_time_ms,
-        producer_id=frame.producer_id,
-        sequence=frame.sequence,
+        frame.base_offset,
+        frame.count,
+        chunk_base,
+        position,
+        frame_length,
+        payload_length,
+        frame.publish_time_ms,
+        frame.producer_id,
+        frame.sequence,
     )
 
 

@@ -132,6 +132,49 @@ def test_round_trip_across_chunk_rollovers(tmp_path: Path) -> None:
     reopened.close()
 
 
+def allocated(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+def test_chunks_reserve_blocks_ahead_and_give_back_the_rest(tmp_path: Path) -> None:
+    """Appends go into preallocated blocks (no delayed allocation per write); a chunk
+    that rolls over, a terminated log and a closed one keep only what they hold."""
+    step = segment_log_module._PREALLOCATE_BYTES
+    log = SegmentLog(tmp_path / "a", durability=FAST, max_chunk_bytes=4 * step)
+    log.append(make_batch(values_for(0, 100)))
+    first = tmp_path / "a" / FIRST_CHUNK
+    assert first.stat().st_size < 10_000 and allocated(first) >= step  # size: only the data
+    log.close()
+    assert allocated(first) < 64 << 10
+    reopened = SegmentLog(tmp_path / "a", durability=FAST, max_chunk_bytes=4 * step)
+    assert read_values(reopened, 0, 1000) == values_for(0, 100)
+    reopened.terminate()
+    assert allocated(first) < 64 << 10
+    reopened.close()
+
+    rolling = SegmentLog(tmp_path / "b", durability=FAST, max_chunk_bytes=200_000)
+    for start in range(0, 4000, 100):
+        rolling.append(make_batch(values_for(start, 100, size=200)))
+    *full, active = sorted((tmp_path / "b").glob("*.log"))
+    assert full and all(allocated(path) < path.stat().st_size + (64 << 10) for path in full)
+    assert allocated(active) >= 200_000  # reserved up to the planned chunk size, no more
+    assert allocated(active) < 200_000 + (64 << 10)
+    rolling.close()
+
+
+def test_appends_work_where_blocks_cannot_be_reserved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(segment_log_module, "preallocate", lambda *args: calls.append(1) and False)
+    log = SegmentLog(tmp_path, durability=FAST)
+    for start in range(0, 500, 100):
+        log.append(make_batch(values_for(start, 100)))
+    assert read_values(log, 0, 1000) == values_for(0, 500)
+    assert calls == [1]  # asked once, then never again
+    log.close()
+
+
 def test_read_slices_batches_and_keeps_metadata(tmp_path: Path) -> None:
     log = SegmentLog(tmp_path, durability=FAST)
     log.append(make_batch(values_for(0, 10)), producer_id="p", sequence=0)
