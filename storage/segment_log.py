@@ -624,10 +624,10 @@ class SegmentLog:
         chunk = self._chunks[-1]
         position = chunk.size
         size = 0
-        self._preallocate(position + sum(len(h) + len(p) for h, p in frames))
         try:
             for group in _write_groups(frames):
                 expected = sum(len(piece) for piece in group)
+                self._preallocate(position + size + expected)
                 written = os.writev(self._write_fd, group)
                 if written < expected:  # a short write (rare): the rest, whatever it takes
                     rest = memoryview(b"".join(group))[written:]
