@@ -10,6 +10,8 @@ right for that to work here, and this module is where they are decided once:
 - Spark's Python workers are started by the executors, not by Ray: they need
   ``PYSPARK_PYTHON`` (this venv's interpreter), the project on ``PYTHONPATH``
   and the ``RAY_*``/``RAYTOPICS_*`` variables that let them join the cluster.
+- RayDP's Java agent in the Spark driver must be told this node's Ray log
+  directory; its default, ``/tmp/ray/session_latest/logs``, may not exist.
 - Executors hold CPUs for their whole life, so by default they take only
   half of the cluster and leave the rest to Ray Data read tasks and producers.
 """
@@ -111,7 +113,7 @@ def default_configs(total_cores: int = 1) -> dict[str, str]:
     """
     python = os.environ.get("PYSPARK_PYTHON", sys.executable)
     configs = {
-        "spark.driver.extraJavaOptions": JAVA17_OPTIONS,
+        "spark.driver.extraJavaOptions": f"{JAVA17_OPTIONS} -Dray.logging.dir={_ray_logs_dir()}",
         "spark.executor.extraJavaOptions": JAVA17_OPTIONS,
         "spark.ray.raydp_app_master.extraJavaOptions": JAVA17_OPTIONS,
         "spark.pyspark.python": python,
@@ -128,6 +130,14 @@ def default_configs(total_cores: int = 1) -> dict[str, str]:
             configs[f"spark.executorEnv.{name}"] = os.environ[name]
     configs["spark.executorEnv.RAYTOPICS_NAMESPACE"] = ray.get_runtime_context().namespace
     return configs
+
+
+def _ray_logs_dir() -> str:
+    """This node's Ray log directory, for the Spark driver's RayDP agent. Told nothing,
+    the agent logs to ``/tmp/ray/session_latest/logs`` and kills the driver JVM when it
+    cannot create that: when the link is stale because the cluster runs with another
+    ``--temp-dir``, or ``/tmp/ray`` was cleaned. RayDP reads the same private call."""
+    return ray._private.worker._global_node.get_logs_dir_path()
 
 
 def _python_path() -> str:
