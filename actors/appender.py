@@ -20,7 +20,7 @@ import pyarrow as pa
 from actors.metrics import SegmentMetrics
 from runtime import wire
 from runtime.batch import deserialize_batch
-from runtime.errors import InvalidArgumentError, OutOfOrderSequenceError, ScalableTopicsError
+from runtime.errors import OutOfOrderSequenceError, ScalableTopicsError
 from runtime.limits import Limits
 from runtime.names import SegmentName
 from storage.segment_log import Append, AppendResult
@@ -61,15 +61,18 @@ class SegmentAppender:
 
     def append_frames(self, bodies: list[memoryview]) -> list[bytes]:
         """Responses to the longest prefix of ``bodies`` that can be stored now: the
-        first frame left out (and so every later one) must wait for its turn."""
+        first frame left out (and so every later one) must wait for its turn, or is
+        not an append (a read is answered after the appends before it, in order)."""
         responses: list[bytes | None] = []
         appends: list[tuple[int, Append]] = []
         admitted: dict[str, int] = {}  # the last sequence of each producer in this group
         for body in bodies:
+            if body[:1] != wire.APPEND_TAG:
+                break
             try:
                 producer_id, sequence, payload = wire.decode_append(body)
             except (ScalableTopicsError, ValueError) as err:
-                responses.append(_error_frame(err))
+                responses.append(wire.encode_failure(err))
                 continue
             if self._must_wait(producer_id, sequence, admitted):
                 break
@@ -77,12 +80,12 @@ class SegmentAppender:
                 append = Append(deserialize_batch(payload), producer_id, sequence, payload)
             except (pa.ArrowException, ValueError) as err:
                 self._refuse(producer_id, sequence)
-                responses.append(_error_frame(err))
+                responses.append(wire.encode_failure(err))
                 continue
             try:
                 self._admit(append)
             except ScalableTopicsError as err:
-                responses.append(_error_frame(err))
+                responses.append(wire.encode_failure(err))
                 continue
             if sequence is not None:
                 admitted[producer_id] = sequence
@@ -94,7 +97,7 @@ class SegmentAppender:
             outcomes = [err] * len(appends)
         for (position, _), outcome in zip(appends, outcomes, strict=True):
             responses[position] = (
-                _error_frame(outcome)
+                wire.encode_failure(outcome)
                 if isinstance(outcome, ScalableTopicsError)
                 else wire.encode_ok(outcome.base_offset, outcome.count)
             )
@@ -106,7 +109,7 @@ class SegmentAppender:
             producer_id, sequence, _ = wire.decode_append(body)
             await self.await_turn(producer_id, sequence)
         except (ScalableTopicsError, ValueError) as err:
-            return _error_frame(err)
+            return wire.encode_failure(err)
         (response,) = self.append_frames([memoryview(body)])
         return response
 
@@ -192,9 +195,3 @@ class SegmentAppender:
 
 def _payload_bytes(append: Append) -> int:
     return len(append.payload) if append.payload is not None else append.batch.nbytes
-
-
-def _error_frame(error: Exception) -> bytes:
-    if not isinstance(error, ScalableTopicsError):
-        error = InvalidArgumentError(f"malformed append frame: {error}")
-    return wire.encode_error(error)

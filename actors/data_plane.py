@@ -1,13 +1,14 @@
-"""The server side of a segment's data plane: one ``AppendProtocol`` per producer connection.
+"""The server side of a segment's data plane: one ``DataPlaneProtocol`` per client connection.
 
 A buffered protocol rather than ``asyncio.StreamReader``: frames are received
 straight into one reusable buffer (no per-frame ``bytes`` copies, no pausing
 and resuming a small stream buffer around every 100 KB frame), the complete
 frames of a read are appended together, and their responses leave in one write.
-A frame that must wait for its producer's previous sequence (it arrived on a
-new connection before the old one's frames were stored) parks the connection:
-it and every later frame go through an async backlog, in order, until the
-backlog is empty again.
+A frame that cannot be answered at once parks the connection: an append that
+must wait for its producer's previous sequence (it arrived on a new connection
+before the old one's frames were stored), or a consumer's long-poll read. It
+and every later frame go through an async backlog, in order, until the backlog
+is empty again.
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ from collections.abc import Awaitable, Callable, Iterator
 from runtime import wire
 from runtime.errors import InvalidArgumentError
 
-# Responses to the longest prefix of these frames that could be stored now.
-AppendNow = Callable[[list[memoryview]], list[bytes]]
-AppendLater = Callable[[bytes], Awaitable[bytes]]
+# Responses to the longest prefix of these frames that could be answered now.
+HandleNow = Callable[[list[memoryview]], list[bytes]]
+HandleLater = Callable[[bytes], Awaitable[bytes]]
 
 _INITIAL_BUFFER = 4 << 20
 _MIN_FREE = 256 << 10
 
 
-class AppendProtocol(asyncio.BufferedProtocol):
-    def __init__(self, append_now: AppendNow, append_later: AppendLater) -> None:
-        self._append_now = append_now
-        self._append_later = append_later
+class DataPlaneProtocol(asyncio.BufferedProtocol):
+    def __init__(self, handle_now: HandleNow, handle_later: HandleLater) -> None:
+        self._handle_now = handle_now
+        self._handle_later = handle_later
         self._buffer = bytearray(_INITIAL_BUFFER)
         self._start = 0  # first byte not yet parsed
         self._end = 0  # first free byte
@@ -60,7 +61,7 @@ class AppendProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
         bodies = list(self._complete_frames())
-        responses = self._append_now(bodies) if bodies and not self._backlog else []
+        responses = self._handle_now(bodies) if bodies and not self._backlog else []
         for body in bodies[len(responses) :]:
             self._park(bytes(body))
         if responses and self._transport is not None:
@@ -101,7 +102,7 @@ class AppendProtocol(asyncio.BufferedProtocol):
 
     async def _drain(self) -> None:
         while self._backlog:
-            response = await self._append_later(self._backlog[0])
+            response = await self._handle_later(self._backlog[0])
             self._backlog.popleft()
             if self._transport is not None:
                 self._transport.write(response)

@@ -21,11 +21,14 @@ import pyarrow as pa
 import ray
 
 from actors.appender import SegmentAppender
-from actors.data_plane import AppendProtocol
+from actors.data_plane import DataPlaneProtocol
 from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
+from runtime import wire
+from runtime.batch import serialize_batch
 from runtime.config import env_float, ray_namespace
 from runtime.errors import (
+    ScalableTopicsError,
     SegmentNotFoundError,
     UnavailableError,
 )
@@ -37,6 +40,7 @@ from storage.segment_log import Durability, default_storage_root
 from storage.segment_store import SegmentStore
 
 MAX_READ_RECORDS = 100_000
+MAX_READ_WAIT_S = 60.0
 # How long a client waits for a segment named by the layout to register its actor.
 LOOKUP_WAIT_S = 30.0
 # How long a queue consumer may hold a message unacknowledged before it goes to
@@ -89,12 +93,13 @@ class SegmentActor:
         return await self._appender.append(batch, producer_id, sequence)
 
     async def data_endpoint(self) -> tuple[str, int]:
-        """Address of this segment's data plane (appends over TCP, see ``runtime.wire``)."""
+        """Address of this segment's data plane (appends and reads over TCP, see
+        ``runtime.wire``)."""
         if self._server is None:
             host = ray.util.get_node_ip_address()
             appender = self._appender
             self._server = await asyncio.get_running_loop().create_server(
-                lambda: AppendProtocol(appender.append_frames, appender.append_parked),
+                lambda: DataPlaneProtocol(appender.append_frames, self._serve_later),
                 host=host,
                 port=0,
             )
@@ -107,7 +112,7 @@ class SegmentActor:
         max_records = min(max_records, MAX_READ_RECORDS)
         batch = self._store.read(offset, max_records)
         if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
-            await self._wait(wait_s)
+            await self._wait(min(wait_s, MAX_READ_WAIT_S))
             batch = self._store.read(offset, max_records)
         self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
@@ -193,6 +198,22 @@ class SegmentActor:
         return self._store.stats()
 
     # --- internals ---------------------------------------------------------------
+
+    async def _serve_later(self, body: bytes) -> bytes:
+        """A data-plane frame that could not be answered at once: a stream consumer's
+        read (a long-poll, after the cumulative ack it carries), or an append that
+        waits for its producer's previous sequence."""
+        if body[:1] == wire.APPEND_TAG:
+            return await self._appender.append_parked(body)
+        try:
+            request = wire.decode_read(body)
+            if request.ack is not None:
+                self._store.ack_cumulative(request.subscription, request.ack)
+            batch = await self.read(request.offset, request.max_records, request.wait_s)
+        except (ScalableTopicsError, ValueError) as err:
+            return wire.encode_failure(err)
+        log = self._store.log
+        return wire.encode_records(log.end_offset, log.terminated, serialize_batch(batch))
 
     def _appended(self) -> None:
         self._ensure_syncer()

@@ -1,11 +1,18 @@
-"""A producer's pipelined TCP connection to one segment's data plane.
+"""Clients' TCP connections to a segment's data plane.
 
-The channel owns delivery: every frame stays pending until its response
-arrives, and after a broken connection (the segment actor restarted, say) it
-reconnects — asking Ray for the actor's new address — and resends every
-pending frame in sequence order. The segment drops frames it already stored
-(same producer id and sequence), so resending is always safe, and in-order
-resending keeps the segment from waiting on a gap.
+``SegmentChannel`` is a producer's pipelined connection. It owns delivery:
+every frame stays pending until its response arrives, and after a broken
+connection (the segment actor restarted, say) it reconnects — asking Ray for
+the actor's new address — and resends every pending frame in sequence order.
+The segment drops frames it already stored (same producer id and sequence), so
+resending is always safe, and in-order resending keeps the segment from
+waiting on a gap.
+
+``ReadChannel`` is a stream consumer's connection: one long-poll read at a
+time, each carrying the cumulative ack of what was read before. A Ray call per
+read cost ~2.4 ms of CPU between the two processes here, the TCP exchange
+~0.5 ms, and a consumer reads every segment it holds about as often as
+producers append to it.
 """
 
 from __future__ import annotations
@@ -14,11 +21,16 @@ import asyncio
 from collections import OrderedDict, deque
 from typing import Any
 
+import pyarrow as pa
 from ray.exceptions import RayActorError
 
 from runtime import wire
 from runtime.errors import InvalidArgumentError
 from runtime.remote import call
+
+# How much longer than its long-poll a read may take before the segment counts as stuck.
+READ_GRACE_S = 30.0
+_STREAM_LIMIT = 4 << 20  # buffer whole deliveries instead of pausing the socket every 128 KB
 
 
 class ChannelError(ConnectionError):
@@ -120,3 +132,40 @@ class SegmentChannel:
         for _, future in pending.values():
             if not future.done():
                 future.set_exception(error)
+
+
+class ReadChannel:
+    """A stream consumer's connection to one segment: reads, one at a time."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def read(self, request: wire.ReadRequest) -> tuple[pa.RecordBatch, int, bool]:
+        """(the delivery batch, the segment's end offset, whether it is terminated), or
+        the segment's typed error; ``ChannelError`` or ``RayActorError`` if it cannot be
+        reached now (the caller retries: reads and cumulative acks are idempotent)."""
+        try:
+            body = await asyncio.wait_for(self._exchange(request), request.wait_s + READ_GRACE_S)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError) as err:
+            self.close()
+            raise ChannelError(f"segment read failed: {err!r}") from err
+        except BaseException:  # cancelled mid-exchange: the answer would go to the next read
+            self.close()
+            raise
+        end_offset, terminated, payload = wire.decode_records(body)
+        return pa.ipc.open_stream(pa.py_buffer(payload)).read_next_batch(), end_offset, terminated
+
+    def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
+    async def _exchange(self, request: wire.ReadRequest) -> bytes:
+        if self._streams is None:
+            host, port = await call(self._handle.data_endpoint.remote())
+            self._streams = await asyncio.open_connection(host, port, limit=_STREAM_LIMIT)
+        reader, writer = self._streams
+        writer.write(wire.encode_read(request))
+        (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
+        return await reader.readexactly(length)

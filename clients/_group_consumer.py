@@ -27,9 +27,11 @@ from ray.exceptions import RayActorError
 
 from actors.coordinator import coordinator_actor
 from actors.segment import find_segment_actor
+from clients._data_plane import ChannelError, ReadChannel
 from clients._inbox import Inbox
 from clients._ray import background_loop, freeze_what_exists
 from clients.message import Message, messages_from_delivery
+from runtime import wire
 from runtime.errors import (
     ClientClosedError,
     ConflictError,
@@ -58,6 +60,8 @@ class _Reader:
         self.name = name
         self.segment_id = name.segment_id
         self.handle = handle
+        self.channel = ReadChannel(handle)
+        self.reading_since: float | None = None  # when the read in flight was sent
         self.position = position  # next offset to fetch
         self.delivered = position  # next offset the application has not received
         self.acked = position  # next offset not acknowledged
@@ -191,25 +195,38 @@ class GroupConsumerCore:
     # --- reading ----------------------------------------------------------------------
 
     async def _read(self, reader: _Reader) -> None:
-        while not reader.revoked and not self.closed:
-            if len(self.messages) >= self.config.receiver_queue_size:
-                await asyncio.sleep(0.005)
-                continue
-            try:
-                ref = reader.handle.read.remote(reader.position, self.config.read_batch, 1.0)
-                batch = await call(ref)
-            except RayActorError:
-                await asyncio.sleep(0.2)  # the segment is restarting
-                continue
-            if batch.num_rows:
-                self.messages.put(batch, reader)
-                reader.position = _after(batch)
-                continue
-            status = await call(reader.handle.ready.remote())
-            if status["terminated"] and reader.position >= status["endOffset"]:
-                reader.end = status["endOffset"]
-                await self._finish_when_settled(reader)
-                return
+        try:
+            while not reader.revoked and not self.closed:
+                if len(self.messages) >= self.config.receiver_queue_size:
+                    await asyncio.sleep(0.005)
+                    continue
+                try:
+                    batch, end_offset, terminated = await self._read_once(reader)
+                except (RayActorError, ChannelError):
+                    await asyncio.sleep(0.2)  # the segment is restarting
+                    continue
+                if batch.num_rows:
+                    self.messages.put(batch, reader)
+                    reader.position = _after(batch)
+                elif terminated and reader.position >= end_offset:
+                    reader.end = end_offset
+                    await self._finish_when_settled(reader)
+                    return
+        finally:
+            reader.channel.close()
+
+    async def _read_once(self, reader: _Reader) -> tuple[pa.RecordBatch, int, bool]:
+        """One long-poll read, carrying the acknowledgements not yet sent."""
+        acked = reader.acked
+        ack = acked - 1 if self.acknowledges and acked > reader.flushed else None
+        request = wire.ReadRequest(reader.position, self.config.read_batch, 1.0, self.group, ack)
+        reader.reading_since = time.monotonic()
+        try:
+            delivery = await reader.channel.read(request)
+        finally:
+            reader.reading_since = None
+        reader.flushed = max(reader.flushed, acked)
+        return delivery
 
     async def _finish_when_settled(self, reader: _Reader) -> None:
         """Report a sealed segment finished once all of it is delivered (and acked)."""
@@ -246,9 +263,17 @@ class GroupConsumerCore:
     # --- acknowledgements -------------------------------------------------------------
 
     async def _flush_acks_forever(self) -> None:
+        """Acks ride on the next read; this sends those of segments whose read has been
+        waiting (for new records) longer than ``ack_flush_s``, so backlogs stay true."""
         while True:
             await asyncio.sleep(self.config.ack_flush_s)
-            await asyncio.gather(*(self._flush(r) for r in list(self.readers.values())))
+            since = time.monotonic() - self.config.ack_flush_s
+            waiting = [
+                r
+                for r in self.readers.values()
+                if r.reading_since is not None and r.reading_since <= since
+            ]
+            await asyncio.gather(*(self._flush(r) for r in waiting))
 
     async def _flush(self, reader: _Reader) -> None:
         if not self.acknowledges or reader.acked <= reader.flushed:

@@ -1,24 +1,31 @@
-"""The segment data plane's wire format: appends as length-prefixed binary frames.
+"""The segment data plane's wire format: appends and reads as length-prefixed binary frames.
 
 Ray actor calls cost about a millisecond each on a small machine, which caps a
 segment at ~1,000 appends/s however large the machine's disk bandwidth. So the
-hot path — appending batches — also runs over a plain TCP connection to the
-segment actor (Ray stays the control plane: it finds, starts and restarts the
-actor and hands out its address). Frames carry the Arrow IPC bytes the log
-stores, untouched.
+hot paths — appending batches and a stream consumer's long-poll reads — also
+run over a plain TCP connection to the segment actor (Ray stays the control
+plane: it finds, starts and restarts the actor and hands out its address).
+Append frames carry the Arrow IPC bytes the log stores, untouched; a read is
+answered with the delivery batch as an Arrow IPC stream.
 
-    request  = u32 length | u8 op=APPEND | u16 len(producer id) | producer id
+    append   = u32 length | u8 op=APPEND | u16 len(producer id) | producer id
                | i64 sequence (-1: none) | Arrow IPC stream bytes
-    response = u32 length | u8 status=OK    | i64 base offset | i64 count
-             | u32 length | u8 status=ERROR | JSON {"error": code, "message": ...}
+    read     = u32 length | u8 op=READ | i64 offset | u32 max records | u32 wait ms
+               | i64 cumulative ack (-1: none) | u16 len(subscription) | subscription
+    appended = u32 length | u8 status=OK | i64 base offset | i64 count
+    records  = u32 length | u8 status=OK | i64 end offset | u8 terminated
+               | Arrow IPC stream bytes (the delivery batch)
+    error    = u32 length | u8 status=ERROR | JSON {"error": code, "message": ...}
 
-Responses come back in request order on each connection.
+A read's cumulative ack, applied before it reads, saves the consumer a call per
+acknowledgement. Responses come back in request order on each connection.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from typing import NamedTuple
 
 from runtime.errors import InvalidArgumentError, ScalableTopicsError, error_from_code
 
@@ -27,7 +34,11 @@ _REQUEST = struct.Struct("!BH")
 _SEQUENCE = struct.Struct("!q")
 _OK = struct.Struct("!Bqq")
 _OK_FRAME = struct.Struct("!IBqq")  # length prefix and body in one pack
+_READ = struct.Struct("!BqIIqH")
+_RECORDS = struct.Struct("!BqB")
 OP_APPEND = 1
+OP_READ = 2
+APPEND_TAG = bytes([OP_APPEND])  # what an append frame's body starts with
 STATUS_OK = 0
 STATUS_ERROR = 1
 MAX_FRAME = 256 << 20
@@ -74,6 +85,56 @@ def decode_append(body: bytes | memoryview) -> tuple[str | None, int | None, mem
     return producer_id, (None if sequence < 0 else sequence), view[pid_end + _SEQUENCE.size :]
 
 
+class ReadRequest(NamedTuple):
+    offset: int
+    max_records: int
+    wait_s: float
+    subscription: str
+    ack: int | None  # the subscription's cumulative ack, applied before reading
+
+
+def encode_read(request: ReadRequest) -> bytes:
+    subscription = request.subscription.encode()
+    wait_ms = min(round(request.wait_s * 1000), 0xFFFFFFFF)
+    head = _READ.pack(
+        OP_READ,
+        request.offset,
+        request.max_records,
+        wait_ms,
+        -1 if request.ack is None else request.ack,
+        len(subscription),
+    )
+    return LENGTH.pack(len(head) + len(subscription)) + head + subscription
+
+
+def decode_read(body: bytes | memoryview) -> ReadRequest:
+    if len(body) < _READ.size:
+        raise InvalidArgumentError("data plane read frame too short")
+    op, offset, max_records, wait_ms, ack, length = _READ.unpack_from(body)
+    if op != OP_READ:
+        raise InvalidArgumentError(f"unknown data plane operation {op}")
+    if offset < 0 or max_records < 1:
+        raise InvalidArgumentError(
+            f"a read needs offset >= 0 and max records >= 1, got {offset} and {max_records}"
+        )
+    subscription = bytes(body[_READ.size : _READ.size + length]).decode()
+    return ReadRequest(offset, max_records, wait_ms / 1000, subscription, None if ack < 0 else ack)
+
+
+def encode_records(end_offset: int, terminated: bool, payload: bytes) -> bytes:
+    head = _RECORDS.pack(STATUS_OK, end_offset, terminated)
+    return LENGTH.pack(len(head) + len(payload)) + head + payload
+
+
+def decode_records(body: bytes) -> tuple[int, bool, memoryview]:
+    """(the segment's end offset, whether it is terminated, Arrow IPC stream of the
+    records read), or raise the typed error the segment reported."""
+    if body[0] != STATUS_OK:
+        _raise_error(body)
+    _, end_offset, terminated = _RECORDS.unpack_from(body)
+    return end_offset, bool(terminated), memoryview(body)[_RECORDS.size :]
+
+
 def encode_ok(base_offset: int, count: int) -> bytes:
     return _OK_FRAME.pack(_OK.size, STATUS_OK, base_offset, count)
 
@@ -83,10 +144,22 @@ def encode_error(error: ScalableTopicsError) -> bytes:
     return LENGTH.pack(len(body)) + body
 
 
+def encode_failure(error: Exception) -> bytes:
+    """A typed error as itself; anything else (a frame that did not decode) as a
+    malformed-frame ``InvalidArgumentError``."""
+    if not isinstance(error, ScalableTopicsError):
+        error = InvalidArgumentError(f"malformed data plane frame: {error}")
+    return encode_error(error)
+
+
 def decode_response(body: bytes) -> tuple[int, int]:
     """(base offset, count), or raise the typed error the segment reported."""
-    if body[0] == STATUS_OK:
-        _, base, count = _OK.unpack(body)
-        return base, count
+    if body[0] != STATUS_OK:
+        _raise_error(body)
+    _, base, count = _OK.unpack(body)
+    return base, count
+
+
+def _raise_error(body: bytes) -> None:
     data = json.loads(body[1:])
     raise error_from_code(data.get("error"), data.get("message", "data plane error"), 409)

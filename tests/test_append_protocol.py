@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.data_plane import AppendProtocol
+from actors.data_plane import DataPlaneProtocol
 from runtime import wire
 
 
@@ -39,7 +39,7 @@ async def exchange(bodies: list[bytes], cuts: random.Random) -> list[tuple[int, 
         return wire.encode_ok(next(seen), len(body))
 
     server = await asyncio.get_running_loop().create_server(
-        lambda: AppendProtocol(now, later), "127.0.0.1", 0
+        lambda: DataPlaneProtocol(now, later), "127.0.0.1", 0
     )
     reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
     stream = b"".join(frame(body) for body in bodies)
@@ -76,7 +76,7 @@ def test_frames_answered_in_order_whatever_their_sizes_and_cuts(sizes, waits, se
 def test_an_oversized_length_closes_the_connection() -> None:
     async def run() -> bytes:
         server = await asyncio.get_running_loop().create_server(
-            lambda: AppendProtocol(lambda bodies: [], None), "127.0.0.1", 0
+            lambda: DataPlaneProtocol(lambda bodies: [], None), "127.0.0.1", 0
         )
         reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
         writer.write(wire.LENGTH.pack(wire.MAX_FRAME + 1))

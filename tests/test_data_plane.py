@@ -7,15 +7,21 @@ import os
 import random
 import signal
 
+import pyarrow as pa
 import pytest
 import ray
 
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
-from clients._data_plane import SegmentChannel
+from clients._data_plane import ChannelError, ReadChannel, SegmentChannel
 from runtime import wire
 from runtime.batch import make_batch, serialize_batch
-from runtime.errors import InvalidArgumentError, SegmentTerminated, StaleEpochError
+from runtime.errors import (
+    InvalidArgumentError,
+    SegmentTerminated,
+    StaleEpochError,
+    SubscriptionNotFoundError,
+)
 from runtime.names import SegmentName
 from storage.segment_log import Durability
 
@@ -36,6 +42,21 @@ def test_wire_round_trip_and_errors():
         wire.decode_response(wire.encode_error(StaleEpochError("old"))[4:])
     with pytest.raises(InvalidArgumentError):
         wire.decode_append(b"\x09\x00")
+    request = wire.ReadRequest(12, 500, 1.5, "subscription-1", 11)
+    frame = wire.encode_read(request)
+    assert wire.decode_read(frame[4:]) == request
+    assert wire.decode_read(wire.encode_read(request._replace(ack=None))[4:]).ack is None
+    with pytest.raises(InvalidArgumentError, match="max records"):
+        wire.decode_read(wire.encode_read(request._replace(max_records=0))[4:])
+    records = wire.encode_records(99, True, payload)
+    end_offset, terminated, body = wire.decode_records(records[4:])
+    assert (end_offset, terminated, bytes(body)) == (99, True, payload)
+    with pytest.raises(SegmentTerminated):
+        wire.decode_records(error[4:])
+
+
+def read_request(offset: int, wait_s: float = 0.0, ack: int | None = None) -> wire.ReadRequest:
+    return wire.ReadRequest(offset, 1_000, wait_s, "s", ack)
 
 
 @pytest.fixture
@@ -178,3 +199,74 @@ def test_producer_transports_agree(ray_cluster, unique, transport):
     admin.delete_scalable_topic(topic)
     with pytest.raises(InvalidArgumentError, match="transport"):
         Producer(topic, transport="carrier-pigeon")
+
+
+def test_reads_over_tcp_long_poll_carry_acks_and_report_the_end(segment):
+    async def scenario():
+        reader = ReadChannel(segment)
+        producer = SegmentChannel(segment)
+        await producer.append("p", 0, serialize_batch(make_batch([b"a", b"b", b"c"])))
+        batch, end_offset, terminated = await reader.read(read_request(0))
+        assert batch.column("value").to_pylist() == [b"a", b"b", b"c"]
+        assert batch.column("offset").to_pylist() == [0, 1, 2]
+        assert (end_offset, terminated) == (3, False)
+        # A long-poll is answered as soon as records arrive, and its ack is applied first.
+        waiting = asyncio.ensure_future(reader.read(read_request(3, wait_s=30, ack=1)))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        assert (await segment.position.remote("s"))["position"] == 2
+        await producer.append("p", 1, serialize_batch(make_batch([b"d"])))
+        batch, end_offset, _ = await asyncio.wait_for(waiting, timeout=5)
+        assert (batch.column("value").to_pylist(), end_offset) == ([b"d"], 4)
+        # Nothing new: an empty batch after the wait, with the end and the termination.
+        await segment.terminate.remote()
+        batch, end_offset, terminated = await reader.read(read_request(4, wait_s=0.2, ack=3))
+        assert (batch.num_rows, end_offset, terminated) == (0, 4, True)
+        assert (await segment.position.remote("s"))["drained"]
+        with pytest.raises(SubscriptionNotFoundError):
+            await reader.read(read_request(0, ack=0)._replace(subscription="nobody"))
+        await producer.close()
+        reader.close()
+
+    asyncio.run(scenario())
+
+
+def test_reads_and_appends_share_a_connection_in_order(segment):
+    """An append, a read and another append in one write: answered in that order, and
+    the read sees the first append only."""
+    payloads = [serialize_batch(make_batch([v])) for v in (b"one", b"two")]
+
+    async def scenario():
+        reader, writer = await asyncio.open_connection(*await segment.data_endpoint.remote())
+        writer.write(
+            wire.encode_append("p", 0, payloads[0])
+            + wire.encode_read(read_request(0))
+            + wire.encode_append("p", 1, payloads[1])
+        )
+        first, read, second = await _responses(reader, 3)
+        writer.close()
+        return wire.decode_response(first), wire.decode_records(read), wire.decode_response(second)
+
+    first, (end_offset, _, stream), second = asyncio.run(scenario())
+    assert (first, second) == ((0, 1), (1, 1))
+    assert end_offset == 1
+    assert pa.ipc.open_stream(pa.py_buffer(stream)).read_all().num_rows == 1
+
+
+def test_a_read_channel_reconnects_after_a_segment_crash(segment):
+    async def scenario():
+        reader = ReadChannel(segment)
+        producer = SegmentChannel(segment)
+        await producer.append("p", 0, serialize_batch(make_batch([b"x"] * 5)))
+        assert (await reader.read(read_request(0)))[0].num_rows == 5
+        waiting = asyncio.ensure_future(reader.read(read_request(5, wait_s=30)))
+        await asyncio.sleep(0.2)
+        os.kill((await segment.ready.remote())["pid"], signal.SIGKILL)
+        with pytest.raises(ChannelError):
+            await asyncio.wait_for(waiting, timeout=10)
+        batch, end_offset, _ = await reader.read(read_request(0))  # the restarted segment
+        assert (batch.num_rows, end_offset) == (5, 5)
+        await producer.close()
+        reader.close()
+
+    asyncio.run(scenario())
