@@ -61,7 +61,7 @@ class _Reader:
         self.segment_id = name.segment_id
         self.handle = handle
         self.channel = ReadChannel(handle)
-        self.reading_since: float | None = None  # when the read in flight was sent
+        self.last_read_at = 0.0  # when the last read was sent; later acks ride on the next
         self.position = position  # next offset to fetch
         self.delivered = position  # next offset the application has not received
         self.acked = position  # next offset not acknowledged
@@ -220,11 +220,8 @@ class GroupConsumerCore:
         acked = reader.acked
         ack = acked - 1 if self.acknowledges and acked > reader.flushed else None
         request = wire.ReadRequest(reader.position, self.config.read_batch, 1.0, self.group, ack)
-        reader.reading_since = time.monotonic()
-        try:
-            delivery = await reader.channel.read(request)
-        finally:
-            reader.reading_since = None
+        reader.last_read_at = time.monotonic()
+        delivery = await reader.channel.read(request)
         reader.flushed = max(reader.flushed, acked)
         return delivery
 
@@ -263,17 +260,14 @@ class GroupConsumerCore:
     # --- acknowledgements -------------------------------------------------------------
 
     async def _flush_acks_forever(self) -> None:
-        """Acks ride on the next read; this sends those of segments whose read has been
-        waiting (for new records) longer than ``ack_flush_s``, so backlogs stay true."""
+        """Acks ride on the next read. This sends those of segments that sent no read for
+        ``ack_flush_s``: a long-poll on an idle segment, a segment read to its end, a
+        full inbox. Backlogs stay true without an actor call per ack under load."""
         while True:
             await asyncio.sleep(self.config.ack_flush_s)
             since = time.monotonic() - self.config.ack_flush_s
-            waiting = [
-                r
-                for r in self.readers.values()
-                if r.reading_since is not None and r.reading_since <= since
-            ]
-            await asyncio.gather(*(self._flush(r) for r in waiting))
+            quiet = [r for r in self.readers.values() if r.last_read_at <= since]
+            await asyncio.gather(*(self._flush(r) for r in quiet))
 
     async def _flush(self, reader: _Reader) -> None:
         if not self.acknowledges or reader.acked <= reader.flushed:
