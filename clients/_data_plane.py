@@ -146,7 +146,8 @@ class ReadChannel:
         the segment's typed error; ``ChannelError`` or ``RayActorError`` if it cannot be
         reached now (the caller retries: reads and cumulative acks are idempotent)."""
         try:
-            body = await asyncio.wait_for(self._exchange(request), request.wait_s + READ_GRACE_S)
+            async with asyncio.timeout(request.wait_s + READ_GRACE_S):  # no task, unlike wait_for
+                body = await self._exchange(request)
         except (OSError, asyncio.IncompleteReadError, TimeoutError) as err:
             self.close()
             raise ChannelError(f"segment read failed: {err!r}") from err
