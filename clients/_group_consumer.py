@@ -62,6 +62,7 @@ class _Reader:
         self.handle = handle
         self.channel = ReadChannel(handle)
         self.last_read_at = 0.0  # when the last read was sent; later acks ride on the next
+        self.ack_sent_at = 0.0
         self.position = position  # next offset to fetch
         self.delivered = position  # next offset the application has not received
         self.acked = position  # next offset not acknowledged
@@ -216,13 +217,18 @@ class GroupConsumerCore:
             reader.channel.close()
 
     async def _read_once(self, reader: _Reader) -> tuple[pa.RecordBatch, int, bool]:
-        """One long-poll read, carrying the acknowledgements not yet sent."""
-        acked = reader.acked
-        ack = acked - 1 if self.acknowledges and acked > reader.flushed else None
+        """One long-poll read, carrying the acknowledgements not yet sent, at most once per
+        ``ack_flush_s``: the segment persists its cursor on every ack."""
+        now = time.monotonic()
+        due = now - reader.ack_sent_at >= self.config.ack_flush_s
+        ack = None
+        if self.acknowledges and reader.acked > reader.flushed and due:
+            ack, reader.ack_sent_at = reader.acked - 1, now
         request = wire.ReadRequest(reader.position, self.config.read_batch, 1.0, self.group, ack)
-        reader.last_read_at = time.monotonic()
+        reader.last_read_at = now
         delivery = await reader.channel.read(request)
-        reader.flushed = max(reader.flushed, acked)
+        if ack is not None:
+            reader.flushed = max(reader.flushed, ack + 1)
         return delivery
 
     async def _finish_when_settled(self, reader: _Reader) -> None:
