@@ -453,9 +453,7 @@ def make_consumer_class() -> Any:
                 if not messages:
                     continue
                 now = time.time_ns()
-                last = {m.segment_id: m for m in messages}
-                for message in last.values():
-                    consumer.acknowledge_cumulative(message)
+                consumer.acknowledge_cumulative(messages)
                 rows = sample_rows(len(messages))
                 stored = np.array(
                     [round(messages[i].publish_time.timestamp() * 1e3) * 1_000_000 for i in rows]

@@ -206,6 +206,10 @@ class GroupConsumerCore:
                 except (RayActorError, ChannelError):
                     await asyncio.sleep(0.2)  # the segment is restarting
                     continue
+                except SegmentNotFoundError as err:  # deleted, with its topic
+                    if not (reader.revoked or self.closed):
+                        log.warning("%s: stopped reading: %s", reader.name, err)
+                    return
                 if batch.num_rows:
                     self.messages.put(batch, reader)
                     reader.position = _after(batch)

@@ -7,6 +7,7 @@ finished — so every key's messages arrive in the order they were produced.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from clients._group_consumer import (
@@ -17,6 +18,7 @@ from clients._group_consumer import (
 )
 from clients.message import Message
 from runtime.auth import Permission, authorize_client
+from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
 
 
@@ -45,6 +47,20 @@ class StreamConsumer(GroupConsumer):
         )
         run_on_loop(self._core.start())
 
-    def acknowledge_cumulative(self, message: Message) -> None:
-        """Acknowledge ``message`` and every earlier message of its segment."""
-        self._core.acknowledge(message.segment_id, message.offset)
+    def acknowledge_cumulative(self, messages: Message | Iterable[Message]) -> None:
+        """Acknowledge a message and every earlier message of its segment, or, given a
+        batch (what ``receive_batch`` returned), each segment's messages up to its last
+        one in the batch. Acks are per segment, as Kafka commits per partition: acking
+        only ``batch[-1]`` would leave the other segments' messages unacknowledged."""
+        if isinstance(messages, Message):
+            messages = (messages,)
+        last: dict[int, int] = {}
+        for message in messages:
+            if not isinstance(message, Message):
+                raise InvalidArgumentError(
+                    "acknowledge_cumulative takes a received Message or an iterable of them, "
+                    f"got {type(message).__name__}"
+                )
+            last[message.segment_id] = max(message.offset, last.get(message.segment_id, -1))
+        for segment_id, offset in last.items():
+            self._core.acknowledge(segment_id, offset)

@@ -6,8 +6,13 @@ import os
 import tempfile
 import uuid
 
+import hypothesis  # noqa: F401 - see below
 import pytest
 import ray
+
+# Imported now, not by hypothesis's pytest plugin at the terminal summary: a run that
+# had no hypothesis test imported it there, with Ray's objects being collected, and
+# CPython 3.11.7 failed compiling it ("AST constructor recursion depth mismatch").
 
 _STORAGE = tempfile.mkdtemp(prefix="raytopics-test-")
 os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", _STORAGE)

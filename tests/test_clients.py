@@ -22,7 +22,7 @@ from clients import (
     ScalableTopicsAdmin,
     StreamConsumer,
 )
-from runtime.errors import SendTimeoutError
+from runtime.errors import InvalidArgumentError, SendTimeoutError
 from runtime.names import TopicName
 
 
@@ -426,6 +426,39 @@ def produce_with(producer: Producer, start: int, count: int) -> int:
     ]
     producer.flush()
     return sum(1 for f in futures if f.exception() is None)
+
+
+def test_acknowledging_a_batch_acknowledges_every_segment_in_it(admin, unique):
+    """``acknowledge_cumulative(batch)`` covers each segment's messages in the batch, not
+    only the segment of its last message, so a sealed parent finishes and its children
+    are delivered."""
+    topic = f"topic://ackbatch/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    admin.create_subscription(topic, "s")
+    with Producer(topic) as producer:
+        producer.send_batch([f"v{i}".encode() for i in range(400)], [f"k{i}" for i in range(400)])
+    consumer = StreamConsumer(topic, "s", "c")
+    batch: list = []
+    while len(batch) < 400:
+        batch += consumer.receive_batch(400 - len(batch), timeout=10)
+    assert len({m.segment_id for m in batch}) == 2
+    with pytest.raises(InvalidArgumentError, match="Message"):
+        consumer.acknowledge_cumulative([batch[0], "not a message"])
+    consumer.acknowledge_cumulative(batch)
+    children = admin.split_segment(topic, 0)["children"]
+    with Producer(topic) as producer:
+        producer.send_batch([b"after"] * 50, [f"k{i}" for i in range(50)])
+    after = []
+    deadline = time.monotonic() + 30
+    while len(after) < 50 and time.monotonic() < deadline:
+        received = consumer.receive_batch(100, timeout=0.5)
+        after += received
+        consumer.acknowledge_cumulative(received)
+    consumer.close()
+    assert [m.value for m in after] == [b"after"] * 50
+    assert {m.segment_id for m in after} <= {1, *children}
+    wait_for(lambda: admin.get_stats(topic)["subscriptions"]["s"]["backlog"] == 0, 15, "no backlog")
+    admin.delete_scalable_topic(topic)
 
 
 def test_ray_actor_consumes_what_ray_tasks_produce(admin, unique):
