@@ -25,7 +25,7 @@ from actors.data_plane import DataPlaneProtocol
 from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
 from runtime import wire
-from runtime.batch import serialize_batch
+from runtime.batch import ipc_buffer
 from runtime.config import env_float, ray_namespace
 from runtime.errors import (
     ScalableTopicsError,
@@ -109,13 +109,7 @@ class SegmentActor:
         self, offset: int, max_records: int = 10_000, wait_s: float = 0.0
     ) -> pa.RecordBatch:
         """Records from ``offset``; waits up to ``wait_s`` when there is nothing yet."""
-        max_records = min(max_records, MAX_READ_RECORDS)
-        batch = self._store.read(offset, max_records)
-        if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
-            await self._wait(min(wait_s, MAX_READ_WAIT_S))
-            batch = self._store.read(offset, max_records)
-        self._metrics.delivered(batch.num_rows, batch.nbytes)
-        return batch
+        return await self._read(offset, max_records, wait_s)
 
     async def queue_receive(
         self, subscription: str, consumer: str, max_records: int = 1_000, wait_s: float = 0.0
@@ -209,11 +203,23 @@ class SegmentActor:
             request = wire.decode_read(body)
             if request.ack is not None:
                 self._store.ack_cumulative(request.subscription, request.ack)
-            batch = await self.read(request.offset, request.max_records, request.wait_s)
+            batch = await self._read(request.offset, request.max_records, request.wait_s)
         except (ScalableTopicsError, ValueError) as err:
             return wire.encode_failure(err)
         log = self._store.log
-        return wire.encode_records(log.end_offset, log.terminated, serialize_batch(batch))
+        payload = memoryview(ipc_buffer(batch))
+        return wire.encode_records(log.end_offset, log.terminated, payload)
+
+    async def _read(self, offset: int, max_records: int, wait_s: float) -> pa.RecordBatch:
+        """The read of a Ray call and of the data plane alike (not the actor method
+        itself: Ray wraps those for tracing)."""
+        max_records = min(max_records, MAX_READ_RECORDS)
+        batch = self._store.read(offset, max_records)
+        if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
+            await self._wait(min(wait_s, MAX_READ_WAIT_S))
+            batch = self._store.read(offset, max_records)
+        self._metrics.delivered(batch.num_rows, batch.nbytes)
+        return batch
 
     def _appended(self) -> None:
         self._ensure_syncer()

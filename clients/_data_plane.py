@@ -25,12 +25,21 @@ import pyarrow as pa
 from ray.exceptions import RayActorError
 
 from runtime import wire
+from runtime.batch import deserialize_batch
 from runtime.errors import InvalidArgumentError
 from runtime.remote import call
 
 # How much longer than its long-poll a read may take before the segment counts as stuck.
 READ_GRACE_S = 30.0
 _STREAM_LIMIT = 4 << 20  # buffer whole deliveries instead of pausing the socket every 128 KB
+
+
+async def _open_data_plane(
+    handle: Any, **options: Any
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the segment's data plane, at the address its actor gives now."""
+    host, port = await call(handle.data_endpoint.remote())
+    return await asyncio.open_connection(host, port, **options)
 
 
 class ChannelError(ConnectionError):
@@ -86,8 +95,7 @@ class SegmentChannel:
         failure: Exception | None = None
         for attempt in range(self._attempts):
             try:
-                host, port = await call(self._handle.data_endpoint.remote())
-                reader, writer = await asyncio.open_connection(host, port)
+                reader, writer = await _open_data_plane(self._handle)
                 break
             except (OSError, RayActorError) as err:
                 failure = err
@@ -155,7 +163,7 @@ class ReadChannel:
             self.close()
             raise
         end_offset, terminated, payload = wire.decode_records(body)
-        return pa.ipc.open_stream(pa.py_buffer(payload)).read_next_batch(), end_offset, terminated
+        return deserialize_batch(payload), end_offset, terminated
 
     def close(self) -> None:
         if self._streams is not None:
@@ -164,8 +172,7 @@ class ReadChannel:
 
     async def _exchange(self, request: wire.ReadRequest) -> bytes:
         if self._streams is None:
-            host, port = await call(self._handle.data_endpoint.remote())
-            self._streams = await asyncio.open_connection(host, port, limit=_STREAM_LIMIT)
+            self._streams = await _open_data_plane(self._handle, limit=_STREAM_LIMIT)
         reader, writer = self._streams
         writer.write(wire.encode_read(request))
         (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))

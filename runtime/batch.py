@@ -95,10 +95,15 @@ def serialize_batch(batch: pa.RecordBatch) -> bytes:
     rate, and the stream format is self-describing, so a frame on disk can be
     decoded without any outside schema.
     """
+    return ipc_buffer(batch).to_pybytes()
+
+
+def ipc_buffer(batch: pa.RecordBatch) -> pa.Buffer:
+    """``serialize_batch`` without the copy into ``bytes``, for bytes sent on at once."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
 def deserialize_batch(buf: bytes | memoryview | pa.Buffer) -> pa.RecordBatch:

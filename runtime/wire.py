@@ -121,9 +121,9 @@ def decode_read(body: bytes | memoryview) -> ReadRequest:
     return ReadRequest(offset, max_records, wait_ms / 1000, subscription, None if ack < 0 else ack)
 
 
-def encode_records(end_offset: int, terminated: bool, payload: bytes) -> bytes:
+def encode_records(end_offset: int, terminated: bool, payload: bytes | memoryview) -> bytes:
     head = _RECORDS.pack(STATUS_OK, end_offset, terminated)
-    return LENGTH.pack(len(head) + len(payload)) + head + payload
+    return b"".join((LENGTH.pack(len(head) + len(payload)), head, payload))  # one copy
 
 
 def decode_records(body: bytes) -> tuple[int, bool, memoryview]:
