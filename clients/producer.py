@@ -40,7 +40,7 @@ from clients._data_plane import ChannelError, SegmentChannel
 from clients._ray import background_loop, freeze_what_exists
 from clients.message import BatchResult, MessageId
 from runtime.auth import Permission, authorize_client
-from runtime.batch import make_batch, message_sizes, serialize_batch
+from runtime.batch import batch_bytes, make_batch, message_sizes, serialize_batch
 from runtime.config import ray_namespace
 from runtime.errors import (
     ClientClosedError,
@@ -141,13 +141,20 @@ class _Chunk:
     def nbytes(self) -> int:
         return _charge(self.batch)
 
+    @functools.cached_property
+    def message_bytes(self) -> int:
+        return batch_bytes(self.batch)
+
     def resolve(self, segment_id: int, base_offset: int) -> None:
+        """Each run of rows reporting to the same sink fills it in one call."""
         offsets = np.arange(base_offset, base_offset + self.batch.num_rows, dtype=np.int64)
         if self.uniform:
             self.sinks[0].fill(self.positions, segment_id, offsets)
             return
-        for row, sink in enumerate(self.sinks):
-            sink.fill(self.positions[row : row + 1], segment_id, offsets[row : row + 1])
+        starts = np.flatnonzero(self.sinks[1:] != self.sinks[:-1]) + 1
+        bounds = [0, *starts.tolist(), len(self.sinks)]
+        for start, end in zip(bounds[:-1], bounds[1:], strict=False):
+            self.sinks[start].fill(self.positions[start:end], segment_id, offsets[start:end])
 
     def fail(self, error: BaseException) -> None:
         for sink in {id(s): s for s in self.sinks}.values():
@@ -156,6 +163,13 @@ class _Chunk:
     def take(self, rows: np.ndarray) -> _Chunk:
         taken = self.batch.take(pa.array(rows))
         return _Chunk(taken, self.sinks[rows], self.positions[rows], self.uniform)
+
+    def merge(self, other: _Chunk) -> _Chunk:
+        """One append instead of two: the rows of both, in order."""
+        batch = pa.concat_batches([self.batch, other.batch])
+        sinks = np.concatenate([self.sinks, other.sinks])
+        uniform = self.uniform and other.uniform and self.sinks[0] is other.sinks[0]
+        return _Chunk(batch, sinks, np.concatenate([self.positions, other.positions]), uniform)
 
     def slice(self, start: int, length: int) -> _Chunk:
         """Rows ``start`` to ``start + length``, without copying them."""
@@ -208,18 +222,30 @@ class _SegmentSender:
         self.settled = asyncio.Event()
 
     def enqueue(self, chunk: _Chunk) -> None:
+        """Queue only: the router pumps once it has queued everything it gathered,
+        so chunks that meet in this queue go as one append (Kafka's accumulator)."""
         self.queue.append(chunk)
-        self.pump()
 
     def pump(self) -> None:
         if self.handle is None:  # sends start once the actor is known, in sequence order
             self._look_up_once()
             return
         while not self.retiring and self.queue and len(self.in_flight) < self.core.config.window:
-            chunk, sequence = self.queue.popleft(), self.next_sequence
+            chunk, sequence = self._next_append(), self.next_sequence
             self.next_sequence += 1
             self.in_flight[sequence] = chunk
             asyncio.get_running_loop().create_task(self._send(sequence, chunk))
+
+    def _next_append(self) -> _Chunk:
+        """The queue's head merged with the chunks behind it, within the batch limits."""
+        chunk = self.queue.popleft()
+        max_messages, max_bytes = self.core.batch_limits()
+        while self.queue and (
+            chunk.batch.num_rows + self.queue[0].batch.num_rows <= max_messages
+            and chunk.message_bytes + self.queue[0].message_bytes <= max_bytes
+        ):
+            chunk = chunk.merge(self.queue.popleft())
+        return chunk
 
     async def _send(self, sequence: int, chunk: _Chunk) -> None:
         deadline = time.monotonic() + self.core.config.send_timeout_s
@@ -318,6 +344,8 @@ class _ProducerCore:
         self.routing_open = asyncio.Event()
         self.routing_open.set()
         self.incoming: deque[tuple] = deque()
+        self.incoming_rows = 0  # messages in ``incoming``, under ``intake``
+        self.intake = threading.Lock()
         self.wakeup = asyncio.Event()
         self.signaled = False
         self.round_robin = 0
@@ -363,9 +391,11 @@ class _ProducerCore:
 
     # intake
 
-    def submit(self, item: tuple) -> None:
+    def submit(self, item: tuple, rows: int) -> None:
         """Called from any thread."""
-        self.incoming.append(item)
+        with self.intake:
+            self.incoming.append(item)
+            self.incoming_rows += rows
         if not self.signaled:
             self.signaled = True
             background_loop().loop.call_soon_threadsafe(self.wakeup.set)
@@ -374,16 +404,17 @@ class _ProducerCore:
         while True:
             await self.wakeup.wait()
             self.wakeup.clear()
-            if len(self.incoming) < self.config.batch_max_records and self.config.linger_ms > 0:
+            if self.incoming_rows < self.config.batch_max_records and self.config.linger_ms > 0:
                 await asyncio.sleep(self.config.linger_ms / 1000)
             self.signaled = False
             await self.routing_open.wait()
             self._route_incoming()
 
     def _route_incoming(self) -> None:
+        with self.intake:
+            items, self.incoming, self.incoming_rows = self.incoming, deque(), 0
         singles: list[tuple] = []
-        while self.incoming:
-            item = self.incoming.popleft()
+        for item in items:
             if item[0] == "one":
                 singles.append(item)
                 continue
@@ -393,6 +424,7 @@ class _ProducerCore:
             rows = batch.num_rows
             self._route(_Chunk(batch, np.full(rows, sink, dtype=object), np.arange(rows), True))
         self._route_singles(singles)
+        self._pump_senders()
 
     def _route_singles(self, items: list[tuple]) -> None:
         if not items:
@@ -411,15 +443,22 @@ class _ProducerCore:
         if len(groups) > 1:  # one copy, grouped by segment; each segment gets slices of it
             chunk = chunk.take(np.concatenate(list(groups.values())))
         sizes = message_sizes(chunk.batch)
-        max_messages = min(self.config.batch_max_records, self.limits.max_batch_messages)
+        max_messages, max_bytes = self.batch_limits()
         first = 0
         for segment_id, rows in groups.items():
             sender, end = self._sender(segment_id), first + len(rows)
-            for start, stop in batch_slices(
-                sizes[first:end], max_messages, self.limits.max_batch_bytes
-            ):
+            for start, stop in batch_slices(sizes[first:end], max_messages, max_bytes):
                 sender.enqueue(chunk.slice(first + start, stop - start))
             first = end
+
+    def batch_limits(self) -> tuple[int, int]:
+        """Most messages and bytes one append may carry."""
+        max_messages = min(self.config.batch_max_records, self.limits.max_batch_messages)
+        return max_messages, self.limits.max_batch_bytes
+
+    def _pump_senders(self) -> None:
+        for sender in list(self.senders.values()):
+            sender.pump()
 
     def _sender(self, segment_id: int) -> _SegmentSender:
         sender = self.senders.get(segment_id)
@@ -479,6 +518,7 @@ class _ProducerCore:
         self.layout = layout
         for chunk in backlog:
             self._route(chunk)
+        self._pump_senders()
         for sender in retiring:
             if sender.channel is not None:
                 await sender.channel.close()
@@ -543,7 +583,7 @@ class Producer:
         core.limits.check_message(size)
         core.charge(size + _ROW_OVERHEAD)
         self._track(sink.future)
-        core.submit(("one", bytes(value), key, properties, sink))
+        core.submit(("one", bytes(value), key, properties, sink), 1)
         return sink.future
 
     async def send_async(
@@ -568,7 +608,7 @@ class Producer:
         core.limits.check_message(int(message_sizes(batch).max()))
         core.charge(_charge(batch))
         self._track(sink.future)
-        core.submit(("bulk", batch, sink))
+        core.submit(("bulk", batch, sink), batch.num_rows)
         return sink.future
 
     async def send_batch_async(

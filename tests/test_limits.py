@@ -150,10 +150,15 @@ def test_message_and_batch_size_at_producer_and_segment(admin, unique) -> None:
         # 200 x 100 bytes: the producer cuts batches of <= 40 so the segment accepts all
         producer.send_batch([b"y" * 100] * 200).result(timeout=60)
         producer.send(b"z" * 999, key="k").result(timeout=60)
+    with Producer(topic, window=1, linger_ms=50) as producer:
+        # 30 sends of 7 that meet in the queue merge only up to 40 messages / 4,000 bytes
+        futures = [producer.send_batch([b"m" * 99] * 7) for _ in range(30)]
+        for future in futures:
+            future.result(timeout=60)
     name = TopicName.parse(topic).segment(0, 0, 0xFFFF)
     segment = segment_actor(name)
     records = ray.get(segment.stats.remote())["records"]
-    assert records == 201
+    assert records == 411
     for batch in (
         make_batch([b"x" * 1_001]),
         make_batch([b"x" * 10] * 51),

@@ -1,0 +1,71 @@
+"""Producer batching on a real local Ray: sends that meet in a segment's queue go as one
+append, and every send still learns exactly where its messages were stored."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import ray
+
+from actors.segment import segment_actor
+from clients import Producer
+from runtime.names import TopicName
+
+
+def _stored(admin, topic: str) -> dict[tuple[int, int], tuple[str, bytes]]:
+    """(segment id, offset) -> (key, value) of everything in the topic's segments."""
+    name, stored = TopicName.parse(topic), {}
+    for info in admin.get_layout(topic).all_segments.values():
+        segment = segment_actor(
+            name.segment(info.segment_id, info.hash_range.start, info.hash_range.end)
+        )
+        batch = ray.get(segment.read.remote(0, 100_000))
+        rows = zip(
+            batch.column("offset").to_pylist(),
+            batch.column("key").to_pylist(),
+            batch.column("value").to_pylist(),
+            strict=True,
+        )
+        for offset, key, value in rows:
+            stored[(info.segment_id, offset)] = (key, value)
+    return stored
+
+
+def test_queued_sends_merge_into_one_append_and_each_learns_its_ids(admin, unique):
+    topic = f"topic://public/default/merge-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    sent: list[tuple[str, bytes, object]] = []  # (key, value, future | (future, row))
+    with Producer(topic, window=1, linger_ms=50) as producer:
+        for i in range(40):  # singles and batches interleaved, several keys per batch
+            if i % 3 == 0:
+                key, value = f"k{i % 7}", f"one-{i}".encode()
+                sent.append((key, value, producer.send(value, key=key)))
+                continue
+            keys = [f"k{(i + j) % 7}" for j in range(5)]
+            values = [f"bulk-{i}-{j}".encode() for j in range(5)]
+            future = producer.send_batch(values, keys=keys)
+            sent.extend(
+                (k, v, (future, j)) for j, (k, v) in enumerate(zip(keys, values, strict=True))
+            )
+        producer.flush(timeout_s=60)
+        appends = sum(sender.next_sequence for sender in producer._core.senders.values())
+    # Without merging: 14 singles + 26 batches over 2 segments is at least 40 appends.
+    assert appends < 20
+
+    stored = _stored(admin, topic)
+    assert len(stored) == len(sent) == 144
+    by_key: dict[str, list[tuple[tuple[int, int], bytes]]] = defaultdict(list)
+    for key, value, handle in sent:
+        if isinstance(handle, tuple):
+            result, row = handle[0].result(), handle[1]
+            where = (int(result.segment_ids[row]), int(result.offsets[row]))
+        else:
+            message_id = handle.result()
+            where = (message_id.segment_id, message_id.offset)
+        assert stored[where] == (key, value)  # each send reports its own place
+        by_key[key].append((where, value))
+    for places in by_key.values():  # one segment per key, offsets in send order
+        assert len({segment for (segment, _), _ in places}) == 1
+        offsets = [offset for (_, offset), _ in places]
+        assert offsets == sorted(offsets)
+    admin.delete_scalable_topic(topic)
