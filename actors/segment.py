@@ -25,7 +25,7 @@ from actors.data_plane import DataPlaneProtocol
 from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
 from runtime import wire
-from runtime.batch import ipc_buffer
+from runtime.batch import ipc_parts
 from runtime.config import env_float, ray_namespace
 from runtime.errors import (
     ScalableTopicsError,
@@ -207,8 +207,7 @@ class SegmentActor:
         except (ScalableTopicsError, ValueError) as err:
             return wire.encode_failure(err)
         log = self._store.log
-        payload = memoryview(ipc_buffer(batch))
-        return wire.encode_records(log.end_offset, log.terminated, payload)
+        return wire.encode_records(log.end_offset, log.terminated, ipc_parts(batch))
 
     async def _read(self, offset: int, max_records: int, wait_s: float) -> pa.RecordBatch:
         """The read of a Ray call and of the data plane alike (not the actor method

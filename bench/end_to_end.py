@@ -494,6 +494,8 @@ def run_ray_case(
     ray.get([c.reset.remote() for c in consumers])
     producers, spec = producer_spec(args, rate, seconds)
     spec["producer_config"] = {"batch_max_records": max(args.batch, 5_000)}
+    if args.linger_ms is not None:
+        spec["producer_config"]["linger_ms"] = args.linger_ms
     go_at = time.time_ns() + int(1.5e9)  # everyone starts at once, after setting up
 
     def start_meter() -> CpuMeter:
@@ -749,6 +751,9 @@ def parse_args() -> argparse.Namespace:
         "--half-rate", type=float, default=0, help="half-load rate (0: half the e2e peak)"
     )
     parser.add_argument("--tick-ms", type=float, default=10.0, help="half-load send interval")
+    parser.add_argument(
+        "--linger-ms", type=float, default=None, help="producer linger (default: the client's)"
+    )
     parser.add_argument("--producers", type=int, default=1)
     parser.add_argument("--consumers", type=int, default=1)
     parser.add_argument("--producer-mode", choices=("task", "thread"), default="task")

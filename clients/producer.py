@@ -287,9 +287,8 @@ class _SegmentSender:
             return base
         self.channel = self.channel or SegmentChannel(self.handle)
         payload = serialize_batch(chunk.batch)
-        remaining = max(deadline - time.monotonic(), 0.001)
-        append = self.channel.append(producer_id, sequence, payload)
-        base, _ = await asyncio.wait_for(append, timeout=remaining)
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):  # no task
+            base, _ = await self.channel.append(producer_id, sequence, payload)
         return base
 
     def _look_up_once(self) -> None:
@@ -442,14 +441,20 @@ class _ProducerCore:
         groups = partition(self.layout, hashes, active[self.round_robin]).groups
         if len(groups) > 1:  # one copy, grouped by segment; each segment gets slices of it
             chunk = chunk.take(np.concatenate(list(groups.values())))
-        sizes = message_sizes(chunk.batch)
-        max_messages, max_bytes = self.batch_limits()
         first = 0
         for segment_id, rows in groups.items():
             sender, end = self._sender(segment_id), first + len(rows)
-            for start, stop in batch_slices(sizes[first:end], max_messages, max_bytes):
-                sender.enqueue(chunk.slice(first + start, stop - start))
+            for start, stop in self._cuts(chunk, first, end):
+                sender.enqueue(chunk.slice(start, stop - start))
             first = end
+
+    def _cuts(self, chunk: _Chunk, first: int, end: int) -> list[tuple[int, int]]:
+        """Rows ``[first, end)`` of ``chunk`` in runs that one append may carry."""
+        max_messages, max_bytes = self.batch_limits()
+        if chunk.batch.num_rows <= max_messages and chunk.message_bytes <= max_bytes:
+            return [(first, end)]  # the whole chunk fits: no sizes to add up
+        sizes = message_sizes(chunk.batch.slice(first, end - first))
+        return [(first + a, first + b) for a, b in batch_slices(sizes, max_messages, max_bytes)]
 
     def batch_limits(self) -> tuple[int, int]:
         """Most messages and bytes one append may carry."""

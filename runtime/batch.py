@@ -8,6 +8,7 @@ cross the wire are the bytes written to disk, so storage needs no re-encoding.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,15 +96,15 @@ def serialize_batch(batch: pa.RecordBatch) -> bytes:
     rate, and the stream format is self-describing, so a frame on disk can be
     decoded without any outside schema.
     """
-    return ipc_buffer(batch).to_pybytes()
+    return b"".join(ipc_parts(batch))
 
 
-def ipc_buffer(batch: pa.RecordBatch) -> pa.Buffer:
-    """``serialize_batch`` without the copy into ``bytes``, for bytes sent on at once."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue()
+def ipc_parts(batch: pa.RecordBatch) -> tuple[bytes | pa.Buffer, ...]:
+    """The bytes of ``serialize_batch`` in pieces, for a caller that joins them with
+    more (one copy in all): the schema's message, the batch's, the end-of-stream
+    marker. The same bytes a stream writer writes, for a third of the CPU: opening
+    a writer costs twice what encoding a 200-record batch does."""
+    return (_schema_bytes(batch.schema), batch.serialize(), _END_OF_STREAM)
 
 
 def deserialize_batch(buf: bytes | memoryview | pa.Buffer) -> pa.RecordBatch:
@@ -128,13 +129,9 @@ def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
 
 
-def _schema_message() -> bytes:
-    """The bytes ``serialize_batch`` writes before the record batch itself."""
-    stream = pa.BufferReader(serialize_batch(empty_batch(BATCH_SCHEMA)))
-    pa.ipc.read_message(stream)
-    length = stream.tell()
-    stream.seek(0)
-    return stream.read(length)
+@functools.lru_cache(maxsize=8)
+def _schema_bytes(schema: pa.Schema) -> bytes:
+    return schema.serialize().to_pybytes()
 
 
 def _optional_column(what: str, data: Any, arrow_type: pa.DataType, count: int) -> pa.Array:
@@ -172,4 +169,5 @@ def _cast_array(what: str, array: pa.Array, arrow_type: pa.DataType) -> pa.Array
     return array.cast(arrow_type)
 
 
-_SCHEMA_MESSAGE = _schema_message()
+_SCHEMA_MESSAGE = _schema_bytes(BATCH_SCHEMA)
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"

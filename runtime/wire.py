@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from runtime.errors import InvalidArgumentError, ScalableTopicsError, error_from_code
 
@@ -121,9 +122,11 @@ def decode_read(body: bytes | memoryview) -> ReadRequest:
     return ReadRequest(offset, max_records, wait_ms / 1000, subscription, None if ack < 0 else ack)
 
 
-def encode_records(end_offset: int, terminated: bool, payload: bytes | memoryview) -> bytes:
+def encode_records(end_offset: int, terminated: bool, payload: Sequence[Any]) -> bytes:
+    """``payload``: the pieces of the records' IPC stream (``batch.ipc_parts``)."""
     head = _RECORDS.pack(STATUS_OK, end_offset, terminated)
-    return b"".join((LENGTH.pack(len(head) + len(payload)), head, payload))  # one copy
+    size = len(head) + sum(len(part) for part in payload)
+    return b"".join((LENGTH.pack(size), head, *payload))  # one copy
 
 
 def decode_records(body: bytes) -> tuple[int, bool, memoryview]:

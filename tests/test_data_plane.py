@@ -48,7 +48,7 @@ def test_wire_round_trip_and_errors():
     assert wire.decode_read(wire.encode_read(request._replace(ack=None))[4:]).ack is None
     with pytest.raises(InvalidArgumentError, match="max records"):
         wire.decode_read(wire.encode_read(request._replace(max_records=0))[4:])
-    records = wire.encode_records(99, True, payload)
+    records = wire.encode_records(99, True, (payload[:10], payload[10:]))
     end_offset, terminated, body = wire.decode_records(records[4:])
     assert (end_offset, terminated, bytes(body)) == (99, True, payload)
     with pytest.raises(SegmentTerminated):

@@ -77,6 +77,18 @@ def test_our_batches_decode_without_parsing_the_schema(monkeypatch) -> None:
     assert deserialize_batch(memoryview(bytearray(foreign_payload))).equals(foreign)
 
 
+def test_serialized_batches_are_exactly_what_a_stream_writer_writes() -> None:
+    """``serialize_batch`` skips the stream writer; its bytes must not differ from it,
+    for sliced batches and for any schema (reads encode the delivery schema)."""
+    batch = make_batch([b"x" * 30] * 20, keys=["k"] * 20, properties=[{"h": "1"}] * 20)
+    delivery = pa.RecordBatch.from_pydict({"offset": [1, 2]})
+    for each in (batch, batch.slice(3, 7), batch.slice(0, 0), delivery):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, each.schema) as writer:
+            writer.write_batch(each)
+        assert serialize_batch(each) == sink.getvalue().to_pybytes()
+
+
 def test_make_batch_arrow_and_numpy_inputs() -> None:
     values = pa.array([b"x", b"y"], type=pa.large_binary())
     keys = pa.array(["a", "b"], type=pa.large_string())
