@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import multiprocessing
+import operator
 import os
 import struct
 import sys
@@ -35,7 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,12 @@ class Workload:
         return records, stamp
 
 
-def stamps_of(values: list[bytes]) -> np.ndarray:
-    return np.frombuffer(b"".join(v[:8] for v in values), dtype="<i8")
+_STAMP = operator.itemgetter(slice(0, 8))
+_VALUE = operator.attrgetter("value")
+
+
+def stamps_of(values: Iterable[bytes]) -> np.ndarray:
+    return np.frombuffer(b"".join(map(_STAMP, values)), dtype="<i8")
 
 
 def summarize_latency(latencies_ns: np.ndarray) -> dict[str, float | None]:
@@ -459,7 +464,7 @@ def make_consumer_class() -> Any:
                     [round(messages[i].publish_time.timestamp() * 1e3) * 1_000_000 for i in rows]
                 )
                 sent = stamps_of([messages[i].value for i in rows])
-                self.log.add(stamps_of([m.value for m in messages]), now, (sent, stored))
+                self.log.add(stamps_of(map(_VALUE, messages)), now, (sent, stored))
 
         def assigned(self) -> list[int]:
             return self.consumer.assigned_segments()

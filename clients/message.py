@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
@@ -75,10 +76,11 @@ def messages_from_delivery(segment_id: int, batch: pa.RecordBatch) -> list[Messa
         props,
         strict=True,
     )
-    return list(map(Message._make, columns))  # a fifth faster than calling Message()
+    return list(map(_new_message, columns))  # no Python frame per message, unlike _make
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_new_message = functools.partial(tuple.__new__, Message)  # rows of exactly Message's fields
 
 
 def _publish_times(column: pa.Array) -> list[datetime]:

@@ -7,6 +7,7 @@ finished — so every key's messages arrive in the order they were produced.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,6 +21,8 @@ from clients.message import Message
 from runtime.auth import Permission, authorize_client
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
+
+_POSITION = operator.attrgetter("segment_id", "offset")
 
 
 class StreamConsumer(GroupConsumer):
@@ -52,15 +55,13 @@ class StreamConsumer(GroupConsumer):
         batch (what ``receive_batch`` returned), each segment's messages up to its last
         one in the batch. Acks are per segment, as Kafka commits per partition: acking
         only ``batch[-1]`` would leave the other segments' messages unacknowledged."""
-        if isinstance(messages, Message):
-            messages = (messages,)
-        last: dict[int, int] = {}
-        for message in messages:
-            if not isinstance(message, Message):
+        messages = [messages] if isinstance(messages, Message) else list(messages)
+        for kind in set(map(type, messages)):  # no Python loop per message: batches are big
+            if not issubclass(kind, Message):
                 raise InvalidArgumentError(
                     "acknowledge_cumulative takes a received Message or an iterable of them, "
-                    f"got {type(message).__name__}"
+                    f"got {kind.__name__}"
                 )
-            last[message.segment_id] = max(message.offset, last.get(message.segment_id, -1))
-        for segment_id, offset in last.items():
+        # Sorted, each segment's highest offset comes last and so is the one kept.
+        for segment_id, offset in dict(sorted(map(_POSITION, messages))).items():
             self._core.acknowledge(segment_id, offset)
