@@ -54,7 +54,7 @@ class Message(NamedTuple):
 
 
 def messages_from_delivery(segment_id: int, batch: pa.RecordBatch) -> list[Message]:
-    """Unpack a segment's delivery batch (``storage.segment_store.DELIVERY_SCHEMA``).
+    """Unpack a segment's delivery batch (``runtime.batch.DELIVERY_SCHEMA``).
 
     Column by column, not row by row: converting each row's timestamp costs more
     than the rest of the message, and a delivery batch holds only a few distinct

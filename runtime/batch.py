@@ -25,6 +25,14 @@ BATCH_SCHEMA = pa.schema(
         ("properties", PROPERTIES_TYPE),
     ]
 )
+# What a read returns: the stored columns, then each record's offset and publish time.
+DELIVERY_SCHEMA = pa.schema(
+    [
+        *BATCH_SCHEMA,
+        ("offset", pa.int64()),
+        ("publish_time", pa.timestamp("ms", tz="UTC")),
+    ]
+)
 
 # Arrow arrays are cast only between the 32- and 64-bit offset variants of one
 # type: a silent int -> string cast would hide a producer bug.
@@ -110,16 +118,17 @@ def ipc_parts(batch: pa.RecordBatch) -> tuple[bytes | pa.Buffer, ...]:
 def deserialize_batch(buf: bytes | memoryview | pa.Buffer) -> pa.RecordBatch:
     """Decode one batch without copying: the result keeps ``buf`` alive and views into it.
 
-    A stream that starts with our own schema's bytes (every batch our clients
-    write) skips schema parsing, which is most of the cost for a 1,000-record
-    batch; anything else goes through the general reader.
+    A stream that starts with one of our schemas' bytes (every batch our clients
+    write, every read a segment answers) skips schema parsing, which is most of
+    the cost for a 1,000-record batch; anything else goes through the general reader.
     """
     data = pa.py_buffer(buf)
-    # Copied out to compare: a memoryview of signed chars (what a socket buffer gives)
-    # never equals bytes over 127.
-    head = bytes(memoryview(data)[: len(_SCHEMA_MESSAGE)])
-    if data.size > len(_SCHEMA_MESSAGE) and head == _SCHEMA_MESSAGE:
-        return pa.ipc.read_record_batch(data.slice(len(_SCHEMA_MESSAGE)), BATCH_SCHEMA)
+    for prefix, schema in _KNOWN_SCHEMAS:
+        # Copied out to compare: a memoryview of signed chars (what a socket buffer
+        # gives) never equals bytes over 127.
+        head = bytes(memoryview(data)[: len(prefix)])
+        if data.size > len(prefix) and head == prefix:
+            return pa.ipc.read_record_batch(data.slice(len(prefix)), schema)
     return pa.ipc.open_stream(data).read_next_batch()
 
 
@@ -169,5 +178,5 @@ def _cast_array(what: str, array: pa.Array, arrow_type: pa.DataType) -> pa.Array
     return array.cast(arrow_type)
 
 
-_SCHEMA_MESSAGE = _schema_bytes(BATCH_SCHEMA)
+_KNOWN_SCHEMAS = [(_schema_bytes(schema), schema) for schema in (BATCH_SCHEMA, DELIVERY_SCHEMA)]
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from runtime.batch import empty_batch
+from runtime.batch import DELIVERY_SCHEMA, empty_batch
 from runtime.dispatch import QueueDispatcher
 from runtime.errors import (
     ScalableTopicsError,
@@ -29,16 +29,6 @@ from runtime.names import SegmentName
 from storage.cursors import CursorStore, Position
 from storage.files import atomic_write
 from storage.segment_log import Append, AppendResult, Durability, SegmentLog, StoredBatch
-
-DELIVERY_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("value", pa.binary()),
-        ("properties", pa.map_(pa.string(), pa.string())),
-        ("offset", pa.int64()),
-        ("publish_time", pa.timestamp("ms", tz="UTC")),
-    ]
-)
 
 
 def segment_directory(root: Path, name: SegmentName) -> Path:

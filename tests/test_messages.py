@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from clients._ray import freeze_what_exists
+from runtime.batch import DELIVERY_SCHEMA
 from runtime.config import GC_FREEZE_ENV
-from storage.segment_store import DELIVERY_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import storage.segment_log as segment_log_module
-from runtime.batch import BATCH_SCHEMA, deserialize_batch, make_batch, serialize_batch
+from runtime.batch import (
+    BATCH_SCHEMA,
+    DELIVERY_SCHEMA,
+    deserialize_batch,
+    make_batch,
+    serialize_batch,
+)
 from runtime.errors import InvalidArgumentError, SegmentTerminated, UnavailableError
 from storage.segment_log import (
     PRODUCER_WINDOW,
@@ -60,7 +66,6 @@ def test_our_batches_decode_without_parsing_the_schema(monkeypatch) -> None:
     bytearray) as well as for bytes; a batch of another schema takes the general
     reader."""
     batch = make_batch([bytes([200, i]) for i in range(5)], keys=["k"] * 5)
-    payload = serialize_batch(batch)
     foreign = pa.RecordBatch.from_pydict({"x": [1, 2]})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, foreign.schema) as writer:
@@ -70,9 +75,14 @@ def test_our_batches_decode_without_parsing_the_schema(monkeypatch) -> None:
     def no_general_reader(*_args: object) -> None:
         raise AssertionError("the schema was parsed")
 
+    publish_type = DELIVERY_SCHEMA.field("publish_time").type
+    extra = [pa.array(range(5), pa.int64()), pa.array([1_000] * 5, publish_type)]
+    delivery = pa.RecordBatch.from_arrays([*batch.columns, *extra], schema=DELIVERY_SCHEMA)
     monkeypatch.setattr(pa.ipc, "open_stream", no_general_reader)
-    for form in (payload, memoryview(bytearray(payload))):
-        assert deserialize_batch(form).equals(batch)
+    for each in (batch, delivery):  # what producers append, what segments answer reads with
+        payload = serialize_batch(each)
+        for form in (payload, memoryview(bytearray(payload))):
+            assert deserialize_batch(form).equals(each)
     monkeypatch.undo()
     assert deserialize_batch(memoryview(bytearray(foreign_payload))).equals(foreign)
 

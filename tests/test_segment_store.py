@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from runtime.batch import make_batch
+from runtime.batch import DELIVERY_SCHEMA, make_batch
 from runtime.errors import (
     InvalidArgumentError,
     SegmentNotFoundError,
@@ -18,7 +18,7 @@ from runtime.errors import (
 )
 from runtime.names import SegmentName, TopicName
 from storage.segment_log import Durability
-from storage.segment_store import DELIVERY_SCHEMA, SegmentStore, segment_directory
+from storage.segment_store import SegmentStore, segment_directory
 
 NAME: SegmentName = TopicName("acme", "prod", "orders").segment(7, 0x0000, 0x7FFF)
 FAST = Durability("none")
