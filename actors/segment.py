@@ -213,10 +213,9 @@ class SegmentActor:
         """The read of a Ray call and of the data plane alike (not the actor method
         itself: Ray wraps those for tracing)."""
         max_records = min(max_records, MAX_READ_RECORDS)
+        if wait_s > 0 and max_records > 0 and self._store.waits_at(offset):
+            await self._wait(min(wait_s, MAX_READ_WAIT_S))  # nothing yet: read once woken
         batch = self._store.read(offset, max_records)
-        if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
-            await self._wait(min(wait_s, MAX_READ_WAIT_S))
-            batch = self._store.read(offset, max_records)
         self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
 
@@ -230,7 +229,8 @@ class SegmentActor:
 
     async def _wait(self, wait_s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._new_data.wait(), timeout=wait_s)
+            async with asyncio.timeout(wait_s):  # no task per long-poll, unlike wait_for
+                await self._new_data.wait()
 
     def _ensure_syncer(self) -> None:
         """Interval durability needs a clock even when appends stop arriving."""

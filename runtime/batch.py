@@ -132,9 +132,11 @@ def deserialize_batch(buf: bytes | memoryview | pa.Buffer) -> pa.RecordBatch:
     return pa.ipc.open_stream(data).read_next_batch()
 
 
+@functools.lru_cache(maxsize=8)
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
-    """A batch with no rows. Not ``RecordBatch.from_pylist([])``: that imports pandas,
-    which would cost every actor process that imports this module a second of CPU."""
+    """A batch with no rows (one per schema: batches are immutable). Not
+    ``RecordBatch.from_pylist([])``: that imports pandas, which would cost every
+    actor process that imports this module a second of CPU."""
     return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
 
 

@@ -104,6 +104,11 @@ class SegmentStore:
         self._check_alive()
         return self.log.append_all(appends)
 
+    def waits_at(self, offset: int) -> bool:
+        """Whether a long-poll at ``offset`` has to wait: the segment is live and has
+        nothing there yet (an error, or records, is answered at once)."""
+        return not self._deleted and not self.log.terminated and offset >= self.log.end_offset
+
     def read(self, offset: int, max_records: int) -> pa.RecordBatch:
         self._check_alive()
         offset = max(offset, self.log.start_offset)
