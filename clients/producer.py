@@ -622,18 +622,33 @@ class Producer:
         return await asyncio.wrap_future(self.send_batch(values, keys, properties))
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Wait until every message sent so far is stored (or failed)."""
+        """Wait until every message sent so far is stored (or failed), or ``timeout_s``."""
         with self._pending_lock:
             pending = list(self._pending)
         concurrent.futures.wait(pending, timeout=timeout_s)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush, then stop. With ``timeout_s`` (Kafka's ``close(timeout)``), sends still
+        unanswered by then fail with ``SendTimeoutError``: each may or may not be stored."""
         if self._closed:
             return
-        self.flush()
+        self.flush(timeout_s)
         self._closed = True
         if self._core is not None:
             self._loop.run(self._core.close())
+        self._loop.run(self._abandon(timeout_s))
+
+    async def _abandon(self, timeout_s: float | None) -> None:
+        """On the loop, where every answer is set: no race with a late one."""
+        with self._pending_lock:
+            unanswered = list(self._pending)
+        error = SendTimeoutError(
+            f"producer for {self._topic} closed after {timeout_s}s with this send unanswered: "
+            "it may or may not be stored"
+        )
+        for future in unanswered:
+            if not future.done():
+                future.set_exception(error)
 
     def __enter__(self) -> Producer:
         return self

@@ -3,12 +3,17 @@ append, and every send still learns exactly where its messages were stored."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections import defaultdict
 
+import pytest
 import ray
 
 from actors.segment import segment_actor
 from clients import Producer
+from runtime.errors import ClientClosedError, SendTimeoutError
 from runtime.names import TopicName
 
 
@@ -68,4 +73,28 @@ def test_queued_sends_merge_into_one_append_and_each_learns_its_ids(admin, uniqu
         assert len({segment for (segment, _), _ in places}) == 1
         offsets = [offset for (_, offset), _ in places]
         assert offsets == sorted(offsets)
+    admin.delete_scalable_topic(topic)
+
+
+def test_close_with_a_timeout_fails_what_is_still_unanswered(admin, unique):
+    """A segment that stops answering (its process stopped, as a hung machine would)
+    must not make ``close(timeout_s)`` hang; the sends it never answered fail."""
+    topic = f"topic://public/default/close-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    name = TopicName.parse(topic).segment(0, 0, 0xFFFF)
+    producer = Producer(topic)
+    producer.send(b"first").result(timeout=60)  # connected and answering
+    pid = ray.get(segment_actor(name).ready.remote())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stuck = producer.send_batch([b"x"] * 10)
+        started = time.monotonic()
+        producer.close(timeout_s=1.0)
+        assert time.monotonic() - started < 10
+        with pytest.raises(SendTimeoutError, match="may or may not be stored"):
+            stuck.result(timeout=0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    with pytest.raises(ClientClosedError):
+        producer.send(b"late")
     admin.delete_scalable_topic(topic)
