@@ -153,7 +153,7 @@ class _Chunk:
             return
         starts = np.flatnonzero(self.sinks[1:] != self.sinks[:-1]) + 1
         bounds = [0, *starts.tolist(), len(self.sinks)]
-        for start, end in zip(bounds[:-1], bounds[1:], strict=False):
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
             self.sinks[start].fill(self.positions[start:end], segment_id, offsets[start:end])
 
     def fail(self, error: BaseException) -> None:
@@ -164,12 +164,17 @@ class _Chunk:
         taken = self.batch.take(pa.array(rows))
         return _Chunk(taken, self.sinks[rows], self.positions[rows], self.uniform)
 
-    def merge(self, other: _Chunk) -> _Chunk:
-        """One append instead of two: the rows of both, in order."""
-        batch = pa.concat_batches([self.batch, other.batch])
-        sinks = np.concatenate([self.sinks, other.sinks])
-        uniform = self.uniform and other.uniform and self.sinks[0] is other.sinks[0]
-        return _Chunk(batch, sinks, np.concatenate([self.positions, other.positions]), uniform)
+    @staticmethod
+    def joined(chunks: list[_Chunk]) -> _Chunk:
+        """One append instead of several: their rows, in order, copied once."""
+        first = chunks[0].sinks[0]
+        uniform = all(c.uniform and c.sinks[0] is first for c in chunks)
+        return _Chunk(
+            pa.concat_batches([c.batch for c in chunks]),
+            np.concatenate([c.sinks for c in chunks]),
+            np.concatenate([c.positions for c in chunks]),
+            uniform,
+        )
 
     def slice(self, start: int, length: int) -> _Chunk:
         """Rows ``start`` to ``start + length``, without copying them."""
@@ -237,15 +242,17 @@ class _SegmentSender:
             asyncio.get_running_loop().create_task(self._send(sequence, chunk))
 
     def _next_append(self) -> _Chunk:
-        """The queue's head merged with the chunks behind it, within the batch limits."""
-        chunk = self.queue.popleft()
+        """The queue's head joined with the chunks behind it, within the batch limits."""
+        taken = [self.queue.popleft()]
+        rows, size = taken[0].batch.num_rows, taken[0].message_bytes
         max_messages, max_bytes = self.core.batch_limits()
         while self.queue and (
-            chunk.batch.num_rows + self.queue[0].batch.num_rows <= max_messages
-            and chunk.message_bytes + self.queue[0].message_bytes <= max_bytes
+            rows + self.queue[0].batch.num_rows <= max_messages
+            and size + self.queue[0].message_bytes <= max_bytes
         ):
-            chunk = chunk.merge(self.queue.popleft())
-        return chunk
+            taken.append(self.queue.popleft())
+            rows, size = rows + taken[-1].batch.num_rows, size + taken[-1].message_bytes
+        return taken[0] if len(taken) == 1 else _Chunk.joined(taken)
 
     async def _send(self, sequence: int, chunk: _Chunk) -> None:
         deadline = time.monotonic() + self.core.config.send_timeout_s
@@ -643,8 +650,8 @@ class Producer:
         with self._pending_lock:
             unanswered = list(self._pending)
         error = SendTimeoutError(
-            f"producer for {self._topic} closed after {timeout_s}s with this send unanswered: "
-            "it may or may not be stored"
+            f"producer for {self._topic} closed (timeout_s={timeout_s}) with this send "
+            "unanswered: it may or may not be stored"
         )
         for future in unanswered:
             if not future.done():
