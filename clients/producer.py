@@ -138,12 +138,12 @@ class _Chunk:
     uniform: bool = False  # every row reports to the same (bulk) sink
 
     @functools.cached_property
-    def nbytes(self) -> int:
-        return _charge(self.batch)
-
-    @functools.cached_property
     def message_bytes(self) -> int:
         return batch_bytes(self.batch)
+
+    @property
+    def nbytes(self) -> int:
+        return self.message_bytes + _ROW_OVERHEAD * self.batch.num_rows  # what _charge says
 
     def resolve(self, segment_id: int, base_offset: int) -> None:
         """Each run of rows reporting to the same sink fills it in one call."""
@@ -189,20 +189,7 @@ def _charge(batch: pa.RecordBatch) -> int:
     Additive over any split of the rows, so the chunks of a batch release
     exactly what the batch was charged; O(1), from the offsets of the columns.
     """
-    rows = batch.num_rows
-    return (
-        _data_bytes(batch.column("value"))
-        + _data_bytes(batch.column("key"))
-        + (_ROW_OVERHEAD * rows)
-    )
-
-
-def _data_bytes(column: pa.Array) -> int:
-    """Bytes of a binary or string column's values: last offset minus first."""
-    if not len(column):
-        return 0
-    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)
-    return int(offsets[column.offset + len(column)] - offsets[column.offset])
+    return batch_bytes(batch) + _ROW_OVERHEAD * batch.num_rows
 
 
 # --- one segment -------------------------------------------------------------------

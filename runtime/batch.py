@@ -123,11 +123,11 @@ def deserialize_batch(buf: bytes | memoryview | pa.Buffer) -> pa.RecordBatch:
     the cost for a 1,000-record batch; anything else goes through the general reader.
     """
     data = pa.py_buffer(buf)
+    # Copied out once to compare: a memoryview of signed chars (what a socket buffer
+    # gives) never equals bytes over 127.
+    head = bytes(memoryview(data)[:_LONGEST_PREFIX])
     for prefix, schema in _KNOWN_SCHEMAS:
-        # Copied out to compare: a memoryview of signed chars (what a socket buffer
-        # gives) never equals bytes over 127.
-        head = bytes(memoryview(data)[: len(prefix)])
-        if data.size > len(prefix) and head == prefix:
+        if data.size > len(prefix) and head.startswith(prefix):
             return pa.ipc.read_record_batch(data.slice(len(prefix)), schema)
     return pa.ipc.open_stream(data).read_next_batch()
 
@@ -181,4 +181,5 @@ def _cast_array(what: str, array: pa.Array, arrow_type: pa.DataType) -> pa.Array
 
 
 _KNOWN_SCHEMAS = [(_schema_bytes(schema), schema) for schema in (BATCH_SCHEMA, DELIVERY_SCHEMA)]
+_LONGEST_PREFIX = max(len(prefix) for prefix, _ in _KNOWN_SCHEMAS)
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"

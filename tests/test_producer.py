@@ -13,7 +13,7 @@ import ray
 
 from actors.segment import segment_actor
 from clients import Producer
-from runtime.errors import ClientClosedError, SendTimeoutError
+from runtime.errors import ClientClosedError, ProducerQueueFullError, SendTimeoutError
 from runtime.names import TopicName
 
 
@@ -97,4 +97,29 @@ def test_close_with_a_timeout_fails_what_is_still_unanswered(admin, unique):
         os.kill(pid, signal.SIGCONT)
     with pytest.raises(ClientClosedError):
         producer.send(b"late")
+    admin.delete_scalable_topic(topic)
+
+
+def test_the_in_flight_budget_refuses_when_full_and_is_released_exactly(admin, unique):
+    """``block_if_full=False`` raises once the budget is spent; when the segment answers,
+    merged and split chunks alike give back exactly what their sends were charged."""
+    topic = f"topic://public/default/budget-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    name = TopicName.parse(topic).segment(0, 0, 0x7FFF)
+    producer = Producer(topic, max_in_flight_bytes=25_000, block_if_full=False, linger_ms=20)
+    producer.send_batch([b"warm"] * 4, keys=["a", "b", "c", "d"]).result(timeout=60)
+    pid = ray.get(segment_actor(name).ready.remote())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        keys = [f"k{i}" for i in range(60)]
+        sent = [producer.send_batch([b"v" * 100] * 60, keys=keys) for _ in range(2)]
+        sent.append(producer.send(b"one", key="k1"))
+        with pytest.raises(ProducerQueueFullError, match="limit 25000"):
+            producer.send_batch([b"v" * 100] * 60, keys=keys)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for future in sent:
+        future.result(timeout=60)
+    assert producer._core.outstanding_bytes == 0
+    producer.close()
     admin.delete_scalable_topic(topic)
