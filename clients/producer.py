@@ -229,8 +229,14 @@ class _SegmentSender:
             asyncio.get_running_loop().create_task(self._send(sequence, chunk))
 
     def _next_append(self) -> _Chunk:
-        """The queue's head joined with the chunks behind it, within the batch limits."""
+        """The queue's head joined with the chunks behind it, within the batch limits.
+
+        Not for a producer given its id: it resends under the same id and sequences
+        after a restart (a retried Spark task), so each sequence must carry the same
+        rows every time, and what meets in a queue depends on timing."""
         taken = [self.queue.popleft()]
+        if self.core.config.producer_id is not None:
+            return taken[0]
         rows, size = taken[0].batch.num_rows, taken[0].message_bytes
         max_messages, max_bytes = self.core.batch_limits()
         while self.queue and (

@@ -123,3 +123,16 @@ def test_the_in_flight_budget_refuses_when_full_and_is_released_exactly(admin, u
     assert producer._core.outstanding_bytes == 0
     producer.close()
     admin.delete_scalable_topic(topic)
+
+
+def test_a_producer_given_its_id_keeps_one_append_per_send(admin, unique):
+    """Its sequences must name the same rows when it resends after a restart (a retried
+    Spark task): merging, which depends on timing, would break that."""
+    topic = f"topic://public/default/fixed-id-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    with Producer(topic, producer_id=f"writer-{unique}", window=1, linger_ms=50) as producer:
+        futures = [producer.send_batch([f"{i}".encode()] * 5) for i in range(10)]
+        for future in futures:
+            future.result(timeout=60)
+        assert producer._core.senders[0].next_sequence == 10
+    admin.delete_scalable_topic(topic)
