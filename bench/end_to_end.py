@@ -11,6 +11,11 @@ For each segment count, on the public client API (``Producer.send_batch`` and
   bytes of every value just before ``send_batch`` (one clock, one machine).
 * **half load**: one producer paced at 50% of the end-to-end peak for
   ``--half-seconds``, sending a batch every ``--tick-ms``; latency p50/p99.
+  It first sends at the same rate for ``--warmup-seconds`` (1 s): those
+  messages are received and acknowledged like the rest but left out of the
+  rates and percentiles (reported on their own as ``warmup_latency``), as
+  OpenMessaging Benchmark's warm-up phase does. Without it the first ~0.3 s,
+  while the processes go from idle to busy, carried most of the 1% tail.
 
 The same workload goes through Redis Streams (a redis-server this script
 starts, AOF ``everysec``): XADD in one redis-py pipeline per batch, one stream
@@ -104,13 +109,19 @@ def summarize_latency(latencies_ns: np.ndarray) -> dict[str, float | None]:
 
 
 class LatencyLog:
-    """Latencies of received messages, kept as arrays (subsampled past a cap)."""
+    """Latencies of received messages, kept as arrays (subsampled past a cap).
 
-    def __init__(self) -> None:
+    Messages stamped before ``measure_from_ns`` (a warm-up) are counted in
+    ``received`` but timed apart, in ``warmup``."""
+
+    def __init__(self, measure_from_ns: int = 0) -> None:
+        self.measure_from_ns = measure_from_ns
         self.parts: list[np.ndarray] = []
+        self.warmup: list[np.ndarray] = []
         self.stored: list[np.ndarray] = []  # sampled: (publish - send, receive - publish)
         self.count = 0
         self.received = 0
+        self.measured = 0
         self.first_ns = 0
         self.last_ns = 0
         self.lock = threading.Lock()
@@ -124,9 +135,16 @@ class LatencyLog:
         """``sampled``: (send stamps, store times in ns) of a few of the messages, which
         split the latency at the moment the log stored them (ms precision)."""
         with self.lock:
-            if not self.received:
-                self.first_ns = now_ns
             self.received += len(stamps)
+            if len(stamps) and stamps.min() < self.measure_from_ns:
+                warm = stamps < self.measure_from_ns
+                self.warmup.append(now_ns - stamps[warm])
+                stamps, sampled = stamps[~warm], None
+                if not len(stamps):
+                    return
+            if not self.measured:
+                self.first_ns = now_ns
+            self.measured += len(stamps)
             self.last_ns = now_ns
             if self.count < LATENCY_SAMPLE_CAP:
                 self.parts.append(now_ns - stamps)
@@ -139,6 +157,7 @@ class LatencyLog:
         with self.lock:
             out: dict[str, Any] = {
                 "received": self.received,
+                "measured": self.measured,
                 "first_ns": self.first_ns,
                 "last_ns": self.last_ns,
             }
@@ -149,11 +168,32 @@ class LatencyLog:
                 out["split"] = (
                     np.concatenate(self.stored, axis=1) if self.stored else np.zeros((2, 0))
                 )
+                out["warmup"] = (
+                    np.concatenate(self.warmup) if self.warmup else np.zeros(0, np.int64)
+                )
             return out
 
 
 def sample_rows(count: int, samples: int = 16) -> range:
     return range(0, count, max(1, count // samples))
+
+
+def paced_sends(spec: dict[str, Any], workload: Workload) -> Iterator[tuple[int, np.ndarray, bool]]:
+    """``(k, stamped records, measured)`` of each send of a producer. It starts at
+    ``go_at_ns``; a paced run first warms up at its rate until ``measure_from_ns``
+    (every warm-up stamp is earlier, which is how consumers tell them apart)."""
+    measure_from = spec["measure_from_ns"]
+    time.sleep(max(0.0, (spec["go_at_ns"] - time.time_ns()) / 1e9))
+    if spec.get("rate") and measure_from > time.time_ns():
+        warm = {**spec, "messages": 1 << 62, "seconds": (measure_from - time.time_ns()) / 1e9}
+        for k, count in send_ticks(warm, workload.batch):
+            records, stamp = workload.stamped(count)
+            if stamp >= measure_from:
+                break
+            yield k, records, False
+        time.sleep(max(0.0, (measure_from - time.time_ns()) / 1e9))
+    for k, count in send_ticks(spec, workload.batch):
+        yield k, workload.stamped(count)[0], True
 
 
 def send_ticks(spec: dict[str, Any], batch: int) -> Iterator[tuple[int, int]]:
@@ -259,8 +299,7 @@ def redis_producer(
     port: int,
     n: int,
     spec: dict[str, Any],
-    go: Any,
-    out: Any,  # mp.Event, mp.Queue
+    out: Any,  # mp.Queue
 ) -> None:
     import redis
 
@@ -269,11 +308,12 @@ def redis_producer(
     key_stream = redis_key_streams(workload, n)
     names = [s.encode() for s in streams]
     client = redis.Redis(host="127.0.0.1", port=port)
-    go.wait()
+    client.ping()
     cpu = time.process_time()
-    started_ns, sent = time.time_ns(), 0
-    for k, count in send_ticks(spec, workload.batch):
-        records, _ = workload.stamped(count)
+    started_ns, sent, warmup = 0, 0, 0
+    for k, records, measured in paced_sends(spec, workload):
+        count = len(records)
+        started_ns = started_ns or (time.time_ns() if measured else 0)
         data = records.tobytes()
         keys = workload.keys_index(k)[:count]
         targets, keys = key_stream[keys].tolist(), keys.tolist()
@@ -284,22 +324,29 @@ def redis_producer(
                 names[targets[i]], {b"k": key_names[keys[i]], b"v": data[i * 100 : i * 100 + 100]}
             )
         pipe.execute()
-        sent += count
+        sent, warmup = (sent + count, warmup) if measured else (sent, warmup + count)
     end_ns = time.time_ns()
+    cpu = time.process_time() - cpu
     out.put(
-        {"sent": sent, "start_ns": started_ns, "end_ns": end_ns, "cpu_s": time.process_time() - cpu}
+        {"sent": sent, "warmup": warmup, "start_ns": started_ns, "end_ns": end_ns, "cpu_s": cpu}
     )
     client.close()
 
 
 def redis_consumer(
-    port: int, n: int, name: str, batch: int, stop: Any, received: Any, out: Any
+    port: int,
+    n: int,
+    name: str,
+    spec: dict[str, Any],
+    stop: Any,
+    received: Any,
+    out: Any,
 ) -> None:
     import redis
 
     client = redis.Redis(host="127.0.0.1", port=port)
     streams = {s: ">" for s in redis_streams(n)}
-    log = LatencyLog()
+    log, batch = LatencyLog(spec["measure_from_ns"]), spec["batch"]
     cpu = time.process_time()
     while not stop.is_set():
         reply = client.xreadgroup(SUBSCRIPTION, name, streams, count=batch, block=100)
@@ -334,7 +381,10 @@ def producer_spec(
     """How many producers a run uses and what each is told: a paced (half-load) run
     has one producer; a peak run splits the message cap over ``--producers``."""
     producers = 1 if rate else args.producers
+    go_at = time.time_ns() + int(1.5e9)  # everyone starts at once, after setting up
     return producers, {
+        "go_at_ns": go_at,
+        "measure_from_ns": go_at + (int(args.warmup_seconds * 1e9) if rate else 0),
         "batch": args.batch,
         "messages": args.messages // producers if not rate else 1 << 62,
         "seconds": seconds,
@@ -356,27 +406,23 @@ def run_redis_case(
         client.delete(stream)
         client.xgroup_create(stream, SUBSCRIPTION, id="0", mkstream=True)
     producers, spec = producer_spec(args, rate, seconds)
-    go, stop = ctx.Event(), ctx.Event()
+    stop = ctx.Event()
     received = ctx.Value("q", 0)
     results, consumed = ctx.Queue(), ctx.Queue()
     consumers = [
-        ctx.Process(
-            target=redis_consumer,
-            args=(port, n, f"c{i}", args.batch, stop, received, consumed),
-        )
+        ctx.Process(target=redis_consumer, args=(port, n, f"c{i}", spec, stop, received, consumed))
         for i in range(args.consumers)
     ]
     workers = [
-        ctx.Process(target=redis_producer, args=(port, n, {**spec, "seed": i}, go, results))
+        ctx.Process(target=redis_producer, args=(port, n, {**spec, "seed": i}, results))
         for i in range(producers)
     ]
     for p in consumers + workers:
         p.start()
-    time.sleep(0.5)  # let everyone connect and block
+    time.sleep(max(0.0, (spec["go_at_ns"] - time.time_ns()) / 1e9))
     meter = CpuMeter([server_pid])
-    go.set()
     sent_reports = [results.get() for _ in workers]
-    sent = sum(r["sent"] for r in sent_reports)
+    sent = sum(r["sent"] + r["warmup"] for r in sent_reports)
     drained = wait_until(lambda: received.value >= sent, args.drain_seconds)
     stop.set()
     server_cpu, breakdown = meter.used()
@@ -395,7 +441,7 @@ def run_redis_case(
 # --- Scalable Topics on Ray --------------------------------------------------------------
 
 
-def ray_producer(topic: str, spec: dict[str, Any], go_at_ns: int) -> dict[str, Any]:
+def ray_producer(topic: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Push messages with ``send_batch`` (at full speed, or paced at ``spec['rate']``)."""
     import pyarrow as pa
 
@@ -410,23 +456,24 @@ def ray_producer(topic: str, spec: dict[str, Any], go_at_ns: int) -> dict[str, A
         # Warm the path (connection, segment handles) outside the measurement.
         warm, _ = workload.stamped(1)
         producer.send_batch([warm.tobytes()], keys=["key-00000"]).result()
-        time.sleep(max(0.0, (go_at_ns - time.time_ns()) / 1e9))
         cpu = time.process_time()
-        started_ns, sent = time.time_ns(), 0
-        for k, count in send_ticks(spec, workload.batch):
-            records, _ = workload.stamped(count)
+        started_ns, sent, warmup = 0, 0, 0
+        for k, records, measured in paced_sends(spec, workload):
+            count = len(records)
+            started_ns = started_ns or (time.time_ns() if measured else 0)
             values = pa.Array.from_buffers(
                 pa.binary(), count, [None, offsets, pa.py_buffer(records)]
             )
             batch_keys = key_batches[k % 16]
             futures.append(producer.send_batch(values, batch_keys.slice(0, count)))
-            sent += count
+            sent, warmup = (sent + count, warmup) if measured else (sent, warmup + count)
         producer.flush()
         end_ns = time.time_ns()
     cpu = time.process_time() - cpu  # the whole process: the driver's too in thread mode
     failed = sum(1 for f in futures if f.exception() is not None)
     return {
         "sent": sent,
+        "warmup": warmup + 1,  # and the message that opened the path
         "start_ns": started_ns,
         "end_ns": end_ns,
         "failed_batches": failed,
@@ -472,8 +519,8 @@ def make_consumer_class() -> Any:
         def received(self) -> int:
             return self.log.received
 
-        def reset(self) -> None:
-            self.log = LatencyLog()
+        def reset(self, measure_from_ns: int) -> None:
+            self.log = LatencyLog(measure_from_ns)
 
         def report(self) -> dict[str, Any]:
             return self.log.snapshot(with_latencies=True)
@@ -496,27 +543,26 @@ def run_ray_case(
 ) -> dict[str, Any]:
     import ray
 
-    ray.get([c.reset.remote() for c in consumers])
     producers, spec = producer_spec(args, rate, seconds)
+    ray.get([c.reset.remote(spec["measure_from_ns"]) for c in consumers])
     spec["producer_config"] = {"batch_max_records": max(args.batch, 5_000)}
     if args.linger_ms is not None:
         spec["producer_config"]["linger_ms"] = args.linger_ms
-    go_at = time.time_ns() + int(1.5e9)  # everyone starts at once, after setting up
 
     def start_meter() -> CpuMeter:
-        time.sleep(max(0.0, (go_at - time.time_ns()) / 1e9))
+        time.sleep(max(0.0, (spec["go_at_ns"] - time.time_ns()) / 1e9))
         return CpuMeter([os.getpid()])  # the driver's tree: Ray itself and every actor
 
     if args.producer_mode == "task":
         remote = ray_producer_task()
-        refs = [remote.remote(topic, {**spec, "seed": i}, go_at) for i in range(producers)]
+        refs = [remote.remote(topic, {**spec, "seed": i}) for i in range(producers)]
         meter = start_meter()
         sent_reports = ray.get(refs)
     else:
         sent_reports = [None] * producers
 
         def run(i: int) -> None:
-            sent_reports[i] = ray_producer(topic, {**spec, "seed": i}, go_at)
+            sent_reports[i] = ray_producer(topic, {**spec, "seed": i})
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(producers)]
         for t in threads:
@@ -524,7 +570,7 @@ def run_ray_case(
         meter = start_meter()
         for t in threads:
             t.join()
-    sent = sum(r["sent"] for r in sent_reports) + producers  # + the warm-up messages
+    sent = sum(r["sent"] + r["warmup"] for r in sent_reports)
     drained = wait_until(
         lambda: sum(ray.get([c.received.remote() for c in consumers])) >= sent,
         args.drain_seconds,
@@ -598,8 +644,9 @@ def measurement(
     sent = sum(r["sent"] for r in sent_reports)
     start_ns = min(r["start_ns"] for r in sent_reports)
     produced_ns = max(r["end_ns"] for r in sent_reports)
-    received = sum(r["received"] for r in consumer_reports)
-    last_ns = max((r["last_ns"] for r in consumer_reports if r["received"]), default=start_ns)
+    received = sum(r["measured"] for r in consumer_reports)
+    received_all = sum(r["received"] for r in consumer_reports)  # with the warm-up's
+    last_ns = max((r["last_ns"] for r in consumer_reports if r["measured"]), default=start_ns)
     latencies = np.concatenate([r["latencies"] for r in consumer_reports])
     split = np.concatenate([r["split"] for r in consumer_reports], axis=1)
     return {
@@ -618,15 +665,19 @@ def measurement(
         "latency": summarize_latency(latencies),
         "latency_send_to_stored": summarize_latency(split[0]),
         "latency_stored_to_received": summarize_latency(split[1]),
-        "cpu_s": round(cpu_s, 2),
-        "cpu_us_per_msg": round(cpu_s / max(received, 1) * 1e6, 2),
+        "warmup_sent": sum(r["warmup"] for r in sent_reports),
+        "warmup_latency": summarize_latency(
+            np.concatenate([r["warmup"] for r in consumer_reports])
+        ),
+        "cpu_s": round(cpu_s, 2),  # the warm-up's too, so per message over every message
+        "cpu_us_per_msg": round(cpu_s / max(received_all, 1) * 1e6, 2),
         "cpu_us_per_msg_by_process": {
-            label: round(spent / max(received, 1) * 1e6, 2)
+            label: round(spent / max(received_all, 1) * 1e6, 2)
             for label, spent in cpu_breakdown.items()
-            if spent / max(received, 1) * 1e6 >= 0.01
+            if spent / max(received_all, 1) * 1e6 >= 0.01
         },
         "producer_process_cpu_us_per_msg": round(
-            sum(r["cpu_s"] for r in sent_reports) / max(sent, 1) * 1e6, 2
+            sum(r["cpu_s"] for r in sent_reports) / max(received_all, 1) * 1e6, 2
         ),
         "load_average_after": round(os.getloadavg()[0], 1),
     }
@@ -646,6 +697,11 @@ def describe(m: dict[str, Any]) -> str:
         + f"; producer process {m['producer_process_cpu_us_per_msg']}"
         + f"\n         p50/p99 ms send->stored {stored['p50_ms']}/{stored['p99_ms']}, "
         + f"stored->received {delivered['p50_ms']}/{delivered['p99_ms']}"
+        + (
+            f"; warm-up ({m['warmup_sent']:,} msgs) p50/p99 {warm['p50_ms']}/{warm['p99_ms']} ms"
+            if (warm := m["warmup_latency"])["samples"] > 1
+            else ""
+        )
     )
 
 
@@ -756,6 +812,12 @@ def parse_args() -> argparse.Namespace:
         "--half-rate", type=float, default=0, help="half-load rate (0: half the e2e peak)"
     )
     parser.add_argument("--tick-ms", type=float, default=10.0, help="half-load send interval")
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=1.0,
+        help="half load: send at the rate this long first, outside the figures",
+    )
     parser.add_argument(
         "--linger-ms", type=float, default=None, help="producer linger (default: the client's)"
     )

@@ -74,6 +74,12 @@ class SegmentChannel:
             self._ensure_connecting()
         return await asyncio.shield(future)
 
+    def open(self) -> None:
+        """Connect ahead of the first append, so that it does not wait for the
+        actor's address and a TCP handshake."""
+        if self._writer is None:
+            self._ensure_connecting()
+
     async def close(self) -> None:
         for task in [*self._tasks, self._connecting]:
             if task is not None:

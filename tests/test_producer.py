@@ -136,3 +136,35 @@ def test_a_producer_given_its_id_keeps_one_append_per_send(admin, unique):
             future.result(timeout=60)
         assert producer._core.senders[0].next_sequence == 10
     admin.delete_scalable_topic(topic)
+
+
+def _connected(producer: Producer, segment_ids: set[int]) -> bool:
+    senders = producer._core.senders
+    return all(
+        sid in senders
+        and senders[sid].channel is not None
+        and senders[sid].channel._writer is not None
+        for sid in segment_ids
+    )
+
+
+def test_a_producer_connects_to_every_active_segment_before_its_first_send(admin, unique):
+    """A cold first send waited ~50 ms for the segment actor's address and a TCP
+    handshake; a producer now connects to every active segment as it starts (as
+    Pulsar's partitioned producer does), and to the children of a split."""
+    topic = f"topic://public/default/ahead-{unique}"
+    admin.create_scalable_topic(topic, 4)
+    with Producer(topic) as producer:
+        deadline = time.monotonic() + 30
+        active = set(admin.get_layout(topic).active_segments)
+        while not _connected(producer, active) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _connected(producer, active)
+        assert all(s.next_sequence == 0 for s in producer._core.senders.values())  # no send yet
+
+        admin.split_segment(topic, min(active))
+        children = set(admin.get_layout(topic).active_segments) - active
+        while not _connected(producer, children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _connected(producer, children)
+        producer.send(b"after", key="k").result(timeout=30)
