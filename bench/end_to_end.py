@@ -178,22 +178,41 @@ def sample_rows(count: int, samples: int = 16) -> range:
     return range(0, count, max(1, count // samples))
 
 
-def paced_sends(spec: dict[str, Any], workload: Workload) -> Iterator[tuple[int, np.ndarray, bool]]:
-    """``(k, stamped records, measured)`` of each send of a producer. It starts at
-    ``go_at_ns``; a paced run first warms up at its rate until ``measure_from_ns``
-    (every warm-up stamp is earlier, which is how consumers tell them apart)."""
-    measure_from = spec["measure_from_ns"]
-    time.sleep(max(0.0, (spec["go_at_ns"] - time.time_ns()) / 1e9))
-    if spec.get("rate") and measure_from > time.time_ns():
-        warm = {**spec, "messages": 1 << 62, "seconds": (measure_from - time.time_ns()) / 1e9}
-        for k, count in send_ticks(warm, workload.batch):
-            records, stamp = workload.stamped(count)
-            if stamp >= measure_from:
-                break
-            yield k, records, False
-        time.sleep(max(0.0, (measure_from - time.time_ns()) / 1e9))
-    for k, count in send_ticks(spec, workload.batch):
-        yield k, workload.stamped(count)[0], True
+class PacedSends:
+    """``(k, stamped records)`` of each send of a producer, and their accounting. It
+    starts at ``go_at_ns``; a paced run first warms up at its rate until
+    ``measure_from_ns`` (every warm-up stamp is earlier, which is how consumers tell
+    them apart), counted in ``warmup`` instead of ``sent``."""
+
+    def __init__(self, spec: dict[str, Any], workload: Workload) -> None:
+        self.spec, self.workload = spec, workload
+        self.sent, self.warmup, self.started_ns = 0, 0, 0
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        spec, workload, measure_from = self.spec, self.workload, self.spec["measure_from_ns"]
+        time.sleep(max(0.0, (spec["go_at_ns"] - time.time_ns()) / 1e9))
+        if spec.get("rate") and measure_from > time.time_ns():
+            warm = {**spec, "messages": 1 << 62, "seconds": (measure_from - time.time_ns()) / 1e9}
+            for k, count in send_ticks(warm, workload.batch):
+                records, stamp = workload.stamped(count)
+                if stamp >= measure_from:
+                    break
+                self.warmup += count
+                yield k, records
+            time.sleep(max(0.0, (measure_from - time.time_ns()) / 1e9))
+        self.started_ns = time.time_ns()
+        for k, count in send_ticks(spec, workload.batch):
+            self.sent += count
+            yield k, workload.stamped(count)[0]
+
+    def report(self, end_ns: int, cpu_s: float) -> dict[str, Any]:
+        return {
+            "sent": self.sent,
+            "warmup": self.warmup,
+            "start_ns": self.started_ns,
+            "end_ns": end_ns,
+            "cpu_s": cpu_s,
+        }
 
 
 def send_ticks(spec: dict[str, Any], batch: int) -> Iterator[tuple[int, int]]:
@@ -310,10 +329,9 @@ def redis_producer(
     client = redis.Redis(host="127.0.0.1", port=port)
     client.ping()
     cpu = time.process_time()
-    started_ns, sent, warmup = 0, 0, 0
-    for k, records, measured in paced_sends(spec, workload):
+    sends = PacedSends(spec, workload)
+    for k, records in sends:
         count = len(records)
-        started_ns = started_ns or (time.time_ns() if measured else 0)
         data = records.tobytes()
         keys = workload.keys_index(k)[:count]
         targets, keys = key_stream[keys].tolist(), keys.tolist()
@@ -324,12 +342,7 @@ def redis_producer(
                 names[targets[i]], {b"k": key_names[keys[i]], b"v": data[i * 100 : i * 100 + 100]}
             )
         pipe.execute()
-        sent, warmup = (sent + count, warmup) if measured else (sent, warmup + count)
-    end_ns = time.time_ns()
-    cpu = time.process_time() - cpu
-    out.put(
-        {"sent": sent, "warmup": warmup, "start_ns": started_ns, "end_ns": end_ns, "cpu_s": cpu}
-    )
+    out.put(sends.report(time.time_ns(), time.process_time() - cpu))
     client.close()
 
 
@@ -457,28 +470,21 @@ def ray_producer(topic: str, spec: dict[str, Any]) -> dict[str, Any]:
         warm, _ = workload.stamped(1)
         producer.send_batch([warm.tobytes()], keys=["key-00000"]).result()
         cpu = time.process_time()
-        started_ns, sent, warmup = 0, 0, 0
-        for k, records, measured in paced_sends(spec, workload):
+        sends = PacedSends(spec, workload)
+        for k, records in sends:
             count = len(records)
-            started_ns = started_ns or (time.time_ns() if measured else 0)
             values = pa.Array.from_buffers(
                 pa.binary(), count, [None, offsets, pa.py_buffer(records)]
             )
             batch_keys = key_batches[k % 16]
             futures.append(producer.send_batch(values, batch_keys.slice(0, count)))
-            sent, warmup = (sent + count, warmup) if measured else (sent, warmup + count)
         producer.flush()
         end_ns = time.time_ns()
     cpu = time.process_time() - cpu  # the whole process: the driver's too in thread mode
-    failed = sum(1 for f in futures if f.exception() is not None)
-    return {
-        "sent": sent,
-        "warmup": warmup + 1,  # and the message that opened the path
-        "start_ns": started_ns,
-        "end_ns": end_ns,
-        "failed_batches": failed,
-        "cpu_s": cpu,
-    }
+    report = sends.report(end_ns, cpu)
+    report["warmup"] += 1  # and the message that opened the path
+    report["failed_batches"] = sum(1 for f in futures if f.exception() is not None)
+    return report
 
 
 def make_consumer_class() -> Any:

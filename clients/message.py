@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from itertools import pairwise, repeat
+from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+
+from runtime.batch import equal_runs
 
 
 @dataclass(frozen=True, order=True)
@@ -92,10 +94,7 @@ def _publish_times(column: pa.Array) -> list[datetime]:
     run by run (one datetime per run): 4 instead of 58 ns a message."""
     data = np.frombuffer(column.buffers()[1], dtype=np.int64)  # to_numpy imports pandas too
     millis = data[column.offset : column.offset + len(column)]
-    if not len(millis):
-        return []
-    bounds = [0, *(np.flatnonzero(millis[1:] != millis[:-1]) + 1).tolist(), len(millis)]
     times: list[datetime] = []
-    for start, end in pairwise(bounds):
+    for start, end in equal_runs(millis):
         times += [_EPOCH + timedelta(milliseconds=int(millis[start]))] * (end - start)
     return times

@@ -40,7 +40,13 @@ from clients._data_plane import ChannelError, SegmentChannel
 from clients._ray import background_loop, freeze_what_exists
 from clients.message import BatchResult, MessageId
 from runtime.auth import Permission, authorize_client
-from runtime.batch import batch_bytes, make_batch, message_sizes, serialize_batch
+from runtime.batch import (
+    batch_bytes,
+    equal_runs,
+    make_batch,
+    message_sizes,
+    serialize_batch,
+)
 from runtime.config import ray_namespace
 from runtime.errors import (
     ClientClosedError,
@@ -143,7 +149,7 @@ class _Chunk:
 
     @property
     def nbytes(self) -> int:
-        return self.message_bytes + _ROW_OVERHEAD * self.batch.num_rows  # what _charge says
+        return _charge(self.batch)
 
     def resolve(self, segment_id: int, base_offset: int) -> None:
         """Each run of rows reporting to the same sink fills it in one call."""
@@ -151,9 +157,7 @@ class _Chunk:
         if self.uniform:
             self.sinks[0].fill(self.positions, segment_id, offsets)
             return
-        starts = np.flatnonzero(self.sinks[1:] != self.sinks[:-1]) + 1
-        bounds = [0, *starts.tolist(), len(self.sinks)]
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, end in equal_runs(self.sinks):
             self.sinks[start].fill(self.positions[start:end], segment_id, offsets[start:end])
 
     def fail(self, error: BaseException) -> None:
@@ -285,10 +289,10 @@ class _SegmentSender:
         if self.core.config.transport == "ray":
             base, _ = await call(self.handle.append.remote(chunk.batch, producer_id, sequence))
             return base
-        self.channel = self.channel or SegmentChannel(self.handle)
+        channel = self._open_channel()
         payload = serialize_batch(chunk.batch)
         async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):  # no task
-            base, _ = await self.channel.append(producer_id, sequence, payload)
+            base, _ = await channel.append(producer_id, sequence, payload)
         return base
 
     def _look_up_once(self) -> None:
@@ -308,9 +312,14 @@ class _SegmentSender:
                 self._fail(chunk, SendTimeoutError(f"{self.name} unavailable: {err!r}"))
             return
         if self.core.config.transport == "tcp":
-            self.channel = self.channel or SegmentChannel(self.handle)
-            self.channel.open()
+            self._open_channel()  # ahead of the first send
         self.pump()
+
+    def _open_channel(self) -> SegmentChannel:
+        if self.channel is None:
+            self.channel = SegmentChannel(self.handle)
+        self.channel.open()
+        return self.channel
 
     def _fail(self, chunk: _Chunk, error: BaseException) -> None:
         chunk.fail(error)
@@ -360,6 +369,7 @@ class _ProducerCore:
         loop = asyncio.get_running_loop()
         self.watch.start()
         self.tasks = [loop.create_task(self._pump()), loop.create_task(self._follow_layouts())]
+        self._add_senders()
         self._pump_senders()
 
     async def close(self) -> None:
@@ -465,12 +475,15 @@ class _ProducerCore:
         max_messages = min(self.config.batch_max_records, self.limits.max_batch_messages)
         return max_messages, self.limits.max_batch_bytes
 
-    def _pump_senders(self) -> None:
-        """Every active segment has a sender, so a new one looks its actor up and
-        connects before its first send (Pulsar's partitioned producer connects to
-        every partition up front): a cold first send waited ~50 ms for both."""
+    def _add_senders(self) -> None:
+        """A sender for every active segment of the layout just adopted, so each looks
+        its actor up and connects when next pumped, before its first send (Pulsar's
+        partitioned producer connects to every partition up front): a cold first send
+        waited ~50 ms for both."""
         for segment_id in self.layout.active_segments:
             self._sender(segment_id)
+
+    def _pump_senders(self) -> None:
         for sender in list(self.senders.values()):
             sender.pump()
 
@@ -530,6 +543,7 @@ class _ProducerCore:
         for sender in retiring:
             del self.senders[sender.segment_id]
         self.layout = layout
+        self._add_senders()
         for chunk in backlog:
             self._route(chunk)
         self._pump_senders()

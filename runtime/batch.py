@@ -9,6 +9,7 @@ cross the wire are the bytes written to disk, so storage needs no re-encoding.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,6 +72,16 @@ def make_batch(
 def message_sizes(batch: pa.RecordBatch) -> np.ndarray:
     """Bytes of key + value of each message: what size limits count."""
     return _item_sizes(batch.column("value")) + _item_sizes(batch.column("key"))
+
+
+def equal_runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of equal adjacent values (``==`` per element;
+    identity for objects without it): per-row facts such as a row's sink or publish
+    time come in a few runs, so callers handle each run once instead of each row."""
+    if not len(values):
+        return []
+    starts = (np.flatnonzero(values[1:] != values[:-1]) + 1).tolist()
+    return list(itertools.pairwise([0, *starts, len(values)]))
 
 
 def batch_bytes(batch: pa.RecordBatch) -> int:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
-from runtime.batch import batch_bytes, make_batch, message_sizes
+from runtime.batch import batch_bytes, equal_runs, make_batch, message_sizes
 from runtime.errors import InvalidArgumentError, LimitExceededError
 from runtime.limits import Limits, batch_slices
 from runtime.names import TopicName
@@ -168,3 +168,13 @@ def test_message_and_batch_size_at_producer_and_segment(admin, unique) -> None:
             ray.get(segment.append.remote(batch))
     assert ray.get(segment.stats.remote())["records"] == records
     admin.delete_scalable_topic(topic)
+
+
+@given(st.lists(st.integers(0, 3), max_size=40))
+def test_equal_runs_cover_every_row_once_in_maximal_runs(values: list[int]) -> None:
+    runs = equal_runs(np.array(values, dtype=np.int64))
+    assert [i for start, end in runs for i in range(start, end)] == list(range(len(values)))
+    for start, end in runs:
+        assert start < end and len(set(values[start:end])) == 1
+    for (_, end), (start, _) in zip(runs, runs[1:], strict=False):
+        assert values[end - 1] != values[start]  # maximal: neighbours differ
