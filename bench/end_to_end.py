@@ -96,6 +96,14 @@ def stamps_of(values: Iterable[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(map(_STAMP, values)), dtype="<i8")
 
 
+def value_stamps(values: Any) -> np.ndarray:
+    """The send stamps of an Arrow binary array of values, read off its buffers."""
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)
+    starts = offsets[values.offset : values.offset + len(values)]
+    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)
+    return data[starts[:, None] + np.arange(8)].view("<i8").ravel()
+
+
 def summarize_latency(latencies_ns: np.ndarray) -> dict[str, float | None]:
     if not len(latencies_ns):
         return {"p50_ms": None, "p99_ms": None, "max_ms": None, "samples": 0}
@@ -494,30 +502,52 @@ def make_consumer_class() -> Any:
     class BenchConsumer:
         """A StreamConsumer in its own process: receives, stamps latency, acks everything."""
 
-        def __init__(self, topic: str, name: str, batch: int, config: dict[str, Any]) -> None:
+        def __init__(
+            self, topic: str, name: str, batch: int, columnar: bool, config: dict[str, Any]
+        ) -> None:
             from clients import StreamConsumer
 
             self.consumer = StreamConsumer(topic, SUBSCRIPTION, name, **config)
             self.batch = batch
+            self.receive = self._receive_table if columnar else self._receive_messages
             self.log = LatencyLog()
             self.stopped = False
             self.thread = threading.Thread(target=self._loop, daemon=True)
             self.thread.start()
 
         def _loop(self) -> None:
-            consumer = self.consumer
             while not self.stopped:
-                messages = consumer.receive_batch(self.batch, timeout=0.1)
-                if not messages:
-                    continue
-                now = time.time_ns()
-                consumer.acknowledge_cumulative(messages)
-                rows = sample_rows(len(messages))
-                stored = np.array(
-                    [round(messages[i].publish_time.timestamp() * 1e3) * 1_000_000 for i in rows]
-                )
-                sent = stamps_of([messages[i].value for i in rows])
-                self.log.add(stamps_of(map(_VALUE, messages)), now, (sent, stored))
+                if (received := self.receive()) is not None:
+                    self.log.add(*received)
+
+        def _receive_table(self) -> tuple[np.ndarray, int, tuple[np.ndarray, np.ndarray]] | None:
+            from runtime.batch import int64_values
+
+            table = self.consumer.receive_table(self.batch, timeout=0.1)
+            if not table.num_rows:
+                return None
+            now = time.time_ns()
+            self.consumer.acknowledge_cumulative(table)
+            stamps = np.concatenate([value_stamps(c) for c in table.column("value").chunks])
+            publish = table.column("publish_time").chunks
+            stored = np.concatenate([int64_values(c) for c in publish]) * 1_000_000
+            rows = np.asarray(sample_rows(len(stamps)))
+            return stamps, now, (stamps[rows], stored[rows])
+
+        def _receive_messages(
+            self,
+        ) -> tuple[np.ndarray, int, tuple[np.ndarray, np.ndarray]] | None:
+            messages = self.consumer.receive_batch(self.batch, timeout=0.1)
+            if not messages:
+                return None
+            now = time.time_ns()
+            self.consumer.acknowledge_cumulative(messages)
+            rows = sample_rows(len(messages))
+            stored = np.array(
+                [round(messages[i].publish_time.timestamp() * 1e3) * 1_000_000 for i in rows]
+            )
+            sent = stamps_of([messages[i].value for i in rows])
+            return stamps_of(map(_VALUE, messages)), now, (sent, stored)
 
         def assigned(self) -> list[int]:
             return self.consumer.assigned_segments()
@@ -609,7 +639,8 @@ def ray_topic(admin: Any, n: int, args: argparse.Namespace) -> Iterator[tuple[st
     consumer_class = make_consumer_class()
     config = {"read_batch": args.read_batch} if args.read_batch else {}
     consumers = [
-        consumer_class.remote(topic, f"c{i}", args.batch, config) for i in range(args.consumers)
+        consumer_class.remote(topic, f"c{i}", args.batch, args.consume == "table", config)
+        for i in range(args.consumers)
     ]
     try:
         if not wait_until(
@@ -833,6 +864,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--read-batch", type=int, default=0, help="consumer read_batch (0: default)"
     )
+    parser.add_argument(
+        "--consume",
+        choices=("table", "messages"),
+        default="table",
+        help="our consumer's path: receive_table (columnar) or receive_batch (Message objects)",
+    )
     parser.add_argument("--skip-redis", action="store_true")
     parser.add_argument("--skip-half", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
@@ -912,6 +949,9 @@ def main() -> int:
             "consumers": args.consumers,
             "producer_mode": args.producer_mode,
             "consumer_read_batch": args.read_batch or "default",
+            "consumer_path": "receive_table + acknowledge_cumulative(table)"
+            if args.consume == "table"
+            else "receive_batch (Message objects) + acknowledge_cumulative(messages)",
             "ray": "embedded, num_cpus=2, durability default (interval 200 ms)",
             "redis": "appendonly yes, appendfsync everysec; XADD pipeline per batch, "
             "XREADGROUP COUNT=batch + XACK; producers and consumers in processes",

@@ -3,12 +3,13 @@
 from clients.admin import ScalableTopicsAdmin
 from clients.checkpoint_consumer import Checkpoint, CheckpointConsumer
 from clients.http import AdminHttpClient
-from clients.message import BatchResult, Message, MessageId
+from clients.message import RECEIVED_SCHEMA, BatchResult, Message, MessageId
 from clients.producer import Producer
 from clients.queue_consumer import QueueConsumer
 from clients.stream_consumer import StreamConsumer
 
 __all__ = [
+    "RECEIVED_SCHEMA",
     "AdminHttpClient",
     "BatchResult",
     "Checkpoint",

@@ -30,12 +30,13 @@ from actors.segment import find_segment_actor
 from clients._data_plane import ChannelError, ReadChannel
 from clients._inbox import Inbox
 from clients._ray import background_loop, freeze_what_exists
-from clients.message import Message, messages_from_delivery
+from clients.message import Message, messages_from_delivery, table_from_deliveries
 from runtime import wire
 from runtime.errors import (
     ClientClosedError,
     ConflictError,
     ConsumerNotRegisteredError,
+    InvalidArgumentError,
     SegmentNotFoundError,
 )
 from runtime.names import SegmentName, TopicName, validate_part
@@ -110,23 +111,24 @@ class GroupConsumerCore:
 
     # --- application side (called on the loop via the public wrappers) --------------
 
-    def take(self, max_messages: int, timeout_s: float | None) -> list[Message]:
-        """Up to ``max_messages`` for the application, waiting up to ``timeout_s`` for the
-        first; ``[]`` on timeout. Any thread. Messages of a revoked segment are dropped:
-        its next owner delivers them from the last acknowledged position."""
+    def take(self, max_messages: int, timeout_s: float | None) -> list[tuple[int, pa.RecordBatch]]:
+        """Up to ``max_messages`` for the application, as ``(segment id, delivery batch)``
+        runs, waiting up to ``timeout_s`` for the first; ``[]`` on timeout. Any thread.
+        Messages of a revoked segment are dropped: its next owner delivers them from the
+        last acknowledged position."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             taken = self.messages.get_batches(max_messages, remaining)
             if not taken:
                 return []
-            messages: list[Message] = []
+            runs = []
             for reader, run in taken:
                 if not reader.revoked:
                     reader.delivered = _after(run)
-                    messages += messages_from_delivery(reader.segment_id, run)
-            if messages:
-                return messages
+                    runs.append((reader.segment_id, run))
+            if runs:
+                return runs
 
     def acknowledge(self, segment_id: int, offset: int) -> None:
         reader = self.readers.get(segment_id)
@@ -314,8 +316,25 @@ class GroupConsumer:
         self, max_messages: int = 1_000, timeout: float | None = 1.0
     ) -> list[Message]:
         """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is there."""
+        messages: list[Message] = []
+        for segment_id, run in self._take(max_messages, timeout):
+            messages += messages_from_delivery(segment_id, run)
+        return messages
+
+    def receive_table(self, max_messages: int = 10_000, timeout: float | None = 1.0) -> pa.Table:
+        """Like ``receive_batch``, as one Arrow table (``RECEIVED_SCHEMA``: segment id,
+        key, value, properties, offset, publish time), with no Python object per
+        message: the columnar path, as ``Producer.send_batch`` is for sending. Each
+        segment's rows are in offset order. An empty table on timeout."""
+        return table_from_deliveries(self._take(max_messages, timeout))
+
+    def _take(self, max_messages: int, timeout: float | None) -> list[tuple[int, pa.RecordBatch]]:
         if self._core.closed:
             raise ClientClosedError("consumer is closed")
+        if isinstance(max_messages, bool) or not (
+            isinstance(max_messages, int) and max_messages > 0
+        ):
+            raise InvalidArgumentError(f"max_messages must be a positive int, got {max_messages!r}")
         return self._core.take(max_messages, timeout)
 
     def assigned_segments(self) -> list[int]:

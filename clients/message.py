@@ -11,7 +11,8 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from runtime.batch import equal_runs
+from runtime.batch import DELIVERY_SCHEMA, equal_runs, int64_array, int64_values
+from runtime.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True, order=True)
@@ -92,9 +93,47 @@ def _publish_times(column: pa.Array) -> list[datetime]:
 
     The stored batches of a delivery share a publish time each, so the list is built
     run by run (one datetime per run): 4 instead of 58 ns a message."""
-    data = np.frombuffer(column.buffers()[1], dtype=np.int64)  # to_numpy imports pandas too
-    millis = data[column.offset : column.offset + len(column)]
+    millis = int64_values(column)
     times: list[datetime] = []
     for start, end in equal_runs(millis):
         times += [_EPOCH + timedelta(milliseconds=int(millis[start]))] * (end - start)
     return times
+
+
+# What ``receive_table`` returns: each message's segment, then the delivery's columns.
+RECEIVED_SCHEMA = pa.schema([("segment_id", pa.int64()), *DELIVERY_SCHEMA])
+
+
+def table_from_deliveries(runs: list[tuple[int, pa.RecordBatch]]) -> pa.Table:
+    """Segments' delivery batches as one table, without a Python object per message:
+    the columnar counterpart of ``messages_from_delivery``, as ``send_batch`` is of
+    ``send``. Each run stays a chunk of its own (no copy)."""
+    batches = [
+        pa.RecordBatch.from_arrays(
+            [int64_array(np.full(run.num_rows, segment_id, np.int64), pa.int64()), *run.columns],
+            schema=RECEIVED_SCHEMA,
+        )
+        for segment_id, run in runs
+    ]
+    return pa.Table.from_batches(batches, schema=RECEIVED_SCHEMA)
+
+
+def highest_offsets(table: pa.Table | pa.RecordBatch) -> dict[int, int]:
+    """The highest offset per segment of a received table (any rows of it, in any order)."""
+    columns = []
+    for name in ("segment_id", "offset"):
+        if name not in table.schema.names or table.schema.field(name).type != pa.int64():
+            raise InvalidArgumentError(
+                f"acknowledge_cumulative takes a table from receive_table: it needs int64 "
+                f"'segment_id' and 'offset' columns, got schema {table.schema}"
+            )
+        column = table.column(name)
+        if column.null_count:
+            raise InvalidArgumentError(f"acknowledge_cumulative: '{name}' has nulls")
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        columns.append(np.concatenate([int64_values(c) for c in chunks] or [np.zeros(0, int)]))
+    segments, offsets = columns
+    order = np.lexsort((offsets, segments))  # by segment, then offset: each one's highest last
+    segments, offsets = segments[order], offsets[order]
+    last = np.flatnonzero(np.append(segments[1:] != segments[:-1], True)) if len(order) else order
+    return dict(zip(segments[last].tolist(), offsets[last].tolist(), strict=True))

@@ -11,13 +11,15 @@ import operator
 from collections.abc import Iterable
 from typing import Any
 
+import pyarrow as pa
+
 from clients._group_consumer import (
     ConsumerConfig,
     GroupConsumer,
     GroupConsumerCore,
     run_on_loop,
 )
-from clients.message import Message
+from clients.message import Message, highest_offsets
 from runtime.auth import Permission, authorize_client
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
@@ -50,18 +52,29 @@ class StreamConsumer(GroupConsumer):
         )
         run_on_loop(self._core.start())
 
-    def acknowledge_cumulative(self, messages: Message | Iterable[Message]) -> None:
+    def acknowledge_cumulative(
+        self, messages: Message | Iterable[Message] | pa.Table | pa.RecordBatch
+    ) -> None:
         """Acknowledge a message and every earlier message of its segment, or, given a
-        batch (what ``receive_batch`` returned), each segment's messages up to its last
-        one in the batch. Acks are per segment, as Kafka commits per partition: acking
-        only ``batch[-1]`` would leave the other segments' messages unacknowledged."""
-        messages = [messages] if isinstance(messages, Message) else list(messages)
-        for kind in set(map(type, messages)):  # no Python loop per message: batches are big
-            if not issubclass(kind, Message):
-                raise InvalidArgumentError(
-                    "acknowledge_cumulative takes a received Message or an iterable of them, "
-                    f"got {kind.__name__}"
-                )
-        # Sorted, each segment's highest offset comes last and so is the one kept.
-        for segment_id, offset in dict(sorted(map(_POSITION, messages))).items():
+        batch (what ``receive_batch`` or ``receive_table`` returned), each segment's
+        messages up to its highest offset in the batch. Acks are per segment, as Kafka
+        commits per partition: acking only ``batch[-1]`` would leave the other
+        segments' messages unacknowledged."""
+        if isinstance(messages, pa.Table | pa.RecordBatch):
+            highest = highest_offsets(messages)
+        else:
+            highest = _highest_of_messages(messages)
+        for segment_id, offset in highest.items():
             self._core.acknowledge(segment_id, offset)
+
+
+def _highest_of_messages(messages: Message | Iterable[Message]) -> dict[int, int]:
+    messages = [messages] if isinstance(messages, Message) else list(messages)
+    for kind in set(map(type, messages)):  # no Python loop per message: batches are big
+        if not issubclass(kind, Message):
+            raise InvalidArgumentError(
+                "acknowledge_cumulative takes a received Message, an iterable of them or a "
+                f"table from receive_table, got {kind.__name__}"
+            )
+    # Sorted, each segment's highest offset comes last and so is the one kept.
+    return dict(sorted(map(_POSITION, messages)))

@@ -108,6 +108,21 @@ def _item_sizes(array: pa.Array) -> np.ndarray:
     return np.diff(offsets[array.offset : array.offset + len(array) + 1]).astype(np.int64)
 
 
+def int64_array(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    """Wrap int64 NumPy values as ``arrow_type`` (int64 or a timestamp) without copying.
+    Not ``pa.array``: on NumPy input it imports pandas, which would cost every segment
+    and consumer process a second and ~50 MB; nor a ``cast`` to the timestamp type,
+    which imports ``pyarrow.compute``."""
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
+
+
+def int64_values(array: pa.Array) -> np.ndarray:
+    """The values of a null-free int64 (or timestamp) Arrow array as a NumPy view, for
+    the same reason: ``to_numpy`` imports pandas too."""
+    data = np.frombuffer(array.buffers()[1], dtype=np.int64)
+    return data[array.offset : array.offset + len(array)]
+
+
 def serialize_batch(batch: pa.RecordBatch) -> bytes:
     """Encode with the Arrow IPC stream format, uncompressed.
 

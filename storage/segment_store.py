@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from runtime.batch import DELIVERY_SCHEMA, empty_batch
+from runtime.batch import DELIVERY_SCHEMA, empty_batch, int64_array
 from runtime.dispatch import QueueDispatcher
 from runtime.errors import (
     ScalableTopicsError,
@@ -264,16 +264,9 @@ def to_delivery(stored: list[StoredBatch]) -> pa.RecordBatch:
     ).astype(np.int64, copy=False)
     publish = np.repeat(np.array([b.publish_time_ms for b in stored], dtype=np.int64), sizes)
     arrays = [pa.concat_arrays(c) if len(c) > 1 else c[0] for c in columns]
-    arrays.append(_int64s(offsets, pa.int64()))
-    arrays.append(_int64s(publish, DELIVERY_SCHEMA.field("publish_time").type))
+    arrays.append(int64_array(offsets, pa.int64()))
+    arrays.append(int64_array(publish, DELIVERY_SCHEMA.field("publish_time").type))
     return pa.RecordBatch.from_arrays(arrays, schema=DELIVERY_SCHEMA)
-
-
-def _int64s(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
-    """Wrap int64 NumPy values as ``arrow_type`` without copying. Not ``pa.array``: on
-    NumPy input it imports pandas, which would cost every segment process a second and
-    ~50 MB; nor a ``cast`` to the timestamp type, which imports ``pyarrow.compute``."""
-    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
 
 
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:

@@ -8,6 +8,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import ray
 
@@ -15,6 +17,7 @@ from actors.controller import controller_actor
 from actors.coordinator import coordinator_actor
 from actors.registry import lookup
 from clients import (
+    RECEIVED_SCHEMA,
     Checkpoint,
     CheckpointConsumer,
     Producer,
@@ -460,6 +463,49 @@ def test_acknowledging_a_batch_acknowledges_every_segment_in_it(admin, unique):
     assert [m.value for m in after] == [b"after"] * 50
     assert {m.segment_id for m in after} <= {1, *children}
     wait_for(lambda: admin.get_stats(topic)["subscriptions"]["s"]["backlog"] == 0, 15, "no backlog")
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_received_table_holds_the_messages_as_columns_and_acknowledges_per_segment(admin, unique):
+    """``receive_table`` is ``receive_batch`` without a Python object per message: the
+    same messages, each segment's in offset order, and ``acknowledge_cumulative`` of
+    any rows of it acks each segment up to its highest offset among them."""
+    topic = f"topic://acktable/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    admin.create_subscription(topic, "s")
+    values = [f"v{i}".encode() for i in range(400)]
+    with Producer(topic) as producer:
+        ids = producer.send_batch(values, [f"k{i}" for i in range(400)]).result()
+    consumer = StreamConsumer(topic, "s", "c")
+    with pytest.raises(InvalidArgumentError, match="max_messages"):
+        consumer.receive_table(0)
+    parts = []
+    while sum(p.num_rows for p in parts) < 400:
+        parts.append(consumer.receive_table(400, timeout=10))
+    table = pa.concat_tables(parts)
+    assert table.schema == RECEIVED_SCHEMA
+    columns = (table.column(c).to_pylist() for c in ("segment_id", "offset", "value"))
+    received = {(segment, offset): value for segment, offset, value in zip(*columns, strict=True)}
+    stored = zip(ids.segment_ids.tolist(), ids.offsets.tolist(), values, strict=True)
+    assert received == {(segment, offset): value for segment, offset, value in stored}
+    for segment in set(ids.segment_ids.tolist()):
+        offsets = table.filter(pc.equal(table["segment_id"], segment))["offset"].to_pylist()
+        assert offsets == sorted(offsets)
+    assert consumer.receive_table(10, timeout=0.2).num_rows == 0
+
+    with pytest.raises(InvalidArgumentError, match="segment_id"):
+        consumer.acknowledge_cumulative(table.drop_columns(["segment_id"]))
+    first = table.slice(0, 10)  # ten rows of one segment, from its start
+    consumer.acknowledge_cumulative(first)
+
+    def backlog() -> int:
+        return admin.get_stats(topic)["subscriptions"]["s"]["backlog"]
+
+    wait_for(lambda: backlog() == 390, 15, lambda: f"backlog 390, not {backlog()}")
+    consumer.acknowledge_cumulative(table.to_batches()[-1])  # a RecordBatch works too
+    consumer.acknowledge_cumulative(table)
+    wait_for(lambda: backlog() == 0, 15, lambda: f"no backlog, not {backlog()}")
+    consumer.close()
     admin.delete_scalable_topic(topic)
 
 
