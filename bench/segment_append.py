@@ -37,6 +37,7 @@ RECORD_BYTES = 100
 POLICIES = ("fsync", "interval", "none")
 BATCH_SIZES = (1, 100, 1_000, 10_000)
 DEFAULT_RESULTS = REPO / "bench" / "results" / "segment_append.json"
+_WARM_BLOCK = 1 << 20
 
 
 @dataclass
@@ -101,6 +102,30 @@ def bench_file(
         os.close(fd)
         path.unlink()
     return Measurement("file", "no-fsync", batch_size, batches, batches * batch_size, elapsed)
+
+
+def warm_page_cache(directory: Path, args: argparse.Namespace) -> None:
+    """Write and delete as many bytes as a measurement may write, so that its page
+    cache comes from memory the machine has just used.
+
+    On a VM that hands free memory back to its host (Linux free page reporting, as
+    on this Firecracker VM), the first write into memory that was handed back costs
+    a host fault per page: ``perf`` put 78% of a segment's CPU in the kernel's copy
+    into the page cache, and 100 KB writes ran at 0.3 GB/s instead of 4 GB/s. Which
+    rows met such memory depended on what ran before them (the raw file, first in
+    each round, seldom did). Freed pages are reused first, so every row starts
+    like the others. ``--no-warm`` measures without it."""
+    if args.no_warm:
+        return
+    path = directory / "warm.bin"
+    block = bytes(_WARM_BLOCK)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(args.budget * RECORD_BYTES // _WARM_BLOCK):
+            os.write(fd, block)
+    finally:
+        os.close(fd)
+        path.unlink()
 
 
 # --- Redis Streams ------------------------------------------------------------------------
@@ -231,25 +256,27 @@ def run_segments(
 
     for policy in args.policies:
         for batch_size in args.batch_sizes:
-            # A fresh segment per measurement keeps files (and their cleanup) small.
-            topic = TopicName("bench", "append", f"{policy}-{batch_size}-{round_}")
-            name = topic.segment(0, 0, 0xFFFF)
-            handle = segment_actor(
-                name,
-                create=True,
-                initialize=True,
-                storage_root=str(root / "segments"),
-                durability=Durability(policy=policy),  # type: ignore[arg-type]
-            )
-            ray.get(handle.ready.remote())
-            try:
-                for measure in (bench_segment, bench_segment_tcp):
+            for index, measure in enumerate((bench_segment, bench_segment_tcp)):
+                # A fresh segment per measurement: each starts from an empty log and a
+                # fresh actor (the TCP rows ran 20-30% slower on the actor the Ray-call
+                # rows had just filled), and files (and their cleanup) stay small.
+                topic = TopicName("bench", "append", f"{policy}-{batch_size}-{round_}")
+                handle = segment_actor(
+                    topic.segment(index, 0, 0xFFFF),
+                    create=True,
+                    initialize=True,
+                    storage_root=str(root / "segments"),
+                    durability=Durability(policy=policy),  # type: ignore[arg-type]
+                )
+                ray.get(handle.ready.remote())
+                try:
+                    warm_page_cache(root, args)
                     yield measure(
                         handle, policy, values, batch_size, args.seconds, args.budget, args.window
                     )
-                ray.get(handle.delete.remote())
-            finally:
-                ray.kill(handle, no_restart=True)
+                    ray.get(handle.delete.remote())
+                finally:
+                    ray.kill(handle, no_restart=True)
 
 
 def run_round(
@@ -257,9 +284,11 @@ def run_round(
 ) -> Iterator[Measurement]:
     """Every system once, in the same order each round."""
     for batch_size in args.batch_sizes:
+        warm_page_cache(root, args)
         yield bench_file(root, values, batch_size, args.seconds, args.budget)
     if redis is not None:
         for batch_size in args.batch_sizes:
+            warm_page_cache(root, args)
             yield bench_redis(redis.client, values, batch_size, args.seconds, args.budget)
     yield from run_segments(root, values, args, round_)
 
@@ -338,6 +367,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--skip-redis", action="store_true")
     parser.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="measure without first writing and deleting a measurement's worth of bytes",
+    )
+    parser.add_argument(
         "--ray-inline-bytes",
         type=int,
         default=0,
@@ -392,6 +426,7 @@ def main() -> int:
             "redis": "appendonly yes, appendfsync everysec; redis-py pipeline per batch",
             "file": "one os.write per batch, no fsync",
             "segment": "one actor per measurement, sequenced appends from one producer",
+            "warm_page_cache": not args.no_warm,
             "reported": "per row, the round with the median rate; every round's rate below",
         },
         results=rows,
