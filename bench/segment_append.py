@@ -9,7 +9,7 @@ is capped by time and by a record budget. Everything runs ``--rounds`` times,
 interleaved, and each row reports its median round: CPU steal on a shared VM
 moves any one measurement by tens of percent.
 
-    .venv/bin/python bench/segment_append.py            # everything, 3 rounds, ~10 minutes
+    .venv/bin/python bench/segment_append.py            # everything, 3 rounds, ~6 minutes
     .venv/bin/python bench/segment_append.py --rounds 1 --seconds 1 --batch-sizes 1 1000
 
 Prints a table and writes ``bench/results/segment_append.json``.
@@ -116,7 +116,8 @@ def warm_page_cache(directory: Path, args: argparse.Namespace) -> None:
     into the page cache, and 100 KB writes ran at 0.3 GB/s instead of 4 GB/s. Which
     rows met such memory depended on what ran before them (the raw file, first in
     each round, seldom did). Freed pages are reused first, so every row starts
-    like the others. ``--no-warm`` measures without it."""
+    like the others, unless the host takes them back first (it took ~600 MB within
+    a second of a 1 GB delete). ``--no-warm`` measures without it."""
     if args.no_warm:
         return
     path = directory / "warm.bin"
@@ -216,8 +217,8 @@ def bench_segment_tcp(
     payload = serialize_batch(make_batch(values[:batch_size]))
     producer = f"bench-tcp-{batch_size}"
     # Bytes in flight are capped too: 64 appends of 1 MB queued 64 MB in the client's
-    # transport buffer, whose growth into fresh memory cost ~4 ms of system time per
-    # append here (2.1M msgs/s at batch 10,000 against 15.5M with 16 in flight).
+    # transport buffer and cost the client ~4 ms of system time per append here
+    # (2.1M msgs/s at batch 10,000, against 15.5M with 16 in flight).
     window = max(1, min(window, _WINDOW_BYTES // len(payload)))
 
     async def run() -> tuple[int, float]:
@@ -430,6 +431,7 @@ def main() -> int:
             "record_budget_per_measurement": args.budget,
             "rounds": args.rounds,
             "window": args.window,
+            "window_bytes_tcp": _WINDOW_BYTES,
             "ray_max_direct_call_object_size": args.ray_inline_bytes or "default",
             "redis": "appendonly yes, appendfsync everysec; redis-py pipeline per batch",
             "file": "one os.write per batch, no fsync",
