@@ -13,7 +13,7 @@ import ray
 
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
-from clients._data_plane import ChannelError, ReadChannel, SegmentChannel
+from clients._data_plane import _WRITE_AHEAD, ChannelError, ReadChannel, SegmentChannel
 from runtime import wire
 from runtime.batch import make_batch, serialize_batch
 from runtime.errors import (
@@ -85,6 +85,26 @@ def test_appends_over_tcp_with_typed_errors(segment):
         await channel.close()
 
     asyncio.run(scenario())
+
+
+def test_a_channel_hands_the_transport_a_bounded_write_ahead(segment):
+    """Appends past ``_WRITE_AHEAD`` wait in the channel, not in the transport's buffer,
+    and go out as answers come: every one is stored, in order."""
+    payload = serialize_batch(make_batch([bytes(1000)] * 1000))  # ~1 MB
+
+    async def scenario():
+        channel = SegmentChannel(segment)
+        await channel.append("big", 0, payload)  # connected
+        tasks = [asyncio.ensure_future(channel.append("big", s, payload)) for s in range(1, 41)]
+        await asyncio.sleep(0)
+        buffered = channel._writer.transport.get_write_buffer_size()
+        results = await asyncio.gather(*tasks)
+        await channel.close()
+        return buffered, results
+
+    buffered, results = asyncio.run(scenario())
+    assert buffered < _WRITE_AHEAD + len(payload) + 64
+    assert [base for base, _ in results] == [s * 1000 for s in range(1, 41)]
 
 
 def test_a_refused_sequence_does_not_hold_up_the_next(segment):
