@@ -53,6 +53,7 @@ from runtime.errors import (
     InvalidRequestError,
     ScalableTopicsError,
     UnavailableError,
+    is_integer,
 )
 from runtime.layout import MAX_SEGMENTS, ScalableTopicMetadata
 from runtime.limits import Limits
@@ -675,7 +676,7 @@ def start_gateway(
     digests travel to the actor. A gateway already running keeps its policy.
     """
     policy = AuthPolicy.from_env() if auth is None else auth
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+    if not is_integer(port, 1, 65535):
         raise InvalidArgumentError(f"port must be an integer from 1 to 65535, got {port!r}")
     handle = AdminGateway.options(
         name=gateway_actor_name(port),

@@ -38,6 +38,7 @@ from runtime.errors import (
     ConsumerNotRegisteredError,
     InvalidArgumentError,
     SegmentNotFoundError,
+    is_integer,
 )
 from runtime.names import SegmentName, TopicName, validate_part
 from runtime.remote import call
@@ -331,9 +332,7 @@ class GroupConsumer:
     def _take(self, max_messages: int, timeout: float | None) -> list[tuple[int, pa.RecordBatch]]:
         if self._core.closed:
             raise ClientClosedError("consumer is closed")
-        if isinstance(max_messages, bool) or not (
-            isinstance(max_messages, int) and max_messages > 0
-        ):
+        if not is_integer(max_messages, 1):
             raise InvalidArgumentError(f"max_messages must be a positive int, got {max_messages!r}")
         return self._core.take(max_messages, timeout)
 

@@ -31,6 +31,7 @@ from runtime.errors import (
     TopicNotFoundError,
     UnavailableError,
     UnavailableSegmentsError,
+    is_integer,
 )
 from runtime.layout import MAX_SEGMENTS, SegmentLayout
 from runtime.limits import Limits, check_room, limits_path, namespace_limits
@@ -113,11 +114,7 @@ class ScalableTopicsAdmin:
         self, topic: str, num_segments: int, properties: dict[str, str] | None = None
     ) -> dict[str, Any]:
         name = self._allowed(Permission.ADMIN, topic)
-        if (
-            isinstance(num_segments, bool)
-            or not isinstance(num_segments, int)
-            or not (1 <= num_segments <= MAX_SEGMENTS)
-        ):
+        if not is_integer(num_segments, 1, MAX_SEGMENTS):
             raise InvalidArgumentError(
                 f"num_segments must be an integer from 1 to {MAX_SEGMENTS}, got {num_segments!r}"
             )
@@ -306,7 +303,7 @@ class ScalableTopicsAdmin:
 
 
 def _check_id(segment_id: Any) -> None:
-    if isinstance(segment_id, bool) or not isinstance(segment_id, int) or segment_id < 0:
+    if not is_integer(segment_id, 0):
         raise InvalidArgumentError(f"segment id must be a non-negative integer, got {segment_id!r}")
 
 

@@ -49,6 +49,15 @@ class InvalidArgumentError(InvalidRequestError):
     code = "invalid_argument"
 
 
+def is_integer(value: object, minimum: int, maximum: int | None = None) -> bool:
+    """Whether ``value`` is an ``int`` from ``minimum`` to ``maximum``, the check before
+    an ``InvalidArgumentError``. Never a bool, though Python counts one as an int:
+    ``True`` given as a count, a port or an id is a caller's mistake, not a 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return minimum <= value and (maximum is None or value <= maximum)
+
+
 class InvalidLayoutError(InvalidRequestError):
     """A segment DAG that breaks an invariant (gap, overlap, dangling link)."""
 

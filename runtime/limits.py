@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.batch import batch_bytes, message_sizes
-from runtime.errors import InvalidArgumentError, LimitExceededError
+from runtime.errors import InvalidArgumentError, LimitExceededError, is_integer
 from runtime.names import TopicName, namespace_prefix
 from runtime.operations import TopicRecord
 
@@ -48,7 +48,7 @@ class Limits:
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_integer(value, 1):
                 raise InvalidArgumentError(
                     f"{field.name} must be a positive integer, got {value!r}"
                 )

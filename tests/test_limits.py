@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from runtime.batch import batch_bytes, equal_runs, make_batch, message_sizes
-from runtime.errors import InvalidArgumentError, LimitExceededError
+from runtime.errors import InvalidArgumentError, LimitExceededError, is_integer
 from runtime.limits import Limits, batch_slices
 from runtime.names import TopicName
 
@@ -178,3 +178,19 @@ def test_equal_runs_cover_every_row_once_in_maximal_runs(values: list[int]) -> N
         assert start < end and len(set(values[start:end])) == 1
     for (_, end), (start, _) in zip(runs, runs[1:], strict=False):
         assert values[end - 1] != values[start]  # maximal: neighbours differ
+
+
+@pytest.mark.parametrize(
+    ("value", "minimum", "maximum", "expected"),
+    [
+        (1, 1, None, True),
+        (0, 1, None, False),
+        (65535, 1, 65535, True),
+        (65536, 1, 65535, False),
+        (True, 0, None, False),  # a bool is no count, id or port
+        (1.0, 1, None, False),
+        ("1", 1, None, False),
+    ],
+)
+def test_is_integer_takes_ints_in_range_and_never_a_bool(value, minimum, maximum, expected):
+    assert is_integer(value, minimum, maximum) is expected
