@@ -39,7 +39,6 @@ POLICIES = ("fsync", "interval", "none")
 BATCH_SIZES = (1, 100, 1_000, 10_000)
 DEFAULT_RESULTS = REPO / "bench" / "results" / "segment_append.json"
 _WARM_BLOCK = 1 << 20
-_WINDOW_BYTES = 16 << 20  # at most this many bytes of appends in flight over TCP
 
 
 @dataclass
@@ -216,10 +215,6 @@ def bench_segment_tcp(
 
     payload = serialize_batch(make_batch(values[:batch_size]))
     producer = f"bench-tcp-{batch_size}"
-    # Bytes in flight are capped too: 64 appends of 1 MB queued 64 MB in the client's
-    # transport buffer and cost the client ~4 ms of system time per append here
-    # (2.1M msgs/s at batch 10,000, against 15.5M with 16 in flight).
-    window = max(1, min(window, _WINDOW_BYTES // len(payload)))
 
     async def run() -> tuple[int, float]:
         channel = SegmentChannel(handle)
@@ -431,7 +426,6 @@ def main() -> int:
             "record_budget_per_measurement": args.budget,
             "rounds": args.rounds,
             "window": args.window,
-            "window_bytes_tcp": _WINDOW_BYTES,
             "ray_max_direct_call_object_size": args.ray_inline_bytes or "default",
             "redis": "appendonly yes, appendfsync everysec; redis-py pipeline per batch",
             "file": "one os.write per batch, no fsync",
