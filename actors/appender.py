@@ -63,11 +63,11 @@ class SegmentAppender:
         """Responses to the longest prefix of ``bodies`` that can be stored now: the
         first frame left out (and so every later one) must wait for its turn, or is
         not an append (a read is answered after the appends before it, in order)."""
-        responses: list[bytes | None] = []
-        appends: list[tuple[int, Append]] = []
+        responses: list[bytes | Append] = []  # an append stands for its answer until stored
+        appends: list[Append] = []
         admitted: dict[str, int] = {}  # the last sequence of each producer in this group
         for body in bodies:
-            if body[:1] != wire.APPEND_TAG:
+            if not body or body[0] != wire.OP_APPEND:
                 break
             try:
                 producer_id, sequence, payload = wire.decode_append(body)
@@ -89,19 +89,16 @@ class SegmentAppender:
                 continue
             if sequence is not None:
                 admitted[producer_id] = sequence
-            appends.append((len(responses), append))
-            responses.append(None)
+            appends.append(append)
+            responses.append(append)
         try:
-            outcomes = self._store_all([append for _, append in appends])
+            outcomes = iter(self._store_all(appends))
         except ScalableTopicsError as err:  # the segment is gone: every frame hears why
-            outcomes = [err] * len(appends)
-        for (position, _), outcome in zip(appends, outcomes, strict=True):
-            responses[position] = (
-                wire.encode_failure(outcome)
-                if isinstance(outcome, ScalableTopicsError)
-                else wire.encode_ok(outcome.base_offset, outcome.count)
-            )
-        return responses  # type: ignore[return-value]
+            outcomes = iter([err] * len(appends))
+        return [
+            _answer(next(outcomes)) if isinstance(response, Append) else response
+            for response in responses
+        ]
 
     async def append_parked(self, body: bytes) -> bytes:
         """A frame that had to wait: its turn, then its append."""
@@ -139,9 +136,9 @@ class SegmentAppender:
     def _must_wait(
         self, producer_id: str | None, sequence: int | None, admitted: dict[str, int]
     ) -> bool:
-        if producer_id is None or sequence is None or self._store.log.terminated:
-            return False
-        if admitted.get(producer_id) == sequence - 1:  # the common case: the next in a group
+        if sequence is None or admitted.get(producer_id) == sequence - 1:
+            return False  # the common case: the next in a group
+        if producer_id is None or self._store.log.terminated:
             return False
         last = max(
             self._store.log.last_sequence(producer_id),
@@ -181,17 +178,19 @@ class SegmentAppender:
         for append, outcome in zip(appends, outcomes, strict=True):
             if isinstance(outcome, ScalableTopicsError):
                 self._metrics.rejected(outcome.code)
-                continue
-            if not outcome.duplicate:
+            elif not outcome.duplicate:
                 count += outcome.count
-                nbytes += _payload_bytes(append)
-            if append.producer_id in self._turns:
-                self._turns.pop(append.producer_id).set()
+                nbytes += len(append.payload) if append.payload is not None else append.batch.nbytes
         if count:  # one record per group: the hot path stays cheap
             self._metrics.appended(count, nbytes, latency_s)
+        if self._turns:  # the next sequence of a producer may be waiting for one of these
+            for producer_id in self._turns.keys() & {append.producer_id for append in appends}:
+                self._turns.pop(producer_id).set()
         self._on_appended()
         return outcomes
 
 
-def _payload_bytes(append: Append) -> int:
-    return len(append.payload) if append.payload is not None else append.batch.nbytes
+def _answer(outcome: AppendResult | ScalableTopicsError) -> bytes:
+    if isinstance(outcome, ScalableTopicsError):
+        return wire.encode_failure(outcome)
+    return wire.encode_ok(outcome.base_offset, outcome.count)

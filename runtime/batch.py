@@ -148,14 +148,14 @@ def deserialize_batch(buf: bytes | memoryview | pa.Buffer) -> pa.RecordBatch:
     write, every read a segment answers) skips schema parsing, which is most of
     the cost for a 1,000-record batch; anything else goes through the general reader.
     """
-    data = pa.py_buffer(buf)
+    view = memoryview(buf)
     # Copied out once to compare: a memoryview of signed chars (what a socket buffer
     # gives) never equals bytes over 127.
-    head = bytes(memoryview(data)[:_LONGEST_PREFIX])
+    head = bytes(view[:_LONGEST_PREFIX])
     for prefix, schema in _KNOWN_SCHEMAS:
-        if data.size > len(prefix) and head.startswith(prefix):
-            return pa.ipc.read_record_batch(data.slice(len(prefix)), schema)
-    return pa.ipc.open_stream(data).read_next_batch()
+        if len(view) > len(prefix) and head.startswith(prefix):
+            return pa.ipc.read_record_batch(pa.py_buffer(view[len(prefix) :]), schema)
+    return pa.ipc.open_stream(pa.py_buffer(view)).read_next_batch()
 
 
 @functools.lru_cache(maxsize=8)

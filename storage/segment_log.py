@@ -196,6 +196,10 @@ class _Frame(NamedTuple):
         return _HEADER_SIZE + len(self.producer_bytes) + payload_length
 
 
+# A frame ready to write: its header, its payload, and the fields it was encoded from.
+_Encoded = tuple[bytes, bytes | memoryview, _Frame]
+
+
 class _ProducerWindow:
     """The recent sequences of one producer, so that retries are answered, not re-stored.
 
@@ -207,11 +211,11 @@ class _ProducerWindow:
         self.last_sequence = -1
         # Ordered: the oldest goes in O(1). A plain dict's first key is found by
         # scanning past the slots its deletes left, a cost ``perf`` saw per append.
-        self.results: OrderedDict[int, AppendResult] = OrderedDict()
+        self.results: OrderedDict[int, _IndexEntry] = OrderedDict()
 
-    def remember(self, sequence: int, duplicate: AppendResult) -> None:
-        """``duplicate``: what a retry of ``sequence`` is answered."""
-        self.results[sequence] = duplicate
+    def remember(self, sequence: int, stored: _IndexEntry) -> None:
+        """``stored``: where ``sequence`` went, what a retry of it is answered."""
+        self.results[sequence] = stored
         if sequence > self.last_sequence:
             self.last_sequence = sequence
         if len(self.results) > PRODUCER_WINDOW:
@@ -221,9 +225,9 @@ class _ProducerWindow:
         """The original result for a retried sequence, None for a new one."""
         if sequence > self.last_sequence:
             return None
-        duplicate = self.results.get(sequence)
-        if duplicate is not None:
-            return duplicate
+        stored = self.results.get(sequence)
+        if stored is not None:
+            return AppendResult(stored.base_offset, stored.count, duplicate=True)
         oldest = next(iter(self.results))
         if sequence < oldest:
             raise InvalidArgumentError(
@@ -352,75 +356,68 @@ class SegmentLog:
         refused it (a refused append stores nothing and does not stop the others).
         A failed write raises, and stores none of them.
         """
-        outcomes: list[AppendResult | ScalableTopicsError | None] = []
-        checked: list[tuple[int, Append]] = []  # (position in appends, with its payload)
-        for append in appends:
-            try:
-                _check_append_arguments(append.batch, append.producer_id, append.sequence)
-            except ScalableTopicsError as err:
-                outcomes.append(err)
-                continue
-            if append.payload is None:  # encoded outside the lock: others write meanwhile
-                append = append._replace(payload=serialize_batch(append.batch))
-            checked.append((len(outcomes), append))
-            outcomes.append(None)
+        checked = [_checked(append) for append in appends]  # encoded outside the lock
         with self._lock:
             self._check_open()
-            frames = self._frames_for(checked, outcomes)
+            outcomes, frames = self._frames_for(checked)
             if frames:
                 self._store(frames)
-        return outcomes  # type: ignore[return-value]
+        return outcomes
 
     def _frames_for(
-        self,
-        checked: list[tuple[int, Append]],
-        outcomes: list[AppendResult | ScalableTopicsError | None],
-    ) -> list[tuple[_Frame, bytes | memoryview]]:
-        """The frames to write, with their offsets; fills in the outcome of every checked
-        append: its offsets, a duplicate (also of an earlier append in this group), or
-        the error that refused it."""
-        frames: list[tuple[_Frame, bytes | memoryview]] = []
-        grouped: dict[tuple[str | None, int | None], AppendResult] = {}
+        self, checked: list[Append | ScalableTopicsError]
+    ) -> tuple[list[AppendResult | ScalableTopicsError], list[_Encoded]]:
+        """Every append's outcome (its offsets, a duplicate's original ones, also of an
+        earlier append in this group, or the error that refused it) and the frames to
+        write, encoded. One pass: the data plane stores ~15k batches a second on one
+        core, and each pass over them cost ~1 us per batch."""
+        outcomes: list[AppendResult | ScalableTopicsError] = []
+        frames: list[_Encoded] = []
+        grouped: dict[tuple[str, int], AppendResult] = {}  # the sequenced appends before
         offset = self._end_offset
         # Publish times never go backwards within a segment, even if the clock
         # does, so time-based retention and seeks can rely on their order.
         publish_time_ms = max(_now_ms(), self._last_publish_time_ms or 0)
-        for i, append in checked:
+        for append in checked:
+            if isinstance(append, ScalableTopicsError):
+                outcomes.append(append)
+                continue
             key = (append.producer_id, append.sequence)
             try:
                 # Duplicates first: a resend of a batch stored before the seal must get
                 # its original offsets, or the producer would re-route it to the children.
-                outcomes[i] = grouped.get(key) or self._duplicate(*key)
-                if outcomes[i] is not None:
-                    continue
-                self._check_not_terminated()
+                outcome = self._duplicate(key, grouped) or self._check_not_terminated()
             except ScalableTopicsError as err:
-                outcomes[i] = err
-                continue
-            count = append.batch.num_rows
-            frames.append(
-                (_Frame(FRAME_BATCH, offset, count, publish_time_ms, *key), append.payload)
-            )
-            outcomes[i] = AppendResult(offset, count)
-            if append.sequence is not None:
-                grouped[key] = AppendResult(offset, count, duplicate=True)
-            offset += count
-        return frames
+                outcome = err
+            if outcome is None:
+                frame = _Frame(FRAME_BATCH, offset, append.batch.num_rows, publish_time_ms, *key)
+                frames.append(_encode_frame(frame, append.payload))
+                outcome = AppendResult(offset, frame.count)
+                if append.sequence is not None:
+                    grouped[key] = outcome
+                offset += frame.count
+            outcomes.append(outcome)
+        return outcomes, frames
 
-    def _duplicate(self, producer_id: str | None, sequence: int | None) -> AppendResult | None:
-        window = self._producers.get(producer_id) if producer_id is not None else None
-        if window is None or sequence is None:
+    def _duplicate(
+        self, key: tuple[str | None, int | None], grouped: dict[tuple[str, int], AppendResult]
+    ) -> AppendResult | None:
+        """The original offsets of a stored (or earlier in this group) producer sequence."""
+        producer_id, sequence = key
+        if sequence is None:
             return None
-        return window.check(producer_id, sequence)
+        if key in grouped:
+            return grouped[key]._replace(duplicate=True)
+        window = self._producers.get(producer_id)
+        return window.check(producer_id, sequence) if window is not None else None
 
-    def _store(self, frames: list[tuple[_Frame, bytes | memoryview]]) -> None:
+    def _store(self, frames: list[_Encoded]) -> None:
         """Indexed before the flush: if the flush fails, the frames are on file anyway
         and later appends must come after them; a producer retry is then a duplicate."""
-        encoded = [_encode_frame(frame, payload) for frame, payload in frames]
         self._roll_if_full()
-        position = self._write(encoded)
+        position = self._write(frames)
         chunk_base = self._chunks[-1].base_offset
-        for (frame, payload), (header, _) in zip(frames, encoded, strict=True):
+        for header, payload, frame in frames:
             length = len(header) + len(payload)
             self._index(_entry_for(frame, chunk_base, position, len(payload), length))
             position += length
@@ -609,6 +606,8 @@ class SegmentLog:
             raise UnavailableError(f"segment log {self._label} is closed")
 
     def _check_not_terminated(self) -> None:
+        """Raises ``SegmentTerminated`` once the log is sealed; returns None, so that
+        ``duplicate or self._check_not_terminated()`` reads as a check."""
         if self._terminated:
             raise SegmentTerminated(
                 f"append refused: segment {self._label} is terminated; "
@@ -616,7 +615,7 @@ class SegmentLog:
                 segment_id=self._segment_id,
             )
 
-    def _write(self, frames: Sequence[tuple[bytes, bytes | memoryview]]) -> int:
+    def _write(self, frames: Sequence[_Encoded]) -> int:
         """Write whole frames (header, payload) and return the position of the first; a
         failed write is undone, so no half frame can sit in front of the next append.
         ``writev``: payloads go to the file without first being copied behind their
@@ -625,8 +624,7 @@ class SegmentLog:
         position = chunk.size
         size = 0
         try:
-            for group in _write_groups(frames):
-                expected = sum(len(piece) for piece in group)
+            for group, expected in _write_groups(frames):
                 self._preallocate(position + size + expected)
                 written = os.writev(self._write_fd, group)
                 if written < expected:  # a short write (rare): the rest, whatever it takes
@@ -710,7 +708,7 @@ class SegmentLog:
             window = self._producers.get(entry.producer_id)
             if window is None:
                 window = self._producers[entry.producer_id] = _ProducerWindow()
-            window.remember(entry.sequence, AppendResult(entry.base_offset, entry.count, True))
+            window.remember(entry.sequence, entry)
 
     def _drop_first_chunk(self) -> int:
         chunk = self._chunks.pop(0)
@@ -806,25 +804,36 @@ def _check_append_arguments(
         )
 
 
-def _write_groups(
-    frames: Sequence[tuple[bytes, bytes | memoryview]],
-) -> Iterator[list[bytes | memoryview]]:
-    """The buffers of ``frames`` in ``writev``-sized groups: at most ``_IOV_MAX`` buffers
-    and, unless one frame is larger, ``_WRITE_BYTES``. Measured on a 2-core VM (cause
-    in the kernel not pinned down): writes of several MB took ~10 ms each where the
-    same bytes in ~1 MB writes took ~1.5 ms; group commit of 1.2 MB frames fell from
-    7M to 3.3M msgs/s before this cap, and 256 KB or 2 MB caps were slower than 1 MB."""
+def _checked(append: Append) -> Append | ScalableTopicsError:
+    """The append with its payload (a batch given without one is encoded here), or why
+    it is refused."""
+    try:
+        _check_append_arguments(append.batch, append.producer_id, append.sequence)
+    except ScalableTopicsError as err:
+        return err
+    if append.payload is None:
+        return append._replace(payload=serialize_batch(append.batch))
+    return append
+
+
+def _write_groups(frames: Sequence[_Encoded]) -> Iterator[tuple[list[bytes | memoryview], int]]:
+    """The buffers of ``frames`` in ``writev``-sized groups, with their sizes: at most
+    ``_IOV_MAX`` buffers and, unless one frame is larger, ``_WRITE_BYTES``. Measured on
+    a 2-core VM (cause in the kernel not pinned down): writes of several MB took ~10 ms
+    each where the same bytes in ~1 MB writes took ~1.5 ms; group commit of 1.2 MB
+    frames fell from 7M to 3.3M msgs/s before this cap, and 256 KB or 2 MB caps were
+    slower than 1 MB."""
     group: list[bytes | memoryview] = []
     size = 0
-    for header, payload in frames:
+    for header, payload, _ in frames:
         length = len(header) + len(payload)
         if group and (size + length > _WRITE_BYTES or len(group) + 2 > _IOV_MAX):
-            yield group
+            yield group, size
             group, size = [], 0
         group += (header, payload)
         size += length
     if group:
-        yield group
+        yield group, size
 
 
 def _sync_and_close(fds: list[int]) -> None:
@@ -836,22 +845,25 @@ def _sync_and_close(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _encode_frame(frame: _Frame, payload: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
-    """(header, payload): the frame as written, in two pieces."""
+def _encode_frame(frame: _Frame, payload: bytes | memoryview) -> _Encoded:
+    """(header, payload, frame): the frame as written, in two pieces, and its fields."""
     if len(payload) > _MAX_PAYLOAD:
         raise InvalidArgumentError(f"batch too large: {len(payload)} bytes serialized")
     producer = frame.producer_bytes
-    body = _BODY.pack(
-        frame.frame_type,
-        len(payload),
-        frame.base_offset,
-        frame.count,
-        frame.publish_time_ms,
-        -1 if frame.sequence is None else frame.sequence,
-        len(producer),
+    checked = (
+        _BODY.pack(
+            frame.frame_type,
+            len(payload),
+            frame.base_offset,
+            frame.count,
+            frame.publish_time_ms,
+            -1 if frame.sequence is None else frame.sequence,
+            len(producer),
+        )
+        + producer
     )
-    crc = crc32c.crc32c(payload, crc32c.crc32c(producer, crc32c.crc32c(body)))
-    return b"".join((_PREFIX.pack(MAGIC, crc), body, producer)), payload
+    crc = crc32c.crc32c(payload, crc32c.crc32c(checked))
+    return _PREFIX.pack(MAGIC, crc) + checked, payload, frame
 
 
 def _scan_frames(file: BinaryIO, expected_offset: int) -> Iterator[tuple[_Frame, int]]:
