@@ -9,7 +9,7 @@ is capped by time and by a record budget. Everything runs ``--rounds`` times,
 interleaved, and each row reports its median round: CPU steal on a shared VM
 moves any one measurement by tens of percent.
 
-    .venv/bin/python bench/segment_append.py            # everything, 3 rounds, ~6 minutes
+    .venv/bin/python bench/segment_append.py            # everything, 3 rounds, ~14 minutes
     .venv/bin/python bench/segment_append.py --rounds 1 --seconds 1 --batch-sizes 1 1000
 
 Prints a table and writes ``bench/results/segment_append.json``.
