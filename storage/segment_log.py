@@ -369,8 +369,8 @@ class SegmentLog:
     ) -> tuple[list[AppendResult | ScalableTopicsError], list[_Encoded]]:
         """Every append's outcome (its offsets, a duplicate's original ones, also of an
         earlier append in this group, or the error that refused it) and the frames to
-        write, encoded. One pass: the data plane stores ~15k batches a second on one
-        core, and each pass over them cost ~1 us per batch."""
+        write, encoded. One pass, because the data plane stores ~15k batches a second
+        on one core: the three passes this replaced cost ~2 us more per batch."""
         outcomes: list[AppendResult | ScalableTopicsError] = []
         frames: list[_Encoded] = []
         grouped: dict[tuple[str, int], AppendResult] = {}  # the sequenced appends before
