@@ -67,7 +67,7 @@ class SegmentAppender:
         appends: list[Append] = []
         admitted: dict[str, int] = {}  # the last sequence of each producer in this group
         for body in bodies:
-            if not body or body[0] != wire.OP_APPEND:
+            if not wire.is_append(body):
                 break
             try:
                 producer_id, sequence, payload = wire.decode_append(body)

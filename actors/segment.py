@@ -197,7 +197,7 @@ class SegmentActor:
         """A data-plane frame that could not be answered at once: a stream consumer's
         read (a long-poll, after the cumulative ack it carries), or an append that
         waits for its producer's previous sequence."""
-        if body[:1] == wire.APPEND_TAG:
+        if wire.is_append(body):
             return await self._appender.append_parked(body)
         try:
             request = wire.decode_read(body)

@@ -39,7 +39,6 @@ _READ = struct.Struct("!BqIIqH")
 _RECORDS = struct.Struct("!BqB")
 OP_APPEND = 1
 OP_READ = 2
-APPEND_TAG = bytes([OP_APPEND])  # what an append frame's body starts with
 STATUS_OK = 0
 STATUS_ERROR = 1
 MAX_FRAME = 256 << 20
@@ -56,6 +55,11 @@ def frame_at(buffer: bytes | bytearray, start: int, end: int) -> tuple[int, int]
         raise InvalidArgumentError(f"data plane frame of {length} bytes, over {MAX_FRAME}")
     body = start + LENGTH.size
     return (body, body + length) if end - body >= length else None
+
+
+def is_append(body: bytes | memoryview) -> bool:
+    """Whether a frame's body is an append (by its op byte; anything else is a read)."""
+    return len(body) > 0 and body[0] == OP_APPEND
 
 
 def encode_append(producer_id: str | None, sequence: int | None, payload: bytes) -> bytes:
