@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import random
 import shutil
+import struct
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -152,6 +153,32 @@ def test_round_trip_across_chunk_rollovers(tmp_path: Path) -> None:
     assert read_values(reopened, 0, len(expected)) == expected
     assert reopened.size_bytes == sum(p.stat().st_size for p in tmp_path.glob("*.log"))
     reopened.close()
+
+
+def crc32c_reference(data: bytes) -> int:
+    """CRC-32C bit by bit (reflected polynomial 0x82F63B78), independent of any library."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def test_frames_carry_the_documented_crc32c(tmp_path: Path) -> None:
+    """The checksum on disk is CRC-32C of everything after it, as the module docstring
+    says, whichever library computes it: logs written by an earlier build (another
+    CRC library) must stay readable."""
+    assert crc32c_reference(b"123456789") == 0xE3069283  # the standard check value
+    log = SegmentLog(tmp_path, durability=FAST)
+    log.append(make_batch(values_for(0, 3)), producer_id="p-1", sequence=0)
+    log.close()
+    data = (tmp_path / FIRST_CHUNK).read_bytes()
+    magic, crc = struct.unpack_from("<4sI", data)
+    _, payload_length, *_, producer_length = struct.unpack_from("<BIqIqqH", data, 8)
+    end = 8 + struct.calcsize("<BIqIqqH") + producer_length + payload_length
+    assert magic == b"RTSL"
+    assert crc == crc32c_reference(data[8:end])
 
 
 def allocated(path: Path) -> int:
