@@ -44,9 +44,6 @@ from typing import BinaryIO, Literal, NamedTuple, get_args
 
 import platformdirs
 import pyarrow as pa
-
-# CRC-32C is fastcrc's "iscsi": carry-less multiply, ~1 µs per 100 KB on this machine
-# against 3.4 µs with the crc32c package's SSE4.2 loop.
 from fastcrc import crc32
 
 from runtime.batch import BATCH_SCHEMA, deserialize_batch, serialize_batch
@@ -865,8 +862,14 @@ def _encode_frame(frame: _Frame, payload: bytes | memoryview) -> _Encoded:
         )
         + producer
     )
-    crc = crc32.iscsi(payload, crc32.iscsi(checked))
-    return _PREFIX.pack(MAGIC, crc) + checked, payload, frame
+    return _PREFIX.pack(MAGIC, _checksum(checked, payload)) + checked, payload, frame
+
+
+def _checksum(head: bytes | memoryview, rest: bytes | memoryview) -> int:
+    """A frame's CRC-32C over ``head`` then ``rest``: one function for writing and
+    checking. fastcrc's "iscsi" (carry-less multiply) takes ~1 µs per 100 KB here,
+    the crc32c package's SSE4.2 loop 3.4 µs; both give the same value."""
+    return crc32.iscsi(rest, crc32.iscsi(head))
 
 
 def _scan_frames(file: BinaryIO, expected_offset: int) -> Iterator[tuple[_Frame, int]]:
@@ -895,7 +898,7 @@ def _read_frame(file: BinaryIO, file_size: int, expected_offset: int) -> tuple[_
     if magic != MAGIC or file.tell() + rest_length > file_size:
         return None
     rest = file.read(rest_length)
-    if crc32.iscsi(rest, crc32.iscsi(header[_PREFIX.size :])) != crc:
+    if _checksum(header[_PREFIX.size :], rest) != crc:
         return None
     if base != expected_offset or not _plausible(frame_type, count):
         return None

@@ -3,7 +3,6 @@ from __future__ import annotations
 import contextlib
 import random
 import shutil
-import struct
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -174,11 +173,12 @@ def test_frames_carry_the_documented_crc32c(tmp_path: Path) -> None:
     log.append(make_batch(values_for(0, 3)), producer_id="p-1", sequence=0)
     log.close()
     data = (tmp_path / FIRST_CHUNK).read_bytes()
-    magic, crc = struct.unpack_from("<4sI", data)
-    _, payload_length, *_, producer_length = struct.unpack_from("<BIqIqqH", data, 8)
-    end = 8 + struct.calcsize("<BIqIqqH") + producer_length + payload_length
-    assert magic == b"RTSL"
-    assert crc == crc32c_reference(data[8:end])
+    prefix, body = segment_log_module._PREFIX, segment_log_module._BODY
+    magic, crc = prefix.unpack_from(data)
+    _, payload_length, *_, producer_length = body.unpack_from(data, prefix.size)
+    end = prefix.size + body.size + producer_length + payload_length
+    assert magic == segment_log_module.MAGIC
+    assert crc == crc32c_reference(data[prefix.size : end])
 
 
 def allocated(path: Path) -> int:
