@@ -26,6 +26,8 @@ BATCH_SCHEMA = pa.schema(
         ("properties", PROPERTIES_TYPE),
     ]
 )
+# The entries of an all-null properties column: none.
+_NO_ENTRIES = pa.array([], pa.struct([PROPERTIES_TYPE.key_field, PROPERTIES_TYPE.item_field]))
 # What a read returns: the stored columns, then each record's offset and publish time.
 DELIVERY_SCHEMA = pa.schema(
     [
@@ -172,13 +174,28 @@ def _schema_bytes(schema: pa.Schema) -> bytes:
 
 
 def _optional_column(what: str, data: Any, arrow_type: pa.DataType, count: int) -> pa.Array:
-    """An all-null column is allocated directly, so absent keys/properties cost nothing."""
+    """An absent column is built directly, never from a list of ``None``: all null, in the
+    fewest bytes the IPC format allows (for keys that is what ``pa.nulls`` gives)."""
+    if data is None and arrow_type == PROPERTIES_TYPE:
+        return _no_properties(count)
     if data is None:
         return pa.nulls(count, arrow_type)
     array = _to_array(what, data, arrow_type)
     if len(array) != count:
         raise InvalidArgumentError(f"{what} has {len(array)} items but there are {count} values")
     return array
+
+
+def _no_properties(count: int) -> pa.Array:
+    """All-null properties with nothing but a bitmap and offsets. ``pa.nulls`` gives the
+    map's empty key and value columns buffers of ``4 * count`` bytes, which the IPC
+    writer stores whole: 8 KB of zeros per 1,000 messages, 7% of a batch of 100-byte
+    values, on the wire, on disk and in every copy between."""
+    offsets = pa.py_buffer(bytes(4 * (count + 1)))  # all zero: every map is empty
+    validity = offsets.slice(0, (count + 7) // 8)  # all zero bits: every map is null
+    return pa.Array.from_buffers(
+        PROPERTIES_TYPE, count, [validity, offsets], null_count=count, children=[_NO_ENTRIES]
+    )
 
 
 def _to_array(what: str, data: Any, arrow_type: pa.DataType) -> pa.Array:
