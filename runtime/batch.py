@@ -26,8 +26,9 @@ BATCH_SCHEMA = pa.schema(
         ("properties", PROPERTIES_TYPE),
     ]
 )
-# The entries of an all-null properties column: none.
-_NO_ENTRIES = pa.array([], pa.struct([PROPERTIES_TYPE.key_field, PROPERTIES_TYPE.item_field]))
+# The entries of an all-null properties column: none. ``pa.nulls``, not ``pa.array``,
+# which imports pandas (~300 modules) into every process that imports this one.
+_NO_ENTRIES = pa.nulls(0, pa.struct([PROPERTIES_TYPE.key_field, PROPERTIES_TYPE.item_field]))
 # What a read returns: the stored columns, then each record's offset and publish time.
 DELIVERY_SCHEMA = pa.schema(
     [
