@@ -77,7 +77,8 @@ class SegmentAppender:
             if self._must_wait(producer_id, sequence, admitted):
                 break
             try:
-                append = Append(deserialize_batch(payload), producer_id, sequence, payload)
+                batch = deserialize_batch(payload, restore_absent=False)
+                append = Append(batch, producer_id, sequence, payload)
             except (pa.ArrowException, ValueError) as err:
                 self._refuse(producer_id, sequence)
                 responses.append(wire.encode_failure(err))

@@ -46,7 +46,7 @@ import platformdirs
 import pyarrow as pa
 from fastcrc import crc32
 
-from runtime.batch import BATCH_SCHEMA, deserialize_batch, serialize_batch
+from runtime.batch import BATCH_SCHEMA, VALUES_SCHEMA, deserialize_batch, serialize_batch
 from runtime.errors import (
     InvalidArgumentError,
     ScalableTopicsError,
@@ -787,8 +787,13 @@ class SegmentLog:
 def _check_append_arguments(
     batch: pa.RecordBatch, producer_id: str | None, sequence: int | None
 ) -> None:
-    if not isinstance(batch, pa.RecordBatch) or not batch.schema.equals(BATCH_SCHEMA):
-        raise InvalidArgumentError("append needs a pyarrow.RecordBatch in BATCH_SCHEMA")
+    if not isinstance(batch, pa.RecordBatch) or not (
+        batch.schema.equals(BATCH_SCHEMA) or batch.schema.equals(VALUES_SCHEMA)
+    ):
+        raise InvalidArgumentError(
+            "append needs a pyarrow.RecordBatch in BATCH_SCHEMA (or VALUES_SCHEMA, as a "
+            "batch without keys and properties is stored)"
+        )
     if batch.num_rows == 0:
         raise InvalidArgumentError("append refused: the batch is empty")
     if producer_id is not None and not (

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
-from runtime.batch import batch_bytes, equal_runs, make_batch, message_sizes
+from runtime.batch import (
+    batch_bytes,
+    deserialize_batch,
+    equal_runs,
+    make_batch,
+    message_sizes,
+    serialize_batch,
+)
 from runtime.errors import InvalidArgumentError, LimitExceededError, is_integer
 from runtime.limits import Limits, batch_slices
 from runtime.names import TopicName
@@ -68,6 +75,21 @@ def test_batch_bytes_is_the_sum_of_message_sizes(messages: list[tuple[int, int |
     )
     for view in (batch, batch.slice(len(messages) // 3, len(messages) // 2)):
         assert batch_bytes(view) == int(message_sizes(view).sum())
+
+
+def test_a_batch_decoded_as_stored_is_checked_alike() -> None:
+    """The segment checks a batch without keys and properties in its stored form (its
+    values alone): the same sizes, the same refusals."""
+    limits = Limits(max_message_bytes=10, max_batch_bytes=25, max_batch_messages=3)
+    for sizes, error in (([10, 10, 5], None), ([11], "max_message_bytes"), ([10, 10, 6], "26")):
+        stored = deserialize_batch(serialize_batch(_sized(sizes)), restore_absent=False)
+        assert stored.num_columns == 1
+        assert batch_bytes(stored) == sum(sizes) == int(message_sizes(stored).sum())
+        if error is None:
+            limits.check_batch(stored)
+        else:
+            with pytest.raises(LimitExceededError, match=error):
+                limits.check_batch(stored)
 
 
 @given(

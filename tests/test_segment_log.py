@@ -18,6 +18,7 @@ import storage.segment_log as segment_log_module
 from runtime.batch import (
     BATCH_SCHEMA,
     DELIVERY_SCHEMA,
+    VALUES_SCHEMA,
     deserialize_batch,
     make_batch,
     serialize_batch,
@@ -62,24 +63,51 @@ def test_make_batch_from_lists_and_round_trip() -> None:
 
 
 @pytest.mark.parametrize("count", [1, 7, 1_000])
-def test_absent_keys_and_properties_store_only_a_bitmap_and_offsets(count: int) -> None:
-    """Most batches have neither, so those columns' bytes are paid on the wire and on
-    disk for every message: a null map column once carried two more zeroed offsets
-    buffers (8 KB per 1,000 messages, 7% of a batch of 100-byte values)."""
+def test_a_batch_without_keys_and_properties_travels_as_its_values_alone(count: int) -> None:
+    """Most batches have neither, and Arrow's IPC format keeps an absent column's
+    offsets: 8 KB per 1,000 messages (8% of a batch of 100-byte values) on the wire,
+    in the segment's checksum and write, and on disk. Decoded, the batch is whole."""
     batch = make_batch([b"v" * 100] * count)
-    batch.validate(full=True)
     payload = serialize_batch(batch)
     decoded = deserialize_batch(payload)
-    assert decoded.equals(batch)
-    assert decoded.column("key").to_pylist() == decoded.column("properties").to_pylist()
+    decoded.validate(full=True)
+    assert decoded.schema.equals(BATCH_SCHEMA) and decoded.equals(batch)
+    assert decoded.column("key").to_pylist() == [None] * count
     assert decoded.column("properties").to_pylist() == [None] * count
+    assert deserialize_batch(payload, restore_absent=False).schema.equals(VALUES_SCHEMA)
 
-    def padded(size: int) -> int:
-        return -(-size // 8) * 8
+    values = 100 * count + -(-4 * (count + 1) // 8) * 8  # the bytes and their offsets
+    assert len(payload) - values < 600  # the rest: the IPC messages' metadata
 
-    values = 100 * count + padded(4 * (count + 1))
-    absent = 2 * (padded(-(-count // 8)) + padded(4 * (count + 1)))
-    assert len(payload) - values - absent < 1_000  # the rest: the IPC messages' metadata
+
+@pytest.mark.parametrize(
+    "columns",
+    [{"keys": ["k", None]}, {"properties": [None, {"a": "b"}]}, {"keys": ["k", "l"]}],
+)
+def test_a_batch_with_keys_or_properties_keeps_every_column(columns: dict) -> None:
+    batch = make_batch([b"x", b"y"], **columns)
+    payload = serialize_batch(batch)
+    assert deserialize_batch(payload).equals(batch)
+    assert deserialize_batch(payload, restore_absent=False).equals(batch)
+
+
+def test_both_forms_are_stored_and_read_back_whole(tmp_path) -> None:
+    """A log holds both forms side by side (and batches stored before the values-only
+    form existed); a read gives every batch in ``BATCH_SCHEMA``."""
+    log = SegmentLog(tmp_path)
+    bare = make_batch([b"a", b"b"])
+    keyed = make_batch([b"c"], keys=["k"])
+    wide = b"".join((bare.schema.serialize(), bare.serialize(), b"\xff\xff\xff\xff\0\0\0\0"))
+    log.append(bare)
+    log.append(keyed)
+    log.append(bare, payload=wide)
+    log.close()
+    reopened = SegmentLog(tmp_path)
+    read = reopened.read(0, 10)
+    assert [stored.records.schema.equals(BATCH_SCHEMA) for stored in read] == [True] * 3
+    assert [stored.records for stored in read] == [bare, keyed, bare]
+    with pytest.raises(InvalidArgumentError, match="BATCH_SCHEMA"):
+        reopened.append(pa.RecordBatch.from_pydict({"value": ["x"]}))  # strings: not ours
 
 
 def test_our_batches_decode_without_parsing_the_schema(monkeypatch) -> None:
