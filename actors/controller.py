@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -36,26 +34,17 @@ from actors.maintenance import TopicMaintenance
 from actors.metrics import ControllerMetrics
 from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
-from runtime.config import ray_namespace
 from runtime.errors import (
-    AlreadyExistsError,
     ConflictError,
     InvalidArgumentError,
-    KeyNotFoundError,
     OperationInProgressError,
     SegmentNotFoundError,
-    StaleEpochError,
-    SubscriptionAlreadyExistsError,
-    SubscriptionNotFoundError,
-    TopicAlreadyExistsError,
-    TopicNotFoundError,
 )
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.limits import check_room
-from runtime.names import SegmentName, TopicName
+from runtime.names import SegmentName, TopicName, validate_part
 from runtime.operations import (
     PendingOperation,
-    TopicRecord,
     apply_operation,
     completed,
     plan_merge,
@@ -63,8 +52,14 @@ from runtime.operations import (
     plan_split,
 )
 from runtime.policy import RetentionPolicy, TopicPolicy
-from runtime.subscription import DEFAULT_GRACE_S, StartPosition, SubscriptionMetadata
-from storage.metadata import MetadataStore
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from storage.catalog import (
+    Catalog,
+    SubscriptionMetadata,
+    SubscriptionState,
+    TopicRecord,
+    fenced,
+)
 from storage.segment_log import Durability, default_storage_root
 from storage.segment_store import SegmentStore, segment_directory
 
@@ -78,8 +73,8 @@ class ScalableTopicController:
         self.topic = TopicName.parse(topic)
         self.storage_root = storage_root
         self.durability = Durability(**durability)
-        self.store = MetadataStore(ray_namespace())
-        self.epoch = self._elect()
+        self.catalog = Catalog()
+        self.epoch = self.catalog.elect(self.topic)
         self.metrics = ControllerMetrics(self.topic)
         self.metrics.leader(self.epoch)
         self._lock = asyncio.Lock()
@@ -89,28 +84,6 @@ class ScalableTopicController:
         self._fault_after_step: int | None = None
 
     # --- leadership --------------------------------------------------------------
-
-    def _elect(self) -> int:
-        """CAS-increment the leader epoch and write this incarnation's identity."""
-        path = self.topic.controller_path
-        identity = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-        for _ in range(100):
-            try:
-                self.store.put_if_absent(path, json.dumps({**identity, "leaderEpoch": 1}).encode())
-                return 1
-            except AlreadyExistsError:
-                pass
-            try:
-                bumped = self.store.update(
-                    path,
-                    lambda raw: json.dumps(
-                        {**identity, "leaderEpoch": json.loads(raw)["leaderEpoch"] + 1}
-                    ).encode(),
-                )
-                return json.loads(bumped.value)["leaderEpoch"]
-            except KeyNotFoundError:
-                continue  # deleted between the two calls: try to create it again
-        raise ConflictError(f"could not win leadership of {self.topic}: constant contention")
 
     async def ready(self) -> dict[str, Any]:
         """Finish recovery; returns who leads and at which epoch."""
@@ -132,7 +105,7 @@ class ScalableTopicController:
         )
         if record.pending_operation is not None:
             await self._carry_out(record.pending_operation)
-        for name in self.store.children(f"{self.topic.metadata_path}/subscriptions"):
+        for name in self.catalog.subscriptions(self.topic):
             await self._finish_subscription(name)
         self._recovered = True
 
@@ -141,16 +114,11 @@ class ScalableTopicController:
     async def create(self, num_segments: int, properties: dict[str, str] | None = None) -> dict:
         """Write the epoch-0 layout (with the create recorded), then start its segments."""
         layout = SegmentLayout.initial(num_segments, properties)
-        check_room(self.store, self.topic, num_segments, new_topic=True)
+        check_room(self.catalog, self.topic, num_segments, new_topic=True)
         op = PendingOperation(kind="create", request_id=uuid.uuid4().hex, base_epoch=0)
-        record = TopicRecord.model_validate(
-            {**layout.to_dict(), "controllerEpoch": self.epoch}
-        ).model_copy(update={"pending_operation": op})
+        record = TopicRecord.new(layout, uuid.uuid4().hex, self.epoch, pending_operation=op)
         async with self._lock:
-            try:
-                self.store.put_if_absent(self.topic.metadata_path, record.to_bytes())
-            except AlreadyExistsError:
-                raise TopicAlreadyExistsError(f"topic {self.topic} already exists") from None
+            self.catalog.create_topic(self.topic, record)
             await self._carry_out(op)
             self._recovered = True
         return self._read_record().layout.to_dict()
@@ -211,7 +179,7 @@ class ScalableTopicController:
             added = len(op.children) - len(op.parents)
             if added > 0:
                 active_now = len(record.layout.active_segments)
-                check_room(self.store, self.topic, added, active_now=active_now)
+                check_room(self.catalog, self.topic, added, active_now=active_now)
             committed = await self._run(op)
             return committed.last_operation.model_dump(by_alias=True)
 
@@ -267,8 +235,8 @@ class ScalableTopicController:
         """Union of the parents' subscriptions and the topic's live ones."""
         found = await asyncio.gather(*(self._segment(p).subscriptions.remote() for p in parents))
         names = {name for names in found for name in names}
-        for name in self.store.children(f"{self.topic.metadata_path}/subscriptions"):
-            meta = self._subscription(name)
+        for name in self.catalog.subscriptions(self.topic):
+            meta = self.catalog.subscription(self.topic, name)
             if meta is None or meta.kind != "subscription":
                 continue  # checkpoint groups keep positions themselves, not cursors
             if meta.state == "DELETING":
@@ -278,11 +246,11 @@ class ScalableTopicController:
         return sorted(names)
 
     async def _delete_everything(self) -> None:
-        for subscription in self.store.children(f"{self.topic.metadata_path}/subscriptions"):
+        for subscription in self.catalog.subscriptions(self.topic):
             await self._stop_coordinator(subscription)
         for segment in self._read_record().layout.all_segments.values():
             await self._destroy_segment(self._name_of(segment))
-        self.store.delete_tree(self.topic.metadata_path)
+        self.catalog.delete_topic(self.topic)
 
     # --- subscriptions ---------------------------------------------------------------
 
@@ -292,7 +260,7 @@ class ScalableTopicController:
         position: StartPosition = "earliest",
         session_grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
-        path = self.topic.subscription_path(name)
+        validate_part("subscription", name)
         if position not in ("earliest", "latest"):
             raise InvalidArgumentError(f"position must be 'earliest' or 'latest', not {position!r}")
         if not isinstance(session_grace_s, int | float) or session_grace_s <= 0:
@@ -303,28 +271,18 @@ class ScalableTopicController:
             meta = SubscriptionMetadata(
                 name=name, position=position, session_grace_s=session_grace_s
             )
-            try:
-                self.store.put_if_absent(path, meta.to_bytes())
-            except AlreadyExistsError:
-                raise SubscriptionAlreadyExistsError(
-                    f"subscription {name!r} already exists on {self.topic}"
-                ) from None
+            self.catalog.create_subscription(self.topic, meta)
             await self._finish_subscription(name)
 
     async def delete_subscription(self, name: str) -> None:
-        path = self.topic.subscription_path(name)
         async with self._lock:
             await self._recover()
-            if self._subscription(name) is None:
-                raise SubscriptionNotFoundError(
-                    f"subscription {name!r} does not exist on {self.topic}"
-                )
-            self.store.update(path, lambda raw: _with_state(raw, "DELETING"))
+            self.catalog.update_subscription(self.topic, name, _in_state("DELETING"))
             await self._finish_subscription(name)
 
     async def _finish_subscription(self, name: str) -> None:
         """Drive a CREATING or DELETING subscription to its end state on every segment."""
-        meta = self._subscription(name)
+        meta = self.catalog.subscription(self.topic, name)
         if meta is None or meta.state == "ACTIVE":
             return
         names = self._all_names()
@@ -337,9 +295,7 @@ class ScalableTopicController:
                     for n in names
                 )
             )
-            self.store.update(
-                self.topic.subscription_path(name), lambda r: _with_state(r, "ACTIVE")
-            )
+            self.catalog.update_subscription(self.topic, name, _in_state("ACTIVE"))
             coordinator_actor(self.topic, name)
         else:
             await self._stop_coordinator(name)
@@ -349,7 +305,7 @@ class ScalableTopicController:
                     for n in names
                 )
             )
-            self.store.delete_tree(self.topic.subscription_path(name))
+            self.catalog.delete_subscription(self.topic, name)
 
     async def _stop_coordinator(self, name: str) -> None:
         try:
@@ -359,10 +315,6 @@ class ScalableTopicController:
         with contextlib.suppress(RayActorError):
             await handle.shutdown.remote()
         ray.kill(handle, no_restart=True)
-
-    def _subscription(self, name: str) -> SubscriptionMetadata | None:
-        found = self.store.get(self.topic.subscription_path(name))
-        return SubscriptionMetadata.from_bytes(found.value) if found else None
 
     # --- segment administration (the spec's Segments API) --------------------------
 
@@ -470,11 +422,10 @@ class ScalableTopicController:
         return handle
 
     def subscription_names(self) -> list[str]:
-        return self.store.children(f"{self.topic.metadata_path}/subscriptions")
+        return self.catalog.subscriptions(self.topic)
 
     def consumer_count(self, subscription: str) -> int:
-        path = f"{self.topic.subscription_path(subscription)}/consumers"
-        return len(self.store.children(path))
+        return len(self.catalog.consumers(self.topic, subscription))
 
     # --- fault injection (crash tests and chaos) -------------------------------------
 
@@ -489,32 +440,13 @@ class ScalableTopicController:
     # --- internals -------------------------------------------------------------------
 
     def _read_record(self, required: bool = True) -> TopicRecord | None:
-        found = self.store.get(self.topic.metadata_path)
-        if found is None:
-            if required:
-                raise TopicNotFoundError(f"topic {self.topic} does not exist")
-            return None
-        return TopicRecord.from_bytes(found.value)
+        if required:
+            return self.catalog.require_topic(self.topic)
+        return self.catalog.topic(self.topic)
 
     def _update_record(self, mutate: Callable[[TopicRecord], TopicRecord]) -> TopicRecord:
         """Fenced read-modify-CAS of the topic record, retried on lost races."""
-        result: list[TopicRecord] = []
-
-        def fenced(raw: bytes) -> bytes:
-            record = TopicRecord.from_bytes(raw)
-            if record.controller_epoch > self.epoch:
-                raise StaleEpochError(
-                    f"controller epoch {self.epoch} of {self.topic} is stale: "
-                    f"epoch {record.controller_epoch} has taken over"
-                )
-            result[:] = [mutate(record.model_copy(update={"controller_epoch": self.epoch}))]
-            return result[0].to_bytes()
-
-        try:
-            self.store.update(self.topic.metadata_path, fenced)
-        except KeyNotFoundError:
-            raise TopicNotFoundError(f"topic {self.topic} does not exist") from None
-        return result[0]
+        return self.catalog.update_topic(self.topic, fenced(self.epoch, self.topic, mutate))
 
     def _own_segment(self, segment: str) -> SegmentName:
         name = SegmentName.parse(segment)
@@ -669,5 +601,7 @@ def _cleared(record: TopicRecord, op: PendingOperation, layout: SegmentLayout) -
     return record.with_layout(layout, pending_operation=None, last_operation=done)
 
 
-def _with_state(raw: bytes, state: str) -> bytes:
-    return SubscriptionMetadata.from_bytes(raw).model_copy(update={"state": state}).to_bytes()
+def _in_state(
+    state: SubscriptionState,
+) -> Callable[[SubscriptionMetadata], SubscriptionMetadata]:
+    return lambda meta: meta.model_copy(update={"state": state})

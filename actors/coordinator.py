@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -21,18 +21,10 @@ import ray
 from actors.dag_watch import DagWatch
 from actors.registry import get_or_start
 from actors.segment import segment_actor
-from runtime.config import ray_namespace
 from runtime.coordination import GroupState
-from runtime.errors import (
-    AlreadyExistsError,
-    ConflictError,
-    ConsumerNotRegisteredError,
-    KeyNotFoundError,
-    SubscriptionNotFoundError,
-)
+from runtime.errors import ConflictError, ConsumerNotRegisteredError
 from runtime.names import TopicName, validate_part
-from runtime.subscription import SubscriptionMetadata
-from storage.metadata import MetadataStore
+from storage.catalog import Catalog, ConsumerRegistration, SubscriptionMetadata
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -40,7 +32,7 @@ class SubscriptionCoordinator:
     def __init__(self, topic: str, subscription: str) -> None:
         self.topic = TopicName.parse(topic)
         self.subscription = validate_part("subscription", subscription)
-        self.store = MetadataStore(ray_namespace())
+        self.catalog = Catalog()
         self.state = GroupState()
         self.meta: SubscriptionMetadata | None = None
         self.watch: DagWatch | None = None
@@ -172,26 +164,16 @@ class SubscriptionCoordinator:
         self._changed = asyncio.Event()
 
     def _persist(self, consumer: str, owned: tuple[int, ...]) -> None:
-        path = self.topic.consumer_path(self.subscription, consumer)
-        value = json.dumps(
-            {
-                "consumerName": consumer,
-                "assignedSegments": list(owned),
-                "layoutEpoch": self.watch.layout.epoch,
-            }
-        ).encode()
-        found = self.store.get(path)
-        if found is None:
-            self.store.put_if_absent(path, value)
-        else:
-            self.store.compare_and_swap(path, found.version, value)
+        registration = ConsumerRegistration(
+            consumer_name=consumer, assigned_segments=owned, layout_epoch=self.watch.layout.epoch
+        )
+        self.catalog.put_registration(self.topic, self.subscription, registration)
         self._persisted[consumer] = owned
 
     def _evict(self, consumer: str) -> None:
         self.state.leave(consumer)
         self._persisted.pop(consumer, None)
-        with contextlib.suppress(KeyNotFoundError):
-            self.store.delete(self.topic.consumer_path(self.subscription, consumer))
+        self.catalog.delete_registration(self.topic, self.subscription, consumer)
 
     def _assignment(self, consumer: str) -> dict[str, Any]:
         session = self._session(consumer)
@@ -239,46 +221,21 @@ class SubscriptionCoordinator:
             )
 
     def _load_meta(self) -> SubscriptionMetadata:
-        found = self.store.get(self.topic.subscription_path(self.subscription))
-        if found is None:
-            raise SubscriptionNotFoundError(
-                f"subscription {self.subscription!r} does not exist on {self.topic}"
-            )
-        return SubscriptionMetadata.from_bytes(found.value)
+        return self.catalog.require_subscription(self.topic, self.subscription)
 
-    def _update_meta(self, change: Any) -> None:
-        path = self.topic.subscription_path(self.subscription)
-        updated = self.store.update(
-            path, lambda raw: change(SubscriptionMetadata.from_bytes(raw)).to_bytes()
-        )
-        self.meta = SubscriptionMetadata.from_bytes(updated.value)
+    def _update_meta(
+        self, change: Callable[[SubscriptionMetadata], SubscriptionMetadata]
+    ) -> None:
+        self.meta = self.catalog.update_subscription(self.topic, self.subscription, change)
 
-    def _load_registrations(self) -> dict[str, list[int]]:
-        base = f"{self.topic.subscription_path(self.subscription)}/consumers"
-        found = {}
-        for name in self.store.children(base):
-            entry = self.store.get(f"{base}/{name}")
-            if entry is not None:
-                found[name] = json.loads(entry.value)["assignedSegments"]
-        return found
+    def _load_registrations(self) -> dict[str, tuple[int, ...]]:
+        return {
+            r.consumer_name: r.assigned_segments
+            for r in self.catalog.registrations(self.topic, self.subscription)
+        }
 
 
 def coordinator_actor(topic: TopicName, subscription: str) -> ray.actor.ActorHandle:
     """The subscription's coordinator, started if it is not running."""
     name = topic.coordinator_actor_name(subscription)
     return get_or_start(SubscriptionCoordinator, name, str(topic), subscription, topic=topic)
-
-
-def ensure_group(store: MetadataStore, topic: TopicName, group: str, grace_s: float) -> None:
-    """Create a checkpoint group's metadata on first use; refuse a name clash."""
-    path = topic.subscription_path(group)
-    meta = SubscriptionMetadata(
-        name=group, state="ACTIVE", kind="checkpoint_group", session_grace_s=grace_s
-    )
-    with contextlib.suppress(AlreadyExistsError):
-        store.put_if_absent(path, meta.to_bytes())
-    found = store.get(path)
-    if found is None or SubscriptionMetadata.from_bytes(found.value).kind != "checkpoint_group":
-        raise ConflictError(
-            f"{group!r} is a subscription of {topic}, not a checkpoint group: pick another name"
-        )

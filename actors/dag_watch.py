@@ -19,13 +19,12 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors.registry import get_or_start
-from runtime.config import ray_namespace
 from runtime.errors import TopicNotFoundError
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
-from runtime.operations import TopicRecord
 from runtime.remote import call
-from storage.metadata import MetadataStore, Version
+from storage.catalog import Catalog
+from storage.metadata import Version
 
 ACTOR_NAME = "dagwatch"
 _DELETED = -1
@@ -46,7 +45,7 @@ class _Topic:
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class DagWatchServer:
     def __init__(self, poll_interval_s: float = 0.1) -> None:
-        self._store = MetadataStore(ray_namespace())
+        self._catalog = Catalog()
         self._poll_interval_s = poll_interval_s
         self._topics: dict[str, _Topic] = {}
 
@@ -93,15 +92,13 @@ class DagWatchServer:
         del self._topics[name]
 
     def _refresh(self, name: str, state: _Topic) -> None:
-        found = self._store.get(TopicName.parse(name).metadata_path)
-        version = found.version if found is not None else None
-        if version is not None and version == state.version:
+        changed = self._catalog.topic_if_changed(TopicName.parse(name), state.version)
+        if changed is None:
             return  # unchanged since the last poll: nothing to parse
-        state.version = version
-        if found is None:
+        record, state.version = changed
+        if record is None:
             epoch, layout = _DELETED, None
         else:
-            record = TopicRecord.from_bytes(found.value)
             epoch, layout = record.epoch, record.layout.to_dict()
         if epoch != state.epoch:
             state.epoch, state.layout = epoch, layout
@@ -110,10 +107,7 @@ class DagWatchServer:
 
 
 def read_layout(topic: TopicName) -> SegmentLayout:
-    found = MetadataStore(ray_namespace()).get(topic.metadata_path)
-    if found is None:
-        raise TopicNotFoundError(f"topic {topic} does not exist")
-    return TopicRecord.from_bytes(found.value).layout
+    return Catalog().require_topic(topic).layout
 
 
 class DagWatch:

@@ -26,7 +26,7 @@ from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
 from runtime import wire
 from runtime.batch import ipc_parts
-from runtime.config import env_float, ray_namespace
+from runtime.config import env_float
 from runtime.errors import (
     ScalableTopicsError,
     SegmentNotFoundError,
@@ -34,8 +34,8 @@ from runtime.errors import (
 )
 from runtime.limits import namespace_limits
 from runtime.names import SegmentName
+from storage.catalog import Catalog
 from storage.cursors import Position
-from storage.metadata import MetadataStore
 from storage.segment_log import Durability, default_storage_root
 from storage.segment_store import SegmentStore
 
@@ -74,7 +74,7 @@ class SegmentActor:
         # The authority on sizes; read once per incarnation, so a changed limit
         # applies to a segment from its next start.
         namespace = f"{self._name.topic.tenant}/{self._name.topic.namespace}"
-        limits = namespace_limits(MetadataStore(ray_namespace()), namespace)
+        limits = namespace_limits(Catalog(), namespace)
         self._appender = SegmentAppender(
             self._name, self._store, limits, self._metrics, self._appended
         )

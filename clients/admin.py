@@ -25,22 +25,19 @@ from clients._ray import with_sync_twins
 from runtime.auth import AuthPolicy, Permission, default_token
 from runtime.connect import connect
 from runtime.errors import (
-    AlreadyExistsError,
     InvalidArgumentError,
     TopicAlreadyExistsError,
-    TopicNotFoundError,
     UnavailableError,
     UnavailableSegmentsError,
     is_integer,
 )
 from runtime.layout import MAX_SEGMENTS, SegmentLayout
-from runtime.limits import Limits, check_room, limits_path, namespace_limits
-from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
-from runtime.operations import TopicRecord
+from runtime.limits import Limits, check_room, namespace_limits
+from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
 from runtime.policy import TopicPolicy
 from runtime.remote import call
-from runtime.subscription import DEFAULT_GRACE_S, StartPosition, SubscriptionMetadata
-from storage.metadata import MetadataStore
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from storage.catalog import Catalog, TopicRecord
 
 _RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
 
@@ -65,7 +62,7 @@ class ScalableTopicsAdmin:
         self._token = token if token is not None else default_token()
         self._auth.authenticate(self._token)  # a bad token fails here, not at first use
         connect(address, namespace=namespace)
-        self._store = MetadataStore(ray.get_runtime_context().namespace)
+        self._catalog = Catalog(ray.get_runtime_context().namespace)
         self._restart_timeout_s = controller_restart_timeout_s
         self._segment_timeout_s = segment_timeout_s
 
@@ -73,9 +70,9 @@ class ScalableTopicsAdmin:
 
     async def list_scalable_topics_async(self, namespace: str) -> list[str]:
         """Topics of ``tenant/namespace`` as ``topic://`` names."""
-        prefix = namespace_prefix(namespace)
+        parse_namespace(namespace)
         self._auth.authorize(self._token, Permission.LOOKUP, namespace)
-        return [f"topic://{namespace}/{name}" for name in self._store.children(prefix)]
+        return [f"topic://{namespace}/{name}" for name in self._catalog.topics(namespace)]
 
     async def get_metadata_async(self, topic: str) -> dict[str, Any]:
         """The topic's ``ScalableTopicMetadata`` document (the spec's JSON shape)."""
@@ -87,7 +84,7 @@ class ScalableTopicsAdmin:
     async def list_subscriptions_async(self, topic: str) -> list[str]:
         name = self._allowed(Permission.LOOKUP, topic)
         self._record(name)
-        return self._store.children(f"{name.metadata_path}/subscriptions")
+        return self._catalog.subscriptions(name)
 
     async def get_stats_async(self, topic: str) -> dict[str, Any]:
         """Segment counts, per-segment size/records, per-subscription backlog and consumers.
@@ -119,9 +116,9 @@ class ScalableTopicsAdmin:
                 f"num_segments must be an integer from 1 to {MAX_SEGMENTS}, got {num_segments!r}"
             )
         _check_properties(properties)
-        if self._store.exists(name.metadata_path):
+        if self._catalog.topic_exists(name):
             raise TopicAlreadyExistsError(f"topic {name} already exists")
-        check_room(self._store, name, num_segments, new_topic=True)
+        check_room(self._catalog, name, num_segments, new_topic=True)
         return await self._control(name, "create", num_segments, properties, create=True)
 
     async def delete_scalable_topic_async(self, topic: str) -> None:
@@ -219,9 +216,9 @@ class ScalableTopicsAdmin:
 
     async def get_namespace_limits_async(self, namespace: str) -> dict[str, int]:
         """The limits in force in ``tenant/namespace`` (defaults plus its overrides)."""
-        namespace_prefix(namespace)
+        parse_namespace(namespace)
         self._auth.authorize(self._token, Permission.LOOKUP, namespace)
-        return asdict(namespace_limits(self._store, namespace))
+        return asdict(namespace_limits(self._catalog, namespace))
 
     async def set_namespace_limits_async(self, namespace: str, **limits: int) -> dict[str, int]:
         """Override limits (``max_message_bytes=...``) for one namespace; returns those in force.
@@ -229,19 +226,15 @@ class ScalableTopicsAdmin:
         The whole resulting set is validated before it is stored. Controllers apply
         it at once; segments and producers read size limits when they start.
         """
-        namespace_prefix(namespace)
+        parse_namespace(namespace)
         self._auth.authorize(self._token, Permission.ADMIN, namespace)
 
-        def merged(raw: bytes) -> bytes:
-            overrides = {**json.loads(raw), **limits}
+        def merged(stored: dict[str, Any]) -> dict[str, Any]:
+            overrides = {**stored, **limits}
             Limits.from_env().overridden(overrides)  # raises before anything is written
-            return json.dumps(overrides, sort_keys=True).encode()
+            return overrides
 
-        path = limits_path(namespace)
-        try:
-            self._store.put_if_absent(path, merged(b"{}"))
-        except AlreadyExistsError:
-            self._store.update(path, merged)
+        self._catalog.update_limit_overrides(namespace, merged)
         return await self.get_namespace_limits_async(namespace)
 
     # --- internals ------------------------------------------------------------------------
@@ -259,19 +252,14 @@ class ScalableTopicsAdmin:
         return segment
 
     def _record(self, name: TopicName) -> TopicRecord:
-        found = self._store.get(name.metadata_path)
-        if found is None:
-            raise TopicNotFoundError(f"topic {name} does not exist")
-        return TopicRecord.from_bytes(found.value)
+        return self._catalog.require_topic(name)
 
     def _subscriptions(self, name: TopicName) -> dict[str, dict[str, Any]]:
-        base = f"{name.metadata_path}/subscriptions"
         result = {}
-        for sub in self._store.children(base):
-            found = self._store.get(f"{base}/{sub}")
-            if found is not None:
-                meta = SubscriptionMetadata.from_bytes(found.value)
-                consumers = self._store.children(f"{base}/{sub}/consumers")
+        for sub in self._catalog.subscriptions(name):
+            meta = self._catalog.subscription(name, sub)
+            if meta is not None:
+                consumers = self._catalog.consumers(name, sub)
                 result[sub] = {"state": meta.state, "consumers": len(consumers)}
         return result
 

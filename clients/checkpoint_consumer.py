@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.coordinator import ensure_group
 from clients._group_consumer import (
     ConsumerConfig,
     GroupConsumer,
@@ -20,12 +19,11 @@ from clients._group_consumer import (
     run_on_loop,
 )
 from runtime.auth import Permission, authorize_client
-from runtime.config import ray_namespace
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S
-from storage.metadata import MetadataStore
+from storage.catalog import Catalog
 
 
 @dataclass(frozen=True)
@@ -74,8 +72,7 @@ class CheckpointConsumer(GroupConsumer):
         authorize_client(token, Permission.CONSUME, name)
         if start is not None and start.topic != str(name):
             raise InvalidArgumentError(f"checkpoint is for {start.topic}, not {name}")
-        store = MetadataStore(ray_namespace())
-        ensure_group(store, name, group, session_grace_s)
+        Catalog().ensure_group(name, group, session_grace_s)
         self._core = GroupConsumerCore(
             name,
             group,

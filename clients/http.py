@@ -28,7 +28,7 @@ from runtime.errors import (
     error_from_code,
 )
 from runtime.layout import SegmentLayout
-from runtime.names import SegmentName, TopicName, namespace_prefix, validate_part
+from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
 from runtime.operations import CompletedOperation
 from runtime.policy import TopicPolicy
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
@@ -265,7 +265,7 @@ def error_from_response(status: int, text: str) -> ScalableTopicsError:
 
 def _namespace_path(template: str, namespace: str) -> str:
     """Fill a template from ``tenant/namespace``, validated as the Ray client does."""
-    namespace_prefix(namespace)  # raises what ScalableTopicsAdmin raises
+    parse_namespace(namespace)  # raises what ScalableTopicsAdmin raises
     tenant, ns = namespace.split("/")
     return template.format(tenant=tenant, namespace=ns)
 

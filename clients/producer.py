@@ -47,7 +47,6 @@ from runtime.batch import (
     message_sizes,
     serialize_batch,
 )
-from runtime.config import ray_namespace
 from runtime.errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -62,7 +61,7 @@ from runtime.limits import batch_slices, namespace_limits
 from runtime.names import TopicName
 from runtime.remote import call
 from runtime.routing import partition
-from storage.metadata import MetadataStore
+from storage.catalog import Catalog
 
 logger = logging.getLogger(__name__)
 
@@ -350,7 +349,7 @@ class _ProducerCore:
         self.watch = DagWatch(topic)
         self.layout = self.watch.layout
         namespace = f"{topic.tenant}/{topic.namespace}"
-        self.limits = namespace_limits(MetadataStore(ray_namespace()), namespace)
+        self.limits = namespace_limits(Catalog(), namespace)
         self.senders: dict[int, _SegmentSender] = {}
         self.routing_open = asyncio.Event()
         self.routing_open.set()

@@ -64,14 +64,14 @@ from clients._ray import background_loop
 from clients.checkpoint_consumer import Checkpoint
 from clients.producer import Producer
 from runtime.batch import PROPERTIES_TYPE
-from runtime.config import env_float, ray_namespace
+from runtime.config import env_float
 from runtime.connect import connect
-from runtime.errors import AlreadyExistsError, InvalidArgumentError, UnavailableSegmentsError
+from runtime.errors import InvalidArgumentError, UnavailableSegmentsError
 from runtime.hashing import key_hashes
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
 from runtime.remote import call
-from storage.metadata import MetadataStore
+from storage.catalog import Catalog
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -681,7 +681,7 @@ def write_topic(
     try:
         summary = rows.mapInArrow(writer, _WRITE_SUMMARY_SCHEMA).collect()
     finally:
-        MetadataStore(ray_namespace()).delete_tree(_claim_path(job.write_id))
+        Catalog().forget_write(job.write_id)
     return _write_result(job, summary)
 
 
@@ -721,16 +721,7 @@ def _spark_write_partition(
 def _first_attempt(job: _WriteJob, partition: int) -> bool:
     """Claim the partition in metadata: only its first attempt succeeds. Spark's own attempt
     number misses stage retries, and a speculative copy may run alongside the first."""
-    try:
-        MetadataStore(ray_namespace()).put_if_absent(_claim_path(job.write_id, partition), b"")
-    except AlreadyExistsError:
-        return False
-    return True
-
-
-def _claim_path(write_id: str, partition: int | None = None) -> str:
-    base = f"/spark-writes/{write_id}"
-    return base if partition is None else f"{base}/{partition}"
+    return Catalog().claim_write_partition(job.write_id, partition)
 
 
 def _produce(job: _WriteJob, producer_id: str, batches: Iterator[pa.RecordBatch]) -> int:

@@ -19,10 +19,11 @@ def main() -> None:
     connect(include_dashboard=False, log_to_driver=False)
     store = MetadataStore()
     topic = TopicName.parse("topic://demo/foundation/events")
-    store.delete_tree(topic.metadata_path)
+    path = f"/demo/{topic.short}"  # a layout of its own, beside the real topics' records
+    store.delete_tree(path)
 
     layout = SegmentLayout.initial(4)
-    version = store.put_if_absent(topic.metadata_path, layout.to_json().encode())
+    version = store.put_if_absent(path, layout.to_json().encode())
     print(f"created {topic} with 4 segments\n{render_tree(layout)}\n")
 
     for step, mutate in (
@@ -30,14 +31,14 @@ def main() -> None:
         ("merge siblings 4 and 5 back", lambda lay: lay.merge_segments(4, 5)),
     ):
         layout = mutate(layout)
-        version = store.compare_and_swap(topic.metadata_path, version, layout.to_json().encode())
+        version = store.compare_and_swap(path, version, layout.to_json().encode())
         print(f"{step}: stored at version {version.seq}\n{render_tree(layout)}\n")
 
-    stored = SegmentLayout.from_json(store.get(topic.metadata_path).value)
+    stored = SegmentLayout.from_json(store.get(path).value)
     assert stored == layout, "metadata store round trip changed the layout"
     print("ScalableTopicMetadata JSON:")
     print(json.dumps(json.loads(stored.to_json()), indent=2))
-    store.delete_tree(topic.metadata_path)
+    store.delete_tree(path)
 
 
 if __name__ == "__main__":

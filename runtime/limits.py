@@ -1,8 +1,8 @@
 """Limits: message and batch size, topics and segments per namespace and per topic.
 
 Defaults come from ``RAYTOPICS_MAX_*`` variables; an operator can override any of
-them for one namespace (``ScalableTopicsAdmin.set_namespace_limits``), stored at
-``/limits/{tenant}/{namespace}``. Every check raises ``LimitExceededError`` saying
+them for one namespace (``ScalableTopicsAdmin.set_namespace_limits``), kept by
+``storage.catalog``. Every check raises ``LimitExceededError`` saying
 what was asked and what is allowed, before anything is changed. The segment is
 the authority on message and batch size; producers check the same numbers early
 so that the error names the message, and split batches so none is too large.
@@ -20,8 +20,7 @@ import pyarrow as pa
 
 from runtime.batch import batch_bytes, message_sizes
 from runtime.errors import InvalidArgumentError, LimitExceededError, is_integer
-from runtime.names import TopicName, namespace_prefix
-from runtime.operations import TopicRecord
+from runtime.names import TopicName
 
 _ENV = {
     "max_message_bytes": "RAYTOPICS_MAX_MESSAGE_BYTES",
@@ -139,25 +138,26 @@ def batch_slices(sizes: np.ndarray, max_messages: int, max_bytes: int) -> list[t
     return slices
 
 
-class _Store(Protocol):
-    def get(self, path: str) -> Any: ...
+class _Catalog(Protocol):
+    """What the checks read from ``storage.catalog.Catalog``."""
 
-    def children(self, path: str) -> list[str]: ...
+    def limit_overrides(self, namespace: str) -> dict[str, Any]: ...
 
-
-def limits_path(namespace: str) -> str:
-    return f"/limits/{namespace}"
+    def active_segments(self, namespace: str) -> dict[str, int]: ...
 
 
-def namespace_limits(store: _Store, namespace: str) -> Limits:
+def namespace_limits(catalog: _Catalog, namespace: str) -> Limits:
     """The env defaults with this namespace's stored overrides applied."""
-    found = store.get(limits_path(namespace))
-    base = Limits.from_env()
-    return base if found is None else base.overridden(json.loads(found.value))
+    return Limits.from_env().overridden(catalog.limit_overrides(namespace))
 
 
 def check_room(
-    store: _Store, topic: TopicName, added: int, *, new_topic: bool = False, active_now: int = 0
+    catalog: _Catalog,
+    topic: TopicName,
+    added: int,
+    *,
+    new_topic: bool = False,
+    active_now: int = 0,
 ) -> None:
     """Refuse what would break the namespace's limits, before anything is written.
 
@@ -166,19 +166,11 @@ def check_room(
     (its controller is the only writer); across the topics of a namespace two
     concurrent creates may both pass.
     """
-    namespace = f"{topic.tenant}/{topic.namespace}"
-    limits = namespace_limits(store, namespace)
-    prefix = namespace_prefix(namespace)
-    others = [t for t in store.children(prefix) if t != topic.topic]
+    namespace = topic.namespace_path
+    limits = namespace_limits(catalog, namespace)
+    others = {t: n for t, n in catalog.active_segments(namespace).items() if t != topic.topic}
     if new_topic:
         limits.check_topics(namespace, len(others))
     limits.check_segments(str(topic), active_now + added, "max_segments_per_topic")
-    total = sum(_active_count(store, f"{prefix}/{t}") for t in others) + active_now + added
+    total = sum(others.values()) + active_now + added
     limits.check_segments(f"namespace {namespace}", total, "max_segments_per_namespace")
-
-
-def _active_count(store: _Store, path: str) -> int:
-    found = store.get(path)
-    if found is None:
-        return 0
-    return len(TopicRecord.from_bytes(found.value).layout.active_segments)

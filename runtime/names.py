@@ -1,8 +1,8 @@
 """Names of topics and segments, and everything derived from them.
 
-One module owns the text forms (``topic://``, ``segment://``, metadata paths,
-Ray actor names) so the dashboard, the metadata store and the REST paths can
-never disagree about what a topic is called.
+One module owns the text forms (``topic://``, ``segment://``, Ray actor names)
+so the dashboard, the metadata store (``storage.catalog`` builds its paths from
+these parts) and the REST paths can never disagree about what a topic is called.
 """
 
 from __future__ import annotations
@@ -73,24 +73,6 @@ class TopicName:
     def namespace_path(self) -> str:
         return f"{self.tenant}/{self.namespace}"
 
-    # --- metadata store paths (spec: "Metadata Store Paths") ------------------
-
-    @property
-    def metadata_path(self) -> str:
-        return f"/topics/{self.short}"
-
-    @property
-    def controller_path(self) -> str:
-        return f"{self.metadata_path}/controller"
-
-    def subscription_path(self, subscription: str) -> str:
-        validate_part("subscription", subscription)
-        return f"{self.metadata_path}/subscriptions/{subscription}"
-
-    def consumer_path(self, subscription: str, consumer_name: str) -> str:
-        validate_part("consumer name", consumer_name)
-        return f"{self.subscription_path(subscription)}/consumers/{consumer_name}"
-
     # --- Ray actor names (what the dashboard shows) ---------------------------
 
     @property
@@ -105,14 +87,12 @@ class TopicName:
         return SegmentName(self, segment_id, start, end)
 
 
-def namespace_prefix(namespace: str) -> str:
-    """Metadata path prefix for ``tenant/namespace``."""
+def parse_namespace(namespace: str) -> tuple[str, str]:
+    """``tenant/namespace`` as its two validated parts."""
     parts = namespace.split("/") if isinstance(namespace, str) else []
     if len(parts) != 2:
         raise InvalidNameError(f"invalid namespace {namespace!r}: expected tenant/namespace")
-    validate_part("tenant", parts[0])
-    validate_part("namespace", parts[1])
-    return f"/topics/{parts[0]}/{parts[1]}"
+    return validate_part("tenant", parts[0]), validate_part("namespace", parts[1])
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.errors import InvalidArgumentError
-from runtime.layout import ScalableTopicMetadata, SegmentLayout
+from runtime.layout import SegmentLayout
 from runtime.names import SegmentName, TopicName
-from runtime.policy import TopicPolicy
 
 OperationKind = Literal["create", "split", "merge", "delete", "prune"]
 
@@ -48,43 +47,6 @@ class CompletedOperation(_Model):
     parents: tuple[int, ...] = ()
     children: tuple[int, ...] = ()
     epoch: int
-
-
-class TopicRecord(ScalableTopicMetadata):
-    """What is stored at ``/topics/{tenant}/{namespace}/{topic}``.
-
-    The spec's ``ScalableTopicMetadata`` fields, plus the fencing epoch of the
-    controller that last wrote it and the operation it is carrying out: both
-    must change in the same compare-and-swap as the layout they guard.
-    """
-
-    controller_epoch: int = Field(default=0, alias="controllerEpoch", ge=0)
-    pending_operation: PendingOperation | None = Field(default=None, alias="pendingOperation")
-    last_operation: CompletedOperation | None = Field(default=None, alias="lastOperation")
-    policy: TopicPolicy | None = None
-
-    @property
-    def layout(self) -> SegmentLayout:
-        return SegmentLayout.from_metadata(self)
-
-    def with_layout(self, layout: SegmentLayout, **changes: object) -> TopicRecord:
-        meta = layout.to_metadata()
-        return self.model_copy(
-            update={
-                "epoch": meta.epoch,
-                "next_segment_id": meta.next_segment_id,
-                "segments": meta.segments,
-                "properties": meta.properties,
-                **changes,
-            }
-        )
-
-    def to_bytes(self) -> bytes:
-        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> TopicRecord:
-        return cls.model_validate_json(data)
 
 
 def plan_split(layout: SegmentLayout, segment_id: int, request_id: str) -> PendingOperation:

@@ -29,7 +29,7 @@ from runtime.errors import (
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 from runtime.remote import call
-from storage.metadata import MetadataStore
+from storage.catalog import Catalog
 from storage.segment_store import segment_directory
 
 
@@ -162,11 +162,11 @@ def test_stale_controller_cannot_change_metadata_or_segments(admin, unique):
 def test_topic_lifecycle_and_errors_leave_nothing_half_created(admin, unique):
     ns = f"life{unique}/ns"
     topic = f"topic://{ns}/orders"
-    store = MetadataStore(ray_namespace())
+    catalog = Catalog(ray_namespace())
     for bad in (0, -1, 65537, 2.5, "4", True):
         with pytest.raises(InvalidArgumentError):
             admin.create_scalable_topic(topic, bad)
-    assert store.list(f"/topics/{ns}") == []
+    assert catalog.topics(ns) == [] and catalog.store.list(f"/topics/{ns}") == []
     with pytest.raises(ValueError):
         controller_actor(TopicName.parse(topic))  # no controller was started either
 
@@ -205,7 +205,7 @@ def test_topic_lifecycle_and_errors_leave_nothing_half_created(admin, unique):
     assert all(d.exists() for d in directories)
     admin.delete_scalable_topic(topic)
     assert admin.list_scalable_topics(ns) == []
-    assert store.list(f"/topics/{ns}") == []
+    assert catalog.topics(ns) == [] and catalog.store.list(f"/topics/{ns}") == []
     assert not any(d.exists() for d in directories)
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     assert not any(topic[len("topic://") :] in n for n in names)

@@ -1,16 +1,13 @@
 import pytest
 
 from runtime.errors import InvalidNameError
-from runtime.names import SegmentName, TopicName, namespace_prefix
+from runtime.names import SegmentName, TopicName, parse_namespace
 
 
-def test_topic_round_trip_and_paths():
+def test_topic_round_trip_and_actor_names():
     t = TopicName.parse("topic://acme/orders/events")
     assert str(t) == "topic://acme/orders/events"
-    assert t.metadata_path == "/topics/acme/orders/events"
-    assert t.controller_path == "/topics/acme/orders/events/controller"
-    assert t.subscription_path("s1") == "/topics/acme/orders/events/subscriptions/s1"
-    assert t.consumer_path("s1", "c1") == "/topics/acme/orders/events/subscriptions/s1/consumers/c1"
+    assert t.namespace_path == "acme/orders"
     assert t.controller_actor_name == "controller:acme/orders/events"
     assert t.coordinator_actor_name("s1") == "coordinator:acme/orders/events/s1"
 
@@ -63,7 +60,8 @@ def test_malformed_segment_names_are_rejected(bad):
         SegmentName.parse(bad)
 
 
-def test_namespace_prefix():
-    assert namespace_prefix("acme/orders") == "/topics/acme/orders"
-    with pytest.raises(InvalidNameError):
-        namespace_prefix("acme")
+def test_parse_namespace():
+    assert parse_namespace("acme/orders") == ("acme", "orders")
+    for bad in ("acme", "acme/orders/x", "acme/-x", 7):
+        with pytest.raises(InvalidNameError):
+            parse_namespace(bad)

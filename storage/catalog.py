@@ -1,0 +1,466 @@
+"""The metadata catalog: every path of the metadata store and the record kept at each.
+
+The spec fixes where a scalable topic's metadata lives; this module is the one
+place that spells those paths and (de)serializes what is stored there, so no
+caller builds ``f"{...}/subscriptions"`` by hand and a record's shape can change
+in exactly one file. Everything else asks the catalog in domain terms
+(``catalog.subscriptions(topic)``, ``catalog.update_topic(topic, change)``).
+
+==================================================================  =======================
+path                                                                record
+==================================================================  =======================
+``/topics/{tenant}/{namespace}/{topic}``                            ``TopicRecord``
+``/topics/{t}/{ns}/{topic}/controller``                             ``LeaderRecord``
+``/topics/{t}/{ns}/{topic}/subscriptions/{sub}``                    ``SubscriptionMetadata``
+``/topics/{t}/{ns}/{topic}/subscriptions/{sub}/consumers/{name}``   ``ConsumerRegistration``
+``/limits/{tenant}/{namespace}``                                    limit overrides (object)
+``/spark-writes/{writeId}/{partition}``                             claim of a Spark task
+==================================================================  =======================
+
+Writes go through ``MetadataStore``'s compare-and-swap; a lost race is retried
+from a fresh read, never overwritten blindly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.config import ray_namespace
+from runtime.errors import (
+    AlreadyExistsError,
+    BadVersion,
+    ConflictError,
+    KeyNotFoundError,
+    StaleEpochError,
+    SubscriptionAlreadyExistsError,
+    SubscriptionNotFoundError,
+    TopicAlreadyExistsError,
+    TopicNotFoundError,
+)
+from runtime.layout import ScalableTopicMetadata, SegmentLayout
+from runtime.names import TopicName, parse_namespace, validate_part
+from runtime.operations import CompletedOperation, PendingOperation
+from runtime.policy import TopicPolicy
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from storage.metadata import MetadataStore, Version
+
+# --- records -----------------------------------------------------------------------------
+
+
+class TopicRecord(ScalableTopicMetadata):
+    """What is stored at ``/topics/{tenant}/{namespace}/{topic}``.
+
+    The spec's ``ScalableTopicMetadata`` fields, plus the topic's incarnation
+    (which storage is its own), the fencing epoch of the controller that last
+    wrote it and the operation it is carrying out: the last two must change in
+    the same compare-and-swap as the layout they guard.
+    """
+
+    incarnation: str = Field(min_length=1)
+    controller_epoch: int = Field(default=0, alias="controllerEpoch", ge=0)
+    pending_operation: PendingOperation | None = Field(default=None, alias="pendingOperation")
+    last_operation: CompletedOperation | None = Field(default=None, alias="lastOperation")
+    policy: TopicPolicy | None = None
+
+    @property
+    def layout(self) -> SegmentLayout:
+        return SegmentLayout.from_metadata(self)
+
+    def with_layout(self, layout: SegmentLayout, **changes: object) -> TopicRecord:
+        meta = layout.to_metadata()
+        return self.model_copy(
+            update={
+                "epoch": meta.epoch,
+                "next_segment_id": meta.next_segment_id,
+                "segments": meta.segments,
+                "properties": meta.properties,
+                **changes,
+            }
+        )
+
+    @classmethod
+    def new(
+        cls,
+        layout: SegmentLayout,
+        incarnation: str,
+        controller_epoch: int,
+        **changes: object,
+    ) -> TopicRecord:
+        return cls.model_validate(
+            {
+                **layout.to_dict(),
+                "incarnation": incarnation,
+                "controllerEpoch": controller_epoch,
+            }
+        ).model_copy(update=changes)
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TopicRecord:
+        return cls.model_validate_json(data)
+
+
+SubscriptionState = Literal["CREATING", "ACTIVE", "DELETING"]
+SubscriptionKind = Literal["subscription", "checkpoint_group"]
+
+
+class SubscriptionMetadata(BaseModel):
+    """What is stored at ``.../subscriptions/{subscription}``.
+
+    A subscription is created and deleted across many segments; ``state``
+    records how far that got, so a controller restart can finish the job.
+    """
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+    name: str
+    state: SubscriptionState = "CREATING"
+    position: StartPosition = "earliest"
+    kind: SubscriptionKind = "subscription"
+    session_grace_s: float = Field(default=DEFAULT_GRACE_S, alias="sessionGraceS", gt=0)
+    finished_segments: tuple[int, ...] = Field(default=(), alias="finishedSegments")
+    positions: dict[str, int] = Field(default_factory=dict)
+    created_at_ms: int = Field(default_factory=lambda: int(time.time() * 1000), alias="createdAtMs")
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+    def finishing(self, segment: int) -> SubscriptionMetadata:
+        done = tuple(sorted({*self.finished_segments, segment}))
+        positions = {k: v for k, v in self.positions.items() if k != str(segment)}
+        return self.model_copy(update={"finished_segments": done, "positions": positions})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SubscriptionMetadata:
+        return cls.model_validate_json(data)
+
+
+class ConsumerRegistration(BaseModel):
+    """A stream consumer's durable session: its name and the segments it owns."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    consumer_name: str = Field(alias="consumerName")
+    assigned_segments: tuple[int, ...] = Field(alias="assignedSegments")
+    layout_epoch: int = Field(alias="layoutEpoch")
+
+
+class LeaderRecord(BaseModel):
+    """Who leads a topic's controller and at which fencing epoch."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    leader_epoch: int = Field(alias="leaderEpoch", ge=1)
+    host: str = ""
+    pid: int = 0
+    since: float = 0.0
+
+
+# --- paths ---------------------------------------------------------------------------------
+
+_TOPICS = "/topics"
+_LIMITS = "/limits"
+_SPARK_WRITES = "/spark-writes"
+
+
+def topic_path(topic: TopicName) -> str:
+    return f"{_TOPICS}/{topic.short}"
+
+
+def _namespace_path(namespace: str) -> str:
+    tenant, name = parse_namespace(namespace)
+    return f"{_TOPICS}/{tenant}/{name}"
+
+
+def _controller_path(topic: TopicName) -> str:
+    return f"{topic_path(topic)}/controller"
+
+
+def _subscriptions_path(topic: TopicName) -> str:
+    return f"{topic_path(topic)}/subscriptions"
+
+
+def _subscription_path(topic: TopicName, subscription: str) -> str:
+    return f"{_subscriptions_path(topic)}/{validate_part('subscription', subscription)}"
+
+
+def _consumers_path(topic: TopicName, subscription: str) -> str:
+    return f"{_subscription_path(topic, subscription)}/consumers"
+
+
+def _consumer_path(topic: TopicName, subscription: str, consumer: str) -> str:
+    return f"{_consumers_path(topic, subscription)}/{validate_part('consumer name', consumer)}"
+
+
+def _limits_path(namespace: str) -> str:
+    tenant, name = parse_namespace(namespace)
+    return f"{_LIMITS}/{tenant}/{name}"
+
+
+def _claim_path(write_id: str, partition: int | None = None) -> str:
+    base = f"{_SPARK_WRITES}/{write_id}"
+    return base if partition is None else f"{base}/{partition}"
+
+
+# --- the catalog ---------------------------------------------------------------------------
+
+
+class Catalog:
+    """Typed access to every record of the metadata store (one Ray namespace's)."""
+
+    def __init__(self, namespace: str | None = None, store: MetadataStore | None = None) -> None:
+        self.store = store or MetadataStore(namespace or ray_namespace())
+
+    # --- topics --------------------------------------------------------------------------
+
+    def topic(self, topic: TopicName) -> TopicRecord | None:
+        found = self.store.get(topic_path(topic))
+        return TopicRecord.from_bytes(found.value) if found is not None else None
+
+    def topic_if_changed(
+        self, topic: TopicName, known: Version | None
+    ) -> tuple[TopicRecord | None, Version | None] | None:
+        """``None`` while the record is still at version ``known``; else the record (``None``
+        once deleted) and its version. A watcher polls this, so an unchanged record is
+        never parsed again."""
+        found = self.store.get(topic_path(topic))
+        version = found.version if found is not None else None
+        if version is not None and version == known:
+            return None
+        return (TopicRecord.from_bytes(found.value) if found else None), version
+
+    def require_topic(self, topic: TopicName) -> TopicRecord:
+        record = self.topic(topic)
+        if record is None:
+            raise TopicNotFoundError(f"topic {topic} does not exist")
+        return record
+
+    def topic_exists(self, topic: TopicName) -> bool:
+        return self.store.exists(topic_path(topic))
+
+    def topics(self, namespace: str) -> list[str]:
+        """Short names (``orders``) of the topics of ``tenant/namespace``, sorted."""
+        return self.store.children(_namespace_path(namespace))
+
+    def create_topic(self, topic: TopicName, record: TopicRecord) -> None:
+        try:
+            self.store.put_if_absent(topic_path(topic), record.to_bytes())
+        except AlreadyExistsError:
+            raise TopicAlreadyExistsError(f"topic {topic} already exists") from None
+
+    def update_topic(
+        self, topic: TopicName, change: Callable[[TopicRecord], TopicRecord]
+    ) -> TopicRecord:
+        """Read-modify-CAS of the record; ``change`` may raise to abort (nothing written)."""
+        result: list[TopicRecord] = []
+
+        def mutate(raw: bytes) -> bytes:
+            result[:] = [change(TopicRecord.from_bytes(raw))]
+            return result[0].to_bytes()
+
+        try:
+            self.store.update(topic_path(topic), mutate)
+        except KeyNotFoundError:
+            raise TopicNotFoundError(f"topic {topic} does not exist") from None
+        return result[0]
+
+    def delete_topic(self, topic: TopicName) -> None:
+        """The record and everything below it: leader, subscriptions, consumers."""
+        self.store.delete_tree(topic_path(topic))
+
+    def active_segments(self, namespace: str) -> dict[str, int]:
+        """Active segment count of every topic of ``tenant/namespace`` (for limits)."""
+        counts = {}
+        for name in self.topics(namespace):
+            tenant, ns = parse_namespace(namespace)
+            record = self.topic(TopicName(tenant, ns, name))
+            if record is not None:
+                counts[name] = len(record.layout.active_segments)
+        return counts
+
+    # --- leadership ----------------------------------------------------------------------
+
+    def elect(self, topic: TopicName, at_least: int = 1) -> int:
+        """CAS-increment the topic's leader epoch (to ``at_least`` or more) and record
+        this process as the leader; returns the new epoch."""
+        path = _controller_path(topic)
+        identity = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+
+        def bumped(raw: bytes) -> bytes:
+            epoch = max(LeaderRecord.model_validate_json(raw).leader_epoch + 1, at_least)
+            return LeaderRecord(leader_epoch=epoch, **identity).model_dump_json(by_alias=True)
+
+        for _ in range(100):
+            first = LeaderRecord(leader_epoch=max(1, at_least), **identity)
+            try:
+                self.store.put_if_absent(path, first.model_dump_json(by_alias=True).encode())
+                return first.leader_epoch
+            except AlreadyExistsError:
+                pass
+            try:
+                updated = self.store.update(path, lambda raw: bumped(raw).encode())
+                return LeaderRecord.model_validate_json(updated.value).leader_epoch
+            except KeyNotFoundError:
+                continue  # deleted between the two calls: try to create it again
+        raise ConflictError(f"could not win leadership of {topic}: constant contention")
+
+    def leader(self, topic: TopicName) -> LeaderRecord | None:
+        found = self.store.get(_controller_path(topic))
+        return LeaderRecord.model_validate_json(found.value) if found is not None else None
+
+    # --- subscriptions -------------------------------------------------------------------
+
+    def subscriptions(self, topic: TopicName) -> list[str]:
+        return self.store.children(_subscriptions_path(topic))
+
+    def subscription(self, topic: TopicName, name: str) -> SubscriptionMetadata | None:
+        found = self.store.get(_subscription_path(topic, name))
+        return SubscriptionMetadata.from_bytes(found.value) if found is not None else None
+
+    def require_subscription(self, topic: TopicName, name: str) -> SubscriptionMetadata:
+        meta = self.subscription(topic, name)
+        if meta is None:
+            raise SubscriptionNotFoundError(f"subscription {name!r} does not exist on {topic}")
+        return meta
+
+    def create_subscription(self, topic: TopicName, meta: SubscriptionMetadata) -> None:
+        try:
+            self.store.put_if_absent(_subscription_path(topic, meta.name), meta.to_bytes())
+        except AlreadyExistsError:
+            raise SubscriptionAlreadyExistsError(
+                f"subscription {meta.name!r} already exists on {topic}"
+            ) from None
+
+    def update_subscription(
+        self,
+        topic: TopicName,
+        name: str,
+        change: Callable[[SubscriptionMetadata], SubscriptionMetadata],
+    ) -> SubscriptionMetadata:
+        try:
+            updated = self.store.update(
+                _subscription_path(topic, name),
+                lambda raw: change(SubscriptionMetadata.from_bytes(raw)).to_bytes(),
+            )
+        except KeyNotFoundError:
+            raise SubscriptionNotFoundError(
+                f"subscription {name!r} does not exist on {topic}"
+            ) from None
+        return SubscriptionMetadata.from_bytes(updated.value)
+
+    def delete_subscription(self, topic: TopicName, name: str) -> None:
+        """The subscription and its consumers' registrations."""
+        self.store.delete_tree(_subscription_path(topic, name))
+
+    def ensure_group(self, topic: TopicName, group: str, grace_s: float) -> None:
+        """Create a checkpoint group's metadata on first use; refuse a name clash."""
+        meta = SubscriptionMetadata(
+            name=group, state="ACTIVE", kind="checkpoint_group", session_grace_s=grace_s
+        )
+        with contextlib.suppress(SubscriptionAlreadyExistsError):
+            self.create_subscription(topic, meta)
+        found = self.subscription(topic, group)
+        if found is None or found.kind != "checkpoint_group":
+            raise ConflictError(
+                f"{group!r} is a subscription of {topic}, not a checkpoint group: pick another name"
+            )
+
+    # --- consumer registrations ----------------------------------------------------------
+
+    def consumers(self, topic: TopicName, subscription: str) -> list[str]:
+        return self.store.children(_consumers_path(topic, subscription))
+
+    def registrations(self, topic: TopicName, subscription: str) -> list[ConsumerRegistration]:
+        found = []
+        for name in self.consumers(topic, subscription):
+            entry = self.store.get(_consumer_path(topic, subscription, name))
+            if entry is not None:
+                found.append(ConsumerRegistration.model_validate_json(entry.value))
+        return found
+
+    def put_registration(
+        self, topic: TopicName, subscription: str, registration: ConsumerRegistration
+    ) -> None:
+        """Create or replace (the coordinator is the only writer of its subscription's)."""
+        path = _consumer_path(topic, subscription, registration.consumer_name)
+        value = registration.model_dump_json(by_alias=True).encode()
+        for _ in range(100):
+            found = self.store.get(path)
+            try:
+                if found is None:
+                    self.store.put_if_absent(path, value)
+                else:
+                    self.store.compare_and_swap(path, found.version, value)
+                return
+            except (AlreadyExistsError, BadVersion, KeyNotFoundError):
+                continue
+        raise ConflictError(f"could not store the registration at {path}: constant contention")
+
+    def delete_registration(self, topic: TopicName, subscription: str, consumer: str) -> None:
+        with contextlib.suppress(KeyNotFoundError):
+            self.store.delete(_consumer_path(topic, subscription, consumer))
+
+    # --- namespace limits ----------------------------------------------------------------
+
+    def limit_overrides(self, namespace: str) -> dict[str, Any]:
+        found = self.store.get(_limits_path(namespace))
+        return json.loads(found.value) if found is not None else {}
+
+    def update_limit_overrides(
+        self, namespace: str, change: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Apply ``change`` to the stored overrides (``{}`` when none); it may raise to abort."""
+        path = _limits_path(namespace)
+
+        def mutate(raw: bytes) -> bytes:
+            return json.dumps(change(json.loads(raw)), sort_keys=True).encode()
+
+        for _ in range(100):
+            try:
+                self.store.put_if_absent(path, mutate(b"{}"))
+                break
+            except AlreadyExistsError:
+                pass
+            with contextlib.suppress(KeyNotFoundError):
+                self.store.update(path, mutate)
+                break
+        return self.limit_overrides(namespace)
+
+    # --- Spark writes --------------------------------------------------------------------
+
+    def claim_write_partition(self, write_id: str, partition: int) -> bool:
+        """True for the first claim of a Spark write's partition, False for every later one."""
+        try:
+            self.store.put_if_absent(_claim_path(write_id, partition), b"")
+        except AlreadyExistsError:
+            return False
+        return True
+
+    def forget_write(self, write_id: str) -> None:
+        self.store.delete_tree(_claim_path(write_id))
+
+
+def fenced(
+    epoch: int, topic: TopicName, change: Callable[[TopicRecord], TopicRecord]
+) -> Callable[[TopicRecord], TopicRecord]:
+    """``change`` guarded by the controller's fencing epoch, which it also stamps."""
+
+    def apply(record: TopicRecord) -> TopicRecord:
+        if record.controller_epoch > epoch:
+            raise StaleEpochError(
+                f"controller epoch {epoch} of {topic} is stale: "
+                f"epoch {record.controller_epoch} has taken over"
+            )
+        return change(record.model_copy(update={"controller_epoch": epoch}))
+
+    return apply
