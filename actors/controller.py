@@ -9,6 +9,11 @@ later writes carry it, so an older incarnation is refused by the metadata store
 Every layout change is first written down as a ``PendingOperation``; a new
 incarnation finishes whatever its predecessor left half-done before serving
 anything else (roll forward, never back).
+
+A topic's storage belongs to one topic incarnation, named when the topic is
+created (``storage.topic_storage``); the controller keeps that incarnation's
+``topic.json`` current, and can rebuild lost metadata from it and from what
+every segment records about itself (``recover``, ``runtime.recovery``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -34,17 +38,21 @@ from actors.maintenance import TopicMaintenance
 from actors.metrics import ControllerMetrics
 from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
+from actors.segment_fleet import SegmentFleet
+from runtime.config import ray_namespace
 from runtime.errors import (
     ConflictError,
     InvalidArgumentError,
     OperationInProgressError,
     SegmentNotFoundError,
+    TopicAlreadyExistsError,
 )
-from runtime.layout import SegmentInfo, SegmentLayout
+from runtime.layout import HashRange, SegmentInfo, SegmentLayout
 from runtime.limits import check_room
 from runtime.names import SegmentName, TopicName, validate_part
 from runtime.operations import (
     PendingOperation,
+    PlannedSegment,
     apply_operation,
     completed,
     plan_merge,
@@ -52,6 +60,7 @@ from runtime.operations import (
     plan_split,
 )
 from runtime.policy import RetentionPolicy, TopicPolicy
+from runtime.recovery import plan_recovery
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.catalog import (
     Catalog,
@@ -61,7 +70,13 @@ from storage.catalog import (
     fenced,
 )
 from storage.segment_log import Durability, default_storage_root
-from storage.segment_store import SegmentStore, segment_directory
+from storage.segment_store import SealedBy, stored_states
+from storage.topic_storage import (
+    SubscriptionSettings,
+    TopicIdentity,
+    choose_incarnation,
+    new_incarnation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +93,15 @@ class ScalableTopicController:
         self.metrics = ControllerMetrics(self.topic)
         self.metrics.leader(self.epoch)
         self._lock = asyncio.Lock()
-        self._watch_handles: dict[SegmentName, ray.actor.ActorHandle] = {}
-        self._starting: set[asyncio.Future] = set()  # segment actors being started
+        self.fleet = SegmentFleet(
+            self.topic, Path(storage_root), self.durability, self._forget_recovery
+        )
         self._recovered = False
         self._fault_after_step: int | None = None
+
+    def _forget_recovery(self) -> None:
+        """The next call's ``_recover`` starts every active segment's actor again."""
+        self._recovered = False
 
     # --- leadership --------------------------------------------------------------
 
@@ -94,12 +114,16 @@ class ScalableTopicController:
     async def _recover(self) -> None:
         """Stamp our epoch, fence the segments, finish interrupted work. Idempotent."""
         record = self._read_record(required=False)
-        if record is None or (self._recovered and record.pending_operation is None):
+        if record is None:
+            return
+        if record.incarnation != self.fleet.incarnation:
+            self.fleet.incarnation, self._recovered = record.incarnation, False
+        if self._recovered and record.pending_operation is None:
             return
         record = self._update_record(lambda r: r)
         await asyncio.gather(
             *(
-                self._segment_handle(n).check_epoch.remote(self.epoch)
+                self.fleet.handle(n).check_epoch.remote(self.epoch)
                 for n in self._active_names(record)
             )
         )
@@ -116,9 +140,12 @@ class ScalableTopicController:
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
         op = PendingOperation(kind="create", request_id=uuid.uuid4().hex, base_epoch=0)
-        record = TopicRecord.new(layout, uuid.uuid4().hex, self.epoch, pending_operation=op)
+        record = TopicRecord.new(layout, new_incarnation(), self.epoch, pending_operation=op)
         async with self._lock:
             self.catalog.create_topic(self.topic, record)
+            self.fleet.incarnation = record.incarnation
+            await self.fleet.clear_leftovers()
+            self._write_identity(record)
             await self._carry_out(op)
             self._recovered = True
         return self._read_record().layout.to_dict()
@@ -129,6 +156,74 @@ class ScalableTopicController:
             op = PendingOperation(kind="delete", request_id=uuid.uuid4().hex, base_epoch=0)
             self._update_record(lambda r: r.model_copy(update={"pending_operation": op}))
             await self._carry_out(op)
+
+    async def recover(self, incarnation: str | None = None) -> dict[str, Any]:
+        """Rebuild the lost metadata of this topic from its storage (``runtime.recovery``).
+
+        Refused while the topic has live metadata. The leader epoch is raised
+        above every fence the segments have seen (they would refuse a lower one),
+        actors left from before are replaced, the layout is written back (with an
+        interrupted merge pending, which the usual recovery then rolls forward),
+        and every subscription found in the cursors is re-created around them:
+        existing cursors keep their positions, missing ones start at the
+        subscription's position.
+        """
+        async with self._lock:
+            if self.catalog.topic_exists(self.topic):
+                raise TopicAlreadyExistsError(
+                    f"{self.topic} has live metadata: recover rebuilds only a topic whose "
+                    "metadata is lost"
+                )
+            stored = choose_incarnation(self.fleet.stored(), self.topic, incarnation)
+            identity = stored.identity
+            plan = plan_recovery(
+                stored_states(stored),
+                known_epoch=identity.epoch if identity else 0,
+                known_next_segment_id=identity.next_segment_id if identity else 0,
+                properties=identity.properties if identity else None,
+            )
+            self.epoch = self.catalog.elect(self.topic, at_least=plan.controller_epoch)
+            self.metrics.leader(self.epoch)
+            self.fleet.incarnation = stored.incarnation
+            await self.fleet.clear_leftovers()
+            policy = identity.policy if identity else None
+            record = TopicRecord.new(
+                plan.layout,
+                stored.incarnation,
+                self.epoch,
+                pending_operation=plan.pending,
+                policy=TopicPolicy.parse(policy) if policy else None,
+                created_at_ms=identity.created_at_ms if identity else int(time.time() * 1000),
+            )
+            self.catalog.create_topic(self.topic, record)
+            settings = identity.subscriptions if identity else {}
+            for name in plan.subscriptions:
+                kept = settings.get(name) or SubscriptionSettings()
+                self.catalog.create_subscription(
+                    self.topic,
+                    SubscriptionMetadata(
+                        name=name, position=kept.position, session_grace_s=kept.session_grace_s
+                    ),
+                )
+            for info in stored_states(stored):
+                if info.info.segment_id in plan.discarded:
+                    self.fleet.delete_segment_storage(self._name_of(info.info))
+            self._recovered = False
+            await self._recover()
+            layout = self._read_record().layout
+            for segment in layout.all_segments.values():  # sealed ones serve their backlog
+                self.fleet.handle(self._name_of(segment))
+            self._write_identity()
+        return {
+            "topic": str(self.topic),
+            "incarnation": stored.incarnation,
+            "epoch": layout.epoch,
+            "segments": len(layout.all_segments),
+            "activeSegments": len(layout.active_segments),
+            "subscriptions": list(plan.subscriptions),
+            "discardedSegments": list(plan.discarded),
+            "finishedOperation": plan.pending.kind if plan.pending else None,
+        }
 
     # --- split / merge ---------------------------------------------------------------
 
@@ -162,7 +257,9 @@ class ScalableTopicController:
         parsed = TopicPolicy.parse(policy)
         async with self._lock:
             await self._recover()
-            self._update_record(lambda r: r.model_copy(update={"policy": parsed}))
+            self._write_identity(
+                self._update_record(lambda r: r.model_copy(update={"policy": parsed}))
+            )
         return parsed.to_dict()
 
     async def _change_layout(
@@ -195,10 +292,12 @@ class ScalableTopicController:
         """Run (or resume) ``op``; each step is safe to repeat. Returns the record
         it committed (none after a delete)."""
         if op.kind == "create":
-            names = self._active_names()
-            await asyncio.gather(*(self._create_segment(n, []) for n in names))
-            for name in names:
-                self._segment_handle(name)  # started: the topic is served once created
+            active = list(self._read_record().layout.active_segments.values())
+            await asyncio.gather(
+                *(self.fleet.create(self._name_of(s), s, [], self.epoch) for s in active)
+            )
+            for segment in active:
+                self.fleet.handle(self._name_of(segment))  # the topic is served once created
             return self._update_record(lambda r: _cleared(r, op, r.layout))
         if op.kind == "delete":
             await self._delete_everything()
@@ -207,33 +306,43 @@ class ScalableTopicController:
             layout = self._read_record().layout
             for segment_id in op.parents:
                 if segment_id in layout.all_segments:
-                    await self._destroy_segment(self._name_of(layout.get(segment_id)))
+                    await self.fleet.destroy(self._name_of(layout.get(segment_id)), self.epoch)
             committed = self._commit(op)
             dag_watch_actor().notify.remote(str(self.topic))
             return committed
         subscriptions = await self._discover_subscriptions(op.parents)
         self._step_done(1)
+        epoch = op.base_epoch + 1  # the layout epoch the commit will give the children
         await asyncio.gather(
-            *(self._create_segment(c.name(self.topic), subscriptions) for c in op.children)
+            *(
+                self.fleet.create(c.name(self.topic), _child_info(c, op), subscriptions, self.epoch)
+                for c in op.children
+            )
         )
         self._step_done(2)
+        sealed = SealedBy(tuple(c.segment_id for c in op.children), epoch)
         for parent in op.parents:  # one after the other, as the merge protocol requires
-            await self._segment(parent).terminate.remote(self.epoch)
+            await self.fleet.terminate(self._segment_name(parent), self.epoch, sealed)
         self._step_done(3)
         committed = self._commit(op)
         self._step_done(4)
         dag_watch_actor().notify.remote(str(self.topic))  # step 5: push, don't wait
         self._step_done(5)
-        self._start_in_background([c.name(self.topic) for c in op.children])
+        self.fleet.start_in_background([c.name(self.topic) for c in op.children])
         return committed
 
     def _commit(self, op: PendingOperation) -> TopicRecord:
-        """The one CAS that applies ``op`` to the layout and clears it as pending."""
-        return self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
+        """The one CAS that applies ``op`` to the layout and clears it as pending; the
+        incarnation's ``topic.json`` follows it."""
+        record = self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
+        self._write_identity(record)
+        return record
 
     async def _discover_subscriptions(self, parents: tuple[int, ...]) -> list[str]:
         """Union of the parents' subscriptions and the topic's live ones."""
-        found = await asyncio.gather(*(self._segment(p).subscriptions.remote() for p in parents))
+        found = await asyncio.gather(
+            *(self.fleet.handle(self._segment_name(p)).subscriptions.remote() for p in parents)
+        )
         names = {name for names in found for name in names}
         for name in self.catalog.subscriptions(self.topic):
             meta = self.catalog.subscription(self.topic, name)
@@ -246,10 +355,13 @@ class ScalableTopicController:
         return sorted(names)
 
     async def _delete_everything(self) -> None:
+        """Storage goes before metadata: a crash in between leaves the delete pending, and
+        the next incarnation finishes it; the other order could leave files no record names."""
         for subscription in self.catalog.subscriptions(self.topic):
             await self._stop_coordinator(subscription)
         for segment in self._read_record().layout.all_segments.values():
-            await self._destroy_segment(self._name_of(segment))
+            await self.fleet.destroy(self._name_of(segment), self.epoch)
+        self.fleet.delete_incarnation()
         self.catalog.delete_topic(self.topic)
 
     # --- subscriptions ---------------------------------------------------------------
@@ -289,23 +401,20 @@ class ScalableTopicController:
         if meta.state == "CREATING":
             await asyncio.gather(
                 *(
-                    self._segment_handle(n).create_subscription.remote(
-                        name, meta.position, self.epoch
-                    )
+                    self.fleet.handle(n).create_subscription.remote(name, meta.position, self.epoch)
                     for n in names
                 )
             )
             self.catalog.update_subscription(self.topic, name, _in_state("ACTIVE"))
             coordinator_actor(self.topic, name)
+            self._write_identity()
         else:
             await self._stop_coordinator(name)
             await asyncio.gather(
-                *(
-                    self._segment_handle(n).delete_subscription.remote(name, self.epoch)
-                    for n in names
-                )
+                *(self.fleet.handle(n).delete_subscription.remote(name, self.epoch) for n in names)
             )
             self.catalog.delete_subscription(self.topic, name)
+            self._write_identity()
 
     async def _stop_coordinator(self, name: str) -> None:
         try:
@@ -323,11 +432,16 @@ class ScalableTopicController:
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
-            info = self._read_record().layout.all_segments.get(name.segment_id)
+            layout = self._read_record().layout
+            info = layout.all_segments.get(name.segment_id)
             if info is not None:
                 self._layout_segment(name)  # the id is taken: the range must match
-            await self._create_segment(name, subscriptions)
-            self._segment_handle(name)
+            else:
+                rng = HashRange(start=name.start, end=name.end)
+                info = SegmentInfo.active(name.segment_id, rng, layout.epoch)
+            in_layout = name.segment_id in layout.all_segments
+            await self.fleet.create(name, info, subscriptions, self.epoch, in_layout=in_layout)
+            self.fleet.handle(name)
 
     async def terminate_segment(self, segment: str, force: bool = False) -> int:
         """Seal a segment of the layout; an ACTIVE one only with ``force`` (producers to
@@ -341,7 +455,7 @@ class ScalableTopicController:
                     f"{name} is ACTIVE in the layout of {self.topic}: split or merge it to "
                     "seal it with successors, or pass force=True"
                 )
-            return await self._segment_handle(name).terminate.remote(self.epoch)
+            return await self.fleet.handle(name).terminate.remote(self.epoch)
 
     async def delete_segment(self, segment: str, force: bool = False) -> None:
         name = self._own_segment(segment)
@@ -357,7 +471,7 @@ class ScalableTopicController:
                     f"{name} is ACTIVE in the layout of {self.topic}: terminate it through a "
                     "split/merge first, or pass force=True"
                 )
-            await self._destroy_segment(name)
+            await self.fleet.destroy(name, self.epoch)
 
     def _layout_segment(self, name: SegmentName, required: bool = True) -> SegmentInfo | None:
         """The layout's record of ``name``; its range must match the layout's."""
@@ -382,7 +496,7 @@ class ScalableTopicController:
         if record is None or record.pending_operation is not None:
             return None
         names = {s.segment_id: self._name_of(s) for s in record.layout.all_segments.values()}
-        handles = {i: h for i, n in names.items() if (h := self._watched(n)) is not None}
+        handles = {i: h for i, n in names.items() if (h := self.fleet.watched(n)) is not None}
         found = await asyncio.gather(
             *(h.stats.remote() for h in handles.values()), return_exceptions=True
         )
@@ -391,7 +505,7 @@ class ScalableTopicController:
             if isinstance(st, dict):
                 stats[segment_id] = st
             elif isinstance(st, RayActorError):
-                self._watch_handles.pop(names[segment_id], None)  # look it up afresh next round
+                self.fleet.forget(names[segment_id])  # look it up afresh next round
         return record, stats
 
     async def retain_active(self, layout: SegmentLayout, retention: RetentionPolicy) -> None:
@@ -401,25 +515,10 @@ class ScalableTopicController:
         oldest_ms = None
         if retention.time_s is not None:
             oldest_ms = time.time_ns() // 1_000_000 - int(retention.time_s * 1000)
-        handles = [self._watched(self._name_of(s)) for s in layout.active_segments.values()]
+        handles = [self.fleet.watched(self._name_of(s)) for s in layout.active_segments.values()]
         await asyncio.gather(
             *(h.retain.remote(oldest_ms, retention.size_bytes) for h in handles if h is not None)
         )
-
-    def _watched(self, name: SegmentName) -> ray.actor.ActorHandle | None:
-        """Segment handles for the maintenance rounds, cached: a lookup per segment per
-        round would cost a GCS round trip each. Pruned segments drop out of the cache.
-
-        Looked up, never started: observing must not bring back a segment that an
-        operator stopped (``None`` then, and the round goes on without it).
-        """
-        handle = self._watch_handles.get(name)
-        if handle is None:
-            try:
-                handle = self._watch_handles[name] = segment_actor(name)
-            except ValueError:
-                return None
-        return handle
 
     def subscription_names(self) -> list[str]:
         return self.catalog.subscriptions(self.topic)
@@ -470,78 +569,38 @@ class ScalableTopicController:
     def _all_names(self) -> list[SegmentName]:
         return self._names(False)
 
-    def _segment(self, segment_id: int) -> ray.actor.ActorHandle:
+    def _segment_name(self, segment_id: int) -> SegmentName:
         info = self._read_record().layout.all_segments.get(segment_id)
         if info is None:
             raise SegmentNotFoundError(f"segment {segment_id} is not in the layout of {self.topic}")
-        return self._segment_handle(self._name_of(info))
+        return self._name_of(info)
 
-    def _segment_handle(self, name: SegmentName) -> ray.actor.ActorHandle:
-        return segment_actor(
-            name, create=True, storage_root=self.storage_root, durability=self.durability
+    def _write_identity(self, record: TopicRecord | None = None) -> None:
+        """Rewrite the incarnation's ``topic.json``: what recovery needs beyond the
+        segments' own records (properties, policy, the layout epoch, subscription
+        settings). Written after the metadata change it mirrors, so it may lag one
+        change behind, never run ahead."""
+        record = record or self._read_record()
+        subscriptions = {}
+        for name in self.catalog.subscriptions(self.topic):
+            meta = self.catalog.subscription(self.topic, name)
+            if meta is not None and meta.kind == "subscription" and meta.state != "DELETING":
+                subscriptions[name] = SubscriptionSettings(
+                    position=meta.position, session_grace_s=meta.session_grace_s
+                )
+        self.fleet.write_identity(
+            TopicIdentity(
+                topic=str(self.topic),
+                incarnation=record.incarnation,
+                ray_namespace=ray_namespace(),
+                created_at_ms=record.created_at_ms,
+                epoch=record.epoch,
+                next_segment_id=record.next_segment_id,
+                properties=dict(record.properties),
+                policy=record.policy.to_dict() if record.policy is not None else None,
+                subscriptions=subscriptions,
+            )
         )
-
-    async def _create_segment(self, name: SegmentName, subscriptions: list[str]) -> None:
-        """Protocol step 2 for one segment: storage with every cursor at Earliest.
-
-        A new segment's storage is initialized here, directly on the shared
-        storage root, so the segment exists (and is fenced) before metadata
-        names it. The caller starts its actor: a split's or merge's children only
-        after the layout commit, in the background (booting an actor's process
-        costs more CPU than the whole protocol, and on a small machine it would
-        slow the protocol's own steps; clients wait for a segment the layout
-        names to register, see ``find_segment_actor``). A segment whose actor
-        already runs (a resumed operation) is served through the actor.
-        """
-        try:
-            handle = segment_actor(name)
-        except ValueError:
-            self._initialize_storage(name, subscriptions)
-            return
-        await handle.check_epoch.remote(self.epoch)
-        await asyncio.gather(
-            *(handle.create_subscription.remote(s, "earliest", self.epoch) for s in subscriptions)
-        )
-
-    def _start_in_background(self, names: list[SegmentName]) -> None:
-        """Start the actors of committed segments, in the background: registering an
-        actor is a blocking round trip to the GCS per segment (10-80 ms for two on a
-        busy 2-core machine), and nothing in the operation waits for it. A crash
-        before they are started is repaired by the next incarnation's recovery, which
-        starts every active segment's actor (``_recover`` -> ``check_epoch``)."""
-        loop = asyncio.get_running_loop()
-        starting = loop.run_in_executor(None, lambda: [self._segment_handle(n) for n in names])
-        self._starting.add(starting)
-        starting.add_done_callback(self._started)
-
-    def _started(self, starting: asyncio.Future) -> None:
-        self._starting.discard(starting)
-        if starting.cancelled() or starting.exception() is None:
-            return
-        error = starting.exception()
-        log.error("%s: starting new segments' actors failed: %s", self.topic, error)
-        self._recovered = False  # the next call's _recover starts every active segment's actor
-
-    def _initialize_storage(self, name: SegmentName, subscriptions: list[str]) -> None:
-        store = SegmentStore(name, Path(self.storage_root), self.durability, create=True)
-        try:
-            store.check_epoch(self.epoch)
-            for subscription in subscriptions:
-                store.create_subscription(subscription, "earliest", self.epoch)
-        finally:
-            store.close()
-
-    async def _destroy_segment(self, name: SegmentName) -> None:
-        """Stop the segment's actor (if any) and remove its storage; safe to repeat."""
-        # or a late start could outlive the deletion
-        await asyncio.gather(*self._starting, return_exceptions=True)
-        self._watch_handles.pop(name, None)
-        with contextlib.suppress(ValueError):
-            handle = segment_actor(name)
-            with contextlib.suppress(RayActorError, SegmentNotFoundError):
-                await handle.delete.remote(self.epoch)
-            ray.kill(handle, no_restart=True)
-        shutil.rmtree(segment_directory(Path(self.storage_root), name), ignore_errors=True)
 
 
 class ScalableTopicControllerActor(ScalableTopicController):
@@ -599,6 +658,12 @@ def _cleared(record: TopicRecord, op: PendingOperation, layout: SegmentLayout) -
     keep = op.kind in ("create", "prune")
     done = record.last_operation if keep else completed(op, layout.epoch)
     return record.with_layout(layout, pending_operation=None, last_operation=done)
+
+
+def _child_info(child: PlannedSegment, op: PendingOperation) -> SegmentInfo:
+    """A split's or merge's child as the layout will name it once the operation commits."""
+    rng = HashRange(start=child.start, end=child.end)
+    return SegmentInfo.active(child.segment_id, rng, op.base_epoch + 1, op.parents)
 
 
 def _in_state(

@@ -223,9 +223,7 @@ class SubscriptionCoordinator:
     def _load_meta(self) -> SubscriptionMetadata:
         return self.catalog.require_subscription(self.topic, self.subscription)
 
-    def _update_meta(
-        self, change: Callable[[SubscriptionMetadata], SubscriptionMetadata]
-    ) -> None:
+    def _update_meta(self, change: Callable[[SubscriptionMetadata], SubscriptionMetadata]) -> None:
         self.meta = self.catalog.update_subscription(self.topic, self.subscription, change)
 
     def _load_registrations(self) -> dict[str, tuple[int, ...]]:

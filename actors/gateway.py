@@ -36,10 +36,13 @@ from clients.http import (
     LIMITS_PATH,
     MERGE_PATH,
     NAMESPACE_PATH,
+    ORPHANED_STORAGE_PATH,
     POLICY_PATH,
+    RECOVER_PATH,
     SEGMENT_PATH,
     SPLIT_PATH,
     STATS_PATH,
+    STORAGE_PATH,
     SUBSCRIPTION_PATH,
     SUBSCRIPTIONS_PATH,
     TERMINATE_PATH,
@@ -61,6 +64,7 @@ from runtime.names import _DESCRIPTOR, _PART, SegmentName, TopicName, validate_p
 from runtime.operations import CompletedOperation
 from runtime.policy import TopicPolicy
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from storage.topic_storage import INCARNATION_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +109,15 @@ class CreateSubscriptionBody(_Body):
 class CreateSegmentBody(_Body):
     subscriptions: list[str] = Field(
         default_factory=list, description="subscription names to pre-create at Earliest"
+    )
+
+
+class RecoverBody(_Body):
+    incarnation: str | None = Field(
+        default=None,
+        pattern=f"^{INCARNATION_PATTERN}$",
+        description="which stored incarnation to recover (GET /admin/v2/storage lists them); "
+        "may be omitted when only one exists",
     )
 
 
@@ -330,6 +343,23 @@ ROUTES: tuple[Route, ...] = (
         errors=(400, 409, 503), tag="limits",
     ),
     Route(
+        "POST", RECOVER_PATH, "recoverTopic",
+        "Rebuild a topic whose metadata was lost from its storage (DAG, subscriptions, cursors)",
+        lambda a, p: a.recover_topic_async(p.topic, p.body.incarnation), body=RecoverBody,
+        returns=_OBJECT, errors=_MUTATION_ERRORS,
+    ),
+    Route(
+        "GET", STORAGE_PATH, "checkStorage",
+        "Storage under the storage root that no live metadata names (needs admin on '*')",
+        lambda a, p: a.check_storage_async(), returns=_OBJECT, errors=(503,), tag="storage",
+    ),
+    Route(
+        "DELETE", ORPHANED_STORAGE_PATH, "deleteOrphanedStorage",
+        "Delete the storage no live metadata names; returns the report with what was deleted",
+        lambda a, p: a.check_storage_async(delete=True), returns=_OBJECT, errors=(409, 503),
+        tag="storage",
+    ),
+    Route(
         "GET", "/openapi.json", "getOpenApi", "This API as an OpenAPI 3.1 document",
         _openapi, returns=_OBJECT, errors=(400,), tag="meta", permission=None,
     ),
@@ -465,7 +495,9 @@ def _authorized_path(request: web.Request, route: Route) -> dict[str, Any]:
     token = bearer_token(request.headers.get("Authorization"))
     policy.authenticate(token)
     path = _parse_path(request.match_info)
-    policy.authorize(token, route.permission, f"{path['tenant']}/{path['namespace']}")
+    # Routes outside any namespace (the storage root) act on every namespace.
+    scope = f"{path['tenant']}/{path['namespace']}" if "tenant" in path else "*"
+    policy.authorize(token, route.permission, scope)
     return path
 
 

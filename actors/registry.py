@@ -33,3 +33,13 @@ def get_or_start(
         get_if_exists=True,
         **({"resources": resources} if resources else {}),
     ).remote(*args)
+
+
+def named_actors(prefix: str) -> list[str]:
+    """Names of the running actors of our namespace that start with ``prefix``."""
+    namespace = ray_namespace()
+    return sorted(
+        entry["name"]
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["namespace"] == namespace and entry["name"].startswith(prefix)
+    )

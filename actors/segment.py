@@ -37,7 +37,8 @@ from runtime.names import SegmentName
 from storage.catalog import Catalog
 from storage.cursors import Position
 from storage.segment_log import Durability, default_storage_root
-from storage.segment_store import SegmentStore
+from storage.segment_store import SealedBy, SegmentStore
+from storage.topic_storage import new_incarnation
 
 MAX_READ_RECORDS = 100_000
 MAX_READ_WAIT_S = 60.0
@@ -52,7 +53,12 @@ DEFAULT_ACK_TIMEOUT_S = 30.0
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class SegmentActor:
     def __init__(
-        self, segment: str, storage_root: str, durability: dict[str, Any], initialize: bool
+        self,
+        segment: str,
+        storage_root: str,
+        durability: dict[str, Any],
+        initialize: bool,
+        incarnation: str,
     ) -> None:
         self._name = SegmentName.parse(segment)
         # Only a first start may create storage: a restart (or a re-created actor)
@@ -62,7 +68,9 @@ class SegmentActor:
             self._name,
             Path(storage_root),
             Durability(**durability),
+            incarnation=incarnation,
             create=create,
+            in_layout=False,  # storage the controller did not lay out itself
             ack_timeout_s=env_float(ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT_S),
             background_sync=True,  # by _sync_forever, off the event loop
         )
@@ -128,13 +136,18 @@ class SegmentActor:
         log = self._store.log
         return {
             "segmentId": self._name.segment_id,
+            "incarnation": self._store.incarnation,
             "endOffset": log.end_offset,
             "terminated": log.terminated,
             "pid": os.getpid(),
         }
 
-    async def terminate(self, epoch: int | None = None) -> int:
-        end = self._store.terminate(epoch)
+    async def terminate(
+        self, epoch: int | None = None, sealed: tuple[tuple[int, ...], int] | None = None
+    ) -> int:
+        """Seal the segment; ``sealed``: (children, layout epoch) of the split or merge
+        that replaces it, kept in its storage for recovery."""
+        end = self._store.terminate(epoch, SealedBy(*sealed) if sealed is not None else None)
         self._wake()
         self._appender.release_turns()
         return end
@@ -251,17 +264,24 @@ def segment_actor(
     storage_root: str | None = None,
     durability: Durability | None = None,
     initialize: bool = False,
+    incarnation: str | None = None,
 ) -> ray.actor.ActorHandle:
     """Handle to a segment's actor; with ``create`` it is started if missing.
 
-    A started actor opens existing storage; ``initialize`` lets a brand-new
-    segment create it (the controller initializes storage itself beforehand).
+    A started actor opens the existing storage of topic incarnation
+    ``incarnation``; ``initialize`` lets a brand-new segment create it (the
+    controller initializes storage itself beforehand), and a segment started
+    outside any topic (tests, benchmarks) gets an incarnation of its own.
     """
     if not create:
         return lookup(name.actor_name)
+    if incarnation is None:
+        if not initialize:
+            raise ValueError("a segment actor opening existing storage needs its incarnation")
+        incarnation = new_incarnation()
     durability = durability or Durability.from_env()
     root = str(storage_root or default_storage_root())
-    args = (str(name), root, asdict(durability), initialize)
+    args = (str(name), root, asdict(durability), initialize, incarnation)
     return get_or_start(SegmentActor, name.actor_name, *args, topic=name.topic)
 
 

@@ -21,6 +21,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 
 from actors.controller import controller_actor
 from actors.segment import segment_actor
+from actors.storage_tasks import remove_storage, scan_storage
 from clients._ray import with_sync_twins
 from runtime.auth import AuthPolicy, Permission, default_token
 from runtime.connect import connect
@@ -38,6 +39,8 @@ from runtime.policy import TopicPolicy
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.catalog import Catalog, TopicRecord
+from storage.segment_log import default_storage_root
+from storage.topic_storage import StoredIncarnation, choose_incarnation, is_incarnation
 
 _RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
 
@@ -93,7 +96,8 @@ class ScalableTopicsAdmin:
         makes this raise ``UnavailableSegmentsError`` rather than under-report.
         """
         name = self._allowed(Permission.LOOKUP, topic)
-        layout = self._record(name).layout
+        record = self._record(name)
+        layout = record.layout
         segments = list(layout.all_segments.values())
         names = [name.segment(s.segment_id, s.hash_range.start, s.hash_range.end) for s in segments]
         stats = await asyncio.gather(*(self._segment_stats(n) for n in names))
@@ -103,7 +107,8 @@ class ScalableTopicsAdmin:
                 f"{topic}: segments {missing} did not answer within {self._segment_timeout_s}s",
                 missing,
             )
-        return _aggregate(name, layout, segments, stats, self._subscriptions(name))
+        subscriptions = self._subscriptions(name)
+        return _aggregate(name, record.incarnation, layout, segments, stats, subscriptions)
 
     # --- topic lifecycle --------------------------------------------------------------
 
@@ -237,6 +242,71 @@ class ScalableTopicsAdmin:
         self._catalog.update_limit_overrides(namespace, merged)
         return await self.get_namespace_limits_async(namespace)
 
+    # --- storage: what outlives metadata (storage.topic_storage) ----------------------
+
+    async def check_storage_async(self, delete: bool = False) -> dict[str, Any]:
+        """Storage under the storage root that no live metadata names, and with
+        ``delete`` that storage removed.
+
+        Each orphaned incarnation is listed with its topic, incarnation, segments,
+        bytes and last write: a deleted topic's leftovers, or a topic whose
+        metadata was lost (``recover_topic`` can bring it back). Storage written
+        by another deployment (another Ray namespace) sharing the root is listed
+        apart and never deleted. Needs ``admin`` on every namespace (``*``).
+        """
+        self._auth.authorize(self._token, Permission.ADMIN, "*")
+        root = str(default_storage_root())
+        stored = await call(scan_storage.remote(root))
+        namespace = ray.get_runtime_context().namespace
+        orphaned, foreign, live = [], [], 0
+        for entry in stored:
+            record = self._catalog.topic(entry.topic)
+            if entry.ray_namespace not in (None, namespace):
+                foreign.append(entry)
+            elif record is not None and record.incarnation == entry.incarnation:
+                live += 1
+            else:
+                orphaned.append((entry, _orphan_reason(entry, record)))
+        report: dict[str, Any] = {
+            "storageRoot": root,
+            "live": live,
+            "orphaned": [{**e.describe(), "reason": why} for e, why in orphaned],
+            "foreign": [e.describe() for e in foreign],
+            "deleted": [],
+        }
+        if delete and orphaned:
+            directories = [str(d) for e, _ in orphaned for d in e.removable]
+            await call(remove_storage.remote(root, directories))
+            report["deleted"] = report["orphaned"]
+        return report
+
+    async def recover_topic_async(
+        self, topic: str, incarnation: str | None = None
+    ) -> dict[str, Any]:
+        """Rebuild a topic whose metadata is lost from its storage: the DAG (finishing
+        a split or merge the loss interrupted), its subscriptions and their cursors,
+        its policy and properties.
+
+        Refused, with nothing changed, while the topic has live metadata, and when
+        storage of several incarnations exists for the name and ``incarnation``
+        does not say which (the error lists them).
+        """
+        name = self._allowed(Permission.ADMIN, topic)
+        if incarnation is not None and not is_incarnation(incarnation):
+            raise InvalidArgumentError(
+                f"invalid incarnation {incarnation!r}: expected an id such as "
+                "20261125T130241Z-3f9a1c2b (raytopics storage check lists them)"
+            )
+        if self._catalog.topic_exists(name):
+            raise TopicAlreadyExistsError(
+                f"topic {name} has live metadata: recover rebuilds only a topic whose "
+                "metadata is lost"
+            )
+        root = str(default_storage_root())
+        stored = await call(scan_storage.remote(root, str(name)))
+        chosen = choose_incarnation(stored, name, incarnation)  # refuses before anything starts
+        return await self._control(name, "recover", chosen.incarnation, create=True)
+
     # --- internals ------------------------------------------------------------------------
 
     def _allowed(self, action: Permission, topic: str) -> TopicName:
@@ -290,6 +360,14 @@ class ScalableTopicsAdmin:
                 await asyncio.sleep(0.05)  # a restart takes ~1-2 s: look often
 
 
+def _orphan_reason(entry: StoredIncarnation, record: TopicRecord | None) -> str:
+    if entry.incarnation is None:
+        return "written before topic incarnations existed: it cannot be recovered"
+    if record is None:
+        return "no metadata names this topic: deleted, or its metadata was lost (recover)"
+    return f"the topic's live metadata names incarnation {record.incarnation}"
+
+
 def _check_id(segment_id: Any) -> None:
     if not is_integer(segment_id, 0):
         raise InvalidArgumentError(f"segment id must be a non-negative integer, got {segment_id!r}")
@@ -308,6 +386,7 @@ def _check_properties(properties: Any) -> None:
 
 def _aggregate(
     name: TopicName,
+    incarnation: str,
     layout: SegmentLayout,
     segments: list,
     stats: list[dict[str, Any]],
@@ -325,6 +404,7 @@ def _aggregate(
             backlog[sub] = backlog.get(sub, 0) + cursor["backlog"]
     return {
         "topic": str(name),
+        "incarnation": incarnation,
         "epoch": layout.epoch,
         "activeSegments": len(layout.active_segments),
         "sealedSegments": len(layout.all_segments) - len(layout.active_segments),

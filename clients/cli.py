@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,8 @@ examples:
     '{"autoscale": {"targetMsgsPerS": 5000, "minSegments": 2, "maxSegments": 16}}'
   raytopics policy show public/default/orders
   raytopics delete public/default/orders
+  raytopics storage check                      # storage no metadata names (--delete removes it)
+  raytopics recover public/default/orders      # rebuild lost metadata from storage
 """
 
 Command = Callable[[Any, argparse.Namespace], str]
@@ -123,6 +126,28 @@ def _policy_set(admin: Any, args: argparse.Namespace) -> str:
     return f"policy of {args.topic} is now\n{json.dumps(stored, indent=2)}"
 
 
+def _storage_check(admin: Any, args: argparse.Namespace) -> str:
+    report = admin.check_storage(delete=args.delete)
+    return json.dumps(report, indent=2) if args.json else format_storage(report)
+
+
+def _recover(admin: Any, args: argparse.Namespace) -> str:
+    done = admin.recover_topic(args.topic, args.incarnation)
+    if args.json:
+        return json.dumps(done, indent=2)
+    finished = (
+        f"; finished an interrupted {done['finishedOperation']}"
+        if done["finishedOperation"]
+        else ""
+    )
+    subscriptions = ", ".join(done["subscriptions"]) or "none"
+    return (
+        f"recovered {done['topic']} (incarnation {done['incarnation']}) at epoch "
+        f"{done['epoch']}: {done['activeSegments']} active of {done['segments']} segments, "
+        f"subscriptions: {subscriptions}{finished}"
+    )
+
+
 def _serve(args: argparse.Namespace) -> str:
     """Run the gateway until Ctrl-C/SIGTERM; the gateway lives exactly as long as this."""
     from actors.gateway import start_gateway, stop_gateway
@@ -166,6 +191,40 @@ def format_stats(stats: dict[str, Any]) -> str:
     lines.append(f"{'SUBSCRIPTION':<24} {'STATE':<9} {'CONSUMERS':>9} {'BACKLOG':>9}")
     for name, sub in sorted(stats["subscriptions"].items()):
         lines.append(f"{name:<24} {sub['state']:<9} {sub['consumers']:>9} {sub['backlog']:>9}")
+    return "\n".join(lines)
+
+
+def format_storage(report: dict[str, Any]) -> str:
+    """The storage check as a table of orphaned (and foreign) incarnations."""
+    lines = [f"storage root {report['storageRoot']}: {report['live']} live incarnations"]
+    for title, rows in (("orphaned", report["orphaned"]), ("foreign", report["foreign"])):
+        if not rows:
+            continue
+        lines += ["", f"{title} ({len(rows)}):"]
+        lines.append(f"{'TOPIC':<40} {'INCARNATION':<26} {'SEGMENTS':>8} {'SIZE':>10}  LAST WRITE")
+        for row in rows:
+            written = row["lastWriteMs"]
+            when = (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(written / 1000))
+                if written is not None
+                else "-"
+            )
+            lines.append(
+                f"{row['topic']:<40} {row['incarnation'] or '(none)':<26} {row['segments']:>8} "
+                f"{_size(row['sizeBytes']):>10}  {when}"
+            )
+            if "reason" in row:
+                lines.append(f"  {row['reason']}")
+    if report["deleted"]:
+        lines += ["", f"deleted {len(report['deleted'])} orphaned incarnations"]
+    elif report["orphaned"]:
+        lines += [
+            "",
+            "raytopics storage check --delete removes them; raytopics recover TOPIC "
+            "brings back one whose metadata was lost",
+        ]
+    else:
+        lines.append("no orphaned storage")
     return "\n".join(lines)
 
 
@@ -323,6 +382,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub_delete.add_argument("subscription", metavar="SUB")
     _command(sub_commands, "list", _subscription_list, "list subscriptions", topic=True)
+
+    storage = commands.add_parser("storage", help="check the storage root for orphaned storage")
+    storage_commands = storage.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    check = _command(
+        storage_commands, "check", _storage_check, "list storage that no live metadata names"
+    )
+    check.add_argument("--delete", action="store_true", help="remove the orphaned storage")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    recover = _command(
+        commands, "recover", _recover, "rebuild a topic's lost metadata from storage", topic=True
+    )
+    recover.add_argument(
+        "--incarnation", metavar="ID", help="which stored incarnation (storage check lists them)"
+    )
+    recover.add_argument("--json", action="store_true", help="print the result as JSON")
 
     policy = commands.add_parser("policy", help="show or set a topic's autoscale/retention policy")
     policy_commands = policy.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")

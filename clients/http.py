@@ -52,6 +52,9 @@ TERMINATE_PATH = SEGMENT_PATH + "/terminate"
 # not under NAMESPACE_PATH, where "limits" would be read as a topic name
 LIMITS_PATH = LIMITS + "/{tenant}/{namespace}"
 POLICY_PATH = TOPIC_PATH + "/policy"
+RECOVER_PATH = TOPIC_PATH + "/recover"
+STORAGE_PATH = "/admin/v2/storage"
+ORPHANED_STORAGE_PATH = STORAGE_PATH + "/orphaned"
 
 
 @with_sync_twins
@@ -167,8 +170,6 @@ class AdminHttpClient:
         params = {"force": "true" if force else "false"}
         await self._call("DELETE", _segment_path(SEGMENT_PATH, segment_topic), params=params)
 
-    # --- lifecycle of the client itself --------------------------------------------------
-
     # --- limits -------------------------------------------------------------------------
 
     async def get_namespace_limits_async(self, namespace: str) -> dict[str, int]:
@@ -178,6 +179,23 @@ class AdminHttpClient:
     async def set_namespace_limits_async(self, namespace: str, **limits: int) -> dict[str, int]:
         """Override limits (``max_message_bytes=...``) for one namespace; returns those in force."""
         return await self._call("PUT", _namespace_path(LIMITS_PATH, namespace), body=limits)
+
+    # --- storage: check and recover ------------------------------------------------------
+
+    async def check_storage_async(self, delete: bool = False) -> dict[str, Any]:
+        """Storage no live metadata names; with ``delete`` that storage removed."""
+        if delete:
+            return await self._call("DELETE", ORPHANED_STORAGE_PATH)
+        return await self._call("GET", STORAGE_PATH)
+
+    async def recover_topic_async(
+        self, topic: str, incarnation: str | None = None
+    ) -> dict[str, Any]:
+        """Rebuild a topic whose metadata is lost from its storage."""
+        body = {} if incarnation is None else {"incarnation": incarnation}
+        return await self._call("POST", _topic_path(RECOVER_PATH, topic), body=body)
+
+    # --- lifecycle of the client itself --------------------------------------------------
 
     async def close_async(self) -> None:
         """Close the HTTP session (a later call opens a new one)."""

@@ -98,6 +98,12 @@ class KeyNotFoundError(NotFoundError):
     code = "key_not_found"
 
 
+class StorageNotFoundError(NotFoundError):
+    """No stored incarnation of a topic (or not the one asked for) under the storage root."""
+
+    code = "storage_not_found"
+
+
 # --- 409: the request conflicts with the current state -----------------------
 
 
@@ -164,6 +170,22 @@ class OutOfOrderSequenceError(ConflictError):
 
 class OperationInProgressError(ConflictError):
     code = "operation_in_progress"
+
+
+class AmbiguousStorageError(ConflictError):
+    """Storage of several incarnations of one topic name exists: the caller must pick one."""
+
+    code = "ambiguous_storage"
+
+    def __init__(self, message: str, incarnations: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.incarnations = list(incarnations or [])
+
+
+class UnrecoverableStorageError(ConflictError):
+    """What a topic's storage holds does not make a layout metadata could be rebuilt from."""
+
+    code = "unrecoverable_storage"
 
 
 # --- 503: something that must be served is not -------------------------------

@@ -65,6 +65,9 @@ class TopicRecord(ScalableTopicMetadata):
     """
 
     incarnation: str = Field(min_length=1)
+    created_at_ms: int = Field(
+        default_factory=lambda: int(time.time() * 1000), alias="createdAtMs", ge=0
+    )
     controller_epoch: int = Field(default=0, alias="controllerEpoch", ge=0)
     pending_operation: PendingOperation | None = Field(default=None, alias="pendingOperation")
     last_operation: CompletedOperation | None = Field(default=None, alias="lastOperation")

@@ -233,6 +233,16 @@ class CursorStore:
                 yield cursor.name, cursor
 
 
+def stored_subscriptions(segment_directory: Path) -> list[str]:
+    """The subscriptions with a cursor in a segment's storage, read without opening it
+    (the storage check and recovery look at segments no actor serves)."""
+    directory = Path(segment_directory) / "cursors"
+    if not directory.is_dir():
+        return []
+    names = (p.name[: -len(_SUFFIX)] for p in directory.iterdir() if p.name.endswith(_SUFFIX))
+    return sorted(n for n in names if _NAME.fullmatch(n))
+
+
 def _check_offset(what: str, offset: int) -> None:
     if not isinstance(offset, int) or offset < 0:
         raise InvalidArgumentError(f"{what} must be a non-negative integer, got {offset!r}")

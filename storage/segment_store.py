@@ -1,4 +1,4 @@
-"""Everything one segment keeps on disk: its log, its cursors and its fence.
+"""Everything one segment keeps on disk: its log, its cursors, its fence and its identity.
 
 The segment actor is a thin async shell over this class, so every rule about
 a segment (terminated means read-only, stale controllers are refused, queue
@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -25,15 +25,21 @@ from runtime.errors import (
     StaleEpochError,
     UnavailableError,
 )
+from runtime.layout import HashRange, SegmentInfo
 from runtime.names import SegmentName
-from storage.cursors import CursorStore, Position
+from runtime.recovery import StoredSegmentState
+from storage.cursors import CursorStore, Position, stored_subscriptions
 from storage.files import atomic_write
 from storage.segment_log import Append, AppendResult, Durability, SegmentLog, StoredBatch
+from storage.topic_storage import (
+    SegmentIdentity,
+    StoredIncarnation,
+    read_segment_identity,
+    segment_directory,
+    write_segment_identity,
+)
 
-
-def segment_directory(root: Path, name: SegmentName) -> Path:
-    topic = name.topic
-    return Path(root) / topic.tenant / topic.namespace / topic.topic / name.descriptor
+FENCE_FILE = "fence.json"
 
 
 class SegmentStore:
@@ -43,22 +49,39 @@ class SegmentStore:
         root: Path,
         durability: Durability,
         *,
+        incarnation: str,
         create: bool = False,
+        info: SegmentInfo | None = None,
+        in_layout: bool = True,
         ack_timeout_s: float = 30.0,
         background_sync: bool = False,
     ) -> None:
-        """Open a segment's storage; only ``create`` may make it.
+        """Open the storage of segment ``name`` of topic incarnation ``incarnation``;
+        only ``create`` may make it, recording ``info`` (its place in the DAG) beside it.
 
         A segment whose directory has vanished must fail loudly: re-creating
         it empty would let reads silently return less data than was written.
+        Storage that says it belongs to another topic, incarnation or segment is
+        refused just as loudly.
         """
         self.name = name
-        self.directory = segment_directory(root, name)
-        if not create and not (self.directory / "log").is_dir():
+        self.incarnation = incarnation
+        self.directory = segment_directory(root, name, incarnation)
+        self._identity = read_segment_identity(self.directory)
+        if not create and (self._identity is None or not (self.directory / "log").is_dir()):
             raise UnavailableError(
-                f"storage of {name} is missing at {self.directory}: refusing to serve an "
-                "empty segment in its place"
+                f"storage of {name} (incarnation {incarnation}) is missing at "
+                f"{self.directory}: refusing to serve an empty segment in its place"
             )
+        if self._identity is None:
+            info = info or SegmentInfo.active(
+                name.segment_id, HashRange(start=name.start, end=name.end), 0
+            )
+            self._identity = SegmentIdentity(
+                topic=str(name.topic), incarnation=incarnation, in_layout=in_layout, info=info
+            )
+            write_segment_identity(self.directory, self._identity)
+        self._check_identity(self._identity)
         self.log = SegmentLog(
             self.directory / "log",
             durability=durability,
@@ -66,7 +89,7 @@ class SegmentStore:
             background_sync=background_sync,
         )
         self.cursors = CursorStore(self.directory, fsync=durability.policy == "fsync")
-        self._fence_path = self.directory / "fence.json"
+        self._fence_path = self.directory / FENCE_FILE
         self._fence = self._load_fence()
         self._ack_timeout_s = ack_timeout_s
         self._dispatchers: dict[str, QueueDispatcher] = {}
@@ -114,10 +137,20 @@ class SegmentStore:
         offset = max(offset, self.log.start_offset)
         return to_delivery(self.log.read(offset, max_records))
 
-    def terminate(self, epoch: int | None) -> int:
+    def terminate(self, epoch: int | None, sealed: SealedBy | None = None) -> int:
+        """Seal the log; ``sealed`` (a split's or merge's children and the epoch that
+        commits it) is recorded in the segment's identity for recovery, before the log
+        is sealed, so a sealed log always says which children took its range."""
         self.check_epoch(epoch)
+        if sealed is not None:
+            self._record_sealed(sealed)
         self.log.terminate()
         return self.log.end_offset
+
+    @property
+    def identity(self) -> SegmentIdentity:
+        assert self._identity is not None
+        return self._identity
 
     def retain(self, oldest_publish_ms: int | None, max_bytes: int | None) -> int:
         """Time/size retention of this segment's head; returns the new start offset.
@@ -243,10 +276,68 @@ class SegmentStore:
             raise SegmentNotFoundError(f"{self.name} has been deleted")
 
     def _load_fence(self) -> int:
-        try:
-            return int(json.loads(self._fence_path.read_bytes())["fenceEpoch"])
-        except FileNotFoundError:
-            return 0
+        return stored_fence_epoch(self.directory)
+
+    def _check_identity(self, identity: SegmentIdentity) -> None:
+        expected = (str(self.name.topic), self.incarnation, self.name.segment_id)
+        found = (identity.topic, identity.incarnation, identity.info.segment_id)
+        rng = identity.info.hash_range
+        if found != expected or (rng.start, rng.end) != (self.name.start, self.name.end):
+            raise UnavailableError(
+                f"storage at {self.directory} belongs to segment {identity.info.segment_id} "
+                f"{rng} of {identity.topic} (incarnation {identity.incarnation}), not to "
+                f"{self.name} (incarnation {self.incarnation}): refusing to open it"
+            )
+
+    def _record_sealed(self, sealed: SealedBy) -> None:
+        info = self.identity.info
+        if not info.is_active and info.child_ids == sealed.children:
+            return  # a repeated terminate (a resumed operation)
+        updated = info.sealed(sealed.epoch, sealed.children)
+        self._identity = self.identity.model_copy(update={"info": updated})
+        write_segment_identity(self.directory, self._identity)
+
+
+class SealedBy(NamedTuple):
+    """Who replaces a sealed segment: its children, and the layout epoch that says so."""
+
+    children: tuple[int, ...]
+    epoch: int
+
+
+def stored_states(stored: StoredIncarnation) -> list[StoredSegmentState]:
+    """What each segment of a stored incarnation says about itself, for recovery.
+
+    Segments without an identity were being laid out when their operation was
+    cut short (identity is written first), and segments made outside the layout
+    (the low-level Segments API) are not part of the DAG: both are left out.
+    """
+    states = []
+    for segment in stored.segments:
+        identity = segment.identity
+        if identity is None or not identity.in_layout:
+            continue
+        if (identity.topic, identity.incarnation) != (str(stored.topic), stored.incarnation):
+            raise UnavailableError(
+                f"{segment.directory} says it belongs to {identity.topic} (incarnation "
+                f"{identity.incarnation}), not {stored.topic} ({stored.incarnation})"
+            )
+        states.append(
+            StoredSegmentState(
+                identity.info,
+                tuple(stored_subscriptions(segment.directory)),
+                stored_fence_epoch(segment.directory),
+            )
+        )
+    return states
+
+
+def stored_fence_epoch(directory: Path) -> int:
+    """The newest controller epoch a segment's storage has seen (0: none yet)."""
+    try:
+        return int(json.loads((Path(directory) / FENCE_FILE).read_bytes())["fenceEpoch"])
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
 
 
 def to_delivery(stored: list[StoredBatch]) -> pa.RecordBatch:

@@ -30,7 +30,7 @@ from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 from runtime.remote import call
 from storage.catalog import Catalog
-from storage.segment_store import segment_directory
+from storage.topic_storage import incarnation_directory, segment_directory
 
 
 @pytest.fixture(scope="module")
@@ -195,10 +195,12 @@ def test_topic_lifecycle_and_errors_leave_nothing_half_created(admin, unique):
 
     with pytest.raises(SegmentNotActiveError):
         admin.split_segment(topic, 0)
+    root, incarnation = os.environ["RAYTOPICS_STORAGE_ROOT"], admin.get_stats(topic)["incarnation"]
     directories = [
         segment_directory(
-            os.environ["RAYTOPICS_STORAGE_ROOT"],
+            root,
             TopicName.parse(topic).segment(s.segment_id, s.hash_range.start, s.hash_range.end),
+            incarnation,
         )
         for s in layout.all_segments.values()
     ]
@@ -207,6 +209,7 @@ def test_topic_lifecycle_and_errors_leave_nothing_half_created(admin, unique):
     assert admin.list_scalable_topics(ns) == []
     assert catalog.topics(ns) == [] and catalog.store.list(f"/topics/{ns}") == []
     assert not any(d.exists() for d in directories)
+    assert not incarnation_directory(root, TopicName.parse(topic), incarnation).exists()
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     assert not any(topic[len("topic://") :] in n for n in names)
     with pytest.raises(TopicNotFoundError):

@@ -11,7 +11,7 @@ from test_clients import Collector, wait_for
 
 from clients import Producer, StreamConsumer
 from runtime.names import TopicName
-from storage.segment_store import segment_directory
+from storage.topic_storage import segment_directory
 
 
 def test_twenty_split_merge_cycles_leave_only_active_segments(admin, unique) -> None:
@@ -38,6 +38,7 @@ def test_twenty_split_merge_cycles_leave_only_active_segments(admin, unique) -> 
     segments = {i: name.segment(i, s.hash_range.start, s.hash_range.end)
                 for i, s in layout.all_segments.items()}  # fmt: skip
     assert len(segments) == 61
+    incarnation = admin.get_stats(topic)["incarnation"]
 
     slow_received: list[tuple] = []
     slow = Collector(StreamConsumer(topic, "slow", "s"), slow_received, threading.Event())
@@ -48,14 +49,14 @@ def test_twenty_split_merge_cycles_leave_only_active_segments(admin, unique) -> 
     assert active == 60 and layout.get(active).parent_ids == ()
     layout.check_invariants()
     gone = [i for i, seg in segments.items() if i != active]
-    assert all(not segment_directory(root, segments[i]).exists() for i in gone)
-    assert segment_directory(root, segments[active]).exists()
+    assert all(not segment_directory(root, segments[i], incarnation).exists() for i in gone)
+    assert segment_directory(root, segments[active], incarnation).exists()
     stats = admin.get_stats(topic)
     assert stats["sealedSegments"] == 0 and stats["subscriptions"]["slow"]["backlog"] == 0
     fast.close()
     slow.close()
     admin.delete_scalable_topic(topic)
-    assert not any(segment_directory(root, s).exists() for s in segments.values())
+    assert not any(segment_directory(root, s, incarnation).exists() for s in segments.values())
 
 
 def test_active_segments_are_truncated_by_time(admin, unique) -> None:

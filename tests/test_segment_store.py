@@ -18,14 +18,17 @@ from runtime.errors import (
 )
 from runtime.names import SegmentName, TopicName
 from storage.segment_log import Durability
-from storage.segment_store import SegmentStore, segment_directory
+from storage.segment_store import SegmentStore
+from storage.topic_storage import segment_directory
 
 NAME: SegmentName = TopicName("acme", "prod", "orders").segment(7, 0x0000, 0x7FFF)
 FAST = Durability("none")
+INCARNATION = "20261125T000000Z-0123abcd"
 
 
 def open_store(root: Path, **kwargs: float) -> SegmentStore:
-    return SegmentStore(NAME, root, FAST, **{"create": True, **kwargs})
+    options = {"create": True, "incarnation": INCARNATION, **kwargs}
+    return SegmentStore(NAME, root, FAST, **options)  # type: ignore[arg-type]
 
 
 def batch_of(start: int, count: int) -> pa.RecordBatch:
@@ -263,7 +266,7 @@ def test_delete_removes_everything(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     store.append(batch_of(0, 3), None, None)
     store.create_subscription("s", "earliest", 1)
-    directory = segment_directory(tmp_path, NAME)
+    directory = segment_directory(tmp_path, NAME, INCARNATION)
     assert store.directory == directory and directory.exists()
     store.delete(1)
     assert not directory.exists()

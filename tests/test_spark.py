@@ -29,7 +29,7 @@ from runtime.errors import UnavailableSegmentsError
 from runtime.hashing import key_hash
 from runtime.names import TopicName
 from storage.segment_log import default_storage_root
-from storage.segment_store import segment_directory
+from storage.topic_storage import segment_directory
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,8 @@ def test_unavailable_segments_fail_the_read_or_are_reported(admin, spark, unique
         info = layout.all_segments[sid]
         segment = name.segment(sid, info.hash_range.start, info.hash_range.end)
         ray.kill(segment_actor(segment), no_restart=True)
-        directory = segment_directory(Path(default_storage_root()), segment)
+        incarnation = admin.get_stats(topic)["incarnation"]
+        directory = segment_directory(Path(default_storage_root()), segment, incarnation)
         shutil.move(directory, directory.with_name(directory.name + ".moved"))
 
     started = time.monotonic()

@@ -1,0 +1,257 @@
+"""The segments of one topic incarnation, as its controller brings them into being and ends them.
+
+The controller decides *what* happens to a layout; this module is *how* one
+segment comes and goes: its storage is laid out, identity first, before any
+actor opens it; its actor is started (in the background for a split's children);
+an actor left running by another incarnation of the same name is replaced, never
+served; its storage is removed when it goes. Keeping that in one place is what
+makes "a segment opens only storage of its own incarnation" one rule, not a
+convention spread over the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import ray
+from ray.exceptions import RayActorError
+
+from actors.registry import lookup, named_actors
+from actors.segment import segment_actor
+from runtime.errors import SegmentNotFoundError, UnavailableError
+from runtime.layout import SegmentInfo
+from runtime.names import SegmentName, TopicName
+from storage.segment_log import Durability
+from storage.segment_store import SealedBy, SegmentStore
+from storage.topic_storage import (
+    StoredIncarnation,
+    TopicIdentity,
+    delete_storage,
+    incarnation_directory,
+    scan,
+    segment_directory,
+    write_topic_identity,
+)
+
+log = logging.getLogger(__name__)
+
+# How long a killed actor may keep its name before a replacement is started anyway.
+_KILL_WAIT_S = 10.0
+
+
+class SegmentFleet:
+    """Segment actors and storage of ``topic``'s current incarnation (``incarnation``)."""
+
+    def __init__(
+        self,
+        topic: TopicName,
+        storage_root: Path,
+        durability: Durability,
+        on_start_failure: Callable[[], None],
+    ) -> None:
+        self.topic = topic
+        self.root = Path(storage_root)
+        self.durability = durability
+        self.incarnation: str | None = None
+        self._on_start_failure = on_start_failure
+        self._watch_handles: dict[SegmentName, ray.actor.ActorHandle] = {}
+        self._starting: set[asyncio.Future] = set()
+
+    # --- handles -------------------------------------------------------------------------
+
+    def handle(self, name: SegmentName) -> ray.actor.ActorHandle:
+        """The segment's actor, started (on its existing storage) if it is not running."""
+        return segment_actor(
+            name,
+            create=True,
+            storage_root=str(self.root),
+            durability=self.durability,
+            incarnation=self._current(),
+        )
+
+    def watched(self, name: SegmentName) -> ray.actor.ActorHandle | None:
+        """Handles for the maintenance rounds, cached: a lookup per segment per round would
+        cost a GCS round trip each. Looked up, never started: observing must not bring back
+        a segment an operator stopped (``None`` then, and the round goes on without it)."""
+        handle = self._watch_handles.get(name)
+        if handle is None:
+            try:
+                handle = self._watch_handles[name] = segment_actor(name)
+            except ValueError:
+                return None
+        return handle
+
+    def forget(self, name: SegmentName) -> None:
+        """Look ``name`` up afresh next time (its actor died or was replaced)."""
+        self._watch_handles.pop(name, None)
+
+    # --- creating -----------------------------------------------------------------------
+
+    async def create(
+        self,
+        name: SegmentName,
+        info: SegmentInfo,
+        subscriptions: list[str],
+        epoch: int,
+        *,
+        in_layout: bool = True,
+    ) -> None:
+        """Protocol step 2 for one segment: storage with every cursor at Earliest.
+
+        A new segment's storage is laid out here, directly on the shared storage
+        root, so the segment exists (and is fenced) before metadata names it. The
+        caller starts its actor: a split's or merge's children only after the
+        layout commit, in the background (booting an actor's process costs more
+        CPU than the whole protocol). A segment whose actor already runs for this
+        incarnation (a resumed operation) is served through the actor; one running
+        for another incarnation is stopped first.
+        """
+        handle = await self._own_actor(name)
+        if handle is None:
+            self._initialize(name, info, subscriptions, epoch, in_layout)
+            return
+        await handle.check_epoch.remote(epoch)
+        await asyncio.gather(
+            *(handle.create_subscription.remote(s, "earliest", epoch) for s in subscriptions)
+        )
+
+    def start_in_background(self, names: list[SegmentName]) -> None:
+        """Start committed segments' actors without making the operation wait: registering
+        an actor is a blocking GCS round trip per segment, and nothing in the operation
+        needs it. A crash before they are started is repaired by the next incarnation's
+        recovery, which starts every active segment's actor."""
+        loop = asyncio.get_running_loop()
+        starting = loop.run_in_executor(None, lambda: [self.handle(n) for n in names])
+        self._starting.add(starting)
+        starting.add_done_callback(self._started)
+
+    async def settle(self) -> None:
+        """Wait for background starts (a late start must not outlive a deletion)."""
+        await asyncio.gather(*self._starting, return_exceptions=True)
+
+    async def terminate(self, name: SegmentName, epoch: int, sealed: SealedBy) -> int:
+        return await self.handle(name).terminate.remote(epoch, tuple(sealed))
+
+    # --- removing -----------------------------------------------------------------------
+
+    async def destroy(self, name: SegmentName, epoch: int) -> None:
+        """Stop the segment's actor (if any) and remove its storage; safe to repeat."""
+        await self.settle()
+        self.forget(name)
+        with contextlib.suppress(ValueError):
+            handle = segment_actor(name)
+            with contextlib.suppress(RayActorError, SegmentNotFoundError):
+                await handle.delete.remote(epoch)
+            ray.kill(handle, no_restart=True)
+        delete_storage(segment_directory(self.root, name, self._current()))
+
+    async def clear_leftovers(self) -> None:
+        """Stop every segment and coordinator actor of this topic's name.
+
+        Called when an incarnation starts (create, recover): no actor can belong
+        to it yet, so any that runs was left by an earlier incarnation whose
+        metadata is gone, and must not be found by clients looking up names.
+        """
+        await self.settle()
+        self._watch_handles.clear()
+        prefixes = (f"segment:{self.topic.short}/", f"coordinator:{self.topic.short}/")
+        names = [n for p in prefixes for n in named_actors(p)]
+        for name in names:
+            with contextlib.suppress(ValueError):
+                ray.kill(lookup(name), no_restart=True)
+        await _gone(names)
+
+    def delete_incarnation(self) -> None:
+        """Remove what is left of the incarnation's directory (its ``topic.json``)."""
+        delete_storage(incarnation_directory(self.root, self.topic, self._current()))
+
+    def delete_segment_storage(self, name: SegmentName) -> None:
+        """Storage no actor serves (a recovery's discarded, never committed segment)."""
+        delete_storage(segment_directory(self.root, name, self._current()))
+
+    # --- the incarnation's own records ----------------------------------------------------
+
+    def write_identity(self, identity: TopicIdentity) -> None:
+        write_topic_identity(self.root, identity)
+
+    def stored(self) -> list[StoredIncarnation]:
+        """Every incarnation of this topic name found under the storage root."""
+        return scan(self.root, self.topic)
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _current(self) -> str:
+        if self.incarnation is None:
+            raise UnavailableError(f"{self.topic}: no incarnation known yet (metadata not read)")
+        return self.incarnation
+
+    async def _own_actor(self, name: SegmentName) -> ray.actor.ActorHandle | None:
+        """The running actor of ``name`` if it serves this incarnation; any other is stopped."""
+        try:
+            handle = segment_actor(name)
+        except ValueError:
+            return None
+        try:
+            status = await handle.ready.remote()
+        except RayActorError:
+            status = None
+        if status is not None and status.get("incarnation") == self.incarnation:
+            return handle
+        self.forget(name)
+        ray.kill(handle, no_restart=True)
+        await _gone([name.actor_name])
+        return None
+
+    def _initialize(
+        self,
+        name: SegmentName,
+        info: SegmentInfo,
+        subscriptions: list[str],
+        epoch: int,
+        in_layout: bool,
+    ) -> None:
+        store = SegmentStore(
+            name,
+            self.root,
+            self.durability,
+            incarnation=self._current(),
+            create=True,
+            info=info,
+            in_layout=in_layout,
+        )
+        try:
+            store.check_epoch(epoch)
+            for subscription in subscriptions:
+                store.create_subscription(subscription, "earliest", epoch)
+        finally:
+            store.close()
+
+    def _started(self, starting: asyncio.Future) -> None:
+        self._starting.discard(starting)
+        if starting.cancelled() or starting.exception() is None:
+            return
+        log.error("%s: starting new segments' actors failed: %s", self.topic, starting.exception())
+        self._on_start_failure()
+
+
+async def _gone(names: list[str]) -> None:
+    """Wait until killed actors have given up their names (or give up waiting)."""
+    deadline = time.monotonic() + _KILL_WAIT_S
+    pending = list(names)
+    while pending and time.monotonic() < deadline:
+        pending = [n for n in pending if _registered(n)]
+        if pending:
+            await asyncio.sleep(0.05)
+
+
+def _registered(name: str) -> bool:
+    try:
+        lookup(name)
+    except ValueError:
+        return False
+    return True

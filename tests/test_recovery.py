@@ -1,0 +1,234 @@
+"""Storage identity and recovery on the real local Ray: a re-created name starts empty,
+storage no metadata names is found, and lost metadata comes back from storage alone."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+import ray
+from test_cli import cli_env, raytopics  # noqa: F401 - a fixture and a helper, shared
+from test_gateway import free_port, http  # noqa: F401 - a helper
+
+from clients import AdminHttpClient, Producer, StreamConsumer
+from runtime.errors import (
+    AmbiguousStorageError,
+    InvalidArgumentError,
+    StorageNotFoundError,
+    TopicAlreadyExistsError,
+)
+from runtime.names import TopicName
+from storage.catalog import Catalog
+
+
+def produce(topic: str, keys: int, rounds: int, start: int = 0) -> list[tuple[str, int]]:
+    """``rounds`` messages per key, each carrying its per-key sequence number."""
+    sent = []
+    with Producer(topic) as producer:
+        for seq in range(start, start + rounds):
+            for k in range(keys):
+                producer.send(f"{seq}".encode(), key=f"key-{k}")
+                sent.append((f"key-{k}", seq))
+    return sent
+
+
+def drain(
+    consumer: StreamConsumer, expected: int, timeout_s: float = 60.0
+) -> list[tuple[str, int]]:
+    """Receive until ``expected`` messages came and 1.5 s more brought none; ack each."""
+    got: list[tuple[str, int]] = []
+    deadline, quiet_until = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        batch = consumer.receive_batch(1_000, timeout=0.3)
+        for message in batch:
+            got.append((message.key, int(message.value)))
+            consumer.acknowledge_cumulative(message)
+        if len(got) >= expected:
+            quiet_until = quiet_until or time.monotonic() + 1.5
+            if not batch and time.monotonic() > quiet_until:
+                break
+    return got
+
+
+def take(consumer: StreamConsumer, count: int, timeout_s: float = 30.0) -> list[tuple[str, int]]:
+    """Receive and acknowledge exactly ``count`` messages."""
+    got: list[tuple[str, int]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        for message in consumer.receive_batch(count - len(got), timeout=0.3):
+            got.append((message.key, int(message.value)))
+            consumer.acknowledge_cumulative(message)
+    assert len(got) == count
+    return got
+
+
+def assert_once_in_key_order(got: list[tuple[str, int]], expected: list[tuple[str, int]]) -> None:
+    assert len(got) == len(set(got)), "duplicates"
+    assert sorted(got) == sorted(expected)
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for key, seq in got:
+        per_key[key].append(seq)
+    for key, seqs in per_key.items():
+        assert seqs == sorted(seqs), f"{key} out of order: {seqs}"
+
+
+def wipe(topic: str) -> None:
+    """Lose a topic's metadata, every record under its path, and nothing else."""
+    Catalog().delete_topic(TopicName.parse(topic))
+
+
+def test_a_recreated_name_delivers_nothing_of_the_old_topic(admin, unique):
+    topic = f"topic://ident/ns/again-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    admin.create_subscription(topic, "s")
+    produce(topic, keys=8, rounds=25)
+    first = admin.get_stats(topic)["incarnation"]
+    admin.delete_scalable_topic(topic)
+
+    admin.create_scalable_topic(topic, 2)
+    admin.create_subscription(topic, "s")
+    assert admin.get_stats(topic)["incarnation"] != first
+    fresh = produce(topic, keys=8, rounds=3, start=1_000)
+    consumer = StreamConsumer(topic, "s", "c1")
+    assert_once_in_key_order(drain(consumer, len(fresh)), fresh)
+    consumer.close()
+    assert not [o for o in admin.check_storage()["orphaned"] if o["topic"] == topic]
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_topic_whose_metadata_was_lost_is_not_adopted_by_a_new_one(admin, unique):
+    topic = f"topic://ident/ns/lost-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    admin.create_subscription(topic, "s")
+    produce(topic, keys=8, rounds=10)
+    lost = admin.get_stats(topic)["incarnation"]
+    wipe(topic)
+
+    admin.create_scalable_topic(topic, 2)  # its leftover actors are replaced, not reused
+    admin.create_subscription(topic, "s")
+    fresh = produce(topic, keys=4, rounds=2, start=500)
+    consumer = StreamConsumer(topic, "s", "c1")
+    assert_once_in_key_order(drain(consumer, len(fresh)), fresh)
+    consumer.close()
+
+    mine = [o for o in admin.check_storage()["orphaned"] if o["topic"] == topic]
+    assert [o["incarnation"] for o in mine] == [lost]
+    assert mine[0]["segments"] == 2 and mine[0]["sizeBytes"] > 0 and mine[0]["lastWriteMs"]
+    with pytest.raises(TopicAlreadyExistsError):
+        admin.recover_topic(topic, lost)  # the name is live again: nothing to recover into
+    report = admin.check_storage(delete=True)
+    assert lost in {o["incarnation"] for o in report["deleted"]}
+    assert not [o for o in admin.check_storage()["orphaned"] if o["topic"] == topic]
+    assert admin.get_stats(topic)["records"] == len(fresh), "live storage is never deleted"
+    admin.delete_scalable_topic(topic)
+
+
+def test_lost_metadata_is_recovered_from_storage(admin, unique, cli_env):  # noqa: F811
+    topic = f"topic://recov/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 2, {"team": "billing"})
+    admin.create_subscription(topic, "s")
+    admin.create_subscription(topic, "t", session_grace_s=5.0)
+    admin.set_policy(topic, {"retention": {"timeS": 86_400}})
+    sent = produce(topic, keys=16, rounds=10)
+    admin.split_segment(topic, 0)  # 2 and 3
+    sent += produce(topic, keys=16, rounds=10, start=10)
+    admin.merge_segments(topic, 3, 1)  # 4
+    sent += produce(topic, keys=16, rounds=10, start=20)
+    before = admin.get_layout(topic)
+
+    consumer = StreamConsumer(topic, "s", "c1")
+    early = take(consumer, 200)  # part of it, acknowledged
+    consumer.close()
+    acked_before = admin.get_stats(topic)["subscriptions"]["s"]["backlog"]
+
+    wipe(topic)
+    assert topic not in admin.list_scalable_topics("recov/ns")
+    (orphan,) = [o for o in admin.check_storage()["orphaned"] if o["topic"] == topic]
+    assert orphan["segments"] == 5 and "metadata was lost" in orphan["reason"]
+
+    out = raytopics(cli_env, "recover", topic)
+    assert "recovered" in out and orphan["incarnation"] in out
+
+    layout = admin.get_layout(topic)
+    assert dict(layout.all_segments) == dict(before.all_segments)
+    assert layout.epoch > before.epoch and dict(layout.properties) == {"team": "billing"}
+    assert admin.get_policy(topic)["retention"]["timeS"] == 86_400
+    assert admin.list_subscriptions(topic) == ["s", "t"]
+    assert admin.get_stats(topic)["subscriptions"]["s"]["backlog"] == acked_before
+
+    consumer = StreamConsumer(topic, "s", "c1")
+    rest = drain(consumer, len(sent) - len(early))
+    consumer.close()
+    delivered = set(early)
+    assert not delivered & set(rest), "an acknowledged message came again"
+    assert_once_in_key_order(rest, sorted(set(sent) - delivered))
+    everything = StreamConsumer(topic, "t", "t1")
+    assert_once_in_key_order(drain(everything, len(sent)), sent)
+    everything.close()
+
+    admin.split_segment(topic, 4)  # the recovered topic is fully operational
+    assert admin.get_layout(topic).active_segments.keys() == {2, 5, 6}
+    admin.delete_scalable_topic(topic)
+
+
+def test_recover_refuses_bad_requests_and_changes_nothing(admin, unique, kv_snapshot):
+    topic = f"topic://recov/bad/t-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    first = admin.get_stats(topic)["incarnation"]
+    before = kv_snapshot()
+    with pytest.raises(TopicAlreadyExistsError, match="live metadata"):
+        admin.recover_topic(topic)
+    with pytest.raises(InvalidArgumentError, match="invalid incarnation"):
+        admin.recover_topic(topic, "../../etc")
+    assert kv_snapshot() == before
+
+    wipe(topic)
+    admin.create_scalable_topic(topic, 1)
+    second = admin.get_stats(topic)["incarnation"]
+    wipe(topic)
+    ray.kill(ray.get_actor(f"controller:{topic[len('topic://') :]}"), no_restart=True)
+    time.sleep(1)
+    before = kv_snapshot()
+    with pytest.raises(AmbiguousStorageError) as raised:
+        admin.recover_topic(topic)
+    assert sorted(raised.value.incarnations) == sorted([first, second])
+    with pytest.raises(StorageNotFoundError):
+        admin.recover_topic(topic, "20000101T000000Z-00000000")
+    with pytest.raises(StorageNotFoundError):
+        admin.recover_topic(f"topic://recov/bad/never-{unique}")
+    assert kv_snapshot() == before, "a refused recovery writes nothing"
+    names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    assert f"controller:{topic[len('topic://') :]}" not in names, "nor starts a controller"
+
+    done = admin.recover_topic(topic, first)
+    assert done["incarnation"] == first and admin.get_stats(topic)["incarnation"] == first
+    admin.delete_scalable_topic(topic)
+    assert [o["incarnation"] for o in admin.check_storage()["orphaned"] if o["topic"] == topic] == [
+        second
+    ]
+    admin.check_storage(delete=True)
+
+
+def test_storage_check_and_recover_over_rest(admin, unique):
+    from actors.gateway import start_gateway, stop_gateway
+
+    topic = f"topic://recov/rest/t-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    incarnation = admin.get_stats(topic)["incarnation"]
+    wipe(topic)
+    port = free_port()
+    url = start_gateway(port)
+    try:
+        with AdminHttpClient(url) as client:
+            report = client.check_storage()
+            assert incarnation in {o["incarnation"] for o in report["orphaned"]}
+            path = f"/admin/v2/scalable/recov/rest/t-{unique}/recover"
+            status, body = http(url, "POST", path, {"incarnation": "nope"})
+            assert status == 400 and body["error"] == "invalid_argument"
+            assert client.recover_topic(topic)["incarnation"] == incarnation
+            status, body = http(url, "POST", path)
+            assert status == 409 and body["error"] == "topic_exists"
+    finally:
+        stop_gateway(port)
+    admin.delete_scalable_topic(topic)
