@@ -59,7 +59,7 @@ from runtime.operations import (
     plan_prune,
     plan_split,
 )
-from runtime.policy import RetentionPolicy, TopicPolicy
+from runtime.policy import TopicPolicy
 from runtime.recovery import plan_recovery
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.catalog import (
@@ -207,12 +207,12 @@ class ScalableTopicController:
                 )
             for info in stored_states(stored):
                 if info.info.segment_id in plan.discarded:
-                    self.fleet.delete_segment_storage(self._name_of(info.info))
+                    self.fleet.delete_segment_storage(info.info.name(self.topic))
             self._recovered = False
             await self._recover()
             layout = self._read_record().layout
             for segment in layout.all_segments.values():  # sealed ones serve their backlog
-                self.fleet.handle(self._name_of(segment))
+                self.fleet.handle(segment.name(self.topic))
             self._write_identity()
         return {
             "topic": str(self.topic),
@@ -294,10 +294,10 @@ class ScalableTopicController:
         if op.kind == "create":
             active = list(self._read_record().layout.active_segments.values())
             await asyncio.gather(
-                *(self.fleet.create(self._name_of(s), s, [], self.epoch) for s in active)
+                *(self.fleet.create(s.name(self.topic), s, [], self.epoch) for s in active)
             )
             for segment in active:
-                self.fleet.handle(self._name_of(segment))  # the topic is served once created
+                self.fleet.handle(segment.name(self.topic))  # the topic is served once created
             return self._update_record(lambda r: _cleared(r, op, r.layout))
         if op.kind == "delete":
             await self._delete_everything()
@@ -306,7 +306,7 @@ class ScalableTopicController:
             layout = self._read_record().layout
             for segment_id in op.parents:
                 if segment_id in layout.all_segments:
-                    await self.fleet.destroy(self._name_of(layout.get(segment_id)), self.epoch)
+                    await self.fleet.destroy(layout.get(segment_id).name(self.topic), self.epoch)
             committed = self._commit(op)
             dag_watch_actor().notify.remote(str(self.topic))
             return committed
@@ -360,7 +360,7 @@ class ScalableTopicController:
         for subscription in self.catalog.subscriptions(self.topic):
             await self._stop_coordinator(subscription)
         for segment in self._read_record().layout.all_segments.values():
-            await self.fleet.destroy(self._name_of(segment), self.epoch)
+            await self.fleet.destroy(segment.name(self.topic), self.epoch)
         self.fleet.delete_incarnation()
         self.catalog.delete_topic(self.topic)
 
@@ -488,37 +488,7 @@ class ScalableTopicController:
             )
         return info
 
-    # --- maintenance (metrics, autoscale, retention; see actors.maintenance) ----------
-
-    async def observe(self) -> tuple[TopicRecord, dict[int, dict[str, Any]]] | None:
-        """The record and the stats of every segment that answers; None without a topic."""
-        record = self._read_record(required=False)
-        if record is None or record.pending_operation is not None:
-            return None
-        names = {s.segment_id: self._name_of(s) for s in record.layout.all_segments.values()}
-        handles = {i: h for i, n in names.items() if (h := self.fleet.watched(n)) is not None}
-        found = await asyncio.gather(
-            *(h.stats.remote() for h in handles.values()), return_exceptions=True
-        )
-        stats = {}
-        for segment_id, st in zip(handles, found, strict=True):
-            if isinstance(st, dict):
-                stats[segment_id] = st
-            elif isinstance(st, RayActorError):
-                self.fleet.forget(names[segment_id])  # look it up afresh next round
-        return record, stats
-
-    async def retain_active(self, layout: SegmentLayout, retention: RetentionPolicy) -> None:
-        """Apply time and size retention to the active segments (whole batches from the head)."""
-        if retention.time_s is None and retention.size_bytes is None:
-            return
-        oldest_ms = None
-        if retention.time_s is not None:
-            oldest_ms = time.time_ns() // 1_000_000 - int(retention.time_s * 1000)
-        handles = [self.fleet.watched(self._name_of(s)) for s in layout.active_segments.values()]
-        await asyncio.gather(
-            *(h.retain.remote(oldest_ms, retention.size_bytes) for h in handles if h is not None)
-        )
+    # --- what the maintenance loop asks (actors.maintenance) --------------------------
 
     def subscription_names(self) -> list[str]:
         return self.catalog.subscriptions(self.topic)
@@ -556,12 +526,7 @@ class ScalableTopicController:
     def _names(self, active_only: bool, record: TopicRecord | None = None) -> list[SegmentName]:
         layout = (record or self._read_record()).layout
         segments = layout.active_segments if active_only else layout.all_segments
-        return [self._name_of(s) for s in segments.values()]
-
-    def _name_of(self, segment: SegmentInfo) -> SegmentName:
-        return self.topic.segment(
-            segment.segment_id, segment.hash_range.start, segment.hash_range.end
-        )
+        return [s.name(self.topic) for s in segments.values()]
 
     def _active_names(self, record: TopicRecord | None = None) -> list[SegmentName]:
         return self._names(True, record)
@@ -573,7 +538,7 @@ class ScalableTopicController:
         info = self._read_record().layout.all_segments.get(segment_id)
         if info is None:
             raise SegmentNotFoundError(f"segment {segment_id} is not in the layout of {self.topic}")
-        return self._name_of(info)
+        return info.name(self.topic)
 
     def _write_identity(self, record: TopicRecord | None = None) -> None:
         """Rewrite the incarnation's ``topic.json``: what recovery needs beyond the

@@ -15,6 +15,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from ray.exceptions import RayActorError
+
 from runtime.autoscale import Decision, LoadTracker, decide
 from runtime.errors import ConflictError, StaleEpochError, TopicNotFoundError
 from runtime.layout import SegmentLayout
@@ -23,6 +25,7 @@ from runtime.retention import SealedSegmentState, prunable
 
 if TYPE_CHECKING:
     from actors.controller import ScalableTopicController
+    from storage.catalog import TopicRecord
 
 log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_S = float(os.environ.get("RAYTOPICS_MAINTENANCE_INTERVAL_S", "5.0"))
@@ -52,7 +55,7 @@ class TopicMaintenance:
 
     async def tick(self) -> TopicPolicy:
         """One round; returns the policy in force (it sets the pace of the next round)."""
-        observed = await self._ctl.observe()
+        observed = await self._observe()
         if observed is None:
             return TopicPolicy()
         record, stats = observed
@@ -63,6 +66,41 @@ class TopicMaintenance:
         if policy.autoscale is not None:
             await self._autoscale(record.layout, stats, policy.autoscale)
         return policy
+
+    async def _observe(self) -> tuple[TopicRecord, dict[int, dict[str, Any]]] | None:
+        """The record and the stats of every segment that answers; None without a topic
+        (or while an operation is in progress: its layout is about to change)."""
+        ctl = self._ctl
+        record = ctl.catalog.topic(ctl.topic)
+        if record is None or record.pending_operation is not None:
+            return None
+        names = {s.segment_id: s.name(ctl.topic) for s in record.layout.all_segments.values()}
+        handles = {i: h for i, n in names.items() if (h := ctl.fleet.watched(n)) is not None}
+        found = await asyncio.gather(
+            *(h.stats.remote() for h in handles.values()), return_exceptions=True
+        )
+        stats = {}
+        for segment_id, st in zip(handles, found, strict=True):
+            if isinstance(st, dict):
+                stats[segment_id] = st
+            elif isinstance(st, RayActorError):
+                ctl.fleet.forget(names[segment_id])  # look it up afresh next round
+        return record, stats
+
+    async def _retain_active(self, layout: SegmentLayout, retention: RetentionPolicy) -> None:
+        """Time and size retention of the active segments (whole batches from the head)."""
+        if retention.time_s is None and retention.size_bytes is None:
+            return
+        oldest_ms = None
+        if retention.time_s is not None:
+            oldest_ms = time.time_ns() // 1_000_000 - int(retention.time_s * 1000)
+        watched = [
+            self._ctl.fleet.watched(s.name(self._ctl.topic))
+            for s in layout.active_segments.values()
+        ]
+        await asyncio.gather(
+            *(h.retain.remote(oldest_ms, retention.size_bytes) for h in watched if h is not None)
+        )
 
     def _publish(self, layout: SegmentLayout, stats: dict[int, dict[str, Any]]) -> None:
         metrics = self._ctl.metrics
@@ -90,7 +128,7 @@ class TopicMaintenance:
         doomed = prunable(layout, states, retention, time.time_ns() // 1_000_000)
         if doomed:
             await self._ctl.prune_segments(doomed)
-        await self._ctl.retain_active(layout, retention)
+        await self._retain_active(layout, retention)
 
     async def _autoscale(
         self, layout: SegmentLayout, stats: dict[int, dict[str, Any]], policy: AutoscalePolicy

@@ -25,7 +25,7 @@ from runtime.errors import (
     SegmentsNotAdjacentError,
     SegmentTooNarrowError,
 )
-from runtime.names import MAX_HASH
+from runtime.names import MAX_HASH, SegmentName, TopicName
 
 MAX_SEGMENTS = MAX_HASH + 1
 
@@ -90,6 +90,10 @@ class SegmentInfo(_Model):
     @property
     def is_active(self) -> bool:
         return self.state is SegmentState.ACTIVE
+
+    def name(self, topic: TopicName) -> SegmentName:
+        """This segment's ``segment://`` name in ``topic``."""
+        return topic.segment(self.segment_id, self.hash_range.start, self.hash_range.end)
 
 
 class ScalableTopicMetadata(_Model):
