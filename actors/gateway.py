@@ -351,12 +351,12 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "GET", STORAGE_PATH, "checkStorage",
         "Storage under the storage root that no live metadata names (needs admin on '*')",
-        lambda a, p: a.check_storage_async(), returns=_OBJECT, errors=(503,), tag="storage",
+        lambda a, p: a.check_storage_async(), returns=_OBJECT, errors=(400, 503), tag="storage",
     ),
     Route(
         "DELETE", ORPHANED_STORAGE_PATH, "deleteOrphanedStorage",
         "Delete the storage no live metadata names; returns the report with what was deleted",
-        lambda a, p: a.check_storage_async(delete=True), returns=_OBJECT, errors=(409, 503),
+        lambda a, p: a.check_storage_async(delete=True), returns=_OBJECT, errors=(400, 409, 503),
         tag="storage",
     ),
     Route(
