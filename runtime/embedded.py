@@ -34,6 +34,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -528,7 +529,7 @@ def _start_head(directory: Path, head_args: dict[str, Any]) -> HeadRecord:
 
     before = {p.pid for p in psutil.Process().children()}
     try:
-        with _environment_without(_PRIVATE_ENV_PREFIX):
+        with _environment_without(_PRIVATE_ENV_PREFIX), _terminal_signals_blocked():
             node = Node(RayParams(**params), head=True, shutdown_at_exit=False, spawn_reaper=False)
     except BaseException:
         # Node() gives no handle when it fails half way: stop what it had started.
@@ -566,6 +567,20 @@ def _environment_without(prefix: str) -> Iterator[None]:
         yield
     finally:
         os.environ.update(hidden)
+
+
+@contextlib.contextmanager
+def _terminal_signals_blocked() -> Iterator[None]:
+    """Start the head deaf to its starter's terminal: the processes share the starter's
+    process group (Ray gives no way to start them in a session of their own), so a
+    hangup, Ctrl-Z or Ctrl-\\ there would stop or kill a head other programs use. A
+    blocked signal mask is inherited across fork and exec (Ray blocks SIGINT so)."""
+    terminal = {signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, terminal)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _check_rocksdb_free(gcs_dir: Path) -> None:
