@@ -366,6 +366,49 @@ def test_programs_at_once_share_one_head_stopped_by_the_last(place: Place) -> No
     print(f"join: {joined['join_s']:.2f} s")
 
 
+SAY_WHERE = """
+import json
+from runtime import connect, metadata_durability
+connect(log_to_driver=False)
+print(json.dumps(metadata_durability()))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_head_its_programs_left_behind_is_taken_over(place: Place) -> None:
+    """Killed (-9) before it could leave, a program leaves its head running: the next
+    program joins it and, as its last user, stops it. A head that lost its GCS is
+    not joined: the next program stops what is left of it and starts a new one."""
+    killed = place.start(LOITERER)
+    read_json_line(killed)
+    killed.kill()
+    killed.wait(timeout=30)
+    orphan = place.state.head
+    assert orphan is not None and all(p.alive() for p in orphan.processes)
+
+    heir = place.run(SAY_WHERE)
+    assert heir.result() == {"backend": "rocksdb", "durable": True}
+    assert heir.said() == [
+        f"raytopics: joined the embedded Ray of {place.root} (GCS {orphan.gcs_address}) "
+        f"started by pid {killed.pid}"
+    ]
+    assert place.state.head is None and gone(orphan.processes)
+
+    killed = place.start(LOITERER)
+    read_json_line(killed)
+    killed.kill()
+    killed.wait(timeout=30)
+    broken = place.state.head
+    assert broken is not None
+    next(p for p in broken.processes if p.kind == "gcs_server").process().kill()
+
+    successor = place.run(SAY_WHERE)
+    assert successor.result() == {"backend": "rocksdb", "durable": True}
+    assert successor.said()[0].startswith("raytopics: started the embedded Ray"), successor.said()
+    assert gone(broken.processes)
+    assert place.state.head is None and not place.ray_processes()
+
+
 # --- durability warnings ------------------------------------------------------------------
 
 CHECK_WARNINGS = """
