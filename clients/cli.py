@@ -152,7 +152,7 @@ def _serve(args: argparse.Namespace) -> str:
     """Run the gateway until Ctrl-C/SIGTERM; the gateway lives exactly as long as this."""
     from actors.gateway import start_gateway, stop_gateway
 
-    _connect(args, embedded_fallback=True)
+    _connect(args)
     url = start_gateway(args.port, args.host)
     print(f"serving the admin API at {url} (see {url}/openapi.json); Ctrl-C stops", flush=True)
     _wait_for_stop_signal()
@@ -242,20 +242,22 @@ def _size(num_bytes: int) -> str:
 # --- connecting -------------------------------------------------------------------------
 
 
-def _connect(args: argparse.Namespace, *, embedded_fallback: bool = False) -> None:
-    """Join Ray quietly; ``serve`` alone may start an embedded Ray when none runs."""
+def _connect(args: argparse.Namespace) -> None:
+    """Join Ray where ``connect()`` would: ``--address`` when given (``auto``, the
+    default without ``RAY_ADDRESS``, leaves the choice to ``connect()``), else a
+    cluster started with ``ray start``, else the embedded Ray of the storage root,
+    started if none runs and shared with every other program using that root.
+    ``serve`` reports which Ray it chose; the other commands print only results."""
     from runtime.connect import connect
 
-    quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
+    address = args.address
+    if address == "auto" and not os.environ.get("RAY_ADDRESS"):
+        address = None
+    level = logging.INFO if args.command == "serve" else logging.WARNING
     try:
-        connect(args.address, namespace=args.namespace, **quiet)
-        return
+        connect(address, namespace=args.namespace, logging_level=level, log_to_driver=False)
     except ConnectionError as err:
-        if not (embedded_fallback and args.address == "auto"):
-            raise UnavailableError(f"cannot connect to Ray at {args.address}: {err}") from None
-    os.environ.pop("RAY_ADDRESS", None)
-    print("no running Ray cluster found: starting an embedded local Ray", file=sys.stderr)
-    connect(None, namespace=args.namespace, include_dashboard=False, **quiet)
+        raise UnavailableError(f"cannot connect to Ray at {args.address}: {err}") from None
 
 
 def _open_admin(args: argparse.Namespace) -> Any:

@@ -1,29 +1,48 @@
-"""Join an existing Ray cluster or start an embedded local one, in our namespace."""
+"""Join a Ray cluster or the embedded local one, in our namespace, and say which.
+
+Which Ray a program lands on decides whether its topics outlive it, so
+``connect()`` chooses in a fixed order and prints the choice on one line:
+an explicit address, else ``RAY_ADDRESS`` (as under ``ray job submit``), else a
+cluster started on this machine with ``ray start`` (Ray's own habit), else the
+embedded Ray of the storage root (``runtime.embedded``), whose metadata is kept
+on disk next to the segment logs. A cluster whose GCS keeps metadata only in
+memory is legal but loses every topic when its head restarts, so joining one
+raises a ``MetadataNotDurableWarning`` once per process.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import threading
+import warnings
+from pathlib import Path
 from typing import Any
 
 import ray
 
+from runtime import embedded
 from runtime.config import GC_FREEZE_ENV, ray_namespace
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV, placement_from_env
 
-# Variables that actors started from this driver must see too.
+# Variables that actors started from this driver must see too (the embedded Ray's
+# processes never inherit a program's RAYTOPICS_* variables).
 _FORWARDED_ENV = (
     "RAYTOPICS_NAMESPACE",
     "RAYTOPICS_STORAGE_ROOT",
     "RAYTOPICS_DURABILITY",
+    "RAYTOPICS_FSYNC_INTERVAL_S",
     "RAYTOPICS_ACK_TIMEOUT_S",
+    "RAYTOPICS_MAINTENANCE_INTERVAL_S",
     PLACEMENT_ENV,
     GC_FREEZE_ENV,
     *LIMIT_ENV_VARS,
 )
 
-# Settings for an embedded local Ray; clusters started with `ray start` take the
-# same ones via --system-config (or RAY_<name> variables on every node).
+# Settings for the embedded Ray; clusters started with `ray start` take the same
+# ones via --system-config (or RAY_<name> variables on every node).
 LOCAL_SYSTEM_CONFIG = {
     # Ray passes call arguments up to this size inline instead of through the object
     # store. A 1,000-message batch is ~130 KB, just over Ray's 100 KiB default, and
@@ -36,6 +55,20 @@ LOCAL_SYSTEM_CONFIG = {
     "timeout_ms_task_wait_for_death_info": 100,
 }
 
+# The address that means "the embedded Ray of the storage root", skipping the
+# search for a `ray start` cluster (Ray's "local" likewise never joins one).
+EMBEDDED_ADDRESS = "local"
+DURABLE_BACKENDS = ("rocksdb", "redis")
+
+_lock = threading.RLock()
+_warned_not_durable = False
+_checked: set[str] = set()  # GCS addresses whose metadata backend was looked at
+
+
+class MetadataNotDurableWarning(UserWarning):
+    """The cluster's GCS keeps metadata only in memory: topics, subscriptions and
+    cursors vanish when its head restarts."""
+
 
 def connect(
     address: str | None = None,
@@ -46,13 +79,20 @@ def connect(
 ) -> str:
     """Make this process a Ray driver in the project's namespace and return the namespace.
 
-    ``address=None`` uses ``RAY_ADDRESS`` when set (as under ``ray job submit``)
-    and otherwise starts an embedded local Ray; ``"auto"`` or ``host:port``
-    joins a running cluster. Calling it again in a connected process is a no-op
-    as long as the namespace agrees. With ``http_port`` the REST admin gateway
-    is started (or found) on that port of this node, bound to 127.0.0.1.
+    ``address=None`` joins ``RAY_ADDRESS`` when set, else a cluster started on this
+    machine with ``ray start``, else the embedded Ray of the storage root (started
+    if none runs; ``"local"`` goes straight there). ``"auto"`` or ``host:port``
+    joins a running cluster. A line on stderr says which Ray was chosen (shown at
+    ``logging_level`` INFO, Ray's default, like Ray's own connection messages).
+    Arguments that configure a head (``num_cpus``, ``_system_config``, ...) apply
+    only when the embedded Ray is started here; joining a running Ray ignores them
+    and says so. Calling it again in a connected process is a no-op as long as the
+    namespace agrees. With ``http_port`` the REST admin gateway is started (or
+    found) on that port of this node, bound to 127.0.0.1.
     """
-    namespace = _join(address, namespace, ray_init_kwargs)
+    with _lock:
+        namespace = _join(address, namespace, ray_init_kwargs)
+        _warn_if_not_durable()
     if http_port is not None:
         # connect() is the wiring point of the whole system, so it may reach up
         # into actors/; imported lazily to keep runtime/ importable on its own.
@@ -60,6 +100,27 @@ def connect(
 
         start_gateway(http_port)
     return namespace
+
+
+def disconnect() -> None:
+    """Stop being a Ray driver; the last program using the embedded Ray stops it.
+
+    Also done at process exit. ``ray.shutdown()`` alone leaves this process counted
+    as a user of the embedded Ray until it exits."""
+    with _lock:
+        if ray.is_initialized():
+            ray.shutdown()
+        embedded.leave()
+
+
+def metadata_durability() -> dict[str, Any]:
+    """Where the connected cluster keeps its metadata and whether that outlives its
+    head: ``{"backend": "rocksdb" | "redis" | "memory" | "unknown", "durable": bool}``
+    (``durable`` only when known to be)."""
+    from storage.metadata import metadata_backend
+
+    backend = metadata_backend()
+    return {"backend": backend, "durable": backend in DURABLE_BACKENDS}
 
 
 def _join(address: str | None, namespace: str | None, ray_init_kwargs: dict[str, Any]) -> str:
@@ -76,15 +137,139 @@ def _join(address: str | None, namespace: str | None, ray_init_kwargs: dict[str,
     placement_from_env()  # a bad placement fails here, not in some actor start later
     os.environ["RAYTOPICS_NAMESPACE"] = namespace
     env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
-    runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
+    init_kwargs = dict(ray_init_kwargs)
+    runtime_env = dict(init_kwargs.pop("runtime_env", None) or {})
     runtime_env["env_vars"] = {**env_vars, **runtime_env.get("env_vars", {})}
-    if address is None and "RAY_ADDRESS" not in os.environ:  # an embedded local Ray
-        # "local", or ray.init would join whichever Ray another program on this
-        # machine happened to start last.
-        address = "local"
-        ray_init_kwargs["_system_config"] = {
-            **LOCAL_SYSTEM_CONFIG,
-            **ray_init_kwargs.get("_system_config", {}),
-        }
-    ray.init(address=address, namespace=namespace, runtime_env=runtime_env, **ray_init_kwargs)
+    init_kwargs |= {"namespace": namespace, "runtime_env": runtime_env}
+    head_args = {k: init_kwargs.pop(k) for k in embedded.HEAD_ONLY_ARGS if k in init_kwargs}
+    line, started_head = _init(address, head_args, init_kwargs)
+    level = _level(init_kwargs.get("logging_level", logging.INFO))
+    if level <= logging.INFO:
+        _say(line)
+    ignored = sorted(k for k, v in head_args.items() if v is not None)
+    if ignored and not started_head and level <= logging.WARNING:
+        _say(f"ignored {', '.join(ignored)}: they configure a Ray head, and this Ray was "
+             "already running")  # fmt: skip
     return namespace
+
+
+def _init(
+    address: str | None, head_args: dict[str, Any], init_kwargs: dict[str, Any]
+) -> tuple[str, bool]:
+    """Choose a Ray and ray.init as its driver; say which, and whether a head was
+    started here."""
+    env_address = os.environ.get("RAY_ADDRESS") or None
+    found = None if address or env_address else _ray_start_cluster()
+    if (address or env_address or found or EMBEDDED_ADDRESS) == EMBEDDED_ADDRESS:
+        joined = _join_embedded(head_args, init_kwargs)
+        head = joined.head
+        if joined.started:
+            said = f"started the embedded Ray (GCS {head.gcs_address}) with metadata kept in "
+            return said + head.metadata, True
+        said = f"joined the embedded Ray of {joined.storage_root} (GCS {head.gcs_address}) "
+        return said + f"started by pid {head.started_by.pid}", False
+    if address:
+        ray.init(address=address, **init_kwargs)
+        return f"joined the Ray cluster at {_gcs_address() or address} (address {address})", False
+    if env_address:
+        ray.init(address=None, **init_kwargs)  # Ray reads RAY_ADDRESS itself (ray://, auto)
+        return f"joined the Ray cluster at {_gcs_address() or env_address} (RAY_ADDRESS)", False
+    _adopt_local_auth()
+    ray.init(address=found, **init_kwargs)
+    return (
+        f"joined the Ray cluster at {found}, started on this machine with `ray start` "
+        "(Ray's ray_current_cluster file)"
+    ), False
+
+
+def _join_embedded(head_args: dict[str, Any], init_kwargs: dict[str, Any]) -> embedded.Joined:
+    """Join or start the embedded Ray of the storage root as this driver."""
+    head_args = dict(head_args)
+    head_args["_system_config"] = {
+        **LOCAL_SYSTEM_CONFIG,
+        **(head_args.get("_system_config") or {}),
+    }
+    if init_kwargs.get("_temp_dir") is not None:
+        head_args["_temp_dir"] = init_kwargs["_temp_dir"]
+    return embedded.join_or_start(
+        _storage_root(), head_args, lambda gcs: ray.init(address=gcs, **init_kwargs)
+    )
+
+
+def _level(value: int | str) -> int:
+    """A logging level given as Ray takes it: a number or a name such as ``"info"``."""
+    if isinstance(value, str):
+        named = logging.getLevelName(value.upper())
+        return named if isinstance(named, int) else logging.INFO
+    return value
+
+
+def _storage_root() -> Path:
+    from storage.segment_log import default_storage_root
+
+    return default_storage_root()
+
+
+def _ray_start_cluster() -> str | None:
+    """The GCS address of a cluster started on this machine with ``ray start`` (or
+    ``ray.cluster_utils.Cluster``), from Ray's ``ray_current_cluster`` file, if that
+    cluster still runs: the file outlives a cluster that was killed, and its port may
+    be reused, so a local raylet must point at that GCS and the GCS must answer."""
+    from ray._private import services
+    from ray._private.utils import read_ray_address
+
+    try:
+        found = read_ray_address()
+    except OSError:
+        return None
+    if not found or not embedded.tcp_answers(found, timeout_s=0.5):
+        return None
+    services.find_gcs_addresses.cache_clear()
+    return found if found in services.find_gcs_addresses() else None
+
+
+def _adopt_local_auth() -> None:
+    """What ray.init() does when it finds a local cluster itself: use the local token
+    if there is one and ``RAY_AUTH_MODE`` says nothing."""
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _gcs_address() -> str | None:
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - Ray client mode has no GCS address to show
+        return None
+
+
+def _say(line: str) -> None:
+    print(f"raytopics: {line}", file=sys.stderr, flush=True)
+
+
+def _warn_if_not_durable() -> None:
+    """Warn once per process when this driver's cluster keeps metadata only in memory
+    (drivers only: a task's worker would repeat what its driver already said)."""
+    global _warned_not_durable
+    if _warned_not_durable or ray._private.worker.global_worker.mode != ray.SCRIPT_MODE:
+        return
+    gcs = _gcs_address() or ""
+    if gcs in _checked:
+        return
+    _checked.add(gcs)
+    if metadata_durability()["backend"] != "memory":
+        return
+    _warned_not_durable = True
+    warnings.warn(
+        MetadataNotDurableWarning(
+            f"the Ray cluster at {gcs or 'this address'} keeps its metadata (GCS) only in "
+            "memory: every topic, subscription, cursor, policy and limit vanishes when "
+            "its head restarts, though segment data stays on disk. Make it durable with "
+            "Ray's GCS fault tolerance (start the head with RAY_REDIS_ADDRESS=host:port "
+            'of a persistent Redis), see README "Durability of metadata"; or use the '
+            "embedded Ray (no address), which keeps metadata under the storage root."
+        ),
+        stacklevel=3,
+    )

@@ -30,6 +30,11 @@ from ray.experimental import internal_kv as kv
 from runtime.errors import AlreadyExistsError, BadVersion, KeyNotFoundError
 
 DEFAULT_KV_NAMESPACE = "scalable-topics"
+# Where a Ray head records the backend of its GCS tables, and so of every path
+# here (ray/_private/node.py ``_record_stats``): "memory", "redis" or "rocksdb".
+_USAGE_NAMESPACE = b"usage_stats"
+_GCS_STORAGE_TAG = b"extra_usage_tag_gcs_storage"
+METADATA_BACKENDS = ("rocksdb", "redis", "memory")
 _SEP = "#"
 _GEN = f"{_SEP}gen"
 _COMPACTED = b"\x00compacted"
@@ -181,6 +186,17 @@ class MetadataStore:
 
     def _del(self, key: str) -> None:
         kv._internal_kv_del(key.encode(), namespace=self.namespace)
+
+
+def metadata_backend() -> str:
+    """Where the connected cluster's GCS keeps metadata: ``"rocksdb"`` or ``"redis"``
+    (both outlive the head), ``"memory"`` (lost when the head restarts), or
+    ``"unknown"`` (not connected, or a head that did not record it)."""
+    if not kv._internal_kv_initialized():
+        return "unknown"
+    raw = kv._internal_kv_get(_GCS_STORAGE_TAG, namespace=_USAGE_NAMESPACE)
+    backend = raw.decode(errors="replace") if raw else ""
+    return backend if backend in METADATA_BACKENDS else "unknown"
 
 
 def _gen_key(path: str) -> str:

@@ -21,13 +21,16 @@ os.environ.setdefault("RAYTOPICS_NAMESPACE", f"raytopics-test-{uuid.uuid4().hex[
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A real local Ray instance shared by the tests that need one."""
-    from runtime import connect
+    """A real local Ray shared by the tests that need one: the embedded Ray of this
+    session's storage root (never a `ray start` cluster some other program left
+    running), or the cluster at RAY_ADDRESS."""
+    from runtime import connect, disconnect
 
     if not ray.is_initialized():
-        connect(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        address = None if os.environ.get("RAY_ADDRESS") else "local"
+        connect(address, num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
-    ray.shutdown()
+    disconnect()
 
 
 @pytest.fixture(scope="module")
