@@ -50,6 +50,7 @@ from clients.http import (
 )
 from runtime.auth import AuthPolicy, Permission, bearer_token
 from runtime.config import ray_namespace
+from runtime.connect import metadata_durability
 from runtime.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -174,6 +175,21 @@ class TerminateResult(BaseModel):
 
 
 _STRINGS = {"type": "array", "items": {"type": "string"}}
+_HEALTH = {
+    "type": "object",
+    "properties": {
+        "status": {"const": "ok"},
+        "metadata": {
+            "type": "object",
+            "description": "where the cluster's GCS keeps metadata; durable: survives a "
+            "restart of the head",
+            "properties": {
+                "backend": {"enum": ["rocksdb", "redis", "memory", "unknown"]},
+                "durable": {"type": "boolean"},
+            },
+        },
+    },
+}
 _OBJECT = {"type": "object", "additionalProperties": True}
 
 # --- the route table ---------------------------------------------------------------------
@@ -242,8 +258,10 @@ async def _terminate(admin: ScalableTopicsAdmin, p: Params) -> dict[str, int]:
     return {"endOffset": await admin.terminate_segment_async(p.segment, p.query.force)}
 
 
-async def _health(_admin: ScalableTopicsAdmin, _p: Params) -> dict[str, str]:
-    return {"status": "ok"}
+async def _health(_admin: ScalableTopicsAdmin, _p: Params) -> dict[str, Any]:
+    """Alive, and where the cluster keeps its metadata (``durable`` false: it is lost
+    when the head restarts; see ``runtime.connect.metadata_durability``)."""
+    return {"status": "ok", "metadata": metadata_durability()}
 
 
 async def _openapi(_admin: ScalableTopicsAdmin, _p: Params) -> dict[str, Any]:
@@ -365,7 +383,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "GET", "/healthz", "health", "Liveness probe", _health,
-        returns={"type": "object", "properties": {"status": {"const": "ok"}}},
+        returns=_HEALTH,
         errors=(400,), tag="meta", permission=None,
     ),
 )

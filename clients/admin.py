@@ -24,7 +24,7 @@ from actors.segment import segment_actor
 from actors.storage_tasks import remove_storage, scan_storage
 from clients._ray import with_sync_twins
 from runtime.auth import AuthPolicy, Permission, default_token
-from runtime.connect import connect
+from runtime.connect import connect, metadata_durability
 from runtime.errors import (
     InvalidArgumentError,
     TopicAlreadyExistsError,
@@ -405,6 +405,7 @@ def _aggregate(
     return {
         "topic": str(name),
         "incarnation": incarnation,
+        "metadata": metadata_durability(),
         "epoch": layout.epoch,
         "activeSegments": len(layout.active_segments),
         "sealedSegments": len(layout.all_segments) - len(layout.active_segments),

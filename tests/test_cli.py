@@ -119,7 +119,8 @@ def test_serve_and_url_mode(cli_env: dict[str, str]) -> None:
         banner = serve.stdout.readline()
         url = f"http://127.0.0.1:{port}"
         assert url in banner, (banner, serve.stderr.read() if serve.poll() is not None else "")
-        assert http(url, "GET", "/healthz") == (200, {"status": "ok"})
+        status, health = http(url, "GET", "/healthz")
+        assert status == 200 and health["status"] == "ok" and health["metadata"]["durable"]
         assert raytopics(cli_env, "--url", url, "list", "cli-url/ns").strip() == ""
         missing = raytopics(cli_env, "--url", url, "describe", "cli-url/ns/missing", code=1)
         assert_one_error_line(missing, "does not exist")

@@ -412,17 +412,32 @@ def test_a_head_its_programs_left_behind_is_taken_over(place: Place) -> None:
 # --- durability warnings ------------------------------------------------------------------
 
 CHECK_WARNINGS = """
-import json, warnings
+import json, socket, urllib.request, warnings
 from runtime import MetadataNotDurableWarning, connect, disconnect, metadata_durability
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     connect(log_to_driver=False)
     durability = metadata_durability()
+    from actors.gateway import start_gateway, stop_gateway
+    from clients import ScalableTopicsAdmin
+    admin = ScalableTopicsAdmin()
+    admin.create_scalable_topic("topic://acme/r/durability", 1)
+    stats = admin.get_stats("topic://acme/r/durability")["metadata"]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = start_gateway(port)
+    with urllib.request.urlopen(url + "/healthz", timeout=30) as reply:
+        health = json.loads(reply.read())["metadata"]
+    stop_gateway(port)
+    admin.delete_scalable_topic("topic://acme/r/durability")
     disconnect()
     connect(log_to_driver=False)  # a second connect in the process: no second warning
     disconnect()
 print(json.dumps({
     "durability": durability,
+    "stats": stats,
+    "health": health,
     "warnings": [str(w.message) for w in caught
                  if issubclass(w.category, MetadataNotDurableWarning)],
 }))
@@ -448,7 +463,8 @@ def test_joining_an_in_memory_cluster_warns_once(place: Place) -> None:
         found = on_cluster.result()
     finally:
         stop_group(starter.pid)
-    assert found["durability"] == {"backend": "memory", "durable": False}
+    memory = {"backend": "memory", "durable": False}
+    assert found["durability"] == found["stats"] == found["health"] == memory
     assert len(found["warnings"]) == 1, found["warnings"]
     assert "only in memory" in found["warnings"][0]
     assert "Durability of metadata" in found["warnings"][0]
@@ -460,7 +476,9 @@ def test_joining_an_in_memory_cluster_warns_once(place: Place) -> None:
     try:
         on_embedded = embedded.run(CHECK_WARNINGS)
         quiet = on_embedded.result()
-        assert quiet == {"durability": {"backend": "rocksdb", "durable": True}, "warnings": []}
+        durable = {"backend": "rocksdb", "durable": True}
+        assert quiet["durability"] == quiet["stats"] == quiet["health"] == durable
+        assert quiet["warnings"] == []
         assert not embedded.ray_processes()
     finally:
         embedded.clean_up()

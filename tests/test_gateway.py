@@ -98,7 +98,9 @@ def test_openapi_lists_every_route_and_health(gateway: str) -> None:
         for operation in item.values():
             error = operation["responses"]["400"]["content"]["application/json"]["schema"]
             assert error == {"$ref": "#/components/schemas/ErrorBody"}
-    assert http(gateway, "GET", "/healthz") == (200, {"status": "ok"})
+    status, health = http(gateway, "GET", "/healthz")
+    assert status == 200 and health["status"] == "ok"
+    assert health["metadata"] == {"backend": "rocksdb", "durable": True}  # the embedded Ray
 
 
 # --- every endpoint, the happy path -----------------------------------------------------
@@ -397,7 +399,8 @@ def test_connect_starts_the_gateway_and_busy_ports_fail_cleanly(ray_cluster) -> 
     port = free_port()
     connect(http_port=port)
     try:
-        assert http(f"http://127.0.0.1:{port}", "GET", "/healthz") == (200, {"status": "ok"})
+        status, health = http(f"http://127.0.0.1:{port}", "GET", "/healthz")
+        assert status == 200 and health["status"] == "ok"
         with pytest.raises(ConflictError):
             start_gateway(port, host="0.0.0.0")
     finally:
