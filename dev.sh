@@ -16,6 +16,23 @@ python_bin() {
   echo "error: Python 3.11 is required (set PYTHON=/path/to/python3.11)" >&2; exit 1
 }
 
+# Redis is what a Ray cluster keeps its metadata in (GCS fault tolerance): the tests
+# that restart a head run a real one, so `test` installs Debian's package when it is
+# missing. The demo needs none (the embedded Ray keeps metadata in RocksDB).
+system_packages() {
+  command -v redis-server >/dev/null 2>&1 && return
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if command -v apt-get >/dev/null 2>&1 && { [ -z "$sudo" ] || command -v sudo >/dev/null; }; then
+    echo "installing redis-server (apt-get)" >&2
+    $sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null ||
+      { $sudo apt-get update -qq >/dev/null && \
+        $sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
+  fi
+  command -v redis-server >/dev/null 2>&1 ||
+    { echo "error: redis-server is required (Debian/Ubuntu: apt-get install redis-server)" >&2; exit 1; }
+}
+
 setup() {
   if [ ! -x .venv/bin/python ]; then
     "$(python_bin)" -m venv .venv
@@ -36,6 +53,7 @@ case "${1:-}" in
     ;;
   test)
     shift
+    system_packages
     setup
     .venv/bin/ruff check .
     exec .venv/bin/python -m pytest "$@"

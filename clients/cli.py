@@ -243,21 +243,20 @@ def _size(num_bytes: int) -> str:
 
 
 def _connect(args: argparse.Namespace) -> None:
-    """Join Ray where ``connect()`` would: ``--address`` when given (``auto``, the
-    default without ``RAY_ADDRESS``, leaves the choice to ``connect()``), else a
-    cluster started with ``ray start``, else the embedded Ray of the storage root,
-    started if none runs and shared with every other program using that root.
-    ``serve`` reports which Ray it chose; the other commands print only results."""
+    """Join Ray where ``connect()`` would: ``--address`` when given, else
+    ``RAY_ADDRESS``, else a cluster started with ``ray start``, else the embedded Ray
+    of the storage root, started if none runs and shared with every other program
+    using that root. ``serve`` reports which Ray it chose; the other commands print
+    only results."""
     from runtime.connect import connect
 
     address = args.address
-    if address == "auto" and not os.environ.get("RAY_ADDRESS"):
-        address = None
     level = logging.INFO if args.command == "serve" else logging.WARNING
     try:
         connect(address, namespace=args.namespace, logging_level=level, log_to_driver=False)
     except ConnectionError as err:
-        raise UnavailableError(f"cannot connect to Ray at {args.address}: {err}") from None
+        where = args.address or "the Ray connect() chose"
+        raise UnavailableError(f"cannot connect to {where}: {err}") from None
 
 
 def _open_admin(args: argparse.Namespace) -> Any:
@@ -320,8 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--address",
-        default=os.environ.get("RAY_ADDRESS", "auto"),
-        help="Ray cluster address (default: $RAY_ADDRESS or 'auto')",
+        default=os.environ.get("RAY_ADDRESS") or None,
+        help="Ray cluster address, or 'auto' for the one running here (default: "
+        "$RAY_ADDRESS, else a cluster started on this machine with `ray start`, else "
+        "the embedded Ray of the storage root, started if need be)",
     )
     parser.add_argument(
         "--namespace",

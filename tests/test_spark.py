@@ -190,11 +190,11 @@ def test_unavailable_segments_fail_the_read_or_are_reported(admin, spark, unique
         layout.find_active_segment(key_hash(f"key-{v % 97}")).segment_id for v in range(3_000)
     )
     lost = [0, 2]
+    incarnation = admin.get_stats(topic)["incarnation"]
     for sid in lost:  # the actor dies for good and its storage is gone
         info = layout.all_segments[sid]
         segment = name.segment(sid, info.hash_range.start, info.hash_range.end)
         ray.kill(segment_actor(segment), no_restart=True)
-        incarnation = admin.get_stats(topic)["incarnation"]
         directory = segment_directory(Path(default_storage_root()), segment, incarnation)
         shutil.move(directory, directory.with_name(directory.name + ".moved"))
 
