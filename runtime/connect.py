@@ -26,6 +26,7 @@ from runtime import embedded
 from runtime.config import GC_FREEZE_ENV, ray_namespace
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV, placement_from_env
+from runtime.processes import tcp_answers
 
 # Variables that actors started from this driver must see too (the embedded Ray's
 # processes never inherit a program's RAYTOPICS_* variables).
@@ -222,7 +223,7 @@ def _ray_start_cluster() -> str | None:
         found = read_ray_address()
     except OSError:
         return None
-    if not found or not embedded.tcp_answers(found, timeout_s=0.5):
+    if not found or not tcp_answers(found, timeout_s=0.5):
         return None
     services.find_gcs_addresses.cache_clear()
     return found if found in services.find_gcs_addresses() else None
