@@ -45,6 +45,11 @@ from runtime.connect import LOCAL_SYSTEM_CONFIG  # noqa: E402
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
+def redis_server_binary() -> str | None:
+    found = shutil.which("redis-server") or "/usr/sbin/redis-server"
+    return found if Path(found).exists() else None
+
+
 def free_port() -> int:
     """A port nobody listens on now, outside Ray's default worker range (10002-19999),
     which ``ray start`` refuses for its own components."""
@@ -70,8 +75,8 @@ class RedisServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        if not Path(binary).exists():
+        binary = redis_server_binary()
+        if binary is None:
             raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.chaos.invariants import delivery_violations  # noqa: E402
-from tests.ray_head import head_on_redis  # noqa: E402
+from tests.ray_head import head_on_redis, redis_server_binary  # noqa: E402
 
 NAMESPACE = "restart/orders"
 TOPIC = f"topic://{NAMESPACE}/events"
@@ -57,6 +57,10 @@ QUIET_S = 2.0  # after the last expected message: long enough to see a duplicate
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    redis_server_binary() is None,
+    reason="needs Debian's redis-server for Ray's GCS (apt-get install -y redis-server)",
+)
 def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
     with head_on_redis(tmp_path) as head:
         namespace = f"restart-{uuid.uuid4().hex[:8]}"
