@@ -24,7 +24,7 @@ every project actor's process launch and the moment Ray marked it ALIVE (from
 GCS's actor table after the round: no polling to disturb the round), the client
 program's own steps, and the CPU seconds each part burnt before the round ended.
 
-    .venv/bin/python bench/restart.py                  # both cases, 5 rounds each, ~5 min
+    .venv/bin/python bench/restart.py                  # both cases, 5 rounds each, ~7 min
     .venv/bin/python bench/restart.py --rounds 3 --skip-embedded
 
 Needs Debian's redis-server (apt-get install -y redis-server). Prints a summary

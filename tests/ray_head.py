@@ -3,8 +3,8 @@ and a way to take that head down as hard as ``ray stop --force`` does.
 
 Used by ``tests/test_head_restart.py`` and ``bench/restart.py`` to show that
 metadata outlives all of Ray: Ray's GCS fault tolerance writes the GCS tables
-and its KV store (where every topic, subscription, cursor owner, policy and
-limit lives) to Redis, so a head started again on the same Redis finds them,
+and its KV store (where every topic, subscription, consumer registration,
+policy and limit lives) to Redis, so a head started again on the same Redis finds them,
 and restarts the detached actors by itself.
 
 Why not ``ray stop --force``: it kills every Ray process on the machine, the
@@ -46,7 +46,8 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def redis_server_binary() -> str | None:
-    found = shutil.which("redis-server") or "/usr/sbin/redis-server"
+    """Debian's redis-server, on PATH or where its package puts it."""
+    found = shutil.which("redis-server") or "/usr/bin/redis-server"
     return found if Path(found).exists() else None
 
 
