@@ -3,11 +3,14 @@
 Runs Ray's own pipeline for `ray up` minus the SSH part: `prepare_config` (the
 local provider's node types, then the defaults every config is filled out
 with) and `validate_config` (the JSON schema plus Ray's cross-field checks).
+The head's GCS must live in the operator's Redis, not on the head: the head is
+what restarts or gets replaced (tests/test_head_restart.py shows what survives).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from runtime.connect import LOCAL_SYSTEM_CONFIG
 
 CONFIG = Path(__file__).resolve().parent.parent / "ray_cluster.yaml"
 STORAGE_ROOT = "RAYTOPICS_STORAGE_ROOT=/mnt/raytopics/segments"
+REDIS_HOST = "raytopics-redis.example.internal"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +37,7 @@ def test_ray_accepts_the_config(config: dict) -> None:
 
 
 def test_no_real_addresses(config: dict) -> None:
-    hosts = [config["provider"]["head_ip"], *config["provider"]["worker_ips"]]
+    hosts = [config["provider"]["head_ip"], *config["provider"]["worker_ips"], REDIS_HOST]
     assert all(host.endswith(".example.internal") for host in hosts)
 
 
@@ -54,3 +58,27 @@ def test_head_starts_ray_with_inline_limit_then_the_gateway(config: dict) -> Non
     assert gateway > ray_start, "the gateway joins Ray, so it starts after it"
     assert "nohup" in head[gateway] and "--port 8080" in head[gateway]
     assert head[gateway].rstrip().endswith("&"), "serve stays in the foreground"
+
+
+def _head_ray_start(config: dict) -> list[str]:
+    """The head's `ray start --head` as the shell runs it: its own simple command
+    (split at `;` and `&&`), words and variable assignments in order."""
+    head = " ".join(config["head_start_ray_commands"])
+    commands = [c for part in head.split(";") for c in part.split("&&")]
+    return shlex.split(next(c for c in commands if "ray start --head" in c))
+
+
+def test_head_keeps_the_gcs_in_the_operators_redis(config: dict) -> None:
+    words = _head_ray_start(config)
+    ray = next(i for i, word in enumerate(words) if word.endswith("bin/ray"))
+    assignments = dict(w.split("=", 1) for w in words[:ray] if "=" in w)
+    host, port = assignments["RAY_REDIS_ADDRESS"].rsplit(":", 1)
+    assert host == REDIS_HOST and port.isdigit()
+    assert host != config["provider"]["head_ip"], "the GCS must not live only on the head"
+    # The password comes from the head's environment, never from this file.
+    assert "--redis-password=${RAY_REDIS_PASSWORD:-}" in words[ray:]
+
+
+def test_only_the_head_talks_to_redis(config: dict) -> None:
+    workers = " ".join(config["worker_start_ray_commands"])
+    assert "REDIS" not in workers.upper(), "workers find the GCS through the head"

@@ -1,0 +1,220 @@
+"""A private Ray head whose GCS lives in a Redis server with append-only persistence,
+and a way to take that head down as hard as ``ray stop --force`` does.
+
+Used by ``tests/test_head_restart.py`` and ``bench/restart.py`` to show that
+metadata outlives all of Ray: Ray's GCS fault tolerance writes the GCS tables
+and its KV store (where every topic, subscription, consumer registration,
+policy and limit lives) to Redis, so a head started again on the same Redis finds them,
+and restarts the detached actors by itself.
+
+Why not ``ray stop --force``: it kills every Ray process on the machine, the
+other tests' clusters and anyone else's included. This head gets its own short
+``--temp-dir`` (Ray's unix socket paths must stay under ~107 bytes) and fixed
+free ports, and ``kill()`` SIGKILLs exactly its processes. What identifies them,
+as Ray 2.60 starts them: ``gcs_server``, ``raylet`` and the dashboard carry the
+temp/session directory on their command lines; the monitor, log monitor and
+Ray client server carry the GCS address (``--gcs-address=`` / ``--address=``).
+Workers, the dashboard agent and the runtime env agent retitle themselves
+(``ray::IDLE``, ``ray::DashboardAgent``, ...), so they are found as the raylet's
+descendants instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from runtime.connect import LOCAL_SYSTEM_CONFIG  # noqa: E402
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def redis_server_binary() -> str | None:
+    """Debian's redis-server, on PATH or where its package puts it."""
+    found = shutil.which("redis-server") or "/usr/bin/redis-server"
+    return found if Path(found).exists() else None
+
+
+def free_port() -> int:
+    """A port nobody listens on now, outside Ray's default worker range (10002-19999),
+    which ``ray start`` refuses for its own components."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if not 10_000 <= port < 20_000:
+            return port
+
+
+@dataclass
+class RedisServer:
+    """A private redis-server on loopback, append-only file fsynced every second: the
+    persistence Ray's GCS fault tolerance needs to survive the head."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        binary = redis_server_binary()
+        if binary is None:
+            raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(self.port)]
+            + ["--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "everysec"]
+            + ["--save", "", "--protected-mode", "no", "--daemonize", "no"]
+            + ["--logfile", str(self.directory / "redis.log")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not _accepts(self.port):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"redis-server did not start; see {self.directory}/redis.log")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+@dataclass
+class RayHead:
+    """One ``ray start --head`` on Redis, restartable on the same ports and temp dir."""
+
+    redis: RedisServer
+    storage_root: Path
+    num_cpus: int = 2
+    temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rh-", dir="/tmp")))
+    port: int = field(default_factory=free_port)
+    # Fixed too, or a second cluster on the machine collides with Ray's defaults
+    # (client server 10001, dashboard 8265 with no retries, agent 52365).
+    client_port: int = field(default_factory=free_port)
+    dashboard_port: int = field(default_factory=free_port)
+    agent_port: int = field(default_factory=free_port)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def env(self, namespace: str | None = None) -> dict[str, str]:
+        """The environment of ``ray start`` and of every program that joins this head."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("RAY_ADDRESS", "RAYTOPICS_", "RAY_REDIS"))
+        }
+        env |= {
+            "RAY_AUTH_MODE": "disabled",
+            "RAYTOPICS_STORAGE_ROOT": str(self.storage_root),
+            "PYTHONPATH": str(ROOT),
+        }
+        if namespace is not None:
+            env |= {"RAY_ADDRESS": self.address, "RAYTOPICS_NAMESPACE": namespace}
+        return env
+
+    def start(self) -> float:
+        """``ray start --head`` (returns once Ray says the head is up); its duration in s."""
+        command = [RAY, "start", "--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}"]
+        command += [f"--num-cpus={self.num_cpus}", "--include-dashboard=false"]
+        command += [f"--ray-client-server-port={self.client_port}"]
+        command += [f"--dashboard-port={self.dashboard_port}"]
+        command += [f"--dashboard-agent-listen-port={self.agent_port}"]
+        command += ["--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats"]
+        command += [f"--system-config={json.dumps(LOCAL_SYSTEM_CONFIG)}"]
+        env = self.env() | {"RAY_REDIS_ADDRESS": self.redis.address}
+        started = time.perf_counter()
+        done = subprocess.run(
+            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        return time.perf_counter() - started
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this head (see the module docstring for how)."""
+        mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["cmdline"]):
+            args = proc.info["cmdline"] or []
+            if proc.pid not in mine and any(
+                str(self.temp_dir) in arg or arg.endswith(f":{self.port}") for arg in args
+            ):
+                found[proc.pid] = proc
+        for proc in list(found.values()):
+            with contextlib.suppress(psutil.Error):
+                for child in proc.children(recursive=True):
+                    found.setdefault(child.pid, child)
+        return [p for p in found.values() if p.pid not in mine and _running(p)]
+
+    def kill(self, timeout_s: float = 30.0) -> int:
+        """SIGKILL every process of this head, as ``ray stop --force`` would (but only
+        these); returns how many there were, once all are gone."""
+        victims = self.processes()
+        for proc in victims:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while any(_running(p) for p in victims):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes of {self.temp_dir} outlived SIGKILL")
+            time.sleep(0.05)
+        return len(victims)
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie waiting for its (dead) parent's reaper."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def head_on_redis(directory: Path, num_cpus: int = 2) -> Iterator[RayHead]:
+    """A Redis server and a Ray head on it, both stopped (the head SIGKILLed) on exit,
+    whatever happened in between."""
+    redis = RedisServer(directory / "redis")
+    head = RayHead(redis, directory / "segments", num_cpus=num_cpus)
+    try:
+        redis.start()
+        head.start()
+        yield head
+    finally:
+        try:
+            head.kill()
+        finally:
+            redis.stop()
+            shutil.rmtree(head.temp_dir, ignore_errors=True)

@@ -1,0 +1,331 @@
+"""Everything a topic is made of survives ``ray stop --force`` and ``ray start --head``.
+
+A real Redis server (append-only file) holds the GCS of a real ``ray start --head``
+(Ray's GCS fault tolerance). A first program builds a topic with a split in its
+history, two subscriptions, a policy, namespace limits and a stream consumer that
+acknowledged part of what it read and then vanished without leaving. Then every
+process of that head is SIGKILLed and the head is started again on the same Redis
+and port. Before any admin call, Ray alone must have brought the controller, the
+segments and both coordinators back; then the metadata (topic, subscriptions, the
+consumer's registration, cursors, policy, limits) must read as before, and the
+consumer must get exactly what it had not acknowledged, once each, in key order,
+parents before children. Nothing here could pass on an in-memory GCS.
+
+The programs run as subprocesses (this file as a script: ``before``, ``actors``,
+``after``), since a driver joins one Ray for life and this session's other tests
+share another. ``tests/ray_head.py`` explains why the head is stopped by killing
+exactly its processes rather than with ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.chaos.invariants import delivery_violations  # noqa: E402
+from tests.ray_head import head_on_redis, redis_server_binary  # noqa: E402
+
+NAMESPACE = "restart/orders"
+TOPIC = f"topic://{NAMESPACE}/events"
+SUBSCRIPTIONS = ("s", "other")
+POLICY = {"retention": {"timeS": 86400}}
+MAX_MESSAGE_BYTES = 300_000
+SEGMENTS = 4
+SPLIT = 0  # the segment split while the producer writes
+KEYS_PER_SEGMENT = 5
+ROUNDS = 60  # one message per key per round
+SPLIT_AT_ROUND = 20
+# c1 receives all that segments 0-3 hold before the restart and acknowledges this part
+# of each (the rest stays delivered but unacknowledged); the split's children wait
+# for segment 0 to be finished.
+ACKED = 0.4
+ACTORS_DEADLINE_S = 60.0
+RECEIVE_DEADLINE_S = 60.0
+QUIET_S = 2.0  # after the last expected message: long enough to see a duplicate
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    redis_server_binary() is None,
+    reason="needs Debian's redis-server for Ray's GCS (apt-get install -y redis-server)",
+)
+def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
+    with head_on_redis(tmp_path) as head:
+        namespace = f"restart-{uuid.uuid4().hex[:8]}"
+
+        def run(phase: str) -> dict[str, Any]:
+            out = tmp_path / f"{phase}.json"
+            proc = subprocess.run(
+                [sys.executable, __file__, phase, str(out)],
+                cwd=ROOT,
+                env=head.env(namespace),
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            assert proc.returncode == 0 and out.exists(), (
+                f"{phase} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+            )
+            return json.loads(out.read_text())
+
+        before = run("before")
+        assert head.kill() > 0
+        head.start()
+        actors = run("actors")
+        after = run("after")
+
+    expected = {_actor_names(before["layout"], sub) for sub in SUBSCRIPTIONS}
+    assert set(actors["alive"]) >= set().union(*expected), actors
+    assert all(pid not in before["actor_pids"] for pid in actors["pids"]), "not restarted?"
+
+    assert after["topics"] == [TOPIC]
+    assert after["layout"] == before["layout"]  # the split is in it: 4 + 2 segments
+    assert len(after["layout"]["segments"]) == SEGMENTS + 2
+    assert sorted(after["subscriptions"]) == sorted(SUBSCRIPTIONS)
+    assert after["policy"] == before["policy"]
+    assert after["policy"]["retention"]["timeS"] == POLICY["retention"]["timeS"]
+    assert (
+        after["limits"]["max_message_bytes"]
+        == MAX_MESSAGE_BYTES
+        == before["limits"]["max_message_bytes"]
+    )
+    stats, old = after["stats"], before["stats"]
+    assert stats["subscriptions"]["s"]["consumers"] == 1, "c1's registration is gone"
+    assert stats["subscriptions"]["other"]["consumers"] == 0
+    for sub in SUBSCRIPTIONS:
+        assert stats["subscriptions"][sub]["backlog"] == old["subscriptions"][sub]["backlog"]
+    assert _cursors(stats) == _cursors(old)
+    assert stats["records"] == old["records"] == len(before["produced"])
+
+    produced = [tuple(m) for m in before["produced"]]
+    acked = {tuple(m) for m in before["acked"]}
+    assert acked and len(before["received_unacked"]) > 0
+    owed = [m for m in produced if m not in acked]
+    c1 = [(key, seq) for key, seq, _ in after["received"]["s"]]
+    assert delivery_violations(owed, c1, exactly_once=True) == []
+    assert len(c1) == len(owed), "something was delivered that was not owed"
+    assert not acked & set(c1), "acknowledged messages came back"
+    assert _children_after_parents(after["received"]["s"], after["layout"]) == []
+    children = after["layout"]["segments"][str(SPLIT)]["childIds"]
+    assert {SPLIT, *children} <= {sid for _, _, sid in after["received"]["s"]}, "order unchecked"
+
+    other = [(key, seq) for key, seq, _ in after["received"]["other"]]
+    assert delivery_violations(produced, other, exactly_once=True) == []
+    assert len(other) == len(produced)
+    assert _children_after_parents(after["received"]["other"], after["layout"]) == []
+
+
+def _actor_names(layout: dict[str, Any], subscription: str) -> frozenset[str]:
+    """What Ray must restart for the topic: its controller, every segment of the
+    layout (sealed ones too: their backlog is still read) and the coordinator."""
+    from runtime.names import TopicName
+
+    name = TopicName.parse(TOPIC)
+    segments = {
+        name.segment(int(sid), s["hashRange"]["start"], s["hashRange"]["end"]).actor_name
+        for sid, s in layout["segments"].items()
+    }
+    return frozenset(
+        {name.controller_actor_name, name.coordinator_actor_name(subscription), *segments}
+    )
+
+
+def _cursors(stats: dict[str, Any]) -> dict[str, dict[str, int]]:
+    return {
+        sid: {sub: c["markDelete"] for sub, c in seg["subscriptions"].items()}
+        for sid, seg in stats["segments"].items()
+    }
+
+
+def _children_after_parents(deliveries: list[list], layout: dict[str, Any]) -> list[str]:
+    """A child's first delivery must come after its parents' last one."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, (_, _, sid) in enumerate(deliveries):
+        first.setdefault(sid, i)
+        last[sid] = i
+    return [
+        f"segment {sid} delivered (#{first[int(sid)]}) before parent {p} finished (#{last[p]})"
+        for sid, seg in layout["segments"].items()
+        for p in seg["parentIds"]
+        if int(sid) in first and p in last and first[int(sid)] < last[p]
+    ]
+
+
+# --- the programs (run as subprocesses, joined to the head by RAY_ADDRESS) ------------
+
+
+def _keys() -> list[str]:
+    """KEYS_PER_SEGMENT keys in each initial segment, at least two in each half of the
+    one that gets split, so both children take writes."""
+    from runtime.hashing import key_hash
+
+    width = 0x10000 // SEGMENTS
+    mid = SPLIT * width + width // 2
+    buckets: dict[int, list[str]] = {i: [] for i in range(SEGMENTS)}
+    halves = {True: 0, False: 0}
+    i = 0
+    while any(len(b) < KEYS_PER_SEGMENT for b in buckets.values()) or min(halves.values()) < 2:
+        key, i = f"order-{i}", i + 1
+        h = key_hash(key)
+        bucket = buckets[h // width]
+        if len(bucket) < KEYS_PER_SEGMENT or (h // width == SPLIT and halves[h < mid] < 2):
+            bucket.append(key)
+            if h // width == SPLIT:
+                halves[h < mid] += 1
+    return [k for b in buckets.values() for k in b]
+
+
+def before(out: Path) -> None:
+    """Build the topic's state, write what was produced and acked, and vanish."""
+    from clients import Producer, ScalableTopicsAdmin, StreamConsumer
+
+    admin = ScalableTopicsAdmin()
+    admin.create_scalable_topic(TOPIC, SEGMENTS)
+    for sub in SUBSCRIPTIONS:
+        admin.create_subscription(TOPIC, sub)
+    admin.set_policy(TOPIC, POLICY)
+    admin.set_namespace_limits(NAMESPACE, max_message_bytes=MAX_MESSAGE_BYTES)
+
+    keys = _keys()
+    produced: list[tuple[str, int]] = []
+    sent_rounds = threading.Semaphore(0)
+    with Producer(TOPIC) as producer:
+
+        def produce() -> None:
+            for seq in range(ROUNDS):
+                producer.send_batch([f"{k}:{seq}".encode() for k in keys], keys=keys)
+                produced.extend((k, seq) for k in keys)
+                sent_rounds.release()
+                time.sleep(0.02)
+
+        writer = threading.Thread(target=produce)
+        writer.start()
+        for _ in range(SPLIT_AT_ROUND):
+            sent_rounds.acquire()
+        admin.split_segment(TOPIC, SPLIT)
+        split_done_at = len(produced)
+        writer.join()
+    assert 0 < split_done_at < len(produced), "the split did not happen while producing"
+
+    consumer = StreamConsumer(TOPIC, "s", "c1")
+    in_roots = sum(admin.get_stats(TOPIC)["segments"][str(i)]["records"] for i in range(SEGMENTS))
+    received = _receive(consumer, in_roots, acknowledge=False)
+    assert len(received) == in_roots, f"c1 got {len(received)} of {in_roots} before the restart"
+    acked, unacked = [], []
+    for sid in range(SEGMENTS):
+        mine = [m for m in received if m.segment_id == sid]
+        part = int(len(mine) * ACKED)
+        assert 0 < part < len(mine), f"segment {sid}: {len(mine)} messages"
+        consumer.acknowledge_cumulative(mine[part - 1])  # this and all before, in segment sid
+        acked += mine[:part]
+        unacked += mine[part:]
+    backlog = len(produced) - len(acked)
+    deadline = time.monotonic() + 30
+    while (stats := admin.get_stats(TOPIC))["subscriptions"]["s"]["backlog"] != backlog:
+        assert time.monotonic() < deadline, "acknowledgements did not reach the segments"
+        time.sleep(0.05)
+
+    import ray._private.state as state
+
+    result = {
+        "produced": produced,
+        "acked": [[m.key, _seq(m)] for m in acked],
+        "received_unacked": [[m.key, _seq(m)] for m in unacked],
+        "layout": admin.get_metadata(TOPIC),
+        "stats": stats,
+        "policy": admin.get_policy(TOPIC),
+        "limits": admin.get_namespace_limits(NAMESPACE),
+        "actor_pids": [a["Pid"] for a in state.actors().values() if a["State"] == "ALIVE"],
+    }
+    out.write_text(json.dumps(result))
+    # No close(), no atexit: c1 stays registered, as after a crash.
+    os._exit(0)
+
+
+def actors(out: Path) -> None:
+    """Wait until Ray itself has restarted every actor of the topic: no admin call, no
+    metadata read (the names come from what ``before`` wrote)."""
+    import ray
+    import ray._private.state as state
+
+    from runtime import connect
+
+    layout = json.loads((out.parent / "before.json").read_text())["layout"]
+    expected = set().union(*(_actor_names(layout, sub) for sub in SUBSCRIPTIONS))
+    connect()
+    deadline = time.monotonic() + ACTORS_DEADLINE_S
+    while True:
+        # GCS's actor table, as `ray list actors` shows it, without needing the dashboard.
+        found = {a["Name"]: a for a in state.actors().values() if a["Name"]}
+        alive = {n for n, a in found.items() if a["State"] == "ALIVE"}
+        if expected <= alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    named = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    out.write_text(
+        json.dumps(
+            {
+                "alive": sorted(alive & named),
+                "states": {n: found[n]["State"] for n in sorted(found)},
+                "pids": [found[n]["Pid"] for n in sorted(alive)],
+            }
+        )
+    )
+
+
+def after(out: Path) -> None:
+    """Read the metadata back, then consume what each subscription is owed."""
+    from clients import ScalableTopicsAdmin, StreamConsumer
+
+    admin = ScalableTopicsAdmin()
+    result: dict[str, Any] = {
+        "topics": admin.list_scalable_topics(NAMESPACE),
+        "layout": admin.get_metadata(TOPIC),
+        "subscriptions": admin.list_subscriptions(TOPIC),
+        "stats": admin.get_stats(TOPIC),  # before c1 comes back: the restored registration
+        "policy": admin.get_policy(TOPIC),
+        "limits": admin.get_namespace_limits(NAMESPACE),
+        "received": {},
+    }
+    for sub, consumer_name in (("s", "c1"), ("other", "o1")):
+        owed = result["stats"]["subscriptions"][sub]["backlog"]
+        consumer = StreamConsumer(TOPIC, sub, consumer_name)
+        got = _receive(consumer, owed, acknowledge=True, deadline_s=RECEIVE_DEADLINE_S)
+        got += _receive(consumer, 1, acknowledge=True, deadline_s=QUIET_S)  # must be none
+        consumer.close()
+        result["received"][sub] = [[m.key, _seq(m), m.segment_id] for m in got]
+    out.write_text(json.dumps(result))
+
+
+def _receive(consumer: Any, count: int, *, acknowledge: bool, deadline_s: float = 30.0) -> list:
+    """Up to ``count`` messages (fewer if ``deadline_s`` passes first), acknowledged
+    cumulatively batch by batch when ``acknowledge``."""
+    got: list = []
+    deadline = time.monotonic() + deadline_s
+    while len(got) < count and (left := deadline - time.monotonic()) > 0:
+        batch = consumer.receive_batch(count - len(got), timeout=min(left, 1.0))
+        if batch and acknowledge:
+            consumer.acknowledge_cumulative(batch)
+        got += batch
+    return got
+
+
+def _seq(message: Any) -> int:
+    return int(message.value.decode().rsplit(":", 1)[1])
+
+
+if __name__ == "__main__":
+    {"before": before, "actors": actors, "after": after}[sys.argv[1]](Path(sys.argv[2]))
