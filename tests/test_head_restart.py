@@ -57,11 +57,8 @@ QUIET_S = 2.0  # after the last expected message: long enough to see a duplicate
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(
-    redis_server_binary() is None,
-    reason="needs Debian's redis-server for Ray's GCS (apt-get install -y redis-server)",
-)
 def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
+    assert redis_server_binary(), "redis-server is missing: ./dev.sh test installs it"
     with head_on_redis(tmp_path) as head:
         namespace = f"restart-{uuid.uuid4().hex[:8]}"
 
