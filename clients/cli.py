@@ -16,7 +16,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -196,6 +195,8 @@ def format_stats(stats: dict[str, Any]) -> str:
 
 def format_storage(report: dict[str, Any]) -> str:
     """The storage check as a table of orphaned (and foreign) incarnations."""
+    from storage.topic_storage import written_at
+
     lines = [f"storage root {report['storageRoot']}: {report['live']} live incarnations"]
     for title, rows in (("orphaned", report["orphaned"]), ("foreign", report["foreign"])):
         if not rows:
@@ -203,15 +204,9 @@ def format_storage(report: dict[str, Any]) -> str:
         lines += ["", f"{title} ({len(rows)}):"]
         lines.append(f"{'TOPIC':<40} {'INCARNATION':<26} {'SEGMENTS':>8} {'SIZE':>10}  LAST WRITE")
         for row in rows:
-            written = row["lastWriteMs"]
-            when = (
-                time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(written / 1000))
-                if written is not None
-                else "-"
-            )
             lines.append(
                 f"{row['topic']:<40} {row['incarnation'] or '(none)':<26} {row['segments']:>8} "
-                f"{_size(row['sizeBytes']):>10}  {when}"
+                f"{_size(row['sizeBytes']):>10}  {written_at(row['lastWriteMs'])}"
             )
             if "reason" in row:
                 lines.append(f"  {row['reason']}")

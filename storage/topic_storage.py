@@ -270,18 +270,18 @@ def choose_incarnation(
 
 
 def _listing(stored: list[StoredIncarnation]) -> str:
-    rows = []
-    for s in stored:
-        written = s.last_write_ms
-        when = (
-            time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(written / 1000))
-            if written is not None
-            else "never"
-        )
-        rows.append(
-            f"{s.incarnation} ({len(s.segments)} segments, {s.size_bytes} bytes, last write {when})"
-        )
-    return "; ".join(rows)
+    return "; ".join(
+        f"{s.incarnation} ({len(s.segments)} segments, {s.size_bytes} bytes, "
+        f"last write {written_at(s.last_write_ms)})"
+        for s in stored
+    )
+
+
+def written_at(epoch_ms: int | None) -> str:
+    """A last-write time as the storage check shows it (UTC), ``never`` for none."""
+    if epoch_ms is None:
+        return "never"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_ms / 1000))
 
 
 def delete_storage(directory: Path) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_examples import stop_group  # tests/ is on sys.path under pytest
 
 from runtime.embedded import METADATA_DIR, STATE_FILE, State
 from runtime.processes import stop_processes
@@ -483,22 +484,6 @@ def test_joining_an_in_memory_cluster_warns_once(place: Place) -> None:
         assert not embedded.ray_processes()
     finally:
         embedded.clean_up()
-
-
-def stop_group(group: int) -> None:
-    """SIGTERM a process group, then SIGKILL what is left of it after a grace period."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
-        try:
-            os.killpg(group, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(group, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
 
 
 @pytest.mark.timeout(300)

@@ -78,12 +78,17 @@ def wipe(topic: str) -> None:
     Catalog().delete_topic(TopicName.parse(topic))
 
 
-def test_a_recreated_name_delivers_nothing_of_the_old_topic(admin, unique):
-    topic = f"topic://ident/ns/again-{unique}"
+def written(admin, topic: str, rounds: int) -> str:
+    """A 2-segment topic with subscription ``s`` and messages; returns its incarnation."""
     admin.create_scalable_topic(topic, 2)
     admin.create_subscription(topic, "s")
-    produce(topic, keys=8, rounds=25)
-    first = admin.get_stats(topic)["incarnation"]
+    produce(topic, keys=8, rounds=rounds)
+    return admin.get_stats(topic)["incarnation"]
+
+
+def test_a_recreated_name_delivers_nothing_of_the_old_topic(admin, unique):
+    topic = f"topic://ident/ns/again-{unique}"
+    first = written(admin, topic, rounds=25)
     admin.delete_scalable_topic(topic)
 
     admin.create_scalable_topic(topic, 2)
@@ -99,10 +104,7 @@ def test_a_recreated_name_delivers_nothing_of_the_old_topic(admin, unique):
 
 def test_a_topic_whose_metadata_was_lost_is_not_adopted_by_a_new_one(admin, unique):
     topic = f"topic://ident/ns/lost-{unique}"
-    admin.create_scalable_topic(topic, 2)
-    admin.create_subscription(topic, "s")
-    produce(topic, keys=8, rounds=10)
-    lost = admin.get_stats(topic)["incarnation"]
+    lost = written(admin, topic, rounds=10)
     wipe(topic)
 
     admin.create_scalable_topic(topic, 2)  # its leftover actors are replaced, not reused
@@ -147,6 +149,8 @@ def test_lost_metadata_is_recovered_from_storage(admin, unique, cli_env):  # noq
     (orphan,) = [o for o in admin.check_storage()["orphaned"] if o["topic"] == topic]
     assert orphan["segments"] == 5 and "metadata was lost" in orphan["reason"]
 
+    listed = raytopics(cli_env, "storage", "check")
+    assert "orphaned" in listed and orphan["incarnation"] in listed and topic in listed
     out = raytopics(cli_env, "recover", topic)
     assert "recovered" in out and orphan["incarnation"] in out
 
