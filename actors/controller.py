@@ -39,7 +39,7 @@ from actors.metrics import ControllerMetrics
 from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
 from actors.segment_fleet import SegmentFleet
-from runtime.config import ray_namespace
+from runtime.config import apply_settings, ray_namespace
 from runtime.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -572,7 +572,14 @@ class ScalableTopicControllerActor(ScalableTopicController):
     """The controller as an actor: it also runs the maintenance loop from the start, so
     a restarted incarnation keeps scaling and retaining without being called."""
 
-    def __init__(self, topic: str, storage_root: str, durability: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        topic: str,
+        storage_root: str,
+        durability: dict[str, Any],
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        apply_settings(settings)
         super().__init__(topic, storage_root, durability)
         # An async actor, so a loop is running. A restarted incarnation recovers at once
         # (finishes its predecessor's operation, starts missing segment actors) instead

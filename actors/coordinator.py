@@ -21,6 +21,7 @@ import ray
 from actors.dag_watch import DagWatch
 from actors.registry import get_or_start
 from actors.segment import segment_actor
+from runtime.config import apply_settings
 from runtime.coordination import GroupState
 from runtime.errors import ConflictError, ConsumerNotRegisteredError
 from runtime.names import TopicName, validate_part
@@ -29,7 +30,10 @@ from storage.catalog import Catalog, ConsumerRegistration, SubscriptionMetadata
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class SubscriptionCoordinator:
-    def __init__(self, topic: str, subscription: str) -> None:
+    def __init__(
+        self, topic: str, subscription: str, settings: dict[str, str] | None = None
+    ) -> None:
+        apply_settings(settings)
         self.topic = TopicName.parse(topic)
         self.subscription = validate_part("subscription", subscription)
         self.catalog = Catalog()

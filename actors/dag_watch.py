@@ -19,6 +19,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors.registry import get_or_start
+from runtime.config import apply_settings
 from runtime.errors import TopicNotFoundError
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
@@ -44,7 +45,10 @@ class _Topic:
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class DagWatchServer:
-    def __init__(self, poll_interval_s: float = 0.1) -> None:
+    def __init__(
+        self, poll_interval_s: float = 0.1, settings: dict[str, str] | None = None
+    ) -> None:
+        apply_settings(settings)
         self._catalog = Catalog()
         self._poll_interval_s = poll_interval_s
         self._topics: dict[str, _Topic] = {}

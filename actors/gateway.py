@@ -49,8 +49,8 @@ from clients.http import (
     TOPIC_PATH,
 )
 from runtime.auth import AuthPolicy, Permission, bearer_token
-from runtime.config import ray_namespace
-from runtime.connect import metadata_durability
+from runtime.config import apply_settings, ray_namespace
+from runtime.connect import actor_settings, metadata_durability
 from runtime.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -672,7 +672,14 @@ def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) ->
 class AdminGateway:
     """The REST server for one port; a restarted incarnation binds the port again."""
 
-    def __init__(self, host: str, port: int, auth_config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        auth_config: dict[str, Any] | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        apply_settings(settings)
         self._host, self._port = host, port
         self._auth = AuthPolicy.from_config(auth_config or {})
         # Ray runs an async actor's __init__ on the actor's event loop, so the
@@ -736,7 +743,7 @@ def start_gateway(
         scheduling_strategy=NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False
         ),
-    ).remote(host, port, policy.to_config())
+    ).remote(host, port, policy.to_config(), settings=actor_settings())
     try:
         info = ray.get(handle.ready.remote(), timeout=timeout_s)
     except (RayTaskError, GetTimeoutError) as err:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import RayActorError
 
 from runtime.autoscale import Decision, LoadTracker, decide
+from runtime.config import env_float
 from runtime.errors import ConflictError, StaleEpochError, TopicNotFoundError
 from runtime.layout import SegmentLayout
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from storage.catalog import TopicRecord
 
 log = logging.getLogger(__name__)
-DEFAULT_INTERVAL_S = float(os.environ.get("RAYTOPICS_MAINTENANCE_INTERVAL_S", "5.0"))
+INTERVAL_ENV = "RAYTOPICS_MAINTENANCE_INTERVAL_S"
+DEFAULT_INTERVAL_S = 5.0
 
 
 class TopicMaintenance:
@@ -166,4 +167,4 @@ def _interval(policy: TopicPolicy) -> float:
         return min(1.0, policy.autoscale.window_s / 4)
     if policy.retention is not None:
         return 1.0
-    return DEFAULT_INTERVAL_S
+    return env_float(INTERVAL_ENV, DEFAULT_INTERVAL_S)

@@ -7,6 +7,7 @@ from typing import Any
 import ray
 
 from runtime.config import ray_namespace
+from runtime.connect import actor_settings
 from runtime.names import TopicName
 from runtime.placement import actor_resources, placement_from_env
 
@@ -22,8 +23,9 @@ def get_or_start(
     """The actor called ``name``, started detached with ``args`` if it is not running.
 
     Detached, so it outlives the driver that started it; Ray restarts it on
-    failure per its class options, on a node that has the resources the
-    placement of ``topic``'s namespace (``runtime.placement``) asks for.
+    failure per its class options (with the same arguments, this process's
+    settings among them), on a node that has the resources the placement of
+    ``topic``'s namespace (``runtime.placement``) asks for.
     """
     resources = actor_resources(topic, placement_from_env())
     return actor_class.options(
@@ -32,7 +34,7 @@ def get_or_start(
         lifetime="detached",
         get_if_exists=True,
         **({"resources": resources} if resources else {}),
-    ).remote(*args)
+    ).remote(*args, settings=actor_settings())
 
 
 def named_actors(prefix: str) -> list[str]:

@@ -26,7 +26,7 @@ from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
 from runtime import wire
 from runtime.batch import ipc_parts
-from runtime.config import env_float
+from runtime.config import apply_settings, env_float
 from runtime.errors import (
     ScalableTopicsError,
     SegmentNotFoundError,
@@ -59,7 +59,9 @@ class SegmentActor:
         durability: dict[str, Any],
         initialize: bool,
         incarnation: str,
+        settings: dict[str, str] | None = None,
     ) -> None:
+        apply_settings(settings)
         self._name = SegmentName.parse(segment)
         # Only a first start may create storage: a restart (or a re-created actor)
         # whose storage is gone must fail, not serve an empty log in its place.

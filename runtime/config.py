@@ -1,21 +1,42 @@
 """Process-wide settings, each overridable from the environment.
 
-Ray workers inherit the driver's environment only through ``runtime_env``, so
-every knob that actors need is read here from ``RAYTOPICS_*`` variables and
-can also be passed explicitly.
+Every knob is a ``RAYTOPICS_*`` variable. The actors of the system get the
+variables of the program that started them as a constructor argument
+(``apply_settings``), not through a job ``runtime_env``: with one, Ray starts
+every worker process through a second interpreter, which nearly doubles what an
+actor costs to start (and a restarted cluster starts all of them at once). The
+argument also makes a restarted actor run with exactly the settings it had.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 DEFAULT_NAMESPACE = "scalable-topics"
 GC_FREEZE_ENV = "RAYTOPICS_GC_FREEZE"  # read by clients (clients._ray), forwarded to actors
 
 
 def ray_namespace() -> str:
-    """The Ray namespace (and GCS KV namespace) every actor of the system lives in."""
-    return os.environ.get("RAYTOPICS_NAMESPACE", DEFAULT_NAMESPACE)
+    """The Ray namespace (and GCS KV namespace) every actor of the system lives in:
+    ``RAYTOPICS_NAMESPACE``, else, inside a Ray job (a user's task or actor), the job's
+    own namespace, else the default."""
+    configured = os.environ.get("RAYTOPICS_NAMESPACE")
+    if configured:
+        return configured
+    import ray  # not at import time: the CLI's --help must not pay for Ray
+
+    if ray.is_initialized():
+        return ray.get_runtime_context().namespace
+    return DEFAULT_NAMESPACE
+
+
+def apply_settings(settings: Mapping[str, str] | None) -> None:
+    """Make an actor's process see the settings of the program that started it.
+
+    Called first thing in every actor's constructor, before anything reads them;
+    the actors it starts in turn get them from its environment."""
+    os.environ.update(settings or {})
 
 
 def env_float(name: str, default: float) -> float:

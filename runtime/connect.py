@@ -28,9 +28,10 @@ from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV, placement_from_env
 from runtime.processes import tcp_answers
 
-# Variables that actors started from this driver must see too (the embedded Ray's
-# processes never inherit a program's RAYTOPICS_* variables).
-_FORWARDED_ENV = (
+# Variables that actors started from this process must see too, handed to each as a
+# constructor argument (runtime.config.apply_settings); the embedded Ray's
+# processes never inherit a program's RAYTOPICS_* variables.
+ACTOR_SETTINGS = (
     "RAYTOPICS_NAMESPACE",
     "RAYTOPICS_STORAGE_ROOT",
     "RAYTOPICS_DURABILITY",
@@ -114,6 +115,11 @@ def disconnect() -> None:
         embedded.leave()
 
 
+def actor_settings() -> dict[str, str]:
+    """This process's settings that the actors it starts must run with."""
+    return {name: os.environ[name] for name in ACTOR_SETTINGS if name in os.environ}
+
+
 def metadata_durability() -> dict[str, Any]:
     """Where the connected cluster keeps its metadata and whether that outlives its
     head: ``{"backend": "rocksdb" | "redis" | "memory" | "unknown", "durable": bool}``
@@ -137,11 +143,7 @@ def _join(address: str | None, namespace: str | None, ray_init_kwargs: dict[str,
         return namespace
     placement_from_env()  # a bad placement fails here, not in some actor start later
     os.environ["RAYTOPICS_NAMESPACE"] = namespace
-    env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
-    init_kwargs = dict(ray_init_kwargs)
-    runtime_env = dict(init_kwargs.pop("runtime_env", None) or {})
-    runtime_env["env_vars"] = {**env_vars, **runtime_env.get("env_vars", {})}
-    init_kwargs |= {"namespace": namespace, "runtime_env": runtime_env}
+    init_kwargs = {**ray_init_kwargs, "namespace": namespace}
     head_args = {k: init_kwargs.pop(k) for k in embedded.HEAD_ONLY_ARGS if k in init_kwargs}
     line, started_head = _init(address, head_args, init_kwargs)
     level = _level(init_kwargs.get("logging_level", logging.INFO))
