@@ -102,13 +102,21 @@ class AuthPolicy:
 
     @classmethod
     def from_config(cls, doc: Mapping[str, Any]) -> AuthPolicy:
-        """Parse the operator's document; a malformed one is refused as a whole."""
-        if not isinstance(doc, Mapping) or not isinstance(doc.get("tokens", []), list):
-            raise InvalidArgumentError('auth config must be {"tokens": [...]}')
-        entries = tuple(_entry(raw, i) for i, raw in enumerate(doc.get("tokens", [])))
+        """Parse the operator's document, strictly: a misspelled, unknown or missing key
+        and an empty list are refused (naming where, and what is allowed), never read
+        as "no tokens", so a document meant to turn authentication on cannot turn it
+        off. A malformed document is refused as a whole."""
+        _keys(doc, "the auth document", required=("tokens",), allowed=("tokens",))
+        tokens = doc["tokens"]
+        if not isinstance(tokens, list) or not tokens:
+            raise InvalidArgumentError(
+                "auth document: 'tokens' must be a non-empty list (authentication is "
+                "turned off by `raytopics auth disable`, never by an empty document)"
+            )
+        entries = tuple(_entry(raw, i) for i, raw in enumerate(tokens))
         digests = [digest for digest, _ in entries]
         if len(set(digests)) != len(digests):
-            raise InvalidArgumentError("auth config lists the same token twice")
+            raise InvalidArgumentError("auth document lists the same token twice")
         return cls(entries)
 
     @classmethod
@@ -158,26 +166,49 @@ class AuthPolicy:
         return principal
 
 
+_ENTRY_KEYS = ("principal", "token", "sha256", "grants")
+_GRANT_KEYS = ("namespace", "actions")
+
+
+def _keys(raw: Any, where: str, *, required: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    """``raw`` is an object whose keys are among ``allowed`` and include ``required``."""
+    if not isinstance(raw, Mapping):
+        raise InvalidArgumentError(f"{where}: must be an object with {', '.join(allowed)}")
+    unknown = sorted(str(k) for k in raw if k not in allowed)
+    if unknown:
+        raise InvalidArgumentError(
+            f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}"
+        )
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise InvalidArgumentError(f"{where}: missing {missing[0]!r}")
+
+
 def _entry(raw: Any, index: int) -> tuple[str, Principal]:
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("principal"), str):
-        raise InvalidArgumentError(f"auth token #{index}: needs a 'principal' string")
+    where = f"tokens[{index}]"
+    _keys(raw, where, required=("principal", "grants"), allowed=_ENTRY_KEYS)
+    if not isinstance(raw["principal"], str) or not raw["principal"]:
+        raise InvalidArgumentError(f"{where}: 'principal' must be a non-empty string")
     digest = _digest(raw, index)
-    grants = raw.get("grants", [])
-    if not isinstance(grants, list):
-        raise InvalidArgumentError(f"auth token #{index}: 'grants' must be a list")
-    return digest, Principal(raw["principal"], tuple(_grant(g, index) for g in grants))
+    grants = raw["grants"]
+    if not isinstance(grants, list) or not grants:
+        raise InvalidArgumentError(f"{where}: 'grants' must be a non-empty list")
+    return digest, Principal(
+        raw["principal"], tuple(_grant(g, index, i) for i, g in enumerate(grants))
+    )
 
 
 def _digest(raw: Mapping[str, Any], index: int) -> str:
     token, digest = raw.get("token"), raw.get("sha256")
+    where = f"tokens[{index}]"
     if (token is None) == (digest is None):
-        raise InvalidArgumentError(f"auth token #{index}: give exactly one of 'token', 'sha256'")
+        raise InvalidArgumentError(f"{where}: give exactly one of 'token', 'sha256'")
     if token is not None:
         if not isinstance(token, str) or len(token) < 16:
-            raise InvalidArgumentError(f"auth token #{index}: a token needs >= 16 characters")
+            raise InvalidArgumentError(f"{where}: a token needs >= 16 characters")
         return hash_token(token)
     if not isinstance(digest, str) or len(digest) != 64 or not _is_hex(digest):
-        raise InvalidArgumentError(f"auth token #{index}: 'sha256' must be 64 hex digits")
+        raise InvalidArgumentError(f"{where}: 'sha256' must be 64 hex digits")
     return digest.lower()
 
 
@@ -185,23 +216,24 @@ def _is_hex(text: str) -> bool:
     return all(c in "0123456789abcdefABCDEF" for c in text)
 
 
-def _grant(raw: Any, index: int) -> Grant:
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("namespace"), str):
-        raise InvalidArgumentError(f"auth token #{index}: each grant needs a 'namespace' string")
+def _grant(raw: Any, index: int, position: int) -> Grant:
+    where = f"tokens[{index}].grants[{position}]"
+    _keys(raw, where, required=_GRANT_KEYS, allowed=_GRANT_KEYS)
     scope = raw["namespace"]
-    tenant, _, ns = scope.partition("/")
+    tenant, _, ns = scope.partition("/") if isinstance(scope, str) else ("", "", "")
     if scope != "*" and not (tenant and ns and "/" not in ns and tenant != "*"):
         raise InvalidArgumentError(
-            f"auth token #{index}: namespace scope {scope!r} must be '*', 'tenant/*' "
-            "or 'tenant/namespace'"
+            f"{where}: namespace scope {scope!r} must be '*', 'tenant/*' or 'tenant/namespace'"
         )
-    return Grant(scope, frozenset(_implied(raw.get("actions"), index)))
+    return Grant(scope, frozenset(_implied(raw["actions"], where)))
 
 
-def _implied(actions: Any, index: int) -> Iterable[Permission]:
+def _implied(actions: Any, where: str) -> Iterable[Permission]:
     allowed = [a.value for a in Permission]
-    if not isinstance(actions, list) or not all(a in allowed for a in actions):
-        raise InvalidArgumentError(f"auth token #{index}: actions must be a list of {allowed}")
+    if not isinstance(actions, list) or not actions or not all(a in allowed for a in actions):
+        raise InvalidArgumentError(
+            f"{where}: 'actions' must be a non-empty list of {', '.join(allowed)}"
+        )
     for action in actions:
         yield from _IMPLIED[Permission(action)]
 

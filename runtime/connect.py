@@ -27,6 +27,7 @@ from runtime.config import GC_FREEZE_ENV, ray_namespace
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV, placement_from_env
 from runtime.processes import tcp_answers
+from runtime.tls import TLS_ENV_VARS
 
 # Variables that actors started from this process must see too, handed to each as a
 # constructor argument (runtime.config.apply_settings); the embedded Ray's
@@ -41,6 +42,7 @@ ACTOR_SETTINGS = (
     PLACEMENT_ENV,
     GC_FREEZE_ENV,
     *LIMIT_ENV_VARS,
+    *TLS_ENV_VARS,
 )
 
 # Settings for the embedded Ray; clusters started with `ray start` take the same

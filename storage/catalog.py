@@ -14,6 +14,8 @@ path                                                                record
 ``/topics/{t}/{ns}/{topic}/subscriptions/{sub}``                    ``SubscriptionMetadata``
 ``/topics/{t}/{ns}/{topic}/subscriptions/{sub}/consumers/{name}``   ``ConsumerRegistration``
 ``/limits/{tenant}/{namespace}``                                    limit overrides (object)
+``/auth/policy``                                                    ``AuthRecord``
+``/auth/internal``                                                  the cluster's own token
 ``/spark-writes/{writeId}/{partition}``                             claim of a Spark task
 ==================================================================  =======================
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -33,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime.auth import AuthPolicy
 from runtime.config import ray_namespace
 from runtime.errors import (
     AlreadyExistsError,
@@ -158,6 +162,22 @@ class ConsumerRegistration(BaseModel):
     layout_epoch: int = Field(alias="layoutEpoch")
 
 
+class AuthRecord(BaseModel):
+    """The cluster's authentication policy: token digests and grants, never tokens.
+
+    ``version`` grows with every change, so a process holding a copy can tell in
+    one read whether it is current (and apply a rotation or revocation)."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    version: int = Field(ge=1)
+    updated_at_ms: int = Field(alias="updatedAtMs")
+    policy: dict[str, Any]  # AuthPolicy.to_config(): digests only
+
+    def auth_policy(self) -> AuthPolicy:
+        return AuthPolicy.from_config(self.policy)
+
+
 class LeaderRecord(BaseModel):
     """Who leads a topic's controller and at which fencing epoch."""
 
@@ -174,6 +194,8 @@ class LeaderRecord(BaseModel):
 _TOPICS = "/topics"
 _LIMITS = "/limits"
 _SPARK_WRITES = "/spark-writes"
+_AUTH_POLICY = "/auth/policy"
+_INTERNAL_TOKEN = "/auth/internal"
 
 
 def topic_path(topic: TopicName) -> str:
@@ -438,6 +460,55 @@ class Catalog:
                 self.store.update(path, mutate)
                 break
         return self.limit_overrides(namespace)
+
+    # --- authentication --------------------------------------------------------------
+
+    def auth(self) -> AuthRecord | None:
+        """The stored policy; ``None``: authentication is off."""
+        found = self.store.get(_AUTH_POLICY)
+        return AuthRecord.model_validate_json(found.value) if found is not None else None
+
+    def auth_version(self) -> int:
+        """The stored policy's version (0: none), for a cheap is-my-copy-current check."""
+        record = self.auth()
+        return record.version if record is not None else 0
+
+    def replace_auth(self, policy: AuthPolicy) -> AuthRecord:
+        """Store ``policy`` (enabled: it has tokens) as the next version."""
+        if not policy.enabled:
+            raise ConflictError("an empty policy would turn authentication off: disable it")
+        now = int(time.time() * 1000)
+        config = policy.to_config()
+        for _ in range(100):
+            current = self.store.get(_AUTH_POLICY)
+            version = AuthRecord.model_validate_json(current.value).version + 1 if current else 1
+            record = AuthRecord(version=version, updated_at_ms=now, policy=config)
+            value = record.model_dump_json(by_alias=True).encode()
+            try:
+                if current is None:
+                    self.store.put_if_absent(_AUTH_POLICY, value)
+                else:
+                    self.store.compare_and_swap(_AUTH_POLICY, current.version, value)
+                return record
+            except (AlreadyExistsError, BadVersion, KeyNotFoundError):
+                continue
+        raise ConflictError("could not store the auth policy: constant contention")
+
+    def disable_auth(self) -> None:
+        with contextlib.suppress(KeyNotFoundError):
+            self.store.delete(_AUTH_POLICY)
+
+    def internal_token(self) -> str:
+        """The token the system's own actors present to each other, made on first use.
+
+        No operator file holds it; it lives only in the cluster's metadata, which a
+        process needs the cluster's own (Ray) credentials to read."""
+        found = self.store.get(_INTERNAL_TOKEN)
+        if found is None:
+            with contextlib.suppress(AlreadyExistsError):
+                self.store.put_if_absent(_INTERNAL_TOKEN, secrets.token_hex(32).encode())
+            found = self.store.get_required(_INTERNAL_TOKEN)
+        return found.value.decode()
 
     # --- Spark writes --------------------------------------------------------------------
 

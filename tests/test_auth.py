@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,10 +23,15 @@ CONFIG = {
                 {"namespace": "acme/*", "actions": ["consume"]},
             ],
         },
-        {"principal": "reader", "token": READER, "grants": [{"namespace": "x/y", "actions": []}]},
+        {
+            "principal": "reader",
+            "token": READER,
+            "grants": [{"namespace": "x/y", "actions": ["lookup"]}],
+        },
     ]
 }
 POLICY = AuthPolicy.from_config(CONFIG)
+ADMIN = [{"namespace": "*", "actions": ["admin"]}]
 
 
 def test_no_tokens_means_auth_off() -> None:
@@ -43,7 +50,9 @@ def test_no_tokens_means_auth_off() -> None:
         (APP, Permission.CONSUME, "acme/billing", True),  # tenant wildcard
         (APP, Permission.CONSUME, "acmex/billing", False),  # no prefix match on tenant
         (APP, Permission.ADMIN, "acme/orders", False),
-        (READER, Permission.LOOKUP, "x/y", False),  # a grant without actions grants nothing
+        (READER, Permission.LOOKUP, "x/y", True),
+        (READER, Permission.PRODUCE, "x/y", False),  # lookup implies nothing more
+        (READER, Permission.LOOKUP, "x/z", False),
     ],
 )
 def test_grants(token: str, permission: Permission, namespace: str, allowed: bool) -> None:
@@ -74,11 +83,11 @@ def test_only_digests_are_kept_or_exported() -> None:
     [
         [],
         {"tokens": {}},
-        {"tokens": [{"token": OPS}]},  # no principal
-        {"tokens": [{"principal": "p"}]},  # neither token nor digest
-        {"tokens": [{"principal": "p", "token": OPS, "sha256": hash_token(OPS)}]},
-        {"tokens": [{"principal": "p", "token": "short"}]},
-        {"tokens": [{"principal": "p", "sha256": "zz"}]},
+        {"tokens": [{"token": OPS, "grants": ADMIN}]},  # no principal
+        {"tokens": [{"principal": "p", "grants": ADMIN}]},  # neither token nor digest
+        {"tokens": [{"principal": "p", "token": OPS, "sha256": hash_token(OPS), "grants": ADMIN}]},
+        {"tokens": [{"principal": "p", "token": "short", "grants": ADMIN}]},
+        {"tokens": [{"principal": "p", "sha256": "zz", "grants": ADMIN}]},
         {"tokens": [{"principal": "p", "token": OPS, "grants": [{"namespace": "a"}]}]},
         {"tokens": [{"principal": "p", "token": OPS, "grants": [{"namespace": "*/b"}]}]},
         {"tokens": [{"principal": "p", "token": OPS, "grants": [{"namespace": "a/b/c"}]}]},
@@ -92,7 +101,12 @@ def test_only_digests_are_kept_or_exported() -> None:
                 }
             ]
         },
-        {"tokens": [{"principal": "p", "token": OPS}, {"principal": "q", "token": OPS}]},
+        {
+            "tokens": [
+                {"principal": "p", "token": OPS, "grants": ADMIN},
+                {"principal": "q", "token": OPS, "grants": ADMIN},
+            ]
+        },
     ],
 )
 def test_malformed_config_is_refused_whole(doc: object) -> None:
@@ -100,11 +114,58 @@ def test_malformed_config_is_refused_whole(doc: object) -> None:
         AuthPolicy.from_config(doc)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("doc", "said"),
+    [
+        ({"token": [{"principal": "p", "token": OPS, "grants": ADMIN}]}, "unknown key 'token'"),
+        ({"tokens": []}, "non-empty list"),
+        ({}, "missing 'tokens'"),
+        ({"tokens": [{"principal": "p", "token": OPS, "grant": ADMIN}]}, "tokens[0]: unknown key"),
+        ({"tokens": [{"principal": "p", "token": OPS, "grants": []}]}, "tokens[0]: 'grants'"),
+        (
+            {"tokens": [{"principal": "p", "token": OPS, "grants": [{"namespace": "*"}]}]},
+            "tokens[0].grants[0]: missing 'actions'",
+        ),
+        (
+            {
+                "tokens": [
+                    {
+                        "principal": "p",
+                        "token": OPS,
+                        "grants": [{"namespace": "*", "action": ["admin"]}],
+                    }
+                ]
+            },  # fmt: skip
+            "tokens[0].grants[0]: unknown key 'action'; allowed: namespace, actions",
+        ),
+        (
+            {
+                "tokens": [
+                    {"principal": "p", "token": OPS, "grants": [{"namespace": "*", "actions": []}]}
+                ]
+            },  # fmt: skip
+            "tokens[0].grants[0]: 'actions' must be a non-empty list",
+        ),
+        (
+            {"tokens": [{"principal": "p", "token": OPS, "grants": ADMIN, "note": "x"}]},
+            "allowed: principal, token, sha256, grants",
+        ),
+    ],
+)
+def test_a_document_meant_to_turn_auth_on_never_turns_it_off(doc: object, said: str) -> None:
+    """Misspellings, unknown keys and empty lists are refused, saying where and what is
+    allowed; none of them reads as "no tokens" (auth off)."""
+    with pytest.raises(InvalidArgumentError) as err:
+        AuthPolicy.from_config(doc)  # type: ignore[arg-type]
+    assert said in err.value.message
+    assert OPS not in err.value.message
+
+
 def test_from_env_reads_the_operators_file(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("RAYTOPICS_AUTH_TOKENS_FILE", raising=False)
     assert not AuthPolicy.from_env().enabled
     path = tmp_path / "tokens.json"
-    path.write_text('{"tokens": [' + f'{{"principal": "ops", "token": "{OPS}"}}' + "]}")
+    path.write_text(json.dumps({"tokens": [{"principal": "ops", "token": OPS, "grants": ADMIN}]}))
     monkeypatch.setenv("RAYTOPICS_AUTH_TOKENS_FILE", str(path))
     assert AuthPolicy.from_env().authenticate(OPS).name == "ops"
     path.write_text("{not json")
