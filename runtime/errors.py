@@ -182,6 +182,12 @@ class AmbiguousStorageError(ConflictError):
         self.incarnations = list(incarnations or [])
 
 
+class InsufficientCapacityError(ConflictError):
+    """The segment actors an operation would start do not fit in the cluster."""
+
+    code = "insufficient_capacity"
+
+
 class UnrecoverableStorageError(ConflictError):
     """What a topic's storage holds does not make a layout metadata could be rebuilt from."""
 

@@ -1,0 +1,71 @@
+"""Admission by capacity: a layout change starts segment actors only if they fit.
+
+Every segment is a process (~85 MB on a small machine), so the number of
+segments a cluster can hold is set by its memory, not by any per-topic limit: a
+single request for a few thousand segments would start a few thousand
+processes and take the machine down with everything on it. Each segment actor
+declares what it needs to Ray (``memory``), so Ray's scheduler accounts for the
+segments that run; before the controller starts new ones it compares what they
+need with what the nodes that may hold them have free, and refuses up front
+what does not fit. Nothing is half-created: the check comes before any write.
+
+Pure: the caller reads the free resources from Ray (``actors.registry``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from runtime.errors import InsufficientCapacityError, InvalidArgumentError
+
+MEMORY_ENV = "RAYTOPICS_SEGMENT_MEMORY_MB"
+DEFAULT_MEMORY_MB = 96  # a segment actor's resident size here, with room for its buffers
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SegmentFootprint:
+    """What one segment actor declares to Ray's scheduler."""
+
+    memory_bytes: int
+
+    @classmethod
+    def from_env(cls) -> SegmentFootprint:
+        raw = os.environ.get(MEMORY_ENV)
+        if not raw:
+            return cls(DEFAULT_MEMORY_MB * _MIB)
+        try:
+            megabytes = int(raw)
+        except ValueError:
+            raise InvalidArgumentError(f"{MEMORY_ENV} must be an integer, got {raw!r}") from None
+        if megabytes < 1:
+            raise InvalidArgumentError(f"{MEMORY_ENV} must be >= 1, got {megabytes}")
+        return cls(megabytes * _MIB)
+
+    def fitting(self, free_memory_bytes: float) -> int:
+        """How many more segments fit in ``free_memory_bytes``."""
+        return max(0, int(free_memory_bytes // self.memory_bytes))
+
+
+def admit(
+    what: str, new_segments: int, footprint: SegmentFootprint, free_memory_bytes: float
+) -> None:
+    """Refuse ``what`` (e.g. "creating topic://a/b/c") when its ``new_segments`` segment
+    actors do not fit in the free memory, naming what was asked, what one segment
+    needs and what is free."""
+    if new_segments <= 0 or new_segments * footprint.memory_bytes <= free_memory_bytes:
+        return
+    raise InsufficientCapacityError(
+        f"{what} needs {new_segments} new segment actors of {_size(footprint.memory_bytes)} "
+        f"each ({_size(new_segments * footprint.memory_bytes)}), but the nodes that may hold "
+        f"them have {_size(free_memory_bytes)} free: {footprint.fitting(free_memory_bytes)} "
+        f"more fit. Add nodes, delete or merge segments, or lower {MEMORY_ENV} if segments "
+        "really need less"
+    )
+
+
+def _size(num_bytes: float) -> str:
+    if num_bytes >= 1 << 30:
+        return f"{num_bytes / (1 << 30):.1f} GiB"
+    return f"{num_bytes / _MIB:.0f} MiB"
