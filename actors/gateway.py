@@ -681,7 +681,8 @@ class AdminGateway:
     ) -> None:
         apply_settings(settings)
         self._host, self._port = host, port
-        self._auth = AuthPolicy.from_config(auth_config or {})
+        # A policy without principals travels as no document: authentication off.
+        self._auth = AuthPolicy.from_config(auth_config) if auth_config else AuthPolicy()
         # Ray runs an async actor's __init__ on the actor's event loop, so the
         # server starts here and every incarnation serves without being asked.
         self._serving = asyncio.get_running_loop().create_task(self._serve())
@@ -743,7 +744,7 @@ def start_gateway(
         scheduling_strategy=NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=False
         ),
-    ).remote(host, port, policy.to_config(), settings=actor_settings())
+    ).remote(host, port, policy.to_config() if policy.enabled else None, settings=actor_settings())
     try:
         info = ray.get(handle.ready.remote(), timeout=timeout_s)
     except (RayTaskError, GetTimeoutError) as err:
