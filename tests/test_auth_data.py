@@ -31,7 +31,7 @@ import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.guard import guard
+from actors.guard import REFRESH_S, guard
 from actors.segment import segment_actor
 from clients import CheckpointConsumer, Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from runtime import wire
@@ -125,8 +125,10 @@ def auth(ray_cluster) -> Iterator[None]:
     """The module's policy: every token of ``GRANTS``, then ``revoked`` taken away."""
     store_policy(GRANTS)
     store_policy(without("revoked"))
+    time.sleep(1.5 * REFRESH_S)  # every process applies a stored policy within REFRESH_S
     yield
     Catalog().disable_auth()
+    time.sleep(1.5 * REFRESH_S)  # the next module's clients present no token
 
 
 @pytest.fixture(scope="module")
