@@ -59,15 +59,26 @@ _STREAM_LIMIT = 4 << 20  # buffer whole deliveries instead of pausing the socket
 _WRITE_AHEAD = 4 << 20
 
 
-_tls_contexts: dict[str | None, ssl.SSLContext | None] = {}
+_tls_contexts: dict[tuple[str, int] | None, ssl.SSLContext | None] = {}
 
 
 def _client_tls() -> ssl.SSLContext | None:
-    """This process's client context (one per CA file: loading it costs per connection)."""
+    """This process's client context: one per CA file and version of it, since loading
+    it costs per connection, and a CA the operator replaced in place must be the one
+    verified against from the next connection on."""
     ca = os.environ.get(tls.CA_ENV) or None
-    if ca not in _tls_contexts:
-        _tls_contexts[ca] = tls.client_context()
-    return _tls_contexts[ca]
+    key = (ca, _modified_ns(ca)) if ca else None
+    if key not in _tls_contexts:
+        _tls_contexts[key] = tls.client_context()
+    return _tls_contexts[key]
+
+
+def _modified_ns(path: str) -> int:
+    """When ``path`` last changed (-1 if it is missing: ``tls.client_context`` says so)."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
 
 
 async def _open_data_plane(

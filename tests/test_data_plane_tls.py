@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import os
 import socket
 import ssl
 from collections.abc import Iterator
@@ -232,3 +233,20 @@ def test_a_client_that_expects_tls_refuses_a_plaintext_segment(pki, unique, monk
         assert _append(_segment(topic)) == (0, 1)
     finally:
         ScalableTopicsAdmin().delete_scalable_topic(topic)
+
+
+def test_a_ca_replaced_in_place_is_used_from_the_next_connection(
+    tls_topic, pki, tmp_path, monkeypatch
+) -> None:
+    """A client process keeps its TLS context per CA file, yet an operator who replaces
+    that file (rotating the CA) is obeyed without restarting the client."""
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(Path(pki["rogue_ca"]).read_bytes())
+    monkeypatch.setenv(tls.CA_ENV, str(ca))
+    segment = _segment(tls_topic)
+    with pytest.raises(TlsError, match="not trusted"):
+        _append(segment)
+    ca.write_bytes(Path(pki["ca"]).read_bytes())
+    stat = ca.stat()
+    os.utime(ca, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # a coarse clock
+    assert _append(segment) == (0, 1)
