@@ -424,10 +424,12 @@ _frame = st.one_of(
     st.binary(min_size=1, max_size=16).map(lambda b: _framed(b)[:-1]),  # truncated
 )
 # A connection: garbage from its first byte, or a HELLO a consume-only token may send
-# followed by appends (which it may not send).
+# followed by appends (which it may not send). At least 4 frames each, so that the
+# examples of the test below add up to 1,000 frames or more whatever hypothesis draws.
+_MIN_FRAMES = 4
 _connection = st.one_of(
-    st.lists(_frame, min_size=1, max_size=10),
-    st.integers(1, 5).map(
+    st.lists(_frame, min_size=_MIN_FRAMES, max_size=12),
+    st.integers(_MIN_FRAMES - 1, 6).map(
         lambda n: [wire.encode_hello(TOKENS["reader"], wire.CONSUME), *[_VALID_APPEND] * n]
     ),
 )
@@ -478,7 +480,7 @@ def test_garbage_on_the_data_plane_stores_nothing_and_hurts_no_one(single_segmen
     sent_frames = [0]
 
     @settings(
-        max_examples=250,
+        max_examples=1_000 // _MIN_FRAMES,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
