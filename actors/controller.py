@@ -34,6 +34,7 @@ from ray.exceptions import RayActorError
 
 from actors.coordinator import coordinator_actor
 from actors.dag_watch import dag_watch_actor
+from actors.guard import guard
 from actors.maintenance import TopicMaintenance
 from actors.metrics import ControllerMetrics
 from actors.registry import get_or_start, lookup
@@ -123,7 +124,9 @@ class ScalableTopicController:
         record = self._update_record(lambda r: r)
         await asyncio.gather(
             *(
-                self.fleet.handle(n).check_epoch.remote(self.epoch)
+                self.fleet.handle(n).check_epoch.remote(
+                    self.epoch, credential=guard().internal_token()
+                )
                 for n in self._active_names(record)
             )
         )
@@ -308,7 +311,7 @@ class ScalableTopicController:
                 if segment_id in layout.all_segments:
                     await self.fleet.destroy(layout.get(segment_id).name(self.topic), self.epoch)
             committed = self._commit(op)
-            dag_watch_actor().notify.remote(str(self.topic))
+            dag_watch_actor().notify.remote(str(self.topic), credential=guard().internal_token())
             return committed
         subscriptions = await self._discover_subscriptions(op.parents)
         self._step_done(1)
@@ -326,7 +329,8 @@ class ScalableTopicController:
         self._step_done(3)
         committed = self._commit(op)
         self._step_done(4)
-        dag_watch_actor().notify.remote(str(self.topic))  # step 5: push, don't wait
+        # step 5: push, don't wait
+        dag_watch_actor().notify.remote(str(self.topic), credential=guard().internal_token())
         self._step_done(5)
         self.fleet.start_in_background([c.name(self.topic) for c in op.children])
         return committed
@@ -341,7 +345,12 @@ class ScalableTopicController:
     async def _discover_subscriptions(self, parents: tuple[int, ...]) -> list[str]:
         """Union of the parents' subscriptions and the topic's live ones."""
         found = await asyncio.gather(
-            *(self.fleet.handle(self._segment_name(p)).subscriptions.remote() for p in parents)
+            *(
+                self.fleet.handle(self._segment_name(p)).subscriptions.remote(
+                    credential=guard().internal_token()
+                )
+                for p in parents
+            )
         )
         names = {name for names in found for name in names}
         for name in self.catalog.subscriptions(self.topic):
@@ -401,7 +410,9 @@ class ScalableTopicController:
         if meta.state == "CREATING":
             await asyncio.gather(
                 *(
-                    self.fleet.handle(n).create_subscription.remote(name, meta.position, self.epoch)
+                    self.fleet.handle(n).create_subscription.remote(
+                        name, meta.position, self.epoch, credential=guard().internal_token()
+                    )
                     for n in names
                 )
             )
@@ -411,7 +422,12 @@ class ScalableTopicController:
         else:
             await self._stop_coordinator(name)
             await asyncio.gather(
-                *(self.fleet.handle(n).delete_subscription.remote(name, self.epoch) for n in names)
+                *(
+                    self.fleet.handle(n).delete_subscription.remote(
+                        name, self.epoch, credential=guard().internal_token()
+                    )
+                    for n in names
+                )
             )
             self.catalog.delete_subscription(self.topic, name)
             self._write_identity()
@@ -422,7 +438,7 @@ class ScalableTopicController:
         except ValueError:
             return
         with contextlib.suppress(RayActorError):
-            await handle.shutdown.remote()
+            await handle.shutdown.remote(credential=guard().internal_token())
         ray.kill(handle, no_restart=True)
 
     # --- segment administration (the spec's Segments API) --------------------------
@@ -455,7 +471,9 @@ class ScalableTopicController:
                     f"{name} is ACTIVE in the layout of {self.topic}: split or merge it to "
                     "seal it with successors, or pass force=True"
                 )
-            return await self.fleet.handle(name).terminate.remote(self.epoch)
+            return await self.fleet.handle(name).terminate.remote(
+                self.epoch, credential=guard().internal_token()
+            )
 
     async def delete_segment(self, segment: str, force: bool = False) -> None:
         name = self._own_segment(segment)

@@ -6,6 +6,11 @@ whenever that changes — never per heartbeat — keeps liveness in memory, push
 assignment changes to consumers' long-polls, follows the topic's layout through
 a DAG watch, and evicts consumers whose grace period ran out. After a restart
 every registration is restored and every consumer gets a fresh grace period.
+
+Every consumer-facing method checks the caller's ``credential`` for ``consume``
+on the topic's namespace before it looks at anything (``actors.guard``); the
+coordinator itself reads the layout and the segments with the system's internal
+credential.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from typing import Any
 import ray
 
 from actors.dag_watch import DagWatch
+from actors.guard import guard
 from actors.registry import get_or_start
 from actors.segment import segment_actor
+from runtime.auth import Permission
 from runtime.config import apply_settings
 from runtime.coordination import GroupState
 from runtime.errors import ConflictError, ConsumerNotRegisteredError
@@ -37,6 +44,7 @@ class SubscriptionCoordinator:
         self.topic = TopicName.parse(topic)
         self.subscription = validate_part("subscription", subscription)
         self.catalog = Catalog()
+        self._guard = guard()
         self.state = GroupState()
         self.meta: SubscriptionMetadata | None = None
         self.watch: DagWatch | None = None
@@ -47,8 +55,15 @@ class SubscriptionCoordinator:
 
     # --- consumer API ----------------------------------------------------------------
 
-    async def register(self, consumer: str) -> dict[str, Any]:
+    async def ensure_group(self, session_grace_s: float, *, credential: str | None = None) -> None:
+        """Create this checkpoint group's metadata on its first use; refuse a name that
+        is a subscription's."""
+        self._check(credential)
+        self.catalog.ensure_group(self.topic, self.subscription, session_grace_s)
+
+    async def register(self, consumer: str, *, credential: str | None = None) -> dict[str, Any]:
         """Join (or re-join within the grace period, keeping the same segments)."""
+        self._check(credential)
         validate_part("consumer name", consumer)
         await self._start()
         self.state.join(consumer, time.monotonic())
@@ -56,9 +71,15 @@ class SubscriptionCoordinator:
         return self._assignment(consumer)
 
     async def poll(
-        self, consumer: str, known_version: int, timeout_s: float = 10.0
+        self,
+        consumer: str,
+        known_version: int,
+        timeout_s: float = 10.0,
+        *,
+        credential: str | None = None,
     ) -> dict[str, Any] | None:
         """Long-poll: the assignment once it differs from ``known_version``; also a heartbeat."""
+        self._check(credential)
         await self._start()
         session = self._session(consumer)
         deadline = time.monotonic() + timeout_s
@@ -70,8 +91,16 @@ class SubscriptionCoordinator:
         self.state.seen(consumer, time.monotonic())
         return self._assignment(consumer) if session.version != known_version else None
 
-    async def release(self, consumer: str, segment_id: int, position: int | None = None) -> None:
+    async def release(
+        self,
+        consumer: str,
+        segment_id: int,
+        position: int | None = None,
+        *,
+        credential: str | None = None,
+    ) -> None:
         """Give a segment up (after acknowledging what was delivered from it)."""
+        self._check(credential)
         await self._start()
         self._session(consumer)
         self.state.release(consumer, segment_id, position)
@@ -83,8 +112,16 @@ class SubscriptionCoordinator:
             )
         self._settle()
 
-    async def finished(self, consumer: str, segment_id: int, position: int | None = None) -> None:
+    async def finished(
+        self,
+        consumer: str,
+        segment_id: int,
+        position: int | None = None,
+        *,
+        credential: str | None = None,
+    ) -> None:
         """The consumer read (and acknowledged) a sealed segment to its end."""
+        self._check(credential)
         await self._start()
         self._session(consumer)
         await self._verify_finished(segment_id, position)
@@ -92,15 +129,23 @@ class SubscriptionCoordinator:
         self._update_meta(lambda m: m.finishing(segment_id))
         self._settle()
 
-    async def unregister(self, consumer: str) -> None:
+    async def unregister(self, consumer: str, *, credential: str | None = None) -> None:
         """Leave now (graceful close): the others rebalance immediately."""
+        self._check(credential)
         await self._start()
         self._evict(consumer)
         self._settle()
 
-    async def reset(self, finished: list[int], positions: dict[int, int]) -> None:
+    async def reset(
+        self,
+        finished: list[int],
+        positions: dict[int, int],
+        *,
+        credential: str | None = None,
+    ) -> None:
         """Rewind the group's shared progress (a checkpoint consumer starting from a
         checkpoint): finished segments and released positions become the given ones."""
+        self._check(credential)
         await self._start()
         self._update_meta(
             lambda m: m.model_copy(
@@ -114,17 +159,22 @@ class SubscriptionCoordinator:
         self.state.positions = {int(k): v for k, v in positions.items()}
         self._settle()
 
-    async def snapshot(self) -> dict[str, Any]:
+    async def snapshot(self, *, credential: str | None = None) -> dict[str, Any]:
+        self._check(credential)
         await self._start()
         return {**self.state.snapshot(), "layoutEpoch": self.watch.layout.epoch}
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, *, credential: str | None = None) -> None:
+        self._guard.check(credential, Permission.ADMIN, self.topic.namespace_path)
         for task in self._tasks:
             task.cancel()
         if self.watch is not None:
             await self.watch.close()
 
     # --- internals -------------------------------------------------------------------
+
+    def _check(self, credential: str | None) -> None:
+        self._guard.check(credential, Permission.CONSUME, self.topic.namespace_path)
 
     async def _start(self) -> None:
         """Load the persisted sessions once; every consumer gets a fresh grace timer."""
@@ -140,7 +190,7 @@ class SubscriptionCoordinator:
                 for segment in owned:
                     self.state.owners[segment] = name
                 self._persisted[name] = tuple(sorted(owned))
-            self.watch = DagWatch(self.topic)
+            self.watch = await DagWatch.open(self.topic, self._guard.internal_token())
             self.watch.start()
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._follow()), loop.create_task(self._expire())]
@@ -211,11 +261,12 @@ class SubscriptionCoordinator:
             raise ConflictError(f"segment {segment_id} is not sealed: it cannot be finished")
         rng = info.hash_range
         handle = segment_actor(self.topic.segment(segment_id, rng.start, rng.end))
+        credential = self._guard.internal_token()
         if self.meta.kind == "subscription":
-            status = await handle.position.remote(self.subscription)
+            status = await handle.position.remote(self.subscription, credential=credential)
             done, detail = status["drained"], f"cursor at {status['position']}"
         else:
-            status = await handle.ready.remote()
+            status = await handle.position.remote(credential=credential)
             done = status["terminated"] and position is not None and position >= status["endOffset"]
             detail = f"reported position {position}"
         if not done:

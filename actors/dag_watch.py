@@ -6,6 +6,13 @@ so producers and consumers keep learning layouts while a controller restarts.
 GCS KV has no change notifications, so the server polls each watched topic
 while someone is listening, and the controller pokes ``notify`` right after
 its compare-and-swap so a split reaches clients without waiting for a poll.
+
+It is also how clients read a layout at all: the layout names every segment,
+so it is served only to a caller whose credential has ``lookup`` on the topic's
+namespace (``actors.guard``), never read by the client from the metadata store.
+A client that is about to produce or consume asks for the layout with that
+purpose, so the one call that starts it also tells it, before anything else
+happens, whether it may.
 """
 
 from __future__ import annotations
@@ -18,9 +25,16 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from actors.guard import guard
 from actors.registry import get_or_start
+from runtime.auth import Permission
 from runtime.config import apply_settings
-from runtime.errors import TopicNotFoundError
+from runtime.errors import (
+    InvalidArgumentError,
+    TopicNotFoundError,
+    UnauthenticatedError,
+    UnauthorizedError,
+)
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 from runtime.remote import call
@@ -29,6 +43,7 @@ from storage.metadata import Version
 
 ACTOR_NAME = "dagwatch"
 _DELETED = -1
+_REFUSED_RETRY_S = 1.0
 
 
 class _Topic:
@@ -50,17 +65,42 @@ class DagWatchServer:
     ) -> None:
         apply_settings(settings)
         self._catalog = Catalog()
+        self._guard = guard()
         self._poll_interval_s = poll_interval_s
         self._topics: dict[str, _Topic] = {}
 
+    async def layout(
+        self, topic: str, purpose: str = "lookup", *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """The topic's current layout, for a caller allowed ``purpose`` (``lookup``,
+        ``produce``, ``consume`` or ``admin``; each implies ``lookup``) on its namespace.
+
+        Raises ``TopicNotFoundError`` when there is no such topic.
+        """
+        name = TopicName.parse(topic)
+        try:
+            permission = Permission(purpose)
+        except ValueError:
+            allowed = ", ".join(p.value for p in Permission)
+            raise InvalidArgumentError(f"purpose {purpose!r}: one of {allowed}") from None
+        self._guard.check(credential, permission, name.namespace_path)
+        return self._catalog.require_topic(name).layout.to_dict()
+
     async def listen(
-        self, topic: str, known_epoch: int | None, timeout_s: float = 30.0
+        self,
+        topic: str,
+        known_epoch: int | None,
+        timeout_s: float = 30.0,
+        *,
+        credential: str | None = None,
     ) -> dict[str, Any] | None:
         """The layout once its epoch differs from ``known_epoch``; ``None`` on timeout.
 
         Raises ``TopicNotFoundError`` once the topic is deleted.
         """
-        name = str(TopicName.parse(topic))
+        parsed = TopicName.parse(topic)
+        self._guard.check(credential, Permission.LOOKUP, parsed.namespace_path)
+        name = str(parsed)
         state = self._topics.setdefault(name, _Topic())
         state.listeners += 1
         try:
@@ -81,9 +121,11 @@ class DagWatchServer:
         finally:
             state.listeners -= 1
 
-    async def notify(self, topic: str) -> None:
+    async def notify(self, topic: str, *, credential: str | None = None) -> None:
         """Re-read ``topic`` now (called by the controller after a layout change)."""
-        name = str(TopicName.parse(topic))
+        parsed = TopicName.parse(topic)
+        self._guard.check(credential, Permission.ADMIN, parsed.namespace_path)
+        name = str(parsed)
         if name in self._topics:
             self._refresh(name, self._topics[name])
 
@@ -110,20 +152,46 @@ class DagWatchServer:
             state.changed = asyncio.Event()
 
 
-def read_layout(topic: TopicName) -> SegmentLayout:
-    return Catalog().require_topic(topic).layout
+async def fetch_layout(
+    topic: TopicName, credential: str | None, purpose: Permission = Permission.LOOKUP
+) -> SegmentLayout:
+    """The topic's layout from the DAG watch, for a caller allowed ``purpose`` on its
+    namespace; ``UnauthenticatedError`` / ``UnauthorizedError`` otherwise."""
+    ref = dag_watch_actor().layout.remote(str(topic), purpose.value, credential=credential)
+    return SegmentLayout.from_dict(await call(ref))
 
 
 class DagWatch:
     """Holds the newest layout and wakes waiters when a newer one arrives."""
 
-    def __init__(self, topic: TopicName, poll_timeout_s: float = 20.0) -> None:
+    def __init__(
+        self,
+        topic: TopicName,
+        layout: SegmentLayout,
+        credential: str | None,
+        poll_timeout_s: float = 20.0,
+    ) -> None:
+        """Use ``open``: a watch starts from a layout read with the caller's credential."""
         self.topic = topic
-        self.layout = read_layout(topic)
+        self.layout = layout
         self.deleted = False
+        self.refused: Exception | None = None  # the last refusal of the caller's credential
+        self._credential = credential
         self._poll_timeout_s = poll_timeout_s
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        topic: TopicName,
+        credential: str | None,
+        purpose: Permission = Permission.LOOKUP,
+        poll_timeout_s: float = 20.0,
+    ) -> DagWatch:
+        """A watch of ``topic`` for a caller allowed ``purpose``: raises the refusal now."""
+        layout = await fetch_layout(topic, credential, purpose)
+        return cls(topic, layout, credential, poll_timeout_s)
 
     def start(self) -> None:
         """Begin long-polling; must be called on the event loop that will use it."""
@@ -153,10 +221,10 @@ class DagWatch:
             seen = layout.epoch
             yield layout
 
-    def refresh(self) -> SegmentLayout:
-        """Read metadata now, for a caller that knows the layout just changed."""
+    async def refresh(self) -> SegmentLayout:
+        """Read the layout now, for a caller that knows it just changed."""
         try:
-            self._publish(read_layout(self.topic))
+            self._publish(await fetch_layout(self.topic, self._credential))
         except TopicNotFoundError:
             self._deleted()
         return self.layout
@@ -165,14 +233,23 @@ class DagWatch:
         while not self.deleted:
             try:
                 ref = dag_watch_actor().listen.remote(
-                    str(self.topic), self.layout.epoch, self._poll_timeout_s
+                    str(self.topic),
+                    self.layout.epoch,
+                    self._poll_timeout_s,
+                    credential=self._credential,
                 )
                 found = await call(ref)
             except TopicNotFoundError:
                 self._deleted()
             except RayActorError:
                 await asyncio.sleep(0.2)  # the watch server is restarting
+            except (UnauthenticatedError, UnauthorizedError) as err:
+                # The credential was revoked: what the client does with the segments is
+                # refused there; a restored grant lets the watch go on.
+                self.refused = err
+                await asyncio.sleep(_REFUSED_RETRY_S)
             else:
+                self.refused = None
                 if found is not None:
                     self._publish(SegmentLayout.from_dict(found))
 

@@ -1,4 +1,4 @@
-"""The server side of a segment's data plane: one ``DataPlaneProtocol`` per client connection.
+"""The server side of a segment's data plane: its listening socket and one protocol per connection.
 
 A buffered protocol rather than ``asyncio.StreamReader``: frames are received
 straight into one reusable buffer (no per-frame ``bytes`` copies, no pausing
@@ -9,42 +9,156 @@ must wait for its producer's previous sequence (it arrived on a new connection
 before the old one's frames were stored), or a consumer's long-poll read. It
 and every later frame go through an async backlog, in order, until the backlog
 is empty again.
+
+Whoever reaches the port can send bytes, so a connection is a stranger until
+its first frame, a HELLO (``runtime.wire``), names a credential that the
+segment's ``authorize`` accepts for the access asked. Until then the connection
+holds a buffer just big enough for a HELLO, gets ``HELLO_TIMEOUT_S`` to send
+it, and nothing it sends is parsed as an append or a read; a refusal is an
+error frame and the end of the connection. The check runs once per connection,
+never per frame: what a frame needs afterwards is one comparison of its op
+byte with what the connection was granted. Tokens are revoked and grants
+withdrawn while connections are open, so the server re-checks every open
+connection whenever the policy's version changes (``policy_version``, looked at
+every ``RECHECK_S``), and refuses those that no longer pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 
 from runtime import wire
-from runtime.errors import InvalidArgumentError
+from runtime.errors import (
+    InvalidArgumentError,
+    ScalableTopicsError,
+    UnauthenticatedError,
+    UnauthorizedError,
+    UnavailableError,
+)
+
+log = logging.getLogger(__name__)
 
 # Responses to the longest prefix of these frames that could be answered now.
 HandleNow = Callable[[list[memoryview]], list[bytes]]
 HandleLater = Callable[[bytes], Awaitable[bytes]]
+# Raises the typed refusal when the credential may not have this access (wire bits).
+Authorize = Callable[[str | None, int], None]
 
+HELLO_TIMEOUT_S = 10.0  # a connection that sent no HELLO by then is closed
+RECHECK_S = 1.0  # how often the policy's version is looked at while connections are open
+
+_HELLO_BUFFER = 16 << 10
 _INITIAL_BUFFER = 4 << 20
 _MIN_FREE = 256 << 10
+_ACCESS_NAMES = {wire.PRODUCE: "produce", wire.CONSUME: "consume"}
+
+
+class DataPlaneServer:
+    """A segment's data plane: the socket, its connections and their admission."""
+
+    def __init__(
+        self,
+        handle_now: HandleNow,
+        handle_later: HandleLater,
+        authorize: Authorize,
+        policy_version: Callable[[], int],
+        on_refused: Callable[[ScalableTopicsError], None] = lambda error: None,
+    ) -> None:
+        self.handle_now = handle_now
+        self.handle_later = handle_later
+        self._authorize = authorize
+        self._policy_version = policy_version
+        self._on_refused = on_refused
+        self.connections: set[DataPlaneProtocol] = set()
+        self.endpoint: wire.Endpoint | None = None
+        self._server: asyncio.Server | None = None
+        self._rechecking: asyncio.Task | None = None
+
+    async def start(self, host: str, tls: ssl.SSLContext | None) -> wire.Endpoint:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: DataPlaneProtocol(self),
+            host=host,
+            port=0,
+            ssl=tls,
+            ssl_handshake_timeout=HELLO_TIMEOUT_S if tls is not None else None,
+        )
+        bound_host, port = self._server.sockets[0].getsockname()[:2]
+        self.endpoint = wire.Endpoint(bound_host, port, tls is not None)
+        self._rechecking = loop.create_task(self._recheck_forever())
+        return self.endpoint
+
+    def admit(self, credential: str | None, access: int) -> None:
+        """Raise the typed refusal unless ``credential`` may have ``access`` now."""
+        try:
+            self._authorize(credential, access)
+        except ScalableTopicsError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the policy could not be read
+            log.warning("data plane: could not check a credential: %r", err)
+            raise UnavailableError("the segment could not check the credential now") from None
+
+    def refused(self, error: ScalableTopicsError) -> None:
+        self._on_refused(error)
+
+    async def _recheck_forever(self) -> None:
+        seen = self._policy_version()
+        while True:
+            await asyncio.sleep(RECHECK_S)
+            if not self.connections:
+                continue
+            try:
+                version = self._policy_version()
+            except Exception as err:  # noqa: BLE001 - keep serving; look again next round
+                log.warning("data plane: could not read the policy version: %r", err)
+                continue
+            if version != seen:
+                seen = version
+                self.recheck()
+
+    def recheck(self) -> None:
+        """Refuse every admitted connection whose credential no longer passes."""
+        for connection in list(self.connections):
+            if not connection.access:
+                continue
+            try:
+                self._authorize(connection.credential, connection.access)
+            except ScalableTopicsError as err:
+                connection.refuse(err)
+            except Exception as err:  # noqa: BLE001 - unknown is not revoked: look again later
+                log.warning("data plane: could not re-check a connection: %r", err)
 
 
 class DataPlaneProtocol(asyncio.BufferedProtocol):
-    def __init__(self, handle_now: HandleNow, handle_later: HandleLater) -> None:
-        self._handle_now = handle_now
-        self._handle_later = handle_later
-        self._buffer = bytearray(_INITIAL_BUFFER)
+    def __init__(self, server: DataPlaneServer) -> None:
+        self._server = server
+        self._buffer = bytearray(_HELLO_BUFFER)
         self._start = 0  # first byte not yet parsed
         self._end = 0  # first free byte
-        self._backlog: deque[bytes] = deque()
+        self._backlog: deque[bytes | ScalableTopicsError] = deque()
         self._draining: asyncio.Task | None = None
         self._transport: asyncio.Transport | None = None
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        self.credential: str | None = None
+        self.access = 0  # granted: 0 until the HELLO is accepted
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        self._server.connections.add(self)
+        loop = asyncio.get_running_loop()
+        self._hello_timer = loop.call_later(HELLO_TIMEOUT_S, self._no_hello)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._draining is not None:
             self._draining.cancel()
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self._server.connections.discard(self)
         self._transport = None
 
     def pause_writing(self) -> None:
@@ -54,18 +168,96 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         self._transport.resume_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if len(self._buffer) - self._end < _MIN_FREE:
+        if self._refused:
+            self._start = self._end = 0  # whatever still arrives is dropped unread
+        elif len(self._buffer) - self._end < (_MIN_FREE if self.access else _HELLO_BUFFER // 4):
             self._make_room()
         return memoryview(self._buffer)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
+        if self._refused or (not self.access and not self._greet()):
+            return
         bodies = list(self._complete_frames())
-        responses = self._handle_now(bodies) if bodies and not self._backlog else []
+        forbidden = self._first_forbidden(bodies)
+        if forbidden is not None:
+            bodies = bodies[:forbidden]
+        responses = self._server.handle_now(bodies) if bodies and not self._backlog else []
         for body in bodies[len(responses) :]:
             self._park(bytes(body))
         if responses and self._transport is not None:
             self._transport.write(b"".join(responses))
+        if forbidden is not None:
+            wanted = "append" if self.access == wire.CONSUME else "read"
+            error = UnauthorizedError(
+                f"this connection was granted {_ACCESS_NAMES[self.access]} only, not {wanted}"
+            )
+            if self._backlog:
+                self._backlog.append(error)  # after the answers to the frames before it
+            else:
+                self.refuse(error)
+
+    def refuse(self, error: ScalableTopicsError) -> None:
+        """Answer with ``error`` and close; no frame of this connection is looked at again."""
+        if self._refused:
+            return
+        self._refused = True
+        self._server.refused(error)
+        if self._draining is not None and self._draining is not asyncio.current_task():
+            self._draining.cancel()
+        self._backlog.clear()
+        if self._transport is not None:
+            self._transport.write(wire.encode_error(error))
+            self._transport.close()
+
+    # --- the handshake -----------------------------------------------------------------
+
+    def _greet(self) -> bool:
+        """Take the HELLO once all of it is in; False while it is not (or was refused)."""
+        if self._end - self._start >= wire.LENGTH.size:
+            (length,) = wire.LENGTH.unpack_from(self._buffer, self._start)
+            if length > wire.MAX_HELLO:
+                self.refuse(
+                    UnauthenticatedError(
+                        "the first frame of a data plane connection must be a HELLO "
+                        f"(at most {wire.MAX_HELLO} bytes, got a {length}-byte frame)"
+                    )
+                )
+                return False
+        frame = wire.frame_at(self._buffer, self._start, self._end)
+        if frame is None:
+            return False
+        first, self._start = frame
+        try:
+            credential, access = wire.decode_hello(memoryview(self._buffer)[first : self._start])
+            self._server.admit(credential, access)
+        except ScalableTopicsError as err:
+            self.refuse(err)
+            return False
+        self.credential, self.access = credential, access
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
+        if self._transport is not None:
+            self._transport.write(wire.encode_welcome(access))
+        return True
+
+    def _no_hello(self) -> None:
+        self.refuse(UnauthenticatedError(f"no data plane HELLO within {HELLO_TIMEOUT_S:g}s"))
+
+    def _first_forbidden(self, bodies: list[memoryview]) -> int | None:
+        """Index of the first frame this connection may not carry (an append without
+        produce, a read without consume); frames of no known op are answered as
+        malformed, as before any access applied."""
+        if self.access == wire.PRODUCE | wire.CONSUME:
+            return None
+        other = wire.OP_READ if self.access == wire.PRODUCE else wire.OP_APPEND
+        for index, body in enumerate(bodies):
+            if len(body) and body[0] == other:
+                return index
+        return None
+
+    # --- frames ------------------------------------------------------------------------
 
     def _complete_frames(self) -> Iterator[memoryview]:
         """Yield each whole frame's body; views valid until the next ``get_buffer``."""
@@ -81,12 +273,15 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
             self._start = self._end = 0
 
     def _make_room(self) -> None:
-        """Move the unparsed tail to the front, into a larger buffer if its frame needs one."""
+        """Move the unparsed tail to the front, into a larger buffer if its frame needs
+        one (an admitted connection's frames only: a stranger's buffer never grows)."""
         pending = self._end - self._start
         size = len(self._buffer)
-        if pending >= wire.LENGTH.size:
-            (length,) = wire.LENGTH.unpack_from(self._buffer, self._start)
-            size = max(size, wire.LENGTH.size + min(length, wire.MAX_FRAME) + _MIN_FREE)
+        if self.access:
+            size = max(size, _INITIAL_BUFFER)
+            if pending >= wire.LENGTH.size:
+                (length,) = wire.LENGTH.unpack_from(self._buffer, self._start)
+                size = max(size, wire.LENGTH.size + min(length, wire.MAX_FRAME) + _MIN_FREE)
         if size > len(self._buffer):
             fresh = bytearray(size)
             fresh[:pending] = self._buffer[self._start : self._end]
@@ -102,7 +297,11 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
 
     async def _drain(self) -> None:
         while self._backlog:
-            response = await self._handle_later(self._backlog[0])
+            item = self._backlog[0]
+            if isinstance(item, ScalableTopicsError):
+                self.refuse(item)
+                return
+            response = await self._server.handle_later(item)
             self._backlog.popleft()
             if self._transport is not None:
                 self._transport.write(response)

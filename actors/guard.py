@@ -48,6 +48,7 @@ class Guard:
         self._policy = AuthPolicy()
         self._version = -1  # never read
         self._read_at = float("-inf")
+        self._internal_token: str | None = None
         self._internal_digest: str | None = None
 
     @property
@@ -84,8 +85,11 @@ class Guard:
         return principal is None or principal.may(action, namespace)
 
     def internal_token(self) -> str:
-        """What this process presents when it calls another actor of the system."""
-        return self._catalog.internal_token()
+        """What this process presents when it calls another actor of the system (read
+        once: it is made with the cluster's metadata and never changes after)."""
+        if self._internal_token is None:
+            self._internal_token = self._catalog.internal_token()
+        return self._internal_token
 
     def refresh(self) -> None:
         """Read the stored policy now."""
@@ -103,7 +107,7 @@ class Guard:
 
     def _is_internal(self, token: str) -> bool:
         if self._internal_digest is None:
-            self._internal_digest = hash_token(self._catalog.internal_token())
+            self._internal_digest = hash_token(self.internal_token())
         return hash_token(token) == self._internal_digest
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import RayActorError
 
+from actors.guard import guard
 from runtime.autoscale import Decision, LoadTracker, decide
 from runtime.config import env_float
 from runtime.errors import ConflictError, StaleEpochError, TopicNotFoundError
@@ -78,7 +79,8 @@ class TopicMaintenance:
         names = {s.segment_id: s.name(ctl.topic) for s in record.layout.all_segments.values()}
         handles = {i: h for i, n in names.items() if (h := ctl.fleet.watched(n)) is not None}
         found = await asyncio.gather(
-            *(h.stats.remote() for h in handles.values()), return_exceptions=True
+            *(h.stats.remote(credential=guard().internal_token()) for h in handles.values()),
+            return_exceptions=True,
         )
         stats = {}
         for segment_id, st in zip(handles, found, strict=True):
@@ -100,7 +102,13 @@ class TopicMaintenance:
             for s in layout.active_segments.values()
         ]
         await asyncio.gather(
-            *(h.retain.remote(oldest_ms, retention.size_bytes) for h in watched if h is not None)
+            *(
+                h.retain.remote(
+                    oldest_ms, retention.size_bytes, credential=guard().internal_token()
+                )
+                for h in watched
+                if h is not None
+            )
         )
 
     def _publish(self, layout: SegmentLayout, stats: dict[int, dict[str, Any]]) -> None:

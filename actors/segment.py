@@ -5,6 +5,14 @@ occupying a thread, while appends from many producers interleave. All rules
 live in ``storage.segment_store``; this shell adds waiting, timers and naming.
 Calls are retried by Ray across restarts (``max_task_retries=-1``): appends
 are idempotent per (producer id, sequence), everything else is idempotent too.
+
+Every method takes the caller's ``credential`` and checks it here, where the data
+lives, against the cluster's policy (``actors.guard``) for the segment's
+namespace: appends need ``produce``; reads, acknowledgements, queue receives and
+a subscription's position need ``consume``; the data plane's address needs
+``lookup`` (its connections then authenticate themselves, ``actors.data_plane``);
+everything the controller calls needs ``admin``, which the system's internal
+credential has. With no stored policy every check passes.
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ import pyarrow as pa
 import ray
 
 from actors.appender import SegmentAppender
-from actors.data_plane import DataPlaneProtocol
+from actors.data_plane import DataPlaneServer
+from actors.guard import guard
 from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
-from runtime import wire
+from runtime import tls, wire
+from runtime.auth import Permission
 from runtime.batch import ipc_parts
 from runtime.config import apply_settings, env_float
 from runtime.errors import (
@@ -77,14 +87,16 @@ class SegmentActor:
             background_sync=True,  # by _sync_forever, off the event loop
         )
         self._new_data = asyncio.Event()
-        self._server: asyncio.Server | None = None
+        self._guard = guard()
+        self._namespace = self._name.topic.namespace_path
+        self._data_plane: DataPlaneServer | None = None
+        self._starting_data_plane = asyncio.Lock()
         self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
         self._metrics = SegmentMetrics(self._name)
         # The authority on sizes; read once per incarnation, so a changed limit
         # applies to a segment from its next start.
-        namespace = f"{self._name.topic.tenant}/{self._name.topic.namespace}"
-        limits = namespace_limits(Catalog(), namespace)
+        limits = namespace_limits(Catalog(), self._namespace)
         self._appender = SegmentAppender(
             self._name, self._store, limits, self._metrics, self._appended
         )
@@ -92,7 +104,12 @@ class SegmentActor:
     # --- data path ---------------------------------------------------------------
 
     async def append(
-        self, batch: pa.RecordBatch, producer_id: str | None = None, sequence: int | None = None
+        self,
+        batch: pa.RecordBatch,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+        *,
+        credential: str | None = None,
     ) -> tuple[int, int]:
         """Append a batch; returns (base offset, count). Raises ``SegmentTerminated``.
 
@@ -100,30 +117,49 @@ class SegmentActor:
         start pipelined calls out of order, and per-producer order is part of
         the contract, not an accident of scheduling.
         """
+        self._check(credential, Permission.PRODUCE)
         return await self._appender.append(batch, producer_id, sequence)
 
-    async def data_endpoint(self) -> tuple[str, int]:
-        """Address of this segment's data plane (appends and reads over TCP, see
-        ``runtime.wire``)."""
-        if self._server is None:
-            host = ray.util.get_node_ip_address()
-            appender = self._appender
-            self._server = await asyncio.get_running_loop().create_server(
-                lambda: DataPlaneProtocol(appender.append_frames, self._serve_later),
-                host=host,
-                port=0,
-            )
-        return self._server.sockets[0].getsockname()[:2]
+    async def data_endpoint(self, *, credential: str | None = None) -> wire.Endpoint:
+        """Where this segment's data plane listens (appends and reads over TCP, see
+        ``runtime.wire``), and whether it speaks TLS (when ``RAYTOPICS_TLS_CERT`` and
+        ``_KEY`` are set for the segment)."""
+        self._check(credential, Permission.LOOKUP)
+        async with self._starting_data_plane:
+            if self._data_plane is None:
+                server = DataPlaneServer(
+                    self._appender.append_frames,
+                    self._serve_later,
+                    self._authorize_connection,
+                    lambda: self._guard.version,
+                    lambda error: self._metrics.rejected(error.code),
+                )
+                await server.start(ray.util.get_node_ip_address(), tls.server_context())
+                self._data_plane = server
+        return self._data_plane.endpoint
 
     async def read(
-        self, offset: int, max_records: int = 10_000, wait_s: float = 0.0
+        self,
+        offset: int,
+        max_records: int = 10_000,
+        wait_s: float = 0.0,
+        *,
+        credential: str | None = None,
     ) -> pa.RecordBatch:
         """Records from ``offset``; waits up to ``wait_s`` when there is nothing yet."""
+        self._check(credential, Permission.CONSUME)
         return await self._read(offset, max_records, wait_s)
 
     async def queue_receive(
-        self, subscription: str, consumer: str, max_records: int = 1_000, wait_s: float = 0.0
+        self,
+        subscription: str,
+        consumer: str,
+        max_records: int = 1_000,
+        wait_s: float = 0.0,
+        *,
+        credential: str | None = None,
     ) -> pa.RecordBatch:
+        self._check(credential, Permission.CONSUME)
         batch = self._store.queue_receive(subscription, consumer, max_records)
         if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
             await self._wait(wait_s)
@@ -133,8 +169,9 @@ class SegmentActor:
 
     # --- lifecycle (fenced by controller epoch) ---------------------------------
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self, *, credential: str | None = None) -> dict[str, Any]:
         """Cheap liveness probe: the segment is loaded and can serve."""
+        self._check(credential, Permission.ADMIN)
         log = self._store.log
         return {
             "segmentId": self._name.segment_id,
@@ -145,68 +182,127 @@ class SegmentActor:
         }
 
     async def terminate(
-        self, epoch: int | None = None, sealed: tuple[tuple[int, ...], int] | None = None
+        self,
+        epoch: int | None = None,
+        sealed: tuple[tuple[int, ...], int] | None = None,
+        *,
+        credential: str | None = None,
     ) -> int:
         """Seal the segment; ``sealed``: (children, layout epoch) of the split or merge
         that replaces it, kept in its storage for recovery."""
+        self._check(credential, Permission.ADMIN)
         end = self._store.terminate(epoch, SealedBy(*sealed) if sealed is not None else None)
         self._wake()
         self._appender.release_turns()
         return end
 
-    async def delete(self, epoch: int | None = None) -> None:
+    async def delete(self, epoch: int | None = None, *, credential: str | None = None) -> None:
+        self._check(credential, Permission.ADMIN)
         self._store.delete(epoch)
         self._wake()
 
-    async def retain(self, oldest_publish_ms: int | None, max_bytes: int | None) -> int:
+    async def retain(
+        self,
+        oldest_publish_ms: int | None,
+        max_bytes: int | None,
+        *,
+        credential: str | None = None,
+    ) -> int:
+        self._check(credential, Permission.ADMIN)
         return self._store.retain(oldest_publish_ms, max_bytes)
 
-    async def check_epoch(self, epoch: int) -> None:
+    async def check_epoch(self, epoch: int, *, credential: str | None = None) -> None:
+        self._check(credential, Permission.ADMIN)
         self._store.check_epoch(epoch)
 
     # --- subscriptions and acks -------------------------------------------------
 
     async def create_subscription(
-        self, name: str, position: Position = "earliest", epoch: int | None = None
+        self,
+        name: str,
+        position: Position = "earliest",
+        epoch: int | None = None,
+        *,
+        credential: str | None = None,
     ) -> int:
+        self._check(credential, Permission.ADMIN)
         return self._store.create_subscription(name, position, epoch)
 
-    async def delete_subscription(self, name: str, epoch: int | None = None) -> None:
+    async def delete_subscription(
+        self, name: str, epoch: int | None = None, *, credential: str | None = None
+    ) -> None:
+        self._check(credential, Permission.ADMIN)
         self._store.delete_subscription(name, epoch)
 
-    async def subscriptions(self) -> list[str]:
+    async def subscriptions(self, *, credential: str | None = None) -> list[str]:
+        self._check(credential, Permission.ADMIN)
         return self._store.subscriptions()
 
-    async def position(self, subscription: str) -> dict[str, Any]:
+    async def position(
+        self, subscription: str | None = None, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """The segment's end and whether it is sealed, and with a ``subscription`` its
+        cursor and whether it is drained: what a reader needs to start and to finish,
+        so it needs ``consume`` (not ``admin``)."""
+        self._check(credential, Permission.CONSUME)
         store = self._store
-        return {
-            "position": store.position(subscription),
-            "endOffset": store.log.end_offset,
-            "terminated": store.log.terminated,
-            "drained": store.drained(subscription),
-        }
+        status = {"endOffset": store.log.end_offset, "terminated": store.log.terminated}
+        if subscription is not None:
+            status["position"] = store.position(subscription)
+            status["drained"] = store.drained(subscription)
+        return status
 
-    async def ack_cumulative(self, subscription: str, offset: int) -> None:
+    async def ack_cumulative(
+        self, subscription: str, offset: int, *, credential: str | None = None
+    ) -> None:
+        self._check(credential, Permission.CONSUME)
         self._store.ack_cumulative(subscription, offset)
 
-    async def ack(self, subscription: str, offsets: list[int]) -> None:
+    async def ack(
+        self, subscription: str, offsets: list[int], *, credential: str | None = None
+    ) -> None:
+        self._check(credential, Permission.CONSUME)
         self._store.ack(subscription, offsets)
 
     async def negative_ack(
-        self, subscription: str, offsets: list[int], consumer: str | None = None
+        self,
+        subscription: str,
+        offsets: list[int],
+        consumer: str | None = None,
+        *,
+        credential: str | None = None,
     ) -> None:
+        self._check(credential, Permission.CONSUME)
         self._store.negative_ack(subscription, offsets, consumer)
         self._wake()  # long-polling queue consumers can take the redelivery now
 
-    async def consumer_left(self, subscription: str, consumer: str) -> None:
+    async def consumer_left(
+        self, subscription: str, consumer: str, *, credential: str | None = None
+    ) -> None:
+        self._check(credential, Permission.CONSUME)
         self._store.consumer_left(subscription, consumer)
         self._wake()
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, *, credential: str | None = None) -> dict[str, Any]:
+        self._check(credential, Permission.ADMIN)
         self._metrics.flush()  # asked every maintenance round: quiet segments report too
         return self._store.stats()
 
     # --- internals ---------------------------------------------------------------
+
+    def _check(self, credential: str | None, permission: Permission) -> None:
+        try:
+            self._guard.check(credential, permission, self._namespace)
+        except ScalableTopicsError as err:
+            self._metrics.rejected(err.code)
+            raise
+
+    def _authorize_connection(self, credential: str | None, access: int) -> None:
+        """A data-plane connection's admission (and re-admission when the policy changes)."""
+        if access & wire.PRODUCE:
+            self._guard.check(credential, Permission.PRODUCE, self._namespace)
+        if access & wire.CONSUME:
+            self._guard.check(credential, Permission.CONSUME, self._namespace)
 
     async def _serve_later(self, body: bytes) -> bytes:
         """A data-plane frame that could not be answered at once: a stream consumer's

@@ -21,6 +21,7 @@ from pathlib import Path
 import ray
 from ray.exceptions import RayActorError
 
+from actors.guard import guard
 from actors.registry import lookup, named_actors
 from actors.segment import segment_actor
 from runtime.errors import SegmentNotFoundError, UnavailableError
@@ -115,9 +116,14 @@ class SegmentFleet:
         if handle is None:
             self._initialize(name, info, subscriptions, epoch, in_layout)
             return
-        await handle.check_epoch.remote(epoch)
+        await handle.check_epoch.remote(epoch, credential=guard().internal_token())
         await asyncio.gather(
-            *(handle.create_subscription.remote(s, "earliest", epoch) for s in subscriptions)
+            *(
+                handle.create_subscription.remote(
+                    s, "earliest", epoch, credential=guard().internal_token()
+                )
+                for s in subscriptions
+            )
         )
 
     def start_in_background(self, names: list[SegmentName]) -> None:
@@ -135,7 +141,9 @@ class SegmentFleet:
         await asyncio.gather(*self._starting, return_exceptions=True)
 
     async def terminate(self, name: SegmentName, epoch: int, sealed: SealedBy) -> int:
-        return await self.handle(name).terminate.remote(epoch, tuple(sealed))
+        return await self.handle(name).terminate.remote(
+            epoch, tuple(sealed), credential=guard().internal_token()
+        )
 
     # --- removing -----------------------------------------------------------------------
 
@@ -146,7 +154,7 @@ class SegmentFleet:
         with contextlib.suppress(ValueError):
             handle = segment_actor(name)
             with contextlib.suppress(RayActorError, SegmentNotFoundError):
-                await handle.delete.remote(epoch)
+                await handle.delete.remote(epoch, credential=guard().internal_token())
             ray.kill(handle, no_restart=True)
         delete_storage(segment_directory(self.root, name, self._current()))
 
@@ -197,7 +205,7 @@ class SegmentFleet:
         except ValueError:
             return None
         try:
-            status = await handle.ready.remote()
+            status = await handle.ready.remote(credential=guard().internal_token())
         except RayActorError:
             status = None
         if status is not None and status.get("incarnation") == self.incarnation:

@@ -13,22 +13,42 @@ time, each carrying the cumulative ack of what was read before. A Ray call per
 read cost ~2.4 ms of CPU between the two processes here, the TCP exchange
 ~0.5 ms, and a consumer reads every segment it holds about as often as
 producers append to it.
+
+Both open each connection with a HELLO carrying the client's credential
+(``runtime.wire``), written together with the first frames. A refusal, at the
+HELLO or later (the token was revoked), fails what is pending with the typed
+error and is not retried: the next append or read tries once more, so a
+restored grant works again, but nothing loops. When the segment speaks TLS
+(``RAYTOPICS_TLS_CERT``/``_KEY`` on its side) the client verifies its
+certificate and address against ``RAYTOPICS_TLS_CA``; a client without that CA,
+or with a CA and a plaintext segment, gets ``TlsError`` instead of talking to it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 from collections import OrderedDict, deque
 from typing import Any
 
 import pyarrow as pa
 from ray.exceptions import RayActorError
 
-from runtime import wire
+from runtime import tls, wire
 from runtime.batch import deserialize_batch
-from runtime.errors import InvalidArgumentError
+from runtime.errors import (
+    InvalidArgumentError,
+    ScalableTopicsError,
+    TlsError,
+    UnauthenticatedError,
+    UnauthorizedError,
+)
 from runtime.remote import call
 
+# What ends a client's work with a segment instead of a retry: the cluster refused its
+# credential, or the data plane cannot be reached securely.
+REFUSALS = (UnauthenticatedError, UnauthorizedError, TlsError)
 # How much longer than its long-poll a read may take before the segment counts as stuck.
 READ_GRACE_S = 30.0
 _STREAM_LIMIT = 4 << 20  # buffer whole deliveries instead of pausing the socket every 128 KB
@@ -39,12 +59,56 @@ _STREAM_LIMIT = 4 << 20  # buffer whole deliveries instead of pausing the socket
 _WRITE_AHEAD = 4 << 20
 
 
+_tls_contexts: dict[tuple[str, int] | None, ssl.SSLContext | None] = {}
+
+
+def _client_tls() -> ssl.SSLContext | None:
+    """This process's client context: one per CA file and version of it, since loading
+    it costs per connection, and a CA the operator replaced in place must be the one
+    verified against from the next connection on."""
+    ca = os.environ.get(tls.CA_ENV) or None
+    key = (ca, _modified_ns(ca)) if ca else None
+    if key not in _tls_contexts:
+        _tls_contexts[key] = tls.client_context()
+    return _tls_contexts[key]
+
+
+def _modified_ns(path: str) -> int:
+    """When ``path`` last changed (-1 if it is missing: ``tls.client_context`` says so)."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
 async def _open_data_plane(
-    handle: Any, **options: Any
+    handle: Any, credential: str | None, access: int, **options: Any
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to the segment's data plane, at the address its actor gives now."""
-    host, port = await call(handle.data_endpoint.remote())
-    return await asyncio.open_connection(host, port, **options)
+    """A connection to the segment's data plane, at the address its actor gives now,
+    with the HELLO written: the caller's frames may follow at once."""
+    endpoint = await call(handle.data_endpoint.remote(credential=credential))
+    context = _client_tls()
+    if endpoint.tls and context is None:
+        raise TlsError(
+            f"the data plane at {endpoint.host}:{endpoint.port} speaks TLS: set "
+            f"{tls.CA_ENV} to the CA that signed its certificate"
+        )
+    if context is not None and not endpoint.tls:
+        raise TlsError(
+            f"{tls.CA_ENV} is set, but the data plane at {endpoint.host}:{endpoint.port} "
+            "does not speak TLS (the segment has no certificate): refusing plaintext"
+        )
+    try:
+        reader, writer = await asyncio.open_connection(
+            endpoint.host, endpoint.port, ssl=context, **options
+        )
+    except ssl.SSLCertVerificationError as err:
+        raise TlsError(
+            f"the data plane at {endpoint.host}:{endpoint.port} is not trusted: "
+            f"{err.verify_message}"
+        ) from None
+    writer.write(wire.encode_hello(credential, access))
+    return reader, writer
 
 
 class ChannelError(ConnectionError):
@@ -52,8 +116,11 @@ class ChannelError(ConnectionError):
 
 
 class SegmentChannel:
-    def __init__(self, handle: Any, reconnect_attempts: int = 50) -> None:
+    def __init__(
+        self, handle: Any, *, credential: str | None = None, reconnect_attempts: int = 50
+    ) -> None:
         self._handle = handle
+        self._credential = credential
         self._attempts = reconnect_attempts
         self._pending: OrderedDict[int, tuple[bytes, asyncio.Future]] = OrderedDict()
         self._on_wire: deque[int] = deque()  # keys written on the current connection
@@ -114,8 +181,13 @@ class SegmentChannel:
         failure: Exception | None = None
         for attempt in range(self._attempts):
             try:
-                reader, writer = await _open_data_plane(self._handle)
+                reader, writer = await _open_data_plane(
+                    self._handle, self._credential, wire.PRODUCE
+                )
                 break
+            except ScalableTopicsError as err:  # refused: asking again cannot change that
+                self._fail_all(err)
+                return
             except (OSError, RayActorError) as err:
                 failure = err
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
@@ -124,36 +196,71 @@ class SegmentChannel:
             return
         self._writer, self._on_wire, self._unsent = writer, deque(), deque(self._pending)
         self._write_ahead()
-        self._tasks = [asyncio.get_running_loop().create_task(self._read(reader))]
+        self._tasks = [asyncio.get_running_loop().create_task(self._read(reader, writer))]
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        """Resolve responses as they come, every complete one of each read at once."""
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Resolve responses as they come, every complete one of each read at once; the
+        first answers the HELLO."""
         received = bytearray()
+        greeted = False
         try:
             while chunk := await reader.read(1 << 16):
                 received += chunk
                 start = 0
                 while (frame := wire.frame_at(received, start, len(received))) is not None:
                     body, start = frame
-                    self._resolve(bytes(received[body:start]))
+                    response = bytes(received[body:start])
+                    ended = self._resolve(response) if greeted else self._greeted(response)
+                    if ended:
+                        return
+                    greeted = True
                 del received[:start]
-                if self._unsent and self._writer is not None:
+                if self._unsent and self._writer is writer:
                     self._write_ahead()
             raise ConnectionError("the segment closed the connection")
         except (ConnectionError, OSError, InvalidArgumentError):
-            self._writer = None
+            if self._writer is writer:
+                self._writer = None
             if self._pending:
                 self._ensure_connecting()
 
-    def _resolve(self, body: bytes) -> None:
-        """Responses arrive in request order: the oldest frame on the wire gets this one."""
-        _, future = self._pending.pop(self._on_wire.popleft())
-        if future.done():
-            return
+    def _greeted(self, body: bytes) -> bool:
+        """Whether the segment refused the HELLO (and so ended the connection)."""
         try:
-            future.set_result(wire.decode_response(body))
-        except Exception as err:  # noqa: BLE001 - the segment's typed error, for the caller
-            future.set_exception(err)
+            wire.decode_welcome(body)
+        except ScalableTopicsError as err:
+            self._refused(err)
+            return True
+        return False
+
+    def _resolve(self, body: bytes) -> bool:
+        """Responses arrive in request order: the oldest frame on the wire gets this one.
+        A refusal (the credential was revoked) ends the connection: True."""
+        if body[0] == wire.STATUS_OK:
+            outcome: tuple[int, int] | ScalableTopicsError = wire.decode_response(body)
+        else:
+            outcome = wire.decode_error(body)
+            if wire.is_refusal(outcome):
+                self._refused(outcome)
+                return True
+        if not self._on_wire:
+            raise InvalidArgumentError("the segment answered a frame that was never sent")
+        _, future = self._pending.pop(self._on_wire.popleft())
+        if not future.done():
+            if isinstance(outcome, ScalableTopicsError):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        return False
+
+    def _refused(self, error: ScalableTopicsError) -> None:
+        """The segment will not take frames from this connection: everything pending
+        fails with why, and the next append tries a new connection."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._on_wire, self._unsent = deque(), deque()
+        self._fail_all(error)
 
     def _fail_all(self, error: Exception) -> None:
         pending, self._pending = self._pending, OrderedDict()
@@ -165,8 +272,9 @@ class SegmentChannel:
 class ReadChannel:
     """A stream consumer's connection to one segment: reads, one at a time."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, *, credential: str | None = None) -> None:
         self._handle = handle
+        self._credential = credential
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     async def read(self, request: wire.ReadRequest) -> tuple[pa.RecordBatch, int, bool]:
@@ -182,7 +290,12 @@ class ReadChannel:
         except BaseException:  # cancelled mid-exchange: the answer would go to the next read
             self.close()
             raise
-        end_offset, terminated, payload = wire.decode_records(body)
+        try:
+            end_offset, terminated, payload = wire.decode_records(body)
+        except ScalableTopicsError as err:
+            if wire.is_refusal(err):
+                self.close()  # the segment closed it too
+            raise
         return deserialize_batch(payload), end_offset, terminated
 
     def close(self) -> None:
@@ -191,9 +304,18 @@ class ReadChannel:
             self._streams = None
 
     async def _exchange(self, request: wire.ReadRequest) -> bytes:
-        if self._streams is None:
-            self._streams = await _open_data_plane(self._handle, limit=_STREAM_LIMIT)
+        fresh = self._streams is None
+        if fresh:
+            self._streams = await _open_data_plane(
+                self._handle, self._credential, wire.CONSUME, limit=_STREAM_LIMIT
+            )
         reader, writer = self._streams
         writer.write(wire.encode_read(request))
-        (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
-        return await reader.readexactly(length)
+        if fresh:
+            wire.decode_welcome(await _frame(reader))
+        return await _frame(reader)
+
+
+async def _frame(reader: asyncio.StreamReader) -> bytes:
+    (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
+    return await reader.readexactly(length)

@@ -11,6 +11,10 @@ them), and the segment is released only once everything delivered from it is
 acknowledged (or a timeout passes): a rebalance does not duplicate messages.
 When a sealed segment is read and acknowledged to its end, the consumer
 reports it finished, which is what lets the coordinator hand out its children.
+
+Every call carries the consumer's credential. A refusal (the token was revoked,
+the grant withdrawn) is not retried: the application's next receive raises it,
+after whatever had already arrived.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from ray.exceptions import RayActorError
 
 from actors.coordinator import coordinator_actor
 from actors.segment import find_segment_actor
-from clients._data_plane import ChannelError, ReadChannel
+from clients._data_plane import REFUSALS, ChannelError, ReadChannel
 from clients._inbox import Inbox
 from clients._ray import background_loop, freeze_what_exists
 from clients.message import Message, messages_from_delivery, table_from_deliveries
@@ -58,11 +62,13 @@ class ConsumerConfig:
 class _Reader:
     """Reads one assigned segment from ``position`` on, in order."""
 
-    def __init__(self, name: SegmentName, handle: Any, position: int) -> None:
+    def __init__(
+        self, name: SegmentName, handle: Any, position: int, credential: str | None
+    ) -> None:
         self.name = name
         self.segment_id = name.segment_id
         self.handle = handle
-        self.channel = ReadChannel(handle)
+        self.channel = ReadChannel(handle, credential=credential)
         self.last_read_at = 0.0  # when the last read was sent; later acks ride on the next
         self.ack_sent_at = 0.0
         self.position = position  # next offset to fetch
@@ -85,9 +91,11 @@ class GroupConsumerCore:
         *,
         acknowledges: bool,
         config: ConsumerConfig,
+        credential: str | None,
         start_positions: dict[int, int] | None = None,
     ) -> None:
         self.topic = topic
+        self.credential = credential
         self.group = validate_part("subscription", group)
         self.consumer = validate_part("consumer name", consumer)
         self.acknowledges = acknowledges
@@ -101,9 +109,10 @@ class GroupConsumerCore:
         self.version = -1
         self.tasks: list[asyncio.Task] = []
         self.closed = False
+        self.refused: Exception | None = None  # the cluster refused the credential
 
     async def start(self) -> None:
-        await self._apply(await call(self.coordinator.register.remote(self.consumer)))
+        await self._apply(await self._register())
         loop = asyncio.get_running_loop()
         self.tasks = [loop.create_task(self._follow_assignment())]
         if self.acknowledges:
@@ -131,6 +140,13 @@ class GroupConsumerCore:
             if runs:
                 return runs
 
+    def fail(self, error: Exception) -> None:
+        """Stop with ``error``: the application's receives raise it from now on."""
+        if not self.closed:
+            log.warning("%s/%s/%s: %s", self.topic, self.group, self.consumer, error)
+        self.refused = error
+        self.messages.fail(error)
+
     def acknowledge(self, segment_id: int, offset: int) -> None:
         reader = self.readers.get(segment_id)
         if reader is not None and offset + 1 > reader.acked:
@@ -146,26 +162,46 @@ class GroupConsumerCore:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*(self._give_up(r) for r in list(self.readers.values())))
-        with contextlib.suppress(RayActorError, ConsumerNotRegisteredError):
-            await call(self.coordinator.unregister.remote(self.consumer))
+        with contextlib.suppress(RayActorError, ConsumerNotRegisteredError, *REFUSALS):
+            unregister = self.coordinator.unregister.remote(
+                self.consumer, credential=self.credential
+            )
+            await call(unregister)
 
     # --- assignment -------------------------------------------------------------------
+
+    async def _register(self) -> dict[str, Any]:
+        ref = self.coordinator.register.remote(self.consumer, credential=self.credential)
+        return await call(ref)
 
     async def _follow_assignment(self) -> None:
         while not self.closed:
             try:
                 ref = self.coordinator.poll.remote(
-                    self.consumer, self.version, self.config.poll_timeout_s
+                    self.consumer,
+                    self.version,
+                    self.config.poll_timeout_s,
+                    credential=self.credential,
                 )
                 assignment = await call(ref)
             except ConsumerNotRegisteredError:
-                assignment = await call(self.coordinator.register.remote(self.consumer))
+                try:
+                    assignment = await self._register()
+                except REFUSALS as err:
+                    self.fail(err)
+                    return
             except RayActorError:
                 await asyncio.sleep(0.2)  # the coordinator is restarting
                 continue
+            except REFUSALS as err:
+                self.fail(err)
+                return
             if assignment is not None:
                 try:
                     await self._apply(assignment)
+                except REFUSALS as err:
+                    self.fail(err)
+                    return
                 except (SegmentNotFoundError, RayActorError) as err:
                     # A segment's actor is gone until its controller brings it back.
                     # Forgetting the version makes the next poll hand the same
@@ -185,12 +221,13 @@ class GroupConsumerCore:
                 name = SegmentName.parse(spec["segmentTopic"])
                 handle = await find_segment_actor(name)
                 position = await self._start_position(handle, name, spec.get("startPosition"))
-                reader = self.readers[segment_id] = _Reader(name, handle, position)
+                reader = _Reader(name, handle, position, self.credential)
+                self.readers[segment_id] = reader
                 reader.task = asyncio.get_running_loop().create_task(self._read(reader))
 
     async def _start_position(self, handle: Any, name: SegmentName, released: int | None) -> int:
         if self.acknowledges:
-            status = await call(handle.position.remote(self.group))
+            status = await call(handle.position.remote(self.group, credential=self.credential))
             return status["position"]
         if name.segment_id in self.start_positions:
             return self.start_positions[name.segment_id]
@@ -212,6 +249,9 @@ class GroupConsumerCore:
                 except SegmentNotFoundError as err:  # deleted, with its topic
                     if not (reader.revoked or self.closed):
                         log.warning("%s: stopped reading: %s", reader.name, err)
+                    return
+                except REFUSALS as err:
+                    self.fail(err)
                     return
                 if batch.num_rows:
                     self.messages.put(batch, reader)
@@ -245,9 +285,13 @@ class GroupConsumerCore:
             if settled >= reader.end:
                 await self._flush(reader)
                 try:
-                    await call(
-                        self.coordinator.finished.remote(self.consumer, reader.segment_id, settled)
+                    finished = self.coordinator.finished.remote(
+                        self.consumer, reader.segment_id, settled, credential=self.credential
                     )
+                    await call(finished)
+                except REFUSALS as err:
+                    self.fail(err)
+                    return
                 except ConflictError as err:
                     log.warning("finishing segment %s: %s", reader.segment_id, err)
                     await asyncio.sleep(0.5)
@@ -262,13 +306,20 @@ class GroupConsumerCore:
         reader.revoked = True
         if self.acknowledges:
             deadline = time.monotonic() + self.config.release_timeout_s
-            while reader.acked < reader.delivered and time.monotonic() < deadline:
+            while (
+                reader.acked < reader.delivered
+                and time.monotonic() < deadline
+                and self.refused is None  # no ack would be taken
+            ):
                 await asyncio.sleep(0.01)
             await self._flush(reader)
         self.readers.pop(reader.segment_id, None)
         position = None if self.acknowledges else reader.delivered
-        with contextlib.suppress(RayActorError, ConsumerNotRegisteredError):
-            await call(self.coordinator.release.remote(self.consumer, reader.segment_id, position))
+        with contextlib.suppress(RayActorError, ConsumerNotRegisteredError, *REFUSALS):
+            release = self.coordinator.release.remote(
+                self.consumer, reader.segment_id, position, credential=self.credential
+            )
+            await call(release)
 
     # --- acknowledgements -------------------------------------------------------------
 
@@ -286,9 +337,17 @@ class GroupConsumerCore:
         if not self.acknowledges or reader.acked <= reader.flushed:
             return
         target = reader.acked
-        with contextlib.suppress(RayActorError):
-            await call(reader.handle.ack_cumulative.remote(self.group, target - 1))
-            reader.flushed = max(reader.flushed, target)
+        ack = reader.handle.ack_cumulative.remote(
+            self.group, target - 1, credential=self.credential
+        )
+        try:
+            await call(ack)
+        except RayActorError:
+            return
+        except REFUSALS as err:
+            self.fail(err)
+            return
+        reader.flushed = max(reader.flushed, target)
 
 
 def _after(batch: pa.RecordBatch) -> int:

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 # What readers hand over: a list of messages, or an Arrow RecordBatch of them (sliced
 # and unpacked by the receiving thread); anything with a length that slices.
 C = TypeVar("C")
+_FAILED = object()  # the tag of the marker that ``fail`` hands over
 
 
 class Inbox(Generic[C]):
@@ -32,6 +33,7 @@ class Inbox(Generic[C]):
         self._taking = threading.Lock()
         self._counting = threading.Lock()
         self._count = 0
+        self._error: Exception | None = None
 
     def __len__(self) -> int:
         """Messages handed over and not yet taken: what readers throttle on."""
@@ -44,6 +46,13 @@ class Inbox(Generic[C]):
                 self._count += len(items)
             self._batches.put((tag, items))
 
+    def fail(self, error: Exception) -> None:
+        """Any thread: receivers get what was handed over before, then every take
+        raises ``error`` (a waiting one wakes for it)."""
+        if self._error is None:
+            self._error = error
+            self._batches.put((_FAILED, ()))
+
     def get(self, timeout_s: float | None) -> Any:
         """The next item of an inbox of lists, waiting up to ``timeout_s`` (``None``:
         forever); ``None`` if none."""
@@ -53,7 +62,8 @@ class Inbox(Generic[C]):
     def get_batches(self, max_items: int, timeout_s: float | None) -> list[tuple[Any, C]]:
         """Up to ``max_items`` in order, as ``(tag, items)`` runs, waiting up to
         ``timeout_s`` for the first (``None``: forever), then taking only what was
-        already handed over; ``[]`` if none came. One lock round trip for the lot."""
+        already handed over; ``[]`` if none came. One lock round trip for the lot. Raises
+        the error of ``fail`` once everything handed over before it is taken."""
         with self._taking:
             at_hand = self._at_hand
             if not at_hand:
@@ -71,6 +81,10 @@ class Inbox(Generic[C]):
                         break
                 entry = at_hand[0]
                 tag, items, first = entry
+                if tag is _FAILED:  # stays at hand: every later take raises too
+                    if taken:
+                        break
+                    raise self._error
                 whole = first == 0 and len(items) <= room
                 run = items if whole else items[first : first + room]  # no copy when whole
                 entry[2] = first + len(run)

@@ -18,12 +18,11 @@ from clients._group_consumer import (
     GroupConsumerCore,
     run_on_loop,
 )
-from runtime.auth import Permission, authorize_client
+from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S
-from storage.catalog import Catalog
 
 
 @dataclass(frozen=True)
@@ -68,26 +67,33 @@ class CheckpointConsumer(GroupConsumer):
         token: str | None = None,
         **config: Any,
     ) -> None:
+        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
+        namespace when the cluster has an auth policy; a refusal is raised here."""
         name = TopicName.parse(topic)
-        authorize_client(token, Permission.CONSUME, name)
         if start is not None and start.topic != str(name):
             raise InvalidArgumentError(f"checkpoint is for {start.topic}, not {name}")
-        Catalog().ensure_group(name, group, session_grace_s)
+        credential = client_credential(token)
         self._core = GroupConsumerCore(
             name,
             group,
             consumer_name,
             acknowledges=False,
             config=ConsumerConfig(**config),
+            credential=credential,
             start_positions=start.positions if start else None,
         )
         self._topic = str(name)
+        coordinator = self._core.coordinator
+        run_on_loop(call(coordinator.ensure_group.remote(session_grace_s, credential=credential)))
         if start is not None:
-            reset = self._core.coordinator.reset.remote(list(start.finished), start.positions)
+            reset = coordinator.reset.remote(
+                list(start.finished), start.positions, credential=credential
+            )
             run_on_loop(call(reset))
         run_on_loop(self._core.start())
 
     def checkpoint(self) -> Checkpoint:
         """Where this consumer is: resume from it to get exactly the messages after it."""
-        snapshot = run_on_loop(call(self._core.coordinator.snapshot.remote()))
+        core = self._core
+        snapshot = run_on_loop(call(core.coordinator.snapshot.remote(credential=core.credential)))
         return Checkpoint(self._topic, self._core.positions(), tuple(snapshot["finished"]))

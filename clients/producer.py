@@ -13,6 +13,12 @@ only then do new messages flow. So nothing for a key reaches a child before
 everything for that key in the parent is acknowledged.
 
 All of it runs on one private event loop; the public methods are thread-safe.
+
+The producer's credential goes with every call and every data-plane
+connection, and is checked by the cluster, never here: a producer starts by
+asking the DAG watch for the layout *to produce*, so a token that may not
+produce is refused at construction; a revoked one fails the sends in flight
+and every later one with the refusal.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from actors.segment import find_segment_actor
 from clients._data_plane import ChannelError, SegmentChannel
 from clients._ray import background_loop, freeze_what_exists
 from clients.message import BatchResult, MessageId
-from runtime.auth import Permission, authorize_client
+from runtime.auth import Permission, client_credential
 from runtime.batch import (
     batch_bytes,
     equal_runs,
@@ -286,7 +292,10 @@ class _SegmentSender:
         self.handle = self.handle or await find_segment_actor(self.name)  # after a failure
         producer_id = self.core.producer_id
         if self.core.config.transport == "ray":
-            base, _ = await call(self.handle.append.remote(chunk.batch, producer_id, sequence))
+            ref = self.handle.append.remote(
+                chunk.batch, producer_id, sequence, credential=self.core.credential
+            )
+            base, _ = await call(ref)
             return base
         channel = self._open_channel()
         payload = serialize_batch(chunk.batch)
@@ -316,7 +325,7 @@ class _SegmentSender:
 
     def _open_channel(self) -> SegmentChannel:
         if self.channel is None:
-            self.channel = SegmentChannel(self.handle)
+            self.channel = SegmentChannel(self.handle, credential=self.core.credential)
         self.channel.open()
         return self.channel
 
@@ -342,11 +351,14 @@ class _SegmentSender:
 
 
 class _ProducerCore:
-    def __init__(self, topic: TopicName, config: ProducerConfig) -> None:
+    def __init__(
+        self, topic: TopicName, config: ProducerConfig, watch: DagWatch, credential: str | None
+    ) -> None:
         self.topic = topic
         self.config = config
+        self.credential = credential
         self.producer_id = config.producer_id or uuid.uuid4().hex
-        self.watch = DagWatch(topic)
+        self.watch = watch
         self.layout = self.watch.layout
         namespace = f"{topic.tenant}/{topic.namespace}"
         self.limits = namespace_limits(Catalog(), namespace)
@@ -496,8 +508,17 @@ class _ProducerCore:
 
     def segment_sealed(self, sender: _SegmentSender) -> None:
         """A segment refused an append: the layout moved on; learn it now."""
-        if sender.segment_id in self.watch.refresh().active_segments:
-            asyncio.get_running_loop().create_task(self._await_successor(sender))
+        asyncio.get_running_loop().create_task(self._learn_successor(sender))
+
+    async def _learn_successor(self, sender: _SegmentSender) -> None:
+        try:
+            layout = await self.watch.refresh()
+        except Exception as err:  # noqa: BLE001 - refused (revoked): what waits must fail
+            for chunk in sender.take_backlog():
+                sender._fail(chunk, err)
+            return
+        if sender.segment_id in layout.active_segments:
+            await self._await_successor(sender)
 
     async def _await_successor(self, sender: _SegmentSender) -> None:
         try:
@@ -558,16 +579,16 @@ class Producer:
     """Publish to a scalable topic; thread-safe, usable in Ray tasks and actors."""
 
     def __init__(self, topic: str, *, token: str | None = None, **config: Any) -> None:
-        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``produce`` when auth is on."""
-        name = TopicName.parse(topic)
-        authorize_client(token, Permission.PRODUCE, name)
-        self._setup(name, ProducerConfig(**config))
-        self._open()  # fail fast here (unknown topic...), not at the first send
+        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``produce`` on the topic's
+        namespace when the cluster has an auth policy; a refusal is raised here."""
+        self._setup(TopicName.parse(topic), ProducerConfig(**config), client_credential(token))
+        self._open()  # fail fast here (refused, unknown topic...), not at the first send
         freeze_what_exists()
 
-    def _setup(self, topic: TopicName, config: ProducerConfig) -> None:
+    def _setup(self, topic: TopicName, config: ProducerConfig, credential: str | None) -> None:
         self._topic = topic
         self._config = config
+        self._credential = credential
         self._loop = background_loop()
         self._core: _ProducerCore | None = None
         self._open_lock = threading.Lock()
@@ -582,7 +603,8 @@ class Producer:
             return self._core
 
     async def _start_core(self) -> _ProducerCore:
-        core = _ProducerCore(self._topic, self._config)
+        watch = await DagWatch.open(self._topic, self._credential, Permission.PRODUCE)
+        core = _ProducerCore(self._topic, self._config, watch, self._credential)
         core.start()
         return core
 
@@ -680,8 +702,9 @@ class Producer:
 
     def __reduce__(self) -> tuple:
         """Shipping a producer to a Ray task or actor gives a fresh one there, opened on
-        first use: Ray calls made while Ray unpickles task arguments would deadlock."""
-        return (_reopen, (str(self._topic), self._config))
+        first use: Ray calls made while Ray unpickles task arguments would deadlock. Its
+        credential goes with it, as any argument of the task does."""
+        return (_reopen, (str(self._topic), self._config, self._credential))
 
     def _track(self, future: concurrent.futures.Future) -> None:
         with self._pending_lock:
@@ -697,8 +720,9 @@ class Producer:
             raise ClientClosedError(f"producer for {self._topic} is closed")
 
 
-def _reopen(topic: str, config: ProducerConfig) -> Producer:
+def _reopen(topic: str, config: ProducerConfig, credential: str | None) -> Producer:
     """A fresh producer (its own id): two live producers must never share one."""
     producer = Producer.__new__(Producer)
-    producer._setup(TopicName.parse(topic), dataclasses.replace(config, producer_id=None))
+    config = dataclasses.replace(config, producer_id=None)
+    producer._setup(TopicName.parse(topic), config, credential)
     return producer

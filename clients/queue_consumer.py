@@ -6,6 +6,9 @@ each segment hands different messages to the consumers pulling from it.
 New segments arrive through the DAG watch; a sealed segment is dropped once
 its backlog for the subscription is fully acknowledged. Unacknowledged
 messages come back after the segment's ack timeout or a negative ack.
+
+Every call carries the consumer's credential; a refusal (the token was revoked)
+is not retried: the next receive raises it.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from ray.exceptions import RayActorError
 
 from actors.dag_watch import DagWatch
 from actors.segment import find_segment_actor
+from clients._data_plane import REFUSALS
 from clients._inbox import Inbox
 from clients._ray import background_loop, freeze_what_exists
 from clients.message import Message, messages_from_delivery
-from runtime.auth import Permission, authorize_client
+from runtime.auth import Permission, client_credential
 from runtime.errors import ClientClosedError, SegmentNotFoundError
 from runtime.layout import SegmentLayout
 from runtime.names import SegmentName, TopicName, validate_part
@@ -31,13 +35,21 @@ from runtime.remote import call
 
 
 class _QueueCore:
-    def __init__(self, topic: TopicName, subscription: str, consumer: str, config: dict) -> None:
+    def __init__(
+        self,
+        topic: TopicName,
+        subscription: str,
+        consumer: str,
+        config: dict,
+        credential: str | None,
+    ) -> None:
         self.topic = topic
         self.subscription = validate_part("subscription", subscription)
         self.consumer = consumer
+        self.credential = credential
         self.max_records = config.get("receive_batch", 500)
         self.queue_size = config.get("receiver_queue_size", 1_000)
-        self.watch = DagWatch(topic)
+        self.watch: DagWatch | None = None
         self.handles: dict[int, Any] = {}  # segments being pulled from, once their actor is found
         self.attached: set[int] = set()
         self.pending_acks: dict[int, list[int]] = defaultdict(list)
@@ -46,7 +58,9 @@ class _QueueCore:
         self.closed = False
 
     async def start(self) -> None:
+        """Raises the refusal of the consumer's credential, before anything else happens."""
         loop = asyncio.get_running_loop()
+        self.watch = await DagWatch.open(self.topic, self.credential, Permission.CONSUME)
         self.watch.start()
         self._attach(self.watch.layout)
         self.tasks += [loop.create_task(self._follow()), loop.create_task(self._flush_forever())]
@@ -56,11 +70,16 @@ class _QueueCore:
         self.closed = True
         for task in self.tasks:
             task.cancel()
-        await self._flush()
+        with contextlib.suppress(*REFUSALS):
+            await self._flush()
         for handle in self.handles.values():
-            with contextlib.suppress(RayActorError):
-                await call(handle.consumer_left.remote(self.subscription, self.consumer))
-        await self.watch.close()
+            with contextlib.suppress(RayActorError, *REFUSALS):
+                left = handle.consumer_left.remote(
+                    self.subscription, self.consumer, credential=self.credential
+                )
+                await call(left)
+        if self.watch is not None:
+            await self.watch.close()
 
     async def _follow(self) -> None:
         async for layout in self.watch.updates():
@@ -86,16 +105,24 @@ class _QueueCore:
                 continue
             try:
                 ref = handle.queue_receive.remote(
-                    self.subscription, self.consumer, self.max_records, 1.0
+                    self.subscription,
+                    self.consumer,
+                    self.max_records,
+                    1.0,
+                    credential=self.credential,
                 )
                 batch = await call(ref)
                 if batch.num_rows:
                     self.messages.put(messages_from_delivery(segment_id, batch))
                     continue
-                status = await call(handle.position.remote(self.subscription))
+                ref = handle.position.remote(self.subscription, credential=self.credential)
+                status = await call(ref)
             except RayActorError:
                 await asyncio.sleep(0.2)
                 continue
+            except REFUSALS as err:
+                self.messages.fail(err)
+                return
             if status["drained"]:
                 del self.handles[segment_id]
                 return
@@ -107,19 +134,26 @@ class _QueueCore:
     async def _flush_forever(self) -> None:
         while True:
             await asyncio.sleep(0.05)
-            await self._flush()
+            try:
+                await self._flush()
+            except REFUSALS as err:
+                self.messages.fail(err)
+                return
 
     async def _flush(self) -> None:
         batches, self.pending_acks = self.pending_acks, defaultdict(list)
         for segment_id, offsets in batches.items():
             handle = self.handles.get(segment_id)
             if handle is not None and offsets:
-                await call(handle.ack.remote(self.subscription, offsets))
+                ack = handle.ack.remote(self.subscription, offsets, credential=self.credential)
+                await call(ack)
 
     async def negative_ack(self, message: Message) -> None:
         handle = self.handles.get(message.segment_id)
         if handle is not None:
-            ref = handle.negative_ack.remote(self.subscription, [message.offset], self.consumer)
+            ref = handle.negative_ack.remote(
+                self.subscription, [message.offset], self.consumer, credential=self.credential
+            )
             await call(ref)
 
 
@@ -135,11 +169,12 @@ class QueueConsumer:
         token: str | None = None,
         **config: Any,
     ) -> None:
-        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` when auth is on."""
+        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
+        namespace when the cluster has an auth policy; a refusal is raised here."""
         topic_name = TopicName.parse(topic)
-        authorize_client(token, Permission.CONSUME, topic_name)
         name = consumer_name or f"queue-{uuid.uuid4().hex[:12]}"
-        self._core = _QueueCore(topic_name, subscription, name, config)
+        credential = client_credential(token)
+        self._core = _QueueCore(topic_name, subscription, name, config, credential)
         self._loop = background_loop()
         self._loop.run(self._core.start())
 

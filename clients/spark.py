@@ -38,6 +38,14 @@ Writes
     layout changed cannot reproduce the original routing, so it writes under a
     fresh producer id (at-least-once: no loss, possibly duplicates) and
     ``write_topic`` warns and reports those partitions.
+
+Credentials
+    Every read and write takes the caller's ``token`` (default ``RAYTOPICS_TOKEN``)
+    and the cluster checks it: the plan's layout read needs ``consume`` (a read)
+    or ``produce`` (a write) on the topic's namespace, so a refusal is raised by
+    ``read_topic`` / ``write_topic`` themselves, before any task runs. Spark and
+    Ray Data tasks present the same credential to the segments, so it travels in
+    their task closures (never in ``ReadPlan``, which callers get back).
 """
 
 from __future__ import annotations
@@ -56,19 +64,26 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import (
+    ActorDiedError,
+    ActorUnavailableError,
+    GetTimeoutError,
+    RayActorError,
+    RayTaskError,
+)
 
-from actors.dag_watch import read_layout
+from actors.dag_watch import fetch_layout
 from actors.segment import MAX_READ_RECORDS, segment_actor
 from clients._ray import background_loop
 from clients.checkpoint_consumer import Checkpoint
 from clients.producer import Producer
+from runtime.auth import Permission, client_credential
 from runtime.batch import PROPERTIES_TYPE
 from runtime.config import env_float
 from runtime.connect import connect
-from runtime.errors import InvalidArgumentError, UnavailableSegmentsError
+from runtime.errors import InvalidArgumentError, ScalableTopicsError, UnavailableSegmentsError
 from runtime.hashing import key_hashes
-from runtime.layout import SegmentInfo
+from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
 from runtime.remote import call
 from storage.catalog import Catalog
@@ -185,23 +200,26 @@ def plan_read(
     allow_partial: bool = False,
     unavailable_timeout_s: float | None = None,
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+    token: str | None = None,
 ) -> ReadPlan:
     """Fix the snapshot: one layout read, then every needed segment probed concurrently.
 
     Raises ``UnavailableSegmentsError`` naming every listed segment that did not
-    answer, unless ``allow_partial``; then they are in ``missing_segments``.
+    answer, unless ``allow_partial``; then they are in ``missing_segments``. The
+    ``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume``.
     """
+    credential = client_credential(token)
     name = TopicName.parse(topic)
     _check_bounds(name, start, end, subscription, rows_per_partition)
     timeout_s = float(
         DEFAULT_UNAVAILABLE_TIMEOUT_S if unavailable_timeout_s is None else unavailable_timeout_s
     )
     connect()
-    layout = read_layout(name)
+    layout = _layout(name, credential, Permission.CONSUME)
     wanted = _wanted_segments(layout.all_segments.values(), start, end)
-    probes = background_loop().run(_probe_all(name, wanted, subscription, timeout_s))
+    probes = background_loop().run(_probe_all(name, wanted, subscription, timeout_s, credential))
     silent = [w.info.segment_id for w, p in zip(wanted, probes, strict=True) if p is None]
-    missing = _still_listed(name, silent)
+    missing = _still_listed(name, silent, credential)
     if missing and not allow_partial:
         raise UnavailableSegmentsError(
             f"{name}: segments {missing} are listed in the layout (epoch {layout.epoch}) but "
@@ -257,52 +275,56 @@ def _wanted_segments(segments: Iterable[SegmentInfo], start: Bound, end: Bound) 
     return wanted
 
 
+def _layout(name: TopicName, credential: str | None, purpose: Permission) -> SegmentLayout:
+    """The topic's layout from the DAG watch (checked there for ``purpose``)."""
+    return background_loop().run(fetch_layout(name, credential, purpose))
+
+
 async def _probe_all(
-    name: TopicName, wanted: list[_Wanted], subscription: str | None, timeout_s: float
+    name: TopicName,
+    wanted: list[_Wanted],
+    subscription: str | None,
+    timeout_s: float,
+    credential: str | None,
 ) -> list[dict[str, Any] | None]:
     deadline = time.monotonic() + timeout_s
-    return list(
-        await asyncio.gather(
-            *(_probe(_segment_name(name, w.info), subscription, deadline) for w in wanted)
-        )
+    probes = (
+        _probe(_segment_name(name, w.info), subscription, deadline, credential) for w in wanted
     )
+    return list(await asyncio.gather(*probes))
 
 
 async def _probe(
-    segment: SegmentName, subscription: str | None, deadline: float
+    segment: SegmentName, subscription: str | None, deadline: float, credential: str | None
 ) -> dict[str, Any] | None:
-    """``ready()`` (and the subscription's cursor) of a running actor; None when it did not
-    answer by ``deadline``. Looks the actor up again after each failure, never creates it."""
+    """The end offset (and the subscription's cursor) of a running actor; None when it did
+    not answer by ``deadline``. Looks the actor up again after each failure, never creates
+    it."""
     while True:
         remaining = deadline - time.monotonic()
         try:
             handle = segment_actor(segment)
-            ready = await asyncio.wait_for(call(handle.ready.remote()), max(remaining, 0.001))
-            if subscription is not None:
-                cursor = await asyncio.wait_for(
-                    call(handle.position.remote(subscription)), max(remaining, 0.001)
-                )
-                ready = {**ready, "subscriptionPosition": cursor["position"]}
-            return ready
+            status = handle.position.remote(subscription, credential=credential)
+            return await asyncio.wait_for(call(status), max(remaining, 0.001))
         except (ValueError, TimeoutError, *_RESTART_ERRORS):
             if time.monotonic() + _RETRY_PAUSE_S >= deadline:
                 return None
             await asyncio.sleep(_RETRY_PAUSE_S)
 
 
-def _still_listed(name: TopicName, missing: list[int]) -> list[int]:
+def _still_listed(name: TopicName, missing: list[int], credential: str | None) -> list[int]:
     """Of the segments that did not answer, those the layout still lists: a segment pruned
     by retention while we probed it is no longer part of the topic, hence not required."""
     if not missing:
         return []
-    current = read_layout(name).all_segments
+    current = _layout(name, credential, Permission.CONSUME).all_segments
     return sorted(sid for sid in missing if sid in current)
 
 
 def _range_of(
     name: TopicName, wanted: _Wanted, probe: dict[str, Any], subscription: str | None
 ) -> SegmentRange:
-    first = probe["subscriptionPosition"] if subscription is not None else wanted.start
+    first = probe["position"] if subscription is not None else wanted.start
     last = probe["endOffset"] if wanted.end is None else wanted.end
     return SegmentRange(str(_segment_name(name, wanted.info)), wanted.info.segment_id, first, last)
 
@@ -321,8 +343,11 @@ def _segment_name(name: TopicName, info: SegmentInfo) -> SegmentName:
 # --- reading one range ---------------------------------------------------------------------
 
 
-def read_range(piece: SegmentRange, timeout_s: float) -> Iterator[pa.RecordBatch]:
-    """The records of ``piece`` as ``OUTPUT_SCHEMA`` batches, one actor read in flight ahead.
+def read_range(
+    piece: SegmentRange, timeout_s: float, credential: str | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The records of ``piece`` as ``OUTPUT_SCHEMA`` batches, one actor read in flight ahead
+    (each read presents ``credential``).
 
     Rides out a restart of the segment actor for up to ``timeout_s`` per outage;
     raises ``UnavailableSegmentsError`` when it does not come back, or when the
@@ -331,7 +356,7 @@ def read_range(piece: SegmentRange, timeout_s: float) -> Iterator[pa.RecordBatch
     and are skipped, as every reader skips them.
     """
     segment = SegmentName.parse(piece.segment)
-    reader = _RangeReader(segment, piece, timeout_s)
+    reader = _RangeReader(segment, piece, timeout_s, credential)
     offset = piece.start
     pending = reader.request(offset)
     while offset < piece.end:
@@ -347,10 +372,13 @@ def read_range(piece: SegmentRange, timeout_s: float) -> Iterator[pa.RecordBatch
 class _RangeReader:
     """Actor calls for one range, with bounded waits through actor restarts."""
 
-    def __init__(self, segment: SegmentName, piece: SegmentRange, timeout_s: float) -> None:
+    def __init__(
+        self, segment: SegmentName, piece: SegmentRange, timeout_s: float, credential: str | None
+    ) -> None:
         self.segment = segment
         self.piece = piece
         self.timeout_s = timeout_s
+        self.credential = credential
         self.handle: Any = None
 
     def request(self, offset: int) -> ray.ObjectRef | None:
@@ -359,7 +387,7 @@ class _RangeReader:
         except ValueError:
             return None  # receive() waits for the actor to come back
         count = min(MAX_READ_RECORDS, self.piece.end - offset)
-        return self.handle.read.remote(offset, count)
+        return self.handle.read.remote(offset, count, credential=self.credential)
 
     def receive(self, pending: ray.ObjectRef | None, offset: int) -> pa.RecordBatch:
         """Records from ``offset`` (or from the start offset, if retention passed it) up to
@@ -370,6 +398,10 @@ class _RangeReader:
                 if pending is None:
                     raise ValueError("no actor")
                 batch = ray.get(pending, timeout=max(deadline - time.monotonic(), 0.001))
+            except RayTaskError as err:  # the segment's own error (a refusal, say): as itself
+                if isinstance(err.cause, ScalableTopicsError):
+                    raise err.cause from None
+                raise
             except (ValueError, *_RESTART_ERRORS) as err:
                 self.handle = None
                 if time.monotonic() + _RETRY_PAUSE_S >= deadline:
@@ -421,9 +453,10 @@ def _with_derived_columns(batch: pa.RecordBatch, segment_id: int) -> pa.RecordBa
 # --- Ray Data -----------------------------------------------------------------------------
 
 
-def topic_datasource(plan: ReadPlan) -> Any:
-    """A Ray Data ``Datasource`` over a planned snapshot: one read task per range."""
-    return _datasource_class()(plan)
+def topic_datasource(plan: ReadPlan, *, token: str | None = None) -> Any:
+    """A Ray Data ``Datasource`` over a planned snapshot: one read task per range, each
+    presenting ``token`` (default ``RAYTOPICS_TOKEN``) to its segment."""
+    return _datasource_class()(plan, client_credential(token))
 
 
 @functools.cache
@@ -434,9 +467,10 @@ def _datasource_class() -> type:
     from ray.data.datasource import Datasource, ReadTask
 
     class TopicDatasource(Datasource):
-        def __init__(self, plan: ReadPlan) -> None:
+        def __init__(self, plan: ReadPlan, credential: str | None) -> None:
             super().__init__()
             self.plan = plan
+            self._credential = credential
 
         def get_name(self) -> str:
             return "ScalableTopic"
@@ -450,7 +484,7 @@ def _datasource_class() -> type:
             timeout_s = self.plan.unavailable_timeout_s
             return [
                 ReadTask(
-                    functools.partial(_read_tables, piece, timeout_s),
+                    functools.partial(_read_tables, piece, timeout_s, self._credential),
                     BlockMetadata(
                         num_rows=piece.rows,
                         size_bytes=piece.rows * _ROW_BYTES_ESTIMATE,
@@ -466,8 +500,10 @@ def _datasource_class() -> type:
     return TopicDatasource
 
 
-def _read_tables(piece: SegmentRange, timeout_s: float) -> Iterator[pa.Table]:
-    for batch in read_range(piece, timeout_s):
+def _read_tables(
+    piece: SegmentRange, timeout_s: float, credential: str | None
+) -> Iterator[pa.Table]:
+    for batch in read_range(piece, timeout_s, credential):
         yield pa.Table.from_batches([batch])
 
 
@@ -480,12 +516,14 @@ def read_topic_dataset(
     allow_partial: bool = False,
     unavailable_timeout_s: float | None = None,
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+    token: str | None = None,
 ) -> ray.data.Dataset:
     """The topic's snapshot as a Ray Dataset (``OUTPUT_SCHEMA``), read lazily by Ray tasks.
 
-    Bounds and completeness as in ``read_topic``; the result carries
+    Bounds, completeness and ``token`` as in ``read_topic``; the result carries
     ``missing_segments`` and ``read_plan`` (Ray Data transformations do not).
     """
+    credential = client_credential(token)
     plan = plan_read(
         topic,
         start=start,
@@ -494,10 +532,11 @@ def read_topic_dataset(
         allow_partial=allow_partial,
         unavailable_timeout_s=unavailable_timeout_s,
         rows_per_partition=rows_per_partition,
+        token=credential,
     )
     if plan.ranges:
         dataset = ray.data.read_datasource(
-            topic_datasource(plan), override_num_blocks=len(plan.ranges)
+            topic_datasource(plan, token=credential), override_num_blocks=len(plan.ranges)
         )
     else:
         dataset = ray.data.from_arrow(OUTPUT_SCHEMA.empty_table())
@@ -517,6 +556,7 @@ def read_topic(
     allow_partial: bool = False,
     unavailable_timeout_s: float | None = None,
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+    token: str | None = None,
 ) -> DataFrame:
     """The topic's snapshot as a Spark DataFrame with ``SPARK_SCHEMA``'s columns.
 
@@ -529,7 +569,12 @@ def read_topic(
     Raises ``UnavailableSegmentsError`` naming every listed segment that cannot
     be served; with ``allow_partial=True`` warns instead and the DataFrame's
     ``missing_segments`` names them (``()`` when complete).
+
+    ``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's namespace
+    when the cluster has an auth policy: a refusal is raised here, and the Spark
+    tasks present the same token to the segments.
     """
+    credential = client_credential(token)
     plan = plan_read(
         topic,
         start=start,
@@ -538,11 +583,12 @@ def read_topic(
         allow_partial=allow_partial,
         unavailable_timeout_s=unavailable_timeout_s,
         rows_per_partition=rows_per_partition,
+        token=credential,
     )
-    return _annotate(_plan_to_spark(spark, plan), plan)
+    return _annotate(_plan_to_spark(spark, plan, credential), plan)
 
 
-def _plan_to_spark(spark: SparkSession, plan: ReadPlan) -> DataFrame:
+def _plan_to_spark(spark: SparkSession, plan: ReadPlan, credential: str | None) -> DataFrame:
     """One Spark partition per range; each runs ``read_range`` in a Python worker.
 
     Not ``read_topic_dataset(...).to_spark(spark)``: RayDP converts Ray blocks
@@ -551,14 +597,14 @@ def _plan_to_spark(spark: SparkSession, plan: ReadPlan) -> DataFrame:
     outlive every re-evaluation of the DataFrame. Here Spark tasks read the
     segments themselves: any evaluation, or the recomputation of a lost
     partition, re-reads the same immutable offsets, and records cross one
-    process boundary less. The ranges travel in the task closure;
+    process boundary less. The ranges (and the credential) travel in the task closure;
     ``spark.range`` just numbers the partitions.
     """
     if not plan.ranges:
         return spark.createDataFrame([], SPARK_SCHEMA)
     count = len(plan.ranges)
     reader = functools.partial(
-        _spark_read_partition, _cluster(), plan.unavailable_timeout_s, plan.ranges
+        _spark_read_partition, _cluster(), plan.unavailable_timeout_s, plan.ranges, credential
     )
     return spark.range(0, count, 1, count).mapInArrow(reader, SPARK_SCHEMA)
 
@@ -567,12 +613,13 @@ def _spark_read_partition(
     cluster: dict[str, str],
     timeout_s: float,
     ranges: tuple[SegmentRange, ...],
+    credential: str | None,
     seeds: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     _join_ray(cluster)
     for seed in seeds:
         for index in seed.column("id").to_pylist():
-            yield from read_range(ranges[index], timeout_s)
+            yield from read_range(ranges[index], timeout_s, credential)
 
 
 def warm_up(spark: SparkSession) -> int:
@@ -634,6 +681,7 @@ class _WriteJob:
     epoch: int
     chunk_rows: int
     producer_config: dict[str, Any] = field(default_factory=dict)
+    credential: str | None = field(default=None, repr=False)
 
 
 def write_topic(
@@ -645,6 +693,7 @@ def write_topic(
     *,
     chunk_rows: int = DEFAULT_WRITE_CHUNK_ROWS,
     producer_config: dict[str, Any] | None = None,
+    token: str | None = None,
 ) -> WriteResult:
     """Publish every row of ``df`` to ``topic``: one producer per Spark partition, in parallel.
 
@@ -655,20 +704,25 @@ def write_topic(
     tasks do not duplicate (see the module docstring), provided a partition's
     rows come out the same on a retry, as for any idempotent Spark sink: persist
     or checkpoint a DataFrame whose lineage shuffles non-deterministically.
+
+    ``token`` (default ``RAYTOPICS_TOKEN``) needs ``produce`` on the topic's namespace
+    when the cluster has an auth policy: a refusal is raised here, before any task runs.
     """
     from pyspark.sql import functions as F
 
     name = TopicName.parse(topic)
     if chunk_rows < 1:
         raise InvalidArgumentError(f"chunk_rows must be positive, got {chunk_rows}")
+    credential = client_credential(token)
     connect()
     job = _WriteJob(
         _cluster(),
         str(name),
         uuid.uuid4().hex,
-        read_layout(name).epoch,
+        _layout(name, credential, Permission.PRODUCE).epoch,
         chunk_rows,
         dict(producer_config or {}),
+        credential,
     )
     key = F.col(key_col).cast("string") if key_col else F.lit(None).cast("string")
     properties = F.col(properties_col) if properties_col else F.lit(None).cast("map<string,string>")
@@ -707,7 +761,7 @@ def _spark_write_partition(
     partition = context.partitionId()
     _join_ray(job.cluster)
     retry = not _first_attempt(job, partition)
-    exactly_once = not retry or read_layout(TopicName.parse(job.topic)).epoch == job.epoch
+    exactly_once = not retry or _job_layout(job).epoch == job.epoch
     producer_id = f"spark-write-{job.write_id}-{partition}"
     if not exactly_once:
         producer_id += f"-retry-{uuid.uuid4().hex[:8]}"
@@ -716,6 +770,10 @@ def _spark_write_partition(
     yield pa.RecordBatch.from_pydict(
         {**summary, "exactly_once": [exactly_once]}, schema=_WRITE_SUMMARY_ARROW
     )
+
+
+def _job_layout(job: _WriteJob) -> SegmentLayout:
+    return _layout(TopicName.parse(job.topic), job.credential, Permission.PRODUCE)
 
 
 def _first_attempt(job: _WriteJob, partition: int) -> bool:
@@ -732,7 +790,10 @@ def _produce(job: _WriteJob, producer_id: str, batches: Iterator[pa.RecordBatch]
     early instead of after the whole partition was sent.
     """
     rows, pending = 0, deque()
-    with Producer(job.topic, producer_id=producer_id, **job.producer_config) as producer:
+    token = job.credential or ""  # the writer's, never the executor's environment's
+    with Producer(
+        job.topic, token=token, producer_id=producer_id, **job.producer_config
+    ) as producer:
         for chunk in _rechunk(batches, job.chunk_rows):
             values, keys = chunk.column("value"), chunk.column("key")
             pending.append(producer.send_batch(values, keys, chunk.column("properties")))

@@ -20,7 +20,7 @@ from clients._group_consumer import (
     run_on_loop,
 )
 from clients.message import Message, highest_offsets
-from runtime.auth import Permission, authorize_client
+from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
 
@@ -40,15 +40,15 @@ class StreamConsumer(GroupConsumer):
         token: str | None = None,
         **config: Any,
     ) -> None:
-        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` when auth is on."""
-        name = TopicName.parse(topic)
-        authorize_client(token, Permission.CONSUME, name)
+        """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
+        namespace when the cluster has an auth policy; a refusal is raised here."""
         self._core = GroupConsumerCore(
-            name,
+            TopicName.parse(topic),
             subscription,
             consumer_name,
             acknowledges=True,
             config=ConsumerConfig(**config),
+            credential=client_credential(token),
         )
         run_on_loop(self._core.start())
 

@@ -251,10 +251,7 @@ def default_token() -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
-def authorize_client(token: str | None, permission: Permission, topic: Any) -> None:
-    """Check a data-plane client (producer, consumer) against the operator's policy.
-
-    ``topic`` is a ``TopicName``; the token defaults to ``RAYTOPICS_TOKEN``.
-    """
-    token = token if token is not None else default_token()
-    AuthPolicy.from_env().authorize(token, permission, f"{topic.tenant}/{topic.namespace}")
+def client_credential(token: str | None) -> str | None:
+    """What a client presents: its ``token`` argument, else ``RAYTOPICS_TOKEN``. An
+    empty string is "no token", not "look in the environment"."""
+    return token if token is not None else default_token()

@@ -218,6 +218,13 @@ class SendTimeoutError(UnavailableError):
     code = "send_timeout"
 
 
+class TlsError(UnavailableError):
+    """A segment's data plane could not be reached securely: one side speaks TLS and the
+    other does not, or the server's certificate is not trusted (or not for its address)."""
+
+    code = "tls_error"
+
+
 class ClientClosedError(ScalableTopicsError):
     code = "closed"
     http_status = 409

@@ -8,14 +8,28 @@ plane: it finds, starts and restarts the actor and hands out its address).
 Append frames carry the Arrow IPC bytes the log stores, untouched; a read is
 answered with the delivery batch as an Arrow IPC stream.
 
+    hello    = u32 length | u8 op=HELLO | u8 wire version | u8 access wanted
+               (1 produce, 2 consume) | credential (UTF-8, the rest of the frame)
     append   = u32 length | u8 op=APPEND | u16 len(producer id) | producer id
                | i64 sequence (-1: none) | Arrow IPC stream bytes
     read     = u32 length | u8 op=READ | i64 offset | u32 max records | u32 wait ms
                | i64 cumulative ack (-1: none) | u16 len(subscription) | subscription
+    welcome  = u32 length | u8 status=OK | u8 access granted
     appended = u32 length | u8 status=OK | i64 base offset | i64 count
     records  = u32 length | u8 status=OK | i64 end offset | u8 terminated
                | Arrow IPC stream bytes (the delivery batch)
     error    = u32 length | u8 status=ERROR | JSON {"error": code, "message": ...}
+
+Anyone who can reach a segment's port can send it bytes, so the first frame of
+every connection is a HELLO and the segment looks at nothing else until it has
+checked the credential in it (against the cluster's policy) for the access the
+client asks for. It is checked once per connection, not per frame: an accepted
+connection then carries append frames if it was granted produce and read frames
+if it was granted consume. A refusal is an error frame, after which the segment
+closes the connection. A client sends its HELLO and its first frames together,
+so the handshake costs no round trip. Before the HELLO is accepted a frame may
+be at most ``MAX_HELLO`` bytes: an unauthenticated peer cannot make the segment
+hold a large buffer.
 
 A read's cumulative ack, applied before it reads, saves the consumer a call per
 acknowledgement. Responses come back in request order on each connection.
@@ -28,7 +42,13 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from runtime.errors import InvalidArgumentError, ScalableTopicsError, error_from_code
+from runtime.errors import (
+    InvalidArgumentError,
+    ScalableTopicsError,
+    UnauthenticatedError,
+    UnauthorizedError,
+    error_from_code,
+)
 
 LENGTH = struct.Struct("!I")
 _REQUEST = struct.Struct("!BH")
@@ -37,11 +57,21 @@ _OK = struct.Struct("!Bqq")
 _OK_FRAME = struct.Struct("!IBqq")  # length prefix and body in one pack
 _READ = struct.Struct("!BqIIqH")
 _RECORDS = struct.Struct("!BqB")
+_HELLO = struct.Struct("!BBB")
+_WELCOME = struct.Struct("!BB")
 OP_APPEND = 1
 OP_READ = 2
+OP_HELLO = 3
 STATUS_OK = 0
 STATUS_ERROR = 1
 MAX_FRAME = 256 << 20
+WIRE_VERSION = 1
+MAX_CREDENTIAL = 4096  # bytes of UTF-8; tokens are tens of characters
+MAX_HELLO = _HELLO.size + MAX_CREDENTIAL
+# What a connection may carry (bits of the HELLO's access byte).
+PRODUCE = 1
+CONSUME = 2
+_ACCESS = PRODUCE | CONSUME
 
 
 def frame_at(buffer: bytes | bytearray, start: int, end: int) -> tuple[int, int] | None:
@@ -55,6 +85,60 @@ def frame_at(buffer: bytes | bytearray, start: int, end: int) -> tuple[int, int]
         raise InvalidArgumentError(f"data plane frame of {length} bytes, over {MAX_FRAME}")
     body = start + LENGTH.size
     return (body, body + length) if end - body >= length else None
+
+
+class Endpoint(NamedTuple):
+    """Where a segment's data plane listens, and whether it speaks TLS there."""
+
+    host: str
+    port: int
+    tls: bool = False
+
+
+def encode_hello(credential: str | None, access: int) -> bytes:
+    """The first frame of a connection: ``access`` is ``PRODUCE``, ``CONSUME`` or both."""
+    token = (credential or "").encode()
+    if len(token) > MAX_CREDENTIAL:
+        raise InvalidArgumentError(f"a credential of {len(token)} bytes, over {MAX_CREDENTIAL}")
+    return (
+        LENGTH.pack(_HELLO.size + len(token)) + _HELLO.pack(OP_HELLO, WIRE_VERSION, access) + token
+    )
+
+
+def decode_hello(body: bytes | memoryview) -> tuple[str | None, int]:
+    """(credential, access wanted) of a connection's first frame. Anything else
+    (an append or read frame, garbage) is ``UnauthenticatedError``: the segment
+    looks at no frame before the HELLO."""
+    if len(body) < _HELLO.size or body[0] != OP_HELLO:
+        raise UnauthenticatedError("the first frame of a data plane connection must be a HELLO")
+    _, version, access = _HELLO.unpack_from(body)
+    if version != WIRE_VERSION:
+        raise InvalidArgumentError(f"data plane wire version {version}, expected {WIRE_VERSION}")
+    if access == 0 or access & ~_ACCESS:
+        raise InvalidArgumentError(f"data plane access {access}: 1 (produce), 2 (consume) or 3")
+    try:
+        credential = bytes(body[_HELLO.size :]).decode()
+    except UnicodeDecodeError:
+        raise UnauthenticatedError("the presented credential is not valid") from None
+    return credential or None, access
+
+
+def encode_welcome(granted: int) -> bytes:
+    return LENGTH.pack(_WELCOME.size) + _WELCOME.pack(STATUS_OK, granted)
+
+
+def decode_welcome(body: bytes) -> int:
+    """The access granted, or raise the typed error that refused the connection."""
+    if body[0] != STATUS_OK:
+        _raise_error(body)
+    if len(body) != _WELCOME.size:
+        raise InvalidArgumentError("the segment did not answer the data plane HELLO")
+    return _WELCOME.unpack(body)[1]
+
+
+def is_refusal(error: Exception) -> bool:
+    """Whether an error frame ended the connection (authentication or authorization)."""
+    return isinstance(error, UnauthenticatedError | UnauthorizedError)
 
 
 def is_append(body: bytes | memoryview) -> bool:
@@ -167,6 +251,14 @@ def decode_response(body: bytes) -> tuple[int, int]:
     return base, count
 
 
+def decode_error(body: bytes) -> ScalableTopicsError:
+    """The typed error of an error frame's body."""
+    try:
+        data = json.loads(body[1:])
+        return error_from_code(data.get("error"), data.get("message", "data plane error"), 409)
+    except (ValueError, AttributeError):
+        return InvalidArgumentError("the segment sent a malformed error frame")
+
+
 def _raise_error(body: bytes) -> None:
-    data = json.loads(body[1:])
-    raise error_from_code(data.get("error"), data.get("message", "data plane error"), 409)
+    raise decode_error(body)

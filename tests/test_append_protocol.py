@@ -1,5 +1,7 @@
 """The segment data plane's server protocol over real loopback TCP: framing, buffer growth,
-frames split across reads, and order kept when some frames must wait their turn."""
+frames split across reads, and order kept when some frames must wait their turn; each
+connection first admitted by a HELLO (any credential passes here: admission has its own
+tests in test_data_plane.py and test_auth_data.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,31 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.data_plane import DataPlaneProtocol
+from actors.data_plane import DataPlaneServer, HandleLater, HandleNow
 from runtime import wire
+
+EVERYTHING = wire.PRODUCE | wire.CONSUME  # the test's frames are neither appends nor reads
 
 
 def frame(body: bytes) -> bytes:
     return wire.LENGTH.pack(len(body)) + body
+
+
+def admit_all(credential: str | None, access: int) -> None:
+    """An authorization that lets every HELLO in."""
+
+
+async def connect(
+    handle_now: HandleNow, handle_later: HandleLater
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A server with these handlers on loopback, and a connection to it past its HELLO."""
+    server = DataPlaneServer(handle_now, handle_later, admit_all, lambda: 0)
+    endpoint = await server.start("127.0.0.1", None)
+    reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+    writer.write(wire.encode_hello("any", EVERYTHING))
+    (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
+    assert wire.decode_welcome(await reader.readexactly(length)) == EVERYTHING
+    return reader, writer
 
 
 async def exchange(bodies: list[bytes], cuts: random.Random) -> list[tuple[int, int]]:
@@ -38,10 +59,7 @@ async def exchange(bodies: list[bytes], cuts: random.Random) -> list[tuple[int, 
         await asyncio.sleep(0.001)
         return wire.encode_ok(next(seen), len(body))
 
-    server = await asyncio.get_running_loop().create_server(
-        lambda: DataPlaneProtocol(now, later), "127.0.0.1", 0
-    )
-    reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+    reader, writer = await connect(now, later)
     stream = b"".join(frame(body) for body in bodies)
     position = 0
     while position < len(stream):
@@ -54,7 +72,6 @@ async def exchange(bodies: list[bytes], cuts: random.Random) -> list[tuple[int, 
         (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
         responses.append(wire.decode_response(await reader.readexactly(length)))
     writer.close()
-    server.close()
     return responses
 
 
@@ -75,13 +92,13 @@ def test_frames_answered_in_order_whatever_their_sizes_and_cuts(sizes, waits, se
 
 def test_an_oversized_length_closes_the_connection() -> None:
     async def run() -> bytes:
-        server = await asyncio.get_running_loop().create_server(
-            lambda: DataPlaneProtocol(lambda bodies: [], None), "127.0.0.1", 0
-        )
-        reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        async def never(body: bytes) -> bytes:
+            raise AssertionError("nothing is answered")
+
+        reader, writer = await connect(lambda bodies: [], never)
         writer.write(wire.LENGTH.pack(wire.MAX_FRAME + 1))
         answer = await asyncio.wait_for(reader.read(), timeout=5)
-        server.close()
+        writer.close()
         return answer
 
     assert asyncio.run(run()) == b""

@@ -1,9 +1,10 @@
 """Tokens x tenants x operations, each allowed or refused exactly as configured.
 
 Over real HTTP on loopback (a gateway started with the policy) and through the
-Python clients (``ScalableTopicsAdmin``, ``Producer``, ``QueueConsumer``) reading
-the operator's token file. The expected table is written out by hand here, not
-derived from the policy code, so the test checks the policy rather than mirrors it.
+Python clients: ``ScalableTopicsAdmin`` reading the operator's token file,
+``Producer`` and ``QueueConsumer`` checked by the cluster against the stored
+policy. The expected table is written out by hand here, not derived from the
+policy code, so the test checks the policy rather than mirrors it.
 A refused request must leave every metadata entry byte-for-byte as it was.
 """
 
@@ -156,7 +157,19 @@ def _client_op(op: str, topic: str, token: str | None) -> None:
         QueueConsumer(topic, "q", token=token).close()
 
 
-def test_python_clients_matrix(world: dict[str, Any], policy_file: str, monkeypatch, kv_snapshot):
+@pytest.fixture
+def stored_policy(policy_file: str) -> Iterator[None]:
+    """The policy in the cluster's metadata, where segments and the DAG watch read it."""
+    from storage.catalog import Catalog
+
+    Catalog().replace_auth(AuthPolicy.from_file(policy_file))
+    yield
+    Catalog().disable_auth()
+
+
+def test_python_clients_matrix(
+    world: dict[str, Any], policy_file: str, stored_policy: None, monkeypatch, kv_snapshot
+):
     monkeypatch.setenv("RAYTOPICS_AUTH_TOKENS_FILE", policy_file)
     for caller in CALLERS:
         token = SECRET[caller]

@@ -1,8 +1,9 @@
-"""The segment data plane: wire format, typed errors over TCP, reconnect and resend."""
+"""The segment data plane: wire format, typed errors over TCP, reconnect and resend, the HELLO."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import signal
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pytest
 import ray
 
+from actors import data_plane
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from clients._data_plane import _WRITE_AHEAD, ChannelError, ReadChannel, SegmentChannel
@@ -21,6 +23,8 @@ from runtime.errors import (
     SegmentTerminated,
     StaleEpochError,
     SubscriptionNotFoundError,
+    UnauthenticatedError,
+    UnauthorizedError,
 )
 from runtime.names import SegmentName
 from storage.segment_log import Durability
@@ -125,6 +129,18 @@ def test_a_refused_sequence_does_not_hold_up_the_next(segment):
     asyncio.run(scenario())
 
 
+async def raw_connection(
+    segment, access: int = wire.PRODUCE | wire.CONSUME
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A plain connection past the HELLO (authentication is off in these tests)."""
+    endpoint = await segment.data_endpoint.remote()
+    reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+    writer.write(wire.encode_hello(None, access))
+    (welcome,) = await _responses(reader, 1)
+    assert wire.decode_welcome(welcome) == access
+    return reader, writer
+
+
 async def _responses(reader: asyncio.StreamReader, count: int) -> list[bytes]:
     bodies = []
     for _ in range(count):
@@ -140,9 +156,8 @@ def test_frames_of_one_read_are_stored_together_and_wait_for_their_turn(segment)
     batch = [serialize_batch(make_batch([f"{i}".encode()])) for i in range(5)]
 
     async def scenario():
-        host, port = await segment.data_endpoint.remote()
-        first = await asyncio.open_connection(host, port)
-        early = await asyncio.open_connection(host, port)
+        first = await raw_connection(segment)
+        early = await raw_connection(segment)
         first[1].write(wire.encode_append("p", 0, batch[0]))
         assert [wire.decode_response(r) for r in await _responses(first[0], 1)] == [(0, 1)]
         early[1].write(
@@ -257,7 +272,7 @@ def test_reads_and_appends_share_a_connection_in_order(segment):
     payloads = [serialize_batch(make_batch([v])) for v in (b"one", b"two")]
 
     async def scenario():
-        reader, writer = await asyncio.open_connection(*await segment.data_endpoint.remote())
+        reader, writer = await raw_connection(segment)
         writer.write(
             wire.encode_append("p", 0, payloads[0])
             + wire.encode_read(read_request(0))
@@ -290,3 +305,120 @@ def test_a_read_channel_reconnects_after_a_segment_crash(segment):
         reader.close()
 
     asyncio.run(scenario())
+
+
+def test_hello_frames_round_trip_and_refuse_what_is_not_one():
+    frame = wire.encode_hello("a-token", wire.PRODUCE | wire.CONSUME)
+    assert wire.decode_hello(frame[4:]) == ("a-token", 3)
+    assert wire.decode_hello(wire.encode_hello(None, wire.CONSUME)[4:]) == (None, 2)
+    assert wire.decode_welcome(wire.encode_welcome(wire.PRODUCE)[4:]) == wire.PRODUCE
+    append = wire.encode_append("p", 0, b"x")[4:]
+    with pytest.raises(UnauthenticatedError, match="HELLO"):
+        wire.decode_hello(append)
+    with pytest.raises(InvalidArgumentError, match="version"):
+        wire.decode_hello(bytes([wire.OP_HELLO, 99, 1]))
+    for access in (0, 4, 255):
+        with pytest.raises(InvalidArgumentError, match="access"):
+            wire.decode_hello(bytes([wire.OP_HELLO, wire.WIRE_VERSION, access]))
+    with pytest.raises(UnauthenticatedError):
+        wire.decode_hello(bytes([wire.OP_HELLO, wire.WIRE_VERSION, 1]) + b"\xff\xfe")
+    with pytest.raises(InvalidArgumentError, match="credential"):
+        wire.encode_hello("x" * (wire.MAX_CREDENTIAL + 1), wire.PRODUCE)
+    refusal = wire.encode_error(UnauthorizedError("no"))[4:]
+    with pytest.raises(UnauthorizedError):
+        wire.decode_welcome(refusal)
+    assert wire.is_refusal(wire.decode_error(refusal))
+
+
+def test_an_append_without_a_hello_is_refused_even_with_auth_off(segment):
+    """The HELLO is part of the protocol, not of the policy: a bare append is never looked at."""
+
+    async def scenario():
+        endpoint = await segment.data_endpoint.remote()
+        assert not endpoint.tls
+        reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+        writer.write(wire.encode_append("p", 0, serialize_batch(make_batch([b"sneaked"]))))
+        (refusal,) = await _responses(reader, 1)
+        assert await reader.read() == b"", "the segment closes the connection"
+        writer.close()
+        return refusal
+
+    with pytest.raises(UnauthenticatedError, match="HELLO"):
+        wire.decode_response(asyncio.run(scenario()))
+    assert (ray.get(segment.position.remote("s")))["endOffset"] == 0
+
+
+class _Policy:
+    """A policy as the data plane sees it: who may have which access, and a version."""
+
+    def __init__(self) -> None:
+        self.version = 1
+        self.grants = {"good-token": wire.PRODUCE | wire.CONSUME, "reader": wire.CONSUME}
+
+    def authorize(self, credential: str | None, access: int) -> None:
+        if credential not in self.grants:
+            raise UnauthenticatedError("the presented token is not valid")
+        if access & ~self.grants[credential]:
+            raise UnauthorizedError("not granted")
+
+
+@pytest.fixture
+def plane(monkeypatch):
+    """A real data plane server on loopback, in this process, that stores frames in a list."""
+    monkeypatch.setattr(data_plane, "HELLO_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(data_plane, "RECHECK_S", 0.05)
+    policy, stored = _Policy(), []
+
+    def handle_now(bodies):
+        stored.extend(bytes(b) for b in bodies)
+        return [wire.encode_ok(len(stored) - 1, 1) for _ in bodies]
+
+    async def handle_later(body):
+        raise AssertionError("nothing parks here")
+
+    server = data_plane.DataPlaneServer(
+        handle_now, handle_later, policy.authorize, lambda: policy.version
+    )
+    return server, policy, stored
+
+
+def test_the_data_plane_admits_rechecks_and_times_out(plane):
+    server, policy, stored = plane
+    append = wire.encode_append(None, None, b"payload")
+
+    async def scenario():
+        endpoint = await server.start("127.0.0.1", None)
+        connect = functools.partial(asyncio.open_connection, endpoint.host, endpoint.port)
+        # Silent: closed once the HELLO is overdue.
+        silent_reader, silent = await connect()
+        (overdue,) = await _responses(silent_reader, 1)
+        assert await silent_reader.read() == b""
+        # A stranger announcing a huge first frame: refused at once, nothing buffered.
+        huge_reader, huge = await connect()
+        huge.write(wire.LENGTH.pack(wire.MAX_FRAME) + b"x" * 1000)
+        (too_big,) = await _responses(huge_reader, 1)
+        # Accepted, then revoked: the next version refuses the open connection.
+        reader, writer = await connect()
+        writer.write(wire.encode_hello("good-token", wire.PRODUCE) + append)
+        welcome, appended = await _responses(reader, 2)
+        assert wire.decode_welcome(welcome) == wire.PRODUCE
+        assert wire.decode_response(appended) == (0, 1)
+        del policy.grants["good-token"]
+        policy.version += 1
+        (revoked,) = await asyncio.wait_for(_responses(reader, 1), timeout=5)
+        assert await reader.read() == b""
+        writer.write(append)  # the segment stopped reading: never stored
+        await asyncio.sleep(0.1)
+        for w in (silent, huge, writer):
+            w.close()
+        return overdue, too_big, revoked
+
+    overdue, too_big, revoked = asyncio.run(scenario())
+    with pytest.raises(UnauthenticatedError, match="no data plane HELLO"):
+        wire.decode_response(overdue)
+    with pytest.raises(UnauthenticatedError, match="must be a HELLO"):
+        wire.decode_response(too_big)
+    with pytest.raises(UnauthenticatedError, match="not valid"):
+        wire.decode_response(revoked)
+    assert stored == [wire.encode_append(None, None, b"payload")[4:]]
+    assert not server.connections

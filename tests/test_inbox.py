@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,3 +47,18 @@ def test_a_waiting_receiver_wakes_when_a_batch_arrives() -> None:
     inbox: Inbox[list[str]] = Inbox()
     threading.Timer(0.05, inbox.put, args=(["a", "b"],)).start()
     assert inbox.get_batches(10, timeout_s=5) == [(None, ["a", "b"])]
+
+
+def test_a_failure_comes_after_what_was_handed_over_and_wakes_a_waiter() -> None:
+    inbox: Inbox[list[str]] = Inbox()
+    inbox.put(["a", "b"])
+    inbox.fail(PermissionError("refused"))
+    inbox.fail(PermissionError("a later failure is not the one reported"))
+    assert inbox.get_batches(10, 0) == [(None, ["a", "b"])]
+    for _ in range(2):  # every later take raises it
+        with pytest.raises(PermissionError, match="^refused$"):
+            inbox.get_batches(10, 0)
+    waiting: Inbox[list[str]] = Inbox()
+    threading.Timer(0.05, waiting.fail, args=(PermissionError("revoked"),)).start()
+    with pytest.raises(PermissionError, match="revoked"):
+        waiting.get(timeout_s=5)

@@ -25,7 +25,7 @@ from clients.spark import (
     write_topic,
 )
 from runtime.batch import make_batch
-from runtime.errors import UnavailableSegmentsError
+from runtime.errors import UnauthenticatedError, UnauthorizedError, UnavailableSegmentsError
 from runtime.hashing import key_hash
 from runtime.names import TopicName
 from storage.segment_log import default_storage_root
@@ -287,3 +287,61 @@ def test_write_properties_and_unkeyed_rows(admin, spark, unique) -> None:
     got = {bytes(r.value).decode(): r.properties for r in rows}
     assert got == {f"v{i}": ({"i": str(i)} if i % 2 else None) for i in range(100)}
     admin.delete_scalable_topic(topic)
+
+
+def test_reads_and_writes_present_the_callers_token(admin, spark, unique, monkeypatch) -> None:
+    """With a policy in the cluster, ``read_topic`` / ``write_topic`` are refused before any
+    Spark task runs unless the token may consume / produce (no token, a wrong, a revoked
+    or another namespace's token: refused), and the Spark tasks present the caller's
+    token to the segments (whose checks would refuse them otherwise)."""
+    from actors.guard import REFRESH_S
+    from runtime.auth import AuthPolicy
+    from storage.catalog import Catalog
+
+    monkeypatch.delenv("RAYTOPICS_TOKEN", raising=False)
+    source, target = f"topic://spark/auth/src-{unique}", f"topic://spark/auth/dst-{unique}"
+    admin.create_scalable_topic(source, num_segments=2)
+    admin.create_scalable_topic(target, num_segments=1)
+    with Producer(source) as producer:
+        send(producer, 0, 1_000)
+    names = ("reader", "writer", "other", "revoked")
+    tokens = {name: f"spark-{name}-token-0123456789" for name in names}
+    grants = {"reader": ("spark/auth", "consume"), "writer": ("spark/auth", "produce")}
+    grants |= {"other": ("spark/elsewhere", "consume"), "revoked": ("spark/auth", "consume")}
+
+    def store(given: dict[str, tuple[str, str]]) -> None:
+        doc = [
+            {
+                "principal": name,
+                "token": tokens[name],
+                "grants": [{"namespace": ns, "actions": [action]}],
+            }
+            for name, (ns, action) in given.items()
+        ]
+        Catalog().replace_auth(AuthPolicy.from_config({"tokens": doc}))
+
+    store(grants)
+    store({name: grant for name, grant in grants.items() if name != "revoked"})
+    time.sleep(1.5 * REFRESH_S)  # every process applies a stored policy within REFRESH_S
+    try:
+        with pytest.raises(UnauthenticatedError):
+            read_topic(spark, source)
+        with pytest.raises(UnauthenticatedError):
+            read_topic(spark, source, token="not-a-token-of-this-cluster")
+        with pytest.raises(UnauthenticatedError):
+            read_topic(spark, source, token=tokens["revoked"])
+        with pytest.raises(UnauthorizedError):
+            read_topic(spark, source, token=tokens["other"])
+        with pytest.raises(UnauthorizedError):
+            read_topic(spark, source, token=tokens["writer"])
+        df = read_topic(spark, source, token=tokens["reader"])
+        assert df.count() == 1_000
+        with pytest.raises(UnauthorizedError):
+            write_topic(df, target, token=tokens["reader"])
+        assert write_topic(df, target, token=tokens["writer"]).rows == 1_000
+    finally:
+        Catalog().disable_auth()
+        time.sleep(1.5 * REFRESH_S)
+    assert admin.get_stats(target)["records"] == 1_000, "the refused write stored nothing"
+    admin.delete_scalable_topic(source)
+    admin.delete_scalable_topic(target)
