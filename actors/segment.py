@@ -21,6 +21,7 @@ import pyarrow as pa
 import ray
 
 from actors.appender import SegmentAppender
+from actors.capacity import segment_memory
 from actors.data_plane import DataPlaneProtocol
 from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
@@ -284,7 +285,9 @@ def segment_actor(
     durability = durability or Durability.from_env()
     root = str(storage_root or default_storage_root())
     args = (str(name), root, asdict(durability), initialize, incarnation)
-    return get_or_start(SegmentActor, name.actor_name, *args, topic=name.topic)
+    return get_or_start(
+        SegmentActor, name.actor_name, *args, topic=name.topic, memory=segment_memory()
+    )
 
 
 async def find_segment_actor(
