@@ -366,8 +366,10 @@ class ScalableTopicController:
         the next incarnation finishes it; the other order could leave files no record names."""
         for subscription in self.catalog.subscriptions(self.topic):
             await self._stop_coordinator(subscription)
-        for segment in self._read_record().layout.all_segments.values():
-            await self.fleet.destroy(segment.name(self.topic), self.epoch)
+        segments = self._read_record().layout.all_segments.values()
+        await asyncio.gather(
+            *(self.fleet.destroy(s.name(self.topic), self.epoch) for s in segments)
+        )
         self.fleet.delete_incarnation()
         self.catalog.delete_topic(self.topic)
 
