@@ -33,7 +33,7 @@ from runtime.errors import (
     SegmentNotFoundError,
     UnavailableError,
 )
-from runtime.limits import namespace_limits
+from runtime.limits import LiveLimits
 from runtime.names import SegmentName
 from storage.catalog import Catalog
 from storage.cursors import Position
@@ -82,10 +82,9 @@ class SegmentActor:
         self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
         self._metrics = SegmentMetrics(self._name)
-        # The authority on sizes; read once per incarnation, so a changed limit
-        # applies to a segment from its next start.
+        # The authority on sizes, following the operator's changes within seconds.
         namespace = f"{self._name.topic.tenant}/{self._name.topic.namespace}"
-        limits = namespace_limits(Catalog(), namespace)
+        limits = LiveLimits(Catalog(), namespace)
         self._appender = SegmentAppender(
             self._name, self._store, limits, self._metrics, self._appended
         )

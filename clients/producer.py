@@ -59,7 +59,7 @@ from runtime.errors import (
 )
 from runtime.hashing import key_hashes
 from runtime.layout import SegmentLayout
-from runtime.limits import batch_slices, namespace_limits
+from runtime.limits import LiveLimits, batch_slices
 from runtime.names import TopicName
 from runtime.remote import call
 from runtime.routing import partition
@@ -381,7 +381,7 @@ class _ProducerCore:
         self.watch = DagWatch(topic)
         self.layout = self.watch.layout
         namespace = f"{topic.tenant}/{topic.namespace}"
-        self.limits = namespace_limits(Catalog(), namespace)
+        self.limits = LiveLimits(Catalog(), namespace)
         self.senders: dict[int, _SegmentSender] = {}
         self.routing_open = asyncio.Event()
         self.routing_open.set()
@@ -503,8 +503,8 @@ class _ProducerCore:
 
     def batch_limits(self) -> tuple[int, int]:
         """Most messages and bytes one append may carry."""
-        max_messages = min(self.config.batch_max_records, self.limits.max_batch_messages)
-        return max_messages, self.limits.max_batch_bytes
+        limits = self.limits.current
+        return min(self.config.batch_max_records, limits.max_batch_messages), limits.max_batch_bytes
 
     def _add_senders(self) -> None:
         """A sender for every active segment of the layout just adopted, so each looks
@@ -640,7 +640,7 @@ class Producer:
             raise InvalidArgumentError("properties must be a dict of str to str")
         core, sink = self._open(), _MessageSink()
         size = len(value) + (len(key.encode()) if key else 0)
-        core.limits.check_message(size)
+        core.limits.current.check_message(size)
         core.charge(size + _ROW_OVERHEAD)
         self._track(sink.future)
         core.submit(("one", bytes(value), key, properties, sink), 1)
@@ -665,7 +665,7 @@ class Producer:
             sink.future.set_result(BatchResult(sink.segment_ids, sink.offsets))
             return sink.future
         core = self._open()
-        core.limits.check_message(int(message_sizes(batch).max()))
+        core.limits.current.check_message(int(message_sizes(batch).max()))
         core.charge(_charge(batch))
         self._track(sink.future)
         core.submit(("bulk", batch, sink), batch.num_rows)
