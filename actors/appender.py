@@ -21,7 +21,7 @@ from actors.metrics import SegmentMetrics
 from runtime import wire
 from runtime.batch import deserialize_batch
 from runtime.errors import OutOfOrderSequenceError, ScalableTopicsError
-from runtime.limits import Limits
+from runtime.limits import LiveLimits
 from runtime.names import SegmentName
 from storage.segment_log import Append, AppendResult
 from storage.segment_store import SegmentStore
@@ -34,14 +34,14 @@ class SegmentAppender:
         self,
         name: SegmentName,
         store: SegmentStore,
-        limits: Limits,
+        limits: LiveLimits,
         metrics: SegmentMetrics,
         on_appended: Callable[[], None],
     ) -> None:
         """``on_appended``: called after every stored group (wakes long-polling readers)."""
         self._name = name
         self._store = store
-        self._limits = limits  # read once per incarnation: a changed limit applies from the next
+        self._limits = limits
         self._metrics = metrics
         self._on_appended = on_appended
         self._turns: dict[str, asyncio.Event] = {}
@@ -151,7 +151,7 @@ class SegmentAppender:
     def _admit(self, append: Append) -> None:
         """Limits are checked before anything is written."""
         try:
-            self._limits.check_batch(append.batch)
+            self._limits.current.check_batch(append.batch)
         except ScalableTopicsError as err:
             self._metrics.rejected(err.code)
             self._refuse(append.producer_id, append.sequence)

@@ -32,6 +32,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from actors.capacity import check_capacity
 from actors.coordinator import coordinator_actor
 from actors.dag_watch import dag_watch_actor
 from actors.guard import guard
@@ -142,6 +143,7 @@ class ScalableTopicController:
         """Write the epoch-0 layout (with the create recorded), then start its segments."""
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
+        check_capacity(f"creating {self.topic}", self.topic, num_segments)
         op = PendingOperation(kind="create", request_id=uuid.uuid4().hex, base_epoch=0)
         record = TopicRecord.new(layout, new_incarnation(), self.epoch, pending_operation=op)
         async with self._lock:
@@ -185,6 +187,8 @@ class ScalableTopicController:
                 known_next_segment_id=identity.next_segment_id if identity else 0,
                 properties=identity.properties if identity else None,
             )
+            starting = len(plan.layout.all_segments) - self.fleet.leftover_segments()
+            check_capacity(f"recovering {self.topic}", self.topic, starting)
             self.epoch = self.catalog.elect(self.topic, at_least=plan.controller_epoch)
             self.metrics.leader(self.epoch)
             self.fleet.incarnation = stored.incarnation
@@ -280,6 +284,9 @@ class ScalableTopicController:
             if added > 0:
                 active_now = len(record.layout.active_segments)
                 check_room(self.catalog, self.topic, added, active_now=active_now)
+            # Sealed parents keep their actors (they serve their backlog), so every child
+            # is a new process.
+            check_capacity(_describe(op, self.topic), self.topic, len(op.children))
             committed = await self._run(op)
             return committed.last_operation.model_dump(by_alias=True)
 
@@ -368,8 +375,10 @@ class ScalableTopicController:
         the next incarnation finishes it; the other order could leave files no record names."""
         for subscription in self.catalog.subscriptions(self.topic):
             await self._stop_coordinator(subscription)
-        for segment in self._read_record().layout.all_segments.values():
-            await self.fleet.destroy(segment.name(self.topic), self.epoch)
+        segments = self._read_record().layout.all_segments.values()
+        await asyncio.gather(
+            *(self.fleet.destroy(s.name(self.topic), self.epoch) for s in segments)
+        )
         self.fleet.delete_incarnation()
         self.catalog.delete_topic(self.topic)
 
@@ -603,7 +612,13 @@ class ScalableTopicControllerActor(ScalableTopicController):
         # (finishes its predecessor's operation, starts missing segment actors) instead
         # of waiting for a call: producers and consumers never call the controller.
         self._recovery = asyncio.get_running_loop().create_task(self._recover_in_background())
-        self._maintenance = TopicMaintenance(self).start()
+        self.maintenance = TopicMaintenance(self)
+        self._maintenance = self.maintenance.start()
+
+    def autoscale_status(self) -> dict[str, Any]:
+        """What the autoscaler could not do (``heldBack``: the last split or merge the
+        policy wanted that the cluster had no room for, until one succeeds)."""
+        return {"heldBack": self.maintenance.held_back}
 
     async def _recover_in_background(self) -> None:
         try:
@@ -648,6 +663,13 @@ def _cleared(record: TopicRecord, op: PendingOperation, layout: SegmentLayout) -
     keep = op.kind in ("create", "prune")
     done = record.last_operation if keep else completed(op, layout.epoch)
     return record.with_layout(layout, pending_operation=None, last_operation=done)
+
+
+def _describe(op: PendingOperation, topic: TopicName) -> str:
+    """What ``op`` is, for a refusal: "splitting segment 3 of topic://a/b/c"."""
+    ids = " and ".join(str(i) for i in op.parents)
+    verb = {"split": "splitting", "merge": "merging"}.get(op.kind, op.kind)
+    return f"{verb} segment{'s' if len(op.parents) > 1 else ''} {ids} of {topic}"
 
 
 def _child_info(child: PlannedSegment, op: PendingOperation) -> SegmentInfo:

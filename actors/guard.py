@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from runtime.auth import AuthPolicy, Grant, Permission, Principal, hash_token
+from runtime.auth import AuthPolicy, Grant, Permission, Principal, token_digest
 from runtime.errors import UnauthorizedError
 from storage.catalog import Catalog
 
@@ -107,8 +107,8 @@ class Guard:
 
     def _is_internal(self, token: str) -> bool:
         if self._internal_digest is None:
-            self._internal_digest = hash_token(self.internal_token())
-        return hash_token(token) == self._internal_digest
+            self._internal_digest = token_digest(self.internal_token())
+        return token_digest(token) == self._internal_digest
 
 
 _process_guard: Guard | None = None

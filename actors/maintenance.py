@@ -19,7 +19,12 @@ from ray.exceptions import RayActorError
 from actors.guard import guard
 from runtime.autoscale import Decision, LoadTracker, decide
 from runtime.config import env_float
-from runtime.errors import ConflictError, StaleEpochError, TopicNotFoundError
+from runtime.errors import (
+    ConflictError,
+    InsufficientCapacityError,
+    StaleEpochError,
+    TopicNotFoundError,
+)
 from runtime.layout import SegmentLayout
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
 from runtime.retention import SealedSegmentState, prunable
@@ -39,6 +44,7 @@ class TopicMaintenance:
         self._tracker = LoadTracker()
         self._active_ids: frozenset[int] = frozenset()
         self._last_change: float | None = None
+        self.held_back: dict[str, Any] | None = None
 
     def start(self) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(self._run_forever())
@@ -161,11 +167,28 @@ class TopicMaintenance:
                 await self._ctl.split_segment(*decision.segment_ids)
             else:
                 await self._ctl.merge_segments(*decision.segment_ids)
+            self.held_back = None
+        except InsufficientCapacityError as err:
+            self._hold_back(decision, err)
         except (ConflictError, TopicNotFoundError) as err:  # a manual change won the race
             if isinstance(err, StaleEpochError):
                 raise
             log.info("%s: autoscale %s skipped: %s", self._ctl.topic, decision.kind, err)
         self._last_change = time.monotonic()
+
+    def _hold_back(self, decision: Decision, err: InsufficientCapacityError) -> None:
+        """The cluster has no room for what the policy asks: the topic stays as it is,
+        and stats (``autoscale.heldBack``) and metrics say what was wanted and why not."""
+        log.warning("%s: autoscale %s held back: %s", self._ctl.topic, decision.kind, err)
+        self._ctl.metrics.held_back(decision.kind, err.code)
+        self.held_back = {
+            "kind": decision.kind,
+            "segmentIds": list(decision.segment_ids),
+            "reason": decision.reason,
+            "code": err.code,
+            "message": err.message,
+            "atMs": time.time_ns() // 1_000_000,
+        }
 
 
 def _interval(policy: TopicPolicy) -> float:

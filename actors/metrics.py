@@ -41,6 +41,7 @@ class _Metrics:
     operation_duration: Histogram
     leader_epoch: Gauge
     rejected: Counter
+    held_back: Counter
 
 
 @functools.cache
@@ -86,6 +87,11 @@ def _metrics() -> _Metrics:
             "Requests refused with a typed error",
             ("topic", "component", "code"),
         ),  # fmt: skip
+        held_back=counter(
+            "autoscale_held_back_total",
+            "Splits or merges the autoscale policy wanted but could not start",
+            ("topic", "kind", "code"),
+        ),
     )
 
 
@@ -163,6 +169,9 @@ class ControllerMetrics:
         tags = {"topic": self._topic, "kind": kind}
         _metrics().operations.inc(1, tags)
         _metrics().operation_duration.observe(duration_s, tags)
+
+    def held_back(self, kind: str, code: str) -> None:
+        _metrics().held_back.inc(1, {"topic": self._topic, "kind": kind, "code": code})
 
 
 def record_rejected(topic: str, component: str, code: str) -> None:

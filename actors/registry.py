@@ -18,14 +18,19 @@ def lookup(name: str) -> ray.actor.ActorHandle:
 
 
 def get_or_start(
-    actor_class: Any, name: str, *args: Any, topic: TopicName | None = None
+    actor_class: Any,
+    name: str,
+    *args: Any,
+    topic: TopicName | None = None,
+    memory: int | None = None,
 ) -> ray.actor.ActorHandle:
     """The actor called ``name``, started detached with ``args`` if it is not running.
 
     Detached, so it outlives the driver that started it; Ray restarts it on
     failure per its class options (with the same arguments, this process's
     settings among them), on a node that has the resources the placement of
-    ``topic``'s namespace (``runtime.placement``) asks for.
+    ``topic``'s namespace (``runtime.placement``) asks for, and the ``memory``
+    (bytes) it declares, so Ray's scheduler counts it against the node's.
     """
     resources = actor_resources(topic, placement_from_env())
     return actor_class.options(
@@ -34,6 +39,7 @@ def get_or_start(
         lifetime="detached",
         get_if_exists=True,
         **({"resources": resources} if resources else {}),
+        **({"memory": memory} if memory else {}),
     ).remote(*args, settings=actor_settings())
 
 

@@ -29,6 +29,7 @@ import pyarrow as pa
 import ray
 
 from actors.appender import SegmentAppender
+from actors.capacity import segment_memory
 from actors.data_plane import DataPlaneServer
 from actors.guard import guard
 from actors.metrics import SegmentMetrics
@@ -42,7 +43,7 @@ from runtime.errors import (
     SegmentNotFoundError,
     UnavailableError,
 )
-from runtime.limits import namespace_limits
+from runtime.limits import LiveLimits
 from runtime.names import SegmentName
 from storage.catalog import Catalog
 from storage.cursors import Position
@@ -94,9 +95,8 @@ class SegmentActor:
         self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
         self._metrics = SegmentMetrics(self._name)
-        # The authority on sizes; read once per incarnation, so a changed limit
-        # applies to a segment from its next start.
-        limits = namespace_limits(Catalog(), self._namespace)
+        # The authority on sizes, following the operator's changes within seconds.
+        limits = LiveLimits(Catalog(), self._namespace)
         self._appender = SegmentAppender(
             self._name, self._store, limits, self._metrics, self._appended
         )
@@ -380,7 +380,9 @@ def segment_actor(
     durability = durability or Durability.from_env()
     root = str(storage_root or default_storage_root())
     args = (str(name), root, asdict(durability), initialize, incarnation)
-    return get_or_start(SegmentActor, name.actor_name, *args, topic=name.topic)
+    return get_or_start(
+        SegmentActor, name.actor_name, *args, topic=name.topic, memory=segment_memory()
+    )
 
 
 async def find_segment_actor(

@@ -158,6 +158,11 @@ class SegmentFleet:
             ray.kill(handle, no_restart=True)
         delete_storage(segment_directory(self.root, name, self._current()))
 
+    def leftover_segments(self) -> int:
+        """How many segment actors of this topic's name run (what ``clear_leftovers``
+        would stop, so the room they hold counts as free for the incarnation starting)."""
+        return len(named_actors(f"segment:{self.topic.short}/"))
+
     async def clear_leftovers(self) -> None:
         """Stop every segment and coordinator actor of this topic's name.
 

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
 
+from actors.capacity import check_capacity
 from actors.controller import controller_actor
 from actors.segment import segment_actor
 from actors.storage_tasks import remove_storage, scan_storage
@@ -124,6 +125,7 @@ class ScalableTopicsAdmin:
         if self._catalog.topic_exists(name):
             raise TopicAlreadyExistsError(f"topic {name} already exists")
         check_room(self._catalog, name, num_segments, new_topic=True)
+        check_capacity(f"creating {name}", name, num_segments)
         return await self._control(name, "create", num_segments, properties, create=True)
 
     async def delete_scalable_topic_async(self, topic: str) -> None:

@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -60,10 +61,11 @@ from runtime.errors import (
     SegmentNotFoundError,
     SegmentTerminated,
     SendTimeoutError,
+    UnseenSendFailuresError,
 )
 from runtime.hashing import key_hashes
 from runtime.layout import SegmentLayout
-from runtime.limits import batch_slices, namespace_limits
+from runtime.limits import LiveLimits, batch_slices
 from runtime.names import TopicName
 from runtime.remote import call
 from runtime.routing import partition
@@ -100,11 +102,41 @@ class ProducerConfig:
 # --- where results go -------------------------------------------------------------
 
 
+class SendFuture(concurrent.futures.Future):
+    """A send's future that remembers whether its caller looked at the outcome
+    (``result``, ``exception`` or a done-callback, which ``send_async`` uses): a
+    failure nobody looked at is raised by the producer's ``close()`` instead of
+    vanishing. The producer's own bookkeeping goes through ``_watch``, unseen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observed = False
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.observed = True
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.observed = True
+        return super().exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future], object]) -> None:
+        self.observed = True
+        super().add_done_callback(fn)
+
+    def _watch(self, fn: Callable[[SendFuture], object]) -> None:
+        super().add_done_callback(fn)  # type: ignore[arg-type]
+
+    def _failure(self) -> BaseException | None:
+        """The failure of a done future, without counting as looked at."""
+        return super().exception(0)
+
+
 class _MessageSink:
     __slots__ = ("future",)
 
     def __init__(self) -> None:
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.future = SendFuture()
 
     def fill(self, positions: np.ndarray, segment_id: int, offsets: np.ndarray) -> None:
         if not self.future.done():
@@ -119,7 +151,7 @@ class _BulkSink:
     __slots__ = ("future", "segment_ids", "offsets", "remaining")
 
     def __init__(self, rows: int) -> None:
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.future = SendFuture()
         self.segment_ids = np.full(rows, -1, dtype=np.int64)
         self.offsets = np.full(rows, -1, dtype=np.int64)
         self.remaining = rows
@@ -361,7 +393,7 @@ class _ProducerCore:
         self.watch = watch
         self.layout = self.watch.layout
         namespace = f"{topic.tenant}/{topic.namespace}"
-        self.limits = namespace_limits(Catalog(), namespace)
+        self.limits = LiveLimits(Catalog(), namespace)
         self.senders: dict[int, _SegmentSender] = {}
         self.routing_open = asyncio.Event()
         self.routing_open.set()
@@ -483,8 +515,8 @@ class _ProducerCore:
 
     def batch_limits(self) -> tuple[int, int]:
         """Most messages and bytes one append may carry."""
-        max_messages = min(self.config.batch_max_records, self.limits.max_batch_messages)
-        return max_messages, self.limits.max_batch_bytes
+        limits = self.limits.current
+        return min(self.config.batch_max_records, limits.max_batch_messages), limits.max_batch_bytes
 
     def _add_senders(self) -> None:
         """A sender for every active segment of the layout just adopted, so each looks
@@ -593,6 +625,7 @@ class Producer:
         self._core: _ProducerCore | None = None
         self._open_lock = threading.Lock()
         self._pending: set[concurrent.futures.Future] = set()
+        self._failed: list[SendFuture] = []
         self._pending_lock = threading.Lock()
         self._closed = False
 
@@ -629,7 +662,7 @@ class Producer:
             raise InvalidArgumentError("properties must be a dict of str to str")
         core, sink = self._open(), _MessageSink()
         size = len(value) + (len(key.encode()) if key else 0)
-        core.limits.check_message(size)
+        core.limits.current.check_message(size)
         core.charge(size + _ROW_OVERHEAD)
         self._track(sink.future)
         core.submit(("one", bytes(value), key, properties, sink), 1)
@@ -654,7 +687,7 @@ class Producer:
             sink.future.set_result(BatchResult(sink.segment_ids, sink.offsets))
             return sink.future
         core = self._open()
-        core.limits.check_message(int(message_sizes(batch).max()))
+        core.limits.current.check_message(int(message_sizes(batch).max()))
         core.charge(_charge(batch))
         self._track(sink.future)
         core.submit(("bulk", batch, sink), batch.num_rows)
@@ -666,14 +699,27 @@ class Producer:
         return await asyncio.wrap_future(self.send_batch(values, keys, properties))
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Wait until every message sent so far is stored (or failed), or ``timeout_s``."""
+        """Wait until every message sent so far is stored or failed, or ``timeout_s``.
+
+        Like Kafka's ``flush``, it raises nothing: each send's future carries its own
+        outcome. A failure that no caller looks at is not dropped: ``close()`` (and
+        leaving a ``with`` block) raises ``UnseenSendFailuresError`` for it.
+        """
         with self._pending_lock:
             pending = list(self._pending)
         concurrent.futures.wait(pending, timeout=timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Flush, then stop. With ``timeout_s`` (Kafka's ``close(timeout)``), sends still
-        unanswered by then fail with ``SendTimeoutError``: each may or may not be stored."""
+        unanswered by then fail with ``SendTimeoutError``: each may or may not be stored.
+
+        Raises ``UnseenSendFailuresError`` (how many, and the first cause) when sends
+        failed whose futures nobody looked at; the producer is closed either way.
+        """
+        self._shut(timeout_s)
+        self._raise_unseen()
+
+    def _shut(self, timeout_s: float | None) -> None:
         if self._closed:
             return
         self.flush(timeout_s)
@@ -681,6 +727,20 @@ class Producer:
         if self._core is not None:
             self._loop.run(self._core.close())
         self._loop.run(self._abandon(timeout_s))
+
+    def _raise_unseen(self) -> None:
+        with self._pending_lock:
+            unseen = [f for f in self._failed if not f.observed]
+            self._failed.clear()
+        if unseen:
+            first = unseen[0]._failure()
+            raise UnseenSendFailuresError(
+                f"{len(unseen)} send{'s' if len(unseen) > 1 else ''} to {self._topic} failed "
+                f"and no caller looked at {'their futures' if len(unseen) > 1 else 'its future'}"
+                f" (the first: {type(first).__name__}: {first}); those messages were not "
+                "stored (or, after a time-out, may not have been)",
+                len(unseen),
+            )
 
     async def _abandon(self, timeout_s: float | None) -> None:
         """On the loop, where every answer is set: no race with a late one."""
@@ -697,8 +757,10 @@ class Producer:
     def __enter__(self) -> Producer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self._shut(None)
+        if exc_type is None:  # never mask the exception that is leaving the block
+            self._raise_unseen()
 
     def __reduce__(self) -> tuple:
         """Shipping a producer to a Ray task or actor gives a fresh one there, opened on
@@ -706,14 +768,17 @@ class Producer:
         credential goes with it, as any argument of the task does."""
         return (_reopen, (str(self._topic), self._config, self._credential))
 
-    def _track(self, future: concurrent.futures.Future) -> None:
+    def _track(self, future: SendFuture) -> None:
         with self._pending_lock:
             self._pending.add(future)
-        future.add_done_callback(self._untrack)
+        future._watch(self._untrack)
 
-    def _untrack(self, future: concurrent.futures.Future) -> None:
+    def _untrack(self, future: SendFuture) -> None:
+        failed = future._failure() is not None
         with self._pending_lock:
             self._pending.discard(future)
+            if failed:
+                self._failed.append(future)
 
     def _check_open(self) -> None:
         if self._closed:

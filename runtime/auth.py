@@ -55,8 +55,20 @@ _IMPLIED: dict[Permission, frozenset[Permission]] = {
 }
 
 
+MIN_TOKEN_CHARS = 16
+
+
 def hash_token(token: str) -> str:
-    """The SHA-256 hex digest under which a token is stored."""
+    """The SHA-256 hex digest under which a token is stored (an operator's ``sha256``
+    entry): refused, like a plain ``token`` entry, for fewer than 16 characters."""
+    if not isinstance(token, str) or len(token) < MIN_TOKEN_CHARS:
+        raise InvalidArgumentError(f"a token needs >= {MIN_TOKEN_CHARS} characters")
+    return token_digest(token)
+
+
+def token_digest(token: str) -> str:
+    """The digest of a presented token, whatever its length (a short one is simply
+    not found)."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 
@@ -147,7 +159,7 @@ class AuthPolicy:
             return None
         if not token:
             raise UnauthenticatedError("authentication required: present a bearer token")
-        presented = hash_token(token)
+        presented = token_digest(token)
         found = None
         for digest, principal in self.principals:  # no early exit: constant work per call
             if hmac.compare_digest(digest, presented):
@@ -204,8 +216,8 @@ def _digest(raw: Mapping[str, Any], index: int) -> str:
     if (token is None) == (digest is None):
         raise InvalidArgumentError(f"{where}: give exactly one of 'token', 'sha256'")
     if token is not None:
-        if not isinstance(token, str) or len(token) < 16:
-            raise InvalidArgumentError(f"{where}: a token needs >= 16 characters")
+        if not isinstance(token, str) or len(token) < MIN_TOKEN_CHARS:
+            raise InvalidArgumentError(f"{where}: a token needs >= {MIN_TOKEN_CHARS} characters")
         return hash_token(token)
     if not isinstance(digest, str) or len(digest) != 64 or not _is_hex(digest):
         raise InvalidArgumentError(f"{where}: 'sha256' must be 64 hex digits")

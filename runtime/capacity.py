@@ -15,6 +15,7 @@ Pure: the caller reads the free resources from Ray (``actors.registry``).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.errors import InsufficientCapacityError, InvalidArgumentError
@@ -43,25 +44,28 @@ class SegmentFootprint:
             raise InvalidArgumentError(f"{MEMORY_ENV} must be >= 1, got {megabytes}")
         return cls(megabytes * _MIB)
 
-    def fitting(self, free_memory_bytes: float) -> int:
-        """How many more segments fit in ``free_memory_bytes``."""
-        return max(0, int(free_memory_bytes // self.memory_bytes))
+    def fitting(self, free_per_node: Sequence[float]) -> int:
+        """How many more segments fit on nodes with ``free_per_node`` bytes free: an
+        actor lives on one node, so what is left over on each node does not add up."""
+        return sum(max(0, int(free // self.memory_bytes)) for free in free_per_node)
 
 
 def admit(
-    what: str, new_segments: int, footprint: SegmentFootprint, free_memory_bytes: float
+    what: str, new_segments: int, footprint: SegmentFootprint, free_per_node: Sequence[float]
 ) -> None:
     """Refuse ``what`` (e.g. "creating topic://a/b/c") when its ``new_segments`` segment
-    actors do not fit in the free memory, naming what was asked, what one segment
-    needs and what is free."""
-    if new_segments <= 0 or new_segments * footprint.memory_bytes <= free_memory_bytes:
+    actors do not fit on the nodes that may hold them (``free_per_node``: each one's free
+    memory), naming what was asked, what one segment needs and what is free."""
+    fitting = footprint.fitting(free_per_node)
+    if new_segments <= fitting:
         return
+    free = sum(max(0.0, f) for f in free_per_node)
+    nodes = f"{len(free_per_node)} node{'' if len(free_per_node) == 1 else 's'}"
     raise InsufficientCapacityError(
         f"{what} needs {new_segments} new segment actors of {_size(footprint.memory_bytes)} "
-        f"each ({_size(new_segments * footprint.memory_bytes)}), but the nodes that may hold "
-        f"them have {_size(free_memory_bytes)} free: {footprint.fitting(free_memory_bytes)} "
-        f"more fit. Add nodes, delete or merge segments, or lower {MEMORY_ENV} if segments "
-        "really need less"
+        f"each ({_size(new_segments * footprint.memory_bytes)}), but the {nodes} that may "
+        f"hold them have {_size(free)} free: {fitting} more fit. Add nodes, delete or merge "
+        f"segments, or lower {MEMORY_ENV} if segments really need less"
     )
 
 

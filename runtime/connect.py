@@ -23,6 +23,7 @@ from typing import Any
 import ray
 
 from runtime import embedded
+from runtime.capacity import MEMORY_ENV
 from runtime.config import GC_FREEZE_ENV, ray_namespace
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV, placement_from_env
@@ -41,6 +42,7 @@ ACTOR_SETTINGS = (
     "RAYTOPICS_MAINTENANCE_INTERVAL_S",
     PLACEMENT_ENV,
     GC_FREEZE_ENV,
+    MEMORY_ENV,
     *LIMIT_ENV_VARS,
     *TLS_ENV_VARS,
 )

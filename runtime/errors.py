@@ -225,6 +225,18 @@ class TlsError(UnavailableError):
     code = "tls_error"
 
 
+class UnseenSendFailuresError(UnavailableError):
+    """A producer closed while sends had failed that no caller looked at (their futures'
+    ``result()``, ``exception()`` or a done-callback): raised by ``close()`` so that
+    lost messages never pass unnoticed."""
+
+    code = "send_failed"
+
+    def __init__(self, message: str, failed: int = 0) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
 class ClientClosedError(ScalableTopicsError):
     code = "closed"
     http_status = 409

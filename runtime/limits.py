@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
@@ -52,7 +54,10 @@ class Limits:
                     f"{field.name} must be a positive integer, got {value!r}"
                 )
         if self.max_batch_bytes < self.max_message_bytes:
-            raise InvalidArgumentError("max_batch_bytes must be >= max_message_bytes")
+            raise InvalidArgumentError(
+                f"max_batch_bytes ({self.max_batch_bytes}) must be >= max_message_bytes "
+                f"({self.max_message_bytes}): a batch holds at least one message"
+            )
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -149,6 +154,36 @@ class _Catalog(Protocol):
 def namespace_limits(catalog: _Catalog, namespace: str) -> Limits:
     """The env defaults with this namespace's stored overrides applied."""
     return Limits.from_env().overridden(catalog.limit_overrides(namespace))
+
+
+class LiveLimits:
+    """A namespace's limits as the catalog holds them now, re-read at most every
+    ``max_age_s``: an operator's change reaches running segments and producers within
+    seconds, not at their next restart, and the check on the append path costs a
+    catalog read only once per ``max_age_s``.
+
+    Who calls: the segment's appender (the authority) and the producer (early checks,
+    batch cuts), on each use through ``current``."""
+
+    def __init__(
+        self,
+        catalog: _Catalog,
+        namespace: str,
+        max_age_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._catalog, self._namespace = catalog, namespace
+        self._max_age_s, self._clock = max_age_s, clock
+        self._limits = namespace_limits(catalog, namespace)
+        self._read_at = clock()
+
+    @property
+    def current(self) -> Limits:
+        now = self._clock()
+        if now - self._read_at >= self._max_age_s:
+            self._read_at = now
+            self._limits = namespace_limits(self._catalog, self._namespace)
+        return self._limits
 
 
 def check_room(

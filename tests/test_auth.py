@@ -187,3 +187,9 @@ def test_any_other_token_is_refused(token: str) -> None:
         return
     with pytest.raises(UnauthenticatedError):
         POLICY.authenticate(token)
+
+
+def test_hash_token_refuses_what_a_plain_token_entry_refuses() -> None:
+    with pytest.raises(InvalidArgumentError, match=">= 16 characters"):
+        hash_token("short")
+    assert len(hash_token("x" * 16)) == 64

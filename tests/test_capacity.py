@@ -14,24 +14,34 @@ SEGMENT = SegmentFootprint(96 * MIB)
 
 
 def test_a_request_that_fits_is_admitted() -> None:
-    admit("creating topic://a/b/c", 10, SEGMENT, 10 * 96 * MIB)
-    admit("merging 1 and 2 of topic://a/b/c", 0, SEGMENT, 0)  # starts nothing new
+    admit("creating topic://a/b/c", 10, SEGMENT, [10 * 96 * MIB])
+    admit("creating topic://a/b/c", 10, SEGMENT, [5 * 96 * MIB, 5 * 96 * MIB + 1])
+    admit("merging 1 and 2 of topic://a/b/c", 0, SEGMENT, [])  # starts nothing new
+
+
+def test_what_is_left_on_each_node_does_not_add_up() -> None:
+    with pytest.raises(InsufficientCapacityError, match="2 nodes"):
+        admit("splitting 0 of topic://a/b/c", 2, SEGMENT, [90 * MIB, 90 * MIB])
 
 
 def test_a_request_that_does_not_fit_says_what_was_asked_needed_and_free() -> None:
     with pytest.raises(InsufficientCapacityError) as refused:
-        admit("creating topic://a/b/c", 2566, SEGMENT, 16 * (1 << 30))
+        admit("creating topic://a/b/c", 2566, SEGMENT, [16 * (1 << 30)])
     message = refused.value.message
     assert refused.value.code == "insufficient_capacity" and refused.value.http_status == 409
-    for said in ("creating topic://a/b/c", "2566 new segment actors", "96 MiB each",
-                 "240.6 GiB", "16.0 GiB free", "170 more fit", MEMORY_ENV):  # fmt: skip
+    for said in ("creating topic://a/b/c", "2566 new segment actors", "96 MiB each", "240.6 GiB",
+                 "the 1 node", "16.0 GiB free", "170 more fit", MEMORY_ENV):  # fmt: skip
         assert said in message, message
 
 
-@given(st.integers(1, 10_000), st.integers(0, 1 << 40), st.integers(1, 4096))
-def test_admitted_exactly_when_it_fits(asked: int, free: int, megabytes: int) -> None:
+@given(
+    st.integers(1, 10_000),
+    st.lists(st.integers(-(1 << 30), 1 << 40), max_size=8),
+    st.integers(1, 4096),
+)
+def test_admitted_exactly_when_it_fits(asked: int, free: list[int], megabytes: int) -> None:
     footprint = SegmentFootprint(megabytes * MIB)
-    fits = asked <= footprint.fitting(free)
+    fits = asked <= sum(max(0, f) // footprint.memory_bytes for f in free)
     try:
         admit("x", asked, footprint, free)
         assert fits

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import ray
@@ -19,7 +21,7 @@ from runtime.batch import (
     serialize_batch,
 )
 from runtime.errors import InvalidArgumentError, LimitExceededError, is_integer
-from runtime.limits import Limits, batch_slices
+from runtime.limits import Limits, LiveLimits, batch_slices
 from runtime.names import TopicName
 
 # --- pure ------------------------------------------------------------------------------
@@ -109,6 +111,38 @@ def test_slices_cover_in_order_within_limits(sizes: list[int], max_messages: int
 # --- enforced on a real cluster ---------------------------------------------------------
 
 
+class _Overrides:
+    """A catalog holding one namespace's overrides (what LiveLimits reads)."""
+
+    def __init__(self) -> None:
+        self.stored: dict = {}
+        self.reads = 0
+
+    def limit_overrides(self, namespace: str) -> dict:
+        self.reads += 1
+        return dict(self.stored)
+
+    def active_segments(self, namespace: str) -> dict[str, int]:
+        return {}
+
+
+def test_live_limits_follow_the_catalog_within_their_age() -> None:
+    catalog, now = _Overrides(), [0.0]
+    live = LiveLimits(catalog, "a/b", max_age_s=2.0, clock=lambda: now[0])
+    assert live.current.max_message_bytes == Limits().max_message_bytes
+    catalog.stored = {"max_message_bytes": 4 << 20}
+    now[0] = 1.9
+    assert live.current.max_message_bytes == Limits().max_message_bytes and catalog.reads == 1
+    now[0] = 2.0
+    assert live.current.max_message_bytes == 4 << 20 and catalog.reads == 2
+
+
+def test_a_refusal_of_mismatched_batch_and_message_limits_gives_the_values() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"max_batch_bytes \(10\) must be >= "
+                       r"max_message_bytes \(20\)"):  # fmt: skip
+        Limits(max_message_bytes=20, max_batch_bytes=10)
+
+
 @pytest.fixture
 def admin(ray_cluster) -> ScalableTopicsAdmin:
     return ScalableTopicsAdmin()
@@ -189,6 +223,36 @@ def test_message_and_batch_size_at_producer_and_segment(admin, unique) -> None:
         with pytest.raises(LimitExceededError):
             ray.get(segment.append.remote(batch))
     assert ray.get(segment.stats.remote())["records"] == records
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_raised_limit_reaches_running_segments_and_producers(admin, unique) -> None:
+    """Raising ``max_message_bytes`` from 1 MiB to 4 MiB lets a running producer send
+    2 MiB to a running segment within seconds; a refusal names the limit in force."""
+    namespace = _limited(admin, unique, max_message_bytes=1 << 20)
+    topic = f"topic://{namespace}/raised"
+    admin.create_scalable_topic(topic, 1)
+    big = b"b" * (2 << 20)
+    segment = segment_actor(TopicName.parse(topic).segment(0, 0, 0xFFFF))
+    with Producer(topic) as producer:
+        with pytest.raises(LimitExceededError, match="max_message_bytes 1048576"):
+            producer.send(big)
+        with pytest.raises(LimitExceededError, match="max_message_bytes 1048576"):
+            ray.get(segment.append.remote(make_batch([big])))
+        admin.set_namespace_limits(namespace, max_message_bytes=4 << 20)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                producer.send(big).result(timeout=60)
+                break
+            except LimitExceededError as refused:
+                assert time.monotonic() < deadline, f"still refused after 10 s: {refused}"
+                time.sleep(0.2)
+        admin.set_namespace_limits(namespace, max_message_bytes=3 << 20)
+        time.sleep(2.5)
+        with pytest.raises(LimitExceededError, match="max_message_bytes 3145728"):
+            ray.get(segment.append.remote(make_batch([b"c" * (7 << 19)])))
+    assert ray.get(segment.stats.remote())["records"] == 1
     admin.delete_scalable_topic(topic)
 
 

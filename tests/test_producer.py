@@ -13,7 +13,12 @@ import ray
 
 from actors.segment import segment_actor
 from clients import Producer
-from runtime.errors import ClientClosedError, ProducerQueueFullError, SendTimeoutError
+from runtime.errors import (
+    ClientClosedError,
+    ProducerQueueFullError,
+    SendTimeoutError,
+    UnseenSendFailuresError,
+)
 from runtime.names import TopicName
 
 
@@ -89,7 +94,8 @@ def test_close_with_a_timeout_fails_what_is_still_unanswered(admin, unique):
     try:
         stuck = producer.send_batch([b"x"] * 10)
         started = time.monotonic()
-        producer.close(timeout_s=1.0)
+        with pytest.raises(UnseenSendFailuresError, match="1 send to"):
+            producer.close(timeout_s=1.0)  # nobody had looked at the stuck send's future
         assert time.monotonic() - started < 10
         with pytest.raises(SendTimeoutError, match="may or may not be stored"):
             stuck.result(timeout=0)
@@ -97,6 +103,37 @@ def test_close_with_a_timeout_fails_what_is_still_unanswered(admin, unique):
         os.kill(pid, signal.SIGCONT)
     with pytest.raises(ClientClosedError):
         producer.send(b"late")
+    admin.delete_scalable_topic(topic)
+
+
+def test_failed_sends_that_nobody_looked_at_are_raised_when_the_producer_closes(admin, unique):
+    """Leaving ``with Producer(...)`` while sends failed unseen raises how many and the
+    first cause; a failure the caller looked at, or an exception already leaving the
+    block, is not raised again."""
+    topic = f"topic://public/default/unseen-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    name = TopicName.parse(topic).segment(0, 0, 0xFFFF)
+    pid = ray.get(segment_actor(name).ready.remote())["pid"]
+    with Producer(topic) as producer:
+        producer.send(b"first").result(timeout=60)
+    os.kill(pid, signal.SIGSTOP)  # from now on every send times out
+    try:
+        unseen = pytest.raises(UnseenSendFailuresError)
+        with unseen as raised, Producer(topic, send_timeout_s=1.0) as producer:
+            for i in range(3):
+                producer.send(f"lost-{i}".encode())
+            producer.flush()  # raises nothing itself (as Kafka's flush)
+        assert raised.value.failed == 3 and raised.value.code == "send_failed"
+        assert "3 sends to" in raised.value.message and "SendTimeoutError" in raised.value.message
+        with Producer(topic, send_timeout_s=1.0) as producer:
+            seen = producer.send(b"looked-at")
+            assert isinstance(seen.exception(timeout=30), SendTimeoutError)
+        with pytest.raises(KeyError), Producer(topic, send_timeout_s=1.0) as producer:
+            producer.send(b"unseen, but the block's own error wins")
+            producer.flush()
+            raise KeyError("the caller's")
+    finally:
+        os.kill(pid, signal.SIGCONT)
     admin.delete_scalable_topic(topic)
 
 

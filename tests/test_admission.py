@@ -1,0 +1,173 @@
+"""Admission by capacity on a real local Ray: what does not fit is refused up front.
+
+Every segment actor declares its memory to Ray, so Ray's scheduler accounts for
+it. To make the cluster "full" without filling the machine, a ballast actor
+declares (without using) all but a little of the free memory: from then on
+Ray's books say there is room for a few segments only, exactly as if real
+segments held the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+from test_clients import wait_for
+
+from actors.capacity import free_memory_per_node
+from actors.controller import controller_actor
+from actors.registry import named_actors
+from clients import Producer, StreamConsumer
+from runtime.capacity import SegmentFootprint
+from runtime.errors import InsufficientCapacityError
+from runtime.names import TopicName
+from storage.segment_log import default_storage_root
+
+SEGMENT = SegmentFootprint.from_env()
+
+
+@ray.remote(num_cpus=0)
+class Ballast:
+    def ready(self) -> bool:
+        return True
+
+
+def fitting(topic: str) -> int:
+    return SEGMENT.fitting(free_memory_per_node(TopicName.parse(topic)))
+
+
+@pytest.fixture
+def room_for(ray_cluster) -> Iterator:
+    """``room_for(n, topic)``: leave room for ``n`` more segments (and less than n + 1)."""
+    ballast: list[ray.actor.ActorHandle] = []
+
+    def leave(segments: int, topic: str) -> None:
+        free = max(free_memory_per_node(TopicName.parse(topic)))
+        held = int(free - (segments + 0.5) * SEGMENT.memory_bytes)
+        actor = Ballast.options(memory=held).remote()
+        ray.get(actor.ready.remote())
+        ballast.append(actor)
+        wait_for(lambda: fitting(topic) == segments, 30, f"Ray to see room for {segments}")
+
+    def most_free() -> float:
+        return max(free_memory_per_node(TopicName.parse("topic://capacity/ns/any")))
+
+    free_before = most_free()
+    yield leave
+    for actor in ballast:
+        ray.kill(actor)
+    # Ray's books lag a kill by a resource report; the next test must see the room back.
+    wait_for(lambda: most_free() > free_before - 8 * SEGMENT.memory_bytes, 30, "the room back")
+
+
+def produce_and_consume(topic: str, count: int) -> None:
+    """Every one of ``count`` keyed messages comes back through subscription ``s``."""
+    values = [f"v{i}".encode() for i in range(count)]
+    with Producer(topic) as producer:
+        producer.send_batch(values, keys=[f"k{i}" for i in range(count)]).result(30)
+    consumer = StreamConsumer(topic, "s", "c")
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < count and time.monotonic() < deadline:
+        for message in consumer.receive_batch(count, timeout=1):
+            got.append(message.value)
+            consumer.acknowledge_cumulative(message)
+    consumer.close()
+    assert sorted(got) == sorted(values)
+
+
+def topic_actors(topic: str) -> list[str]:
+    short = TopicName.parse(topic).short
+    return [n for p in ("segment:", "controller:", "coordinator:") for n in named_actors(p + short)]
+
+
+def test_a_topic_larger_than_the_cluster_is_refused_and_changes_nothing(
+    admin, unique, kv_snapshot
+) -> None:
+    topic = f"topic://capacity/ns/big-{unique}"
+    asked = fitting(topic) + 1
+    before, used_before = kv_snapshot(), psutil.virtual_memory().used
+    started = time.monotonic()
+    with pytest.raises(InsufficientCapacityError) as refused:
+        admin.create_scalable_topic(topic, asked)
+    assert time.monotonic() - started < 5, "refused at once"
+    message = refused.value.message
+    for said in (f"creating {topic}", f"{asked} new segment actors", "more fit"):
+        assert said in message, message
+    assert kv_snapshot() == before, "no metadata"
+    assert topic_actors(topic) == [], "no actors"
+    assert not (Path(default_storage_root()) / "capacity" / "ns" / f"big-{unique}").exists()
+    assert psutil.virtual_memory().used - used_before < 500 << 20, "memory did not move"
+
+
+def test_the_controller_refuses_too_even_when_asked_directly(admin, unique, room_for) -> None:
+    """The admin client's early check only saves starting a controller: the controller
+    is the authority, so a caller that skips the client is refused as well."""
+    topic = f"topic://capacity/ns/direct-{unique}"
+    room_for(2, topic)
+    controller = controller_actor(TopicName.parse(topic), create=True)
+    with pytest.raises(InsufficientCapacityError, match="3 new segment actors"):
+        ray.get(controller.create.remote(3))
+    assert topic not in admin.list_scalable_topics("capacity/ns")
+    assert [n for n in topic_actors(topic) if n.startswith("segment:")] == []
+    ray.kill(controller)
+
+
+def test_a_split_past_capacity_is_refused_and_the_topic_keeps_working(
+    admin, unique, room_for
+) -> None:
+    topic = f"topic://capacity/ns/split-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    admin.create_subscription(topic, "s")
+    room_for(1, topic)
+    (only,) = admin.get_layout(topic).active_segments
+    with pytest.raises(InsufficientCapacityError, match=f"splitting segment {only} of {topic}"):
+        admin.split_segment(topic, only)
+    layout = admin.get_layout(topic)
+    assert list(layout.active_segments) == [only] and layout.epoch == 0, "nothing half-done"
+    produce_and_consume(topic, 100)
+    admin.delete_scalable_topic(topic)
+
+
+def test_the_largest_topic_that_fits_is_created_and_works(admin, unique, room_for) -> None:
+    topic = f"topic://capacity/ns/fits-{unique}"
+    room_for(4, topic)
+    with pytest.raises(InsufficientCapacityError):
+        admin.create_scalable_topic(topic, 5)
+    admin.create_scalable_topic(topic, 4)
+    admin.create_subscription(topic, "s")
+    produce_and_consume(topic, 400)
+    admin.delete_scalable_topic(topic)
+
+
+def test_the_autoscaler_is_held_back_by_capacity_and_says_so(admin, unique, room_for) -> None:
+    from test_autoscale_load import produce
+    from test_metrics import scrape, total
+
+    topic = f"topic://capacity/ns/auto-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    policy = {"targetMsgsPerS": 50, "maxSegments": 8, "cooldownS": 1, "windowS": 1}
+    admin.set_policy(topic, {"autoscale": policy})
+    room_for(1, topic)  # a split starts two children
+    controller = controller_actor(TopicName.parse(topic))
+    sent: list = []
+    with Producer(topic) as producer:
+        deadline = time.monotonic() + 30
+        while ray.get(controller.autoscale_status.remote())["heldBack"] is None:
+            assert time.monotonic() < deadline, "the autoscaler never wanted to split"
+            produce(producer, 300, 0.5, sent)
+    held = ray.get(controller.autoscale_status.remote())["heldBack"]
+    assert held["kind"] == "split" and held["code"] == "insufficient_capacity", held
+    assert "new segment actors" in held["message"]
+    layout = admin.get_layout(topic)
+    assert len(layout.active_segments) == 1 and layout.epoch == 0, "the topic stays as it is"
+    wait_for(
+        lambda: (total(scrape(), "autoscale_held_back_total", topic=topic, kind="split") or 0) >= 1,
+        60,
+        "the held-back split in the metrics",
+    )
+    admin.delete_scalable_topic(topic)
