@@ -46,12 +46,20 @@ def room_for(ray_cluster) -> Iterator:
     ballast: list[ray.actor.ActorHandle] = []
 
     def leave(segments: int, topic: str) -> None:
-        free = max(free_memory_per_node(TopicName.parse(topic)))
-        held = int(free - (segments + 0.5) * SEGMENT.memory_bytes)
-        actor = Ballast.options(memory=held).remote()
-        ray.get(actor.ready.remote())
-        ballast.append(actor)
-        wait_for(lambda: fitting(topic) == segments, 30, f"Ray to see room for {segments}")
+        # Memory that earlier tests' segments give back arrives late: top up until
+        # exactly ``segments`` fit, each ballast waited for until Ray's books show it.
+        deadline = time.monotonic() + 60
+        while (room := fitting(topic)) != segments:
+            assert time.monotonic() < deadline, f"room for {room} segments, not {segments}"
+            if room < segments:  # an earlier ballast's release not in Ray's books yet
+                time.sleep(0.2)
+                continue
+            free = max(free_memory_per_node(TopicName.parse(topic)))
+            held = int(free - (segments + 0.5) * SEGMENT.memory_bytes)
+            actor = Ballast.options(memory=held).remote()
+            ray.get(actor.ready.remote())
+            ballast.append(actor)
+            wait_for(lambda: fitting(topic) < room, 30, "Ray to see the ballast")
 
     def most_free() -> float:
         return max(free_memory_per_node(TopicName.parse("topic://capacity/ns/any")))
