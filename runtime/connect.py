@@ -72,8 +72,8 @@ def connect(
     only when the embedded Ray is started here; joining a running Ray ignores them
     and says so. Calling it again in a connected process is a no-op as long as the
     namespace agrees. The REST admin gateway is started apart, once connected
-    (``actors.gateway.start_gateway`` or ``raytopics serve``): this module sits
-    below every actor and must not reach up to one.
+    (``raytopics serve``, or ``start_gateway(port)`` of the actors package): this
+    module sits below every actor and must not reach up to one.
     """
     with _lock:
         namespace = _join(address, namespace, ray_init_kwargs)
