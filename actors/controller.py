@@ -10,6 +10,11 @@ Every layout change is first written down as a ``PendingOperation``; a new
 incarnation finishes whatever its predecessor left half-done before serving
 anything else (roll forward, never back).
 
+Its only callers are the admin service and its own maintenance loop, both
+presenting the cluster's internal credential. Every entry point checks the
+credential it is given all the same (``actors.guard``): a handle that reaches
+a client by some other path does not get it around the cluster's policy.
+
 A topic's storage belongs to one topic incarnation, named when the topic is
 created (``storage.topic_storage``); the controller keeps that incarnation's
 ``topic.json`` current, and can rebuild lost metadata from it and from what
@@ -41,6 +46,7 @@ from actors.metrics import ControllerMetrics
 from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
 from actors.segment_fleet import SegmentFleet
+from runtime.auth import Permission
 from runtime.config import apply_settings, ray_namespace
 from runtime.errors import (
     ConflictError,
@@ -107,8 +113,15 @@ class ScalableTopicController:
 
     # --- leadership --------------------------------------------------------------
 
-    async def ready(self) -> dict[str, Any]:
+    def _check(self, credential: str | None, action: Permission = Permission.ADMIN) -> None:
+        guard().check(credential, action, self.topic.namespace_path)
+
+    async def ready(self, *, credential: str | None = None) -> dict[str, Any]:
         """Finish recovery; returns who leads and at which epoch."""
+        self._check(credential, Permission.LOOKUP)
+        return await self._ready()
+
+    async def _ready(self) -> dict[str, Any]:
         async with self._lock:
             await self._recover()
         return {"topic": str(self.topic), "leaderEpoch": self.epoch, "pid": os.getpid()}
@@ -139,8 +152,15 @@ class ScalableTopicController:
 
     # --- topic lifecycle -----------------------------------------------------------
 
-    async def create(self, num_segments: int, properties: dict[str, str] | None = None) -> dict:
+    async def create(
+        self,
+        num_segments: int,
+        properties: dict[str, str] | None = None,
+        *,
+        credential: str | None = None,
+    ) -> dict:
         """Write the epoch-0 layout (with the create recorded), then start its segments."""
+        self._check(credential)
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
         check_capacity(f"creating {self.topic}", self.topic, num_segments)
@@ -155,14 +175,17 @@ class ScalableTopicController:
             self._recovered = True
         return self._read_record().layout.to_dict()
 
-    async def delete(self) -> None:
+    async def delete(self, *, credential: str | None = None) -> None:
+        self._check(credential)
         async with self._lock:
             await self._recover()
             op = PendingOperation(kind="delete", request_id=uuid.uuid4().hex, base_epoch=0)
             self._update_record(lambda r: r.model_copy(update={"pending_operation": op}))
             await self._carry_out(op)
 
-    async def recover(self, incarnation: str | None = None) -> dict[str, Any]:
+    async def recover(
+        self, incarnation: str | None = None, *, credential: str | None = None
+    ) -> dict[str, Any]:
         """Rebuild the lost metadata of this topic from its storage (``runtime.recovery``).
 
         Refused while the topic has live metadata. The leader epoch is raised
@@ -173,6 +196,7 @@ class ScalableTopicController:
         existing cursors keep their positions, missing ones start at the
         subscription's position.
         """
+        self._check(credential)
         async with self._lock:
             if self.catalog.topic_exists(self.topic):
                 raise TopicAlreadyExistsError(
@@ -234,33 +258,48 @@ class ScalableTopicController:
 
     # --- split / merge ---------------------------------------------------------------
 
-    async def split_segment(self, segment_id: int, request_id: str | None = None) -> dict:
+    async def split_segment(
+        self, segment_id: int, request_id: str | None = None, *, credential: str | None = None
+    ) -> dict:
+        self._check(credential)
         return await self._change_layout(
             request_id, lambda layout, rid: plan_split(layout, segment_id, rid)
         )
 
     async def merge_segments(
-        self, segment_id1: int, segment_id2: int, request_id: str | None = None
+        self,
+        segment_id1: int,
+        segment_id2: int,
+        request_id: str | None = None,
+        *,
+        credential: str | None = None,
     ) -> dict:
+        self._check(credential)
         return await self._change_layout(
             request_id, lambda layout, rid: plan_merge(layout, segment_id1, segment_id2, rid)
         )
 
-    async def prune_segments(self, segment_ids: list[int]) -> list[int]:
+    async def prune_segments(
+        self, segment_ids: list[int], *, credential: str | None = None
+    ) -> list[int]:
         """Retention: delete sealed root segments' storage, then drop them from the DAG.
 
         Storage goes first: a crash in between leaves the plan pending and the
         next incarnation deletes (idempotently) and prunes; the other order
         could leave files that no record names any more.
         """
+        self._check(credential)
         async with self._lock:
             await self._recover()
             op = plan_prune(self._read_record().layout, segment_ids, uuid.uuid4().hex)
             await self._run(op)
         return list(op.parents)
 
-    async def set_policy(self, policy: dict[str, Any]) -> dict[str, Any]:
+    async def set_policy(
+        self, policy: dict[str, Any], *, credential: str | None = None
+    ) -> dict[str, Any]:
         """Replace the topic's policy (validated first, so nothing is half-applied)."""
+        self._check(credential)
         parsed = TopicPolicy.parse(policy)
         async with self._lock:
             await self._recover()
@@ -389,7 +428,10 @@ class ScalableTopicController:
         name: str,
         position: StartPosition = "earliest",
         session_grace_s: float = DEFAULT_GRACE_S,
+        *,
+        credential: str | None = None,
     ) -> None:
+        self._check(credential, Permission.CONSUME)
         validate_part("subscription", name)
         if position not in ("earliest", "latest"):
             raise InvalidArgumentError(f"position must be 'earliest' or 'latest', not {position!r}")
@@ -404,7 +446,8 @@ class ScalableTopicController:
             self.catalog.create_subscription(self.topic, meta)
             await self._finish_subscription(name)
 
-    async def delete_subscription(self, name: str) -> None:
+    async def delete_subscription(self, name: str, *, credential: str | None = None) -> None:
+        self._check(credential)
         async with self._lock:
             await self._recover()
             self.catalog.update_subscription(self.topic, name, _in_state("DELETING"))
@@ -452,8 +495,11 @@ class ScalableTopicController:
 
     # --- segment administration (the spec's Segments API) --------------------------
 
-    async def create_segment(self, segment: str, subscriptions: list[str]) -> None:
+    async def create_segment(
+        self, segment: str, subscriptions: list[str], *, credential: str | None = None
+    ) -> None:
         """Create a segment outside the layout (the spec's internal Segments API)."""
+        self._check(credential)
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
@@ -468,9 +514,12 @@ class ScalableTopicController:
             await self.fleet.create(name, info, subscriptions, self.epoch, in_layout=in_layout)
             self.fleet.handle(name)
 
-    async def terminate_segment(self, segment: str, force: bool = False) -> int:
+    async def terminate_segment(
+        self, segment: str, force: bool = False, *, credential: str | None = None
+    ) -> int:
         """Seal a segment of the layout; an ACTIVE one only with ``force`` (producers to
         its range then wait for a layout change, so this is an operator's last resort)."""
+        self._check(credential)
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
@@ -484,7 +533,10 @@ class ScalableTopicController:
                 self.epoch, credential=guard().internal_token()
             )
 
-    async def delete_segment(self, segment: str, force: bool = False) -> None:
+    async def delete_segment(
+        self, segment: str, force: bool = False, *, credential: str | None = None
+    ) -> None:
+        self._check(credential)
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
@@ -515,18 +567,11 @@ class ScalableTopicController:
             )
         return info
 
-    # --- what the maintenance loop asks (actors.maintenance) --------------------------
-
-    def subscription_names(self) -> list[str]:
-        return self.catalog.subscriptions(self.topic)
-
-    def consumer_count(self, subscription: str) -> int:
-        return len(self.catalog.consumers(self.topic, subscription))
-
     # --- fault injection (crash tests and chaos) -------------------------------------
 
-    def inject_fault_after_step(self, step: int | None) -> None:
+    def inject_fault_after_step(self, step: int | None, *, credential: str | None = None) -> None:
         """Make this process die right after protocol step ``step`` of the next operation."""
+        self._check(credential)
         self._fault_after_step = step
 
     def _step_done(self, step: int) -> None:
@@ -615,14 +660,15 @@ class ScalableTopicControllerActor(ScalableTopicController):
         self.maintenance = TopicMaintenance(self)
         self._maintenance = self.maintenance.start()
 
-    def autoscale_status(self) -> dict[str, Any]:
+    def autoscale_status(self, *, credential: str | None = None) -> dict[str, Any]:
         """What the autoscaler could not do (``heldBack``: the last split or merge the
         policy wanted that the cluster had no room for, until one succeeds)."""
+        self._check(credential, Permission.LOOKUP)
         return {"heldBack": self.maintenance.held_back}
 
     async def _recover_in_background(self) -> None:
         try:
-            await self.ready()
+            await self._ready()
         except Exception:  # the next call recovers (and reports) instead
             log.exception("%s: recovery at start failed", self.topic)
 

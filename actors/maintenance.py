@@ -4,7 +4,8 @@ Each round reads the topic record and every segment's stats once, then
 publishes gauges, asks ``runtime.autoscale`` whether to split or merge, and
 asks ``runtime.retention`` what to prune. All decisions are pure functions;
 this loop only gathers facts and calls the controller's ordinary (locked,
-fenced) operations, so automatic and manual changes share one path.
+fenced, checked) operations as the system (the cluster's internal credential),
+so automatic and manual changes share one path.
 """
 
 from __future__ import annotations
@@ -122,12 +123,13 @@ class TopicMaintenance:
         metrics.leader(self._ctl.epoch)
         active = len(layout.active_segments)
         metrics.layout(active, len(layout.all_segments) - active)
-        backlog: dict[str, int] = {name: 0 for name in self._ctl.subscription_names()}
+        catalog, topic = self._ctl.catalog, self._ctl.topic
+        backlog: dict[str, int] = {name: 0 for name in catalog.subscriptions(topic)}
         for st in stats.values():
             for name, cursor in st["subscriptions"].items():
                 backlog[name] = backlog.get(name, 0) + cursor["backlog"]
         for name, total in backlog.items():
-            metrics.subscription(name, total, self._ctl.consumer_count(name))
+            metrics.subscription(name, total, len(catalog.consumers(topic, name)))
 
     async def _retain(
         self, layout: SegmentLayout, stats: dict[int, dict[str, Any]], retention: RetentionPolicy
@@ -142,7 +144,7 @@ class TopicMaintenance:
         }
         doomed = prunable(layout, states, retention, time.time_ns() // 1_000_000)
         if doomed:
-            await self._ctl.prune_segments(doomed)
+            await self._ctl.prune_segments(doomed, credential=guard().internal_token())
         await self._retain_active(layout, retention)
 
     async def _autoscale(
@@ -163,10 +165,11 @@ class TopicMaintenance:
         log.info("%s: autoscale %s %s (%s)", self._ctl.topic, decision.kind, decision.segment_ids,
                  decision.reason)  # fmt: skip
         try:
+            credential = guard().internal_token()
             if decision.kind == "split":
-                await self._ctl.split_segment(*decision.segment_ids)
+                await self._ctl.split_segment(*decision.segment_ids, credential=credential)
             else:
-                await self._ctl.merge_segments(*decision.segment_ids)
+                await self._ctl.merge_segments(*decision.segment_ids, credential=credential)
             self.held_back = None
         except InsufficientCapacityError as err:
             self._hold_back(decision, err)

@@ -6,8 +6,7 @@ from typing import Any
 
 import ray
 
-from runtime.config import ray_namespace
-from runtime.connect import actor_settings
+from runtime.config import actor_settings, ray_namespace
 from runtime.names import TopicName
 from runtime.placement import actor_resources, placement_from_env
 

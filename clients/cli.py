@@ -43,6 +43,11 @@ examples:
   raytopics delete public/default/orders
   raytopics storage check                      # storage no metadata names (--delete removes it)
   raytopics recover public/default/orders      # rebuild lost metadata from storage
+  raytopics auth load tokens.json              # the cluster's authentication policy
+  raytopics auth show
+  raytopics --url https://127.0.0.1:8443 --ca ca.pem list public/default
+
+The token comes from $RAYTOPICS_TOKEN (never from the command line, where ps shows it).
 """
 
 Command = Callable[[Any, argparse.Namespace], str]
@@ -147,14 +152,41 @@ def _recover(admin: Any, args: argparse.Namespace) -> str:
     )
 
 
+def _auth_load(admin: Any, args: argparse.Namespace) -> str:
+    status = admin.load_auth(_read_json(args.file))
+    return f"loaded {args.file}\n{format_auth(status)}"
+
+
+def _auth_show(admin: Any, args: argparse.Namespace) -> str:
+    status = admin.auth_status()
+    return json.dumps(status, indent=2) if args.json else format_auth(status)
+
+
+def _auth_disable(admin: Any, args: argparse.Namespace) -> str:
+    admin.disable_auth()
+    return "authentication is off: anyone who reaches the cluster may do anything"
+
+
+def _read_json(path: str) -> Any:
+    from runtime.errors import InvalidArgumentError
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+    except (OSError, ValueError) as err:
+        raise InvalidArgumentError(f"cannot read {path}: {err}") from None
+
+
 def _serve(args: argparse.Namespace) -> str:
     """Run the gateway until Ctrl-C/SIGTERM; the gateway lives exactly as long as this."""
     from actors.gateway import start_gateway, stop_gateway
 
     _connect(args)
+    stop = _stop_signal()  # before the banner: whoever reads it may signal at once
     url = start_gateway(args.port, args.host)
     print(f"serving the admin API at {url} (see {url}/openapi.json); Ctrl-C stops", flush=True)
-    _wait_for_stop_signal()
+    while not stop.wait(0.5):
+        pass
     stop_gateway(args.port)
     return "stopped"
 
@@ -223,6 +255,19 @@ def format_storage(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_auth(status: dict[str, Any]) -> str:
+    """The cluster's policy: one line per token, by principal and 8 hex digits of its
+    SHA-256, with its grants."""
+    if not status["enabled"]:
+        return "authentication is off (no policy stored): anyone may do anything"
+    lines = [f"authentication is on: policy version {status['version']}"]
+    width = max(len(p["principal"]) for p in status["principals"])
+    for entry in status["principals"]:
+        grants = "; ".join(f"{g['namespace']}: {','.join(g['actions'])}" for g in entry["grants"])
+        lines.append(f"  {entry['principal']:<{width}}  sha256:{entry['sha256Prefix']}  {grants}")
+    return "\n".join(lines)
+
+
 def _size(num_bytes: int) -> str:
     if num_bytes < 1024:
         return f"{num_bytes} B"
@@ -258,19 +303,19 @@ def _open_admin(args: argparse.Namespace) -> Any:
     if args.url:
         from clients.http import AdminHttpClient
 
-        return AdminHttpClient(args.url)
+        return AdminHttpClient(args.url, ca=args.ca)
     _connect(args)
     from clients.admin import ScalableTopicsAdmin
 
     return ScalableTopicsAdmin(address=args.address, namespace=args.namespace)
 
 
-def _wait_for_stop_signal() -> None:
+def _stop_signal() -> threading.Event:
+    """An event set by SIGINT or SIGTERM, which then no longer end the process."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
+    return stop
 
 
 # --- argument parsing -------------------------------------------------------------------
@@ -325,7 +370,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Ray namespace of the system (default: $RAYTOPICS_NAMESPACE or 'scalable-topics')",
     )
     parser.add_argument(
-        "--url", help="talk to a running admin gateway over REST instead of Ray (http://host:port)"
+        "--url",
+        help="talk to a running admin gateway over REST instead of Ray (http[s]://host:port)",
+    )
+    parser.add_argument(
+        "--ca",
+        default=None,
+        metavar="FILE",
+        help="CA certificate an https:// gateway must be signed by (default: $RAYTOPICS_TLS_CA)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -395,6 +447,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--incarnation", metavar="ID", help="which stored incarnation (storage check lists them)"
     )
     recover.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    auth = commands.add_parser("auth", help="the cluster's authentication policy")
+    auth_commands = auth.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    auth_load = _command(
+        auth_commands, "load", _auth_load, "make a token document the cluster's policy"
+    )
+    auth_load.add_argument("file", metavar="FILE", help="the token document (JSON)")
+    auth_show = _command(auth_commands, "show", _auth_show, "principals and grants (never tokens)")
+    auth_show.add_argument("--json", action="store_true", help="print the status as JSON")
+    _command(auth_commands, "disable", _auth_disable, "turn authentication off")
 
     policy = commands.add_parser("policy", help="show or set a topic's autoscale/retention policy")
     policy_commands = policy.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")

@@ -5,22 +5,25 @@ client, so code (and the CLI) can switch transports by swapping one object. It
 needs no Ray connection: the gateway's JSON error body carries the error's
 ``code``, which is mapped back to the class in ``runtime.errors``.
 
-The REST path templates live here, not in the gateway, because they are the
-wire contract both sides share and this module must stay importable without
-the gateway's server machinery.
+The REST path templates are the wire contract both sides share
+(``runtime.rest``). An ``https://`` gateway's certificate is verified, host
+name included, against ``ca`` (default ``RAYTOPICS_TLS_CA``); with a CA
+configured a plain ``http://`` URL is refused, so a token is never sent in the
+clear where the operator asked for TLS.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import aiohttp
 
 from clients._ray import background_loop, with_sync_twins
-from runtime.auth import default_token
+from runtime.auth import AuthPolicy, default_token
 from runtime.errors import (
     InvalidArgumentError,
     ScalableTopicsError,
@@ -31,30 +34,27 @@ from runtime.layout import SegmentLayout
 from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
 from runtime.operations import CompletedOperation
 from runtime.policy import TopicPolicy
+from runtime.rest import (
+    AUTH_PATH,
+    LIMITS_PATH,
+    MERGE_PATH,
+    NAMESPACE_PATH,
+    ORPHANED_STORAGE_PATH,
+    POLICY_PATH,
+    RECOVER_PATH,
+    SEGMENT_PATH,
+    SPLIT_PATH,
+    STATS_PATH,
+    STORAGE_PATH,
+    SUBSCRIPTION_PATH,
+    SUBSCRIPTIONS_PATH,
+    TERMINATE_PATH,
+    TOPIC_PATH,
+)
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from runtime.tls import CA_ENV, client_context
 
 T = TypeVar("T")
-
-# --- the REST contract (aiohttp / OpenAPI path templates) --------------------------------
-
-SCALABLE = "/admin/v2/scalable"
-SEGMENTS = "/admin/v2/segments"
-LIMITS = "/admin/v2/limits"
-NAMESPACE_PATH = SCALABLE + "/{tenant}/{namespace}"
-TOPIC_PATH = NAMESPACE_PATH + "/{topic}"
-STATS_PATH = TOPIC_PATH + "/stats"
-SUBSCRIPTIONS_PATH = TOPIC_PATH + "/subscriptions"
-SUBSCRIPTION_PATH = SUBSCRIPTIONS_PATH + "/{subscription}"
-SPLIT_PATH = TOPIC_PATH + "/split/{segmentId}"
-MERGE_PATH = TOPIC_PATH + "/merge/{segmentId1}/{segmentId2}"
-SEGMENT_PATH = SEGMENTS + "/{tenant}/{namespace}/{topic}/{descriptor}"
-TERMINATE_PATH = SEGMENT_PATH + "/terminate"
-# not under NAMESPACE_PATH, where "limits" would be read as a topic name
-LIMITS_PATH = LIMITS + "/{tenant}/{namespace}"
-POLICY_PATH = TOPIC_PATH + "/policy"
-RECOVER_PATH = TOPIC_PATH + "/recover"
-STORAGE_PATH = "/admin/v2/storage"
-ORPHANED_STORAGE_PATH = STORAGE_PATH + "/orphaned"
 
 
 @with_sync_twins
@@ -67,10 +67,20 @@ class AdminHttpClient:
     and async calls from any other loop are bridged onto it.
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 30, token: str | None = None) -> None:
-        """``token`` (default ``RAYTOPICS_TOKEN``) goes out as ``Authorization: Bearer``."""
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30,
+        token: str | None = None,
+        ca: str | None = None,
+    ) -> None:
+        """``token`` (default ``RAYTOPICS_TOKEN``) goes out as ``Authorization: Bearer``;
+        ``ca`` (default ``RAYTOPICS_TLS_CA``) is the CA file an ``https://`` gateway's
+        certificate must chain to (else the system's trust store)."""
         self.url = url.rstrip("/")
         self._token = token if token is not None else default_token()
+        self._ssl = _tls_context(self.url, ca)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -195,6 +205,20 @@ class AdminHttpClient:
         body = {} if incarnation is None else {"incarnation": incarnation}
         return await self._call("POST", _topic_path(RECOVER_PATH, topic), body=body)
 
+    # --- the cluster's authentication policy (admin on every namespace, "*") -----------
+
+    async def load_auth_async(self, document: dict[str, Any]) -> dict[str, Any]:
+        """Make ``document`` the cluster's policy; plain tokens are hashed here, so only
+        digests go over the wire."""
+        config = AuthPolicy.from_config(document).to_config()
+        return await self._call("PUT", AUTH_PATH, body=config)
+
+    async def disable_auth_async(self) -> dict[str, Any]:
+        return await self._call("DELETE", AUTH_PATH)
+
+    async def auth_status_async(self) -> dict[str, Any]:
+        return await self._call("GET", AUTH_PATH)
+
     # --- lifecycle of the client itself --------------------------------------------------
 
     async def close_async(self) -> None:
@@ -238,9 +262,14 @@ class AdminHttpClient:
             headers["Authorization"] = f"Bearer {self._token}"
         try:
             async with self._session_here().request(
-                method, self.url + path, data=data, params=params, headers=headers
+                method, self.url + path, data=data, params=params, headers=headers, ssl=self._ssl
             ) as response:
                 status, text = response.status, await response.text()
+        except aiohttp.ClientConnectorCertificateError as err:
+            raise UnavailableError(
+                f"the admin gateway at {self.url} is not trusted: {err.certificate_error}; "
+                f"give the CA that signed its certificate (ca= or {CA_ENV})"
+            ) from None
         except (aiohttp.ClientError, TimeoutError) as err:
             raise UnavailableError(
                 f"cannot reach the admin gateway at {self.url}: {err or type(err).__name__}"
@@ -279,6 +308,20 @@ def error_from_response(status: int, text: str) -> ScalableTopicsError:
 
 
 # --- helpers ----------------------------------------------------------------------------
+
+
+def _tls_context(url: str, ca: str | None) -> ssl.SSLContext | bool:
+    """How to reach ``url``: a verifying context for ``https://`` (``True``: the system's
+    trust store), ``True`` for ``http://`` (nothing to verify) unless a CA says TLS."""
+    context = client_context(ca)
+    if url.startswith("https://"):
+        return context if context is not None else True
+    if context is not None:
+        raise InvalidArgumentError(
+            f"{url} is plain HTTP while a TLS CA is configured ({ca or CA_ENV}): "
+            "use the gateway's https:// URL, so the token does not travel in the clear"
+        )
+    return True
 
 
 def _namespace_path(template: str, namespace: str) -> str:

@@ -13,8 +13,30 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from runtime.capacity import MEMORY_ENV
+from runtime.limits import LIMIT_ENV_VARS
+from runtime.placement import PLACEMENT_ENV
+from runtime.tls import TLS_ENV_VARS
+
 DEFAULT_NAMESPACE = "scalable-topics"
 GC_FREEZE_ENV = "RAYTOPICS_GC_FREEZE"  # read by clients (clients._ray), forwarded to actors
+
+# What actors started from this process must see too. A client's token and the
+# operator's token file are not among them: no actor acts on a client's behalf
+# with the client's credentials, and the cluster's policy lives in its metadata.
+ACTOR_SETTINGS = (
+    "RAYTOPICS_NAMESPACE",
+    "RAYTOPICS_STORAGE_ROOT",
+    "RAYTOPICS_DURABILITY",
+    "RAYTOPICS_FSYNC_INTERVAL_S",
+    "RAYTOPICS_ACK_TIMEOUT_S",
+    "RAYTOPICS_MAINTENANCE_INTERVAL_S",
+    PLACEMENT_ENV,
+    GC_FREEZE_ENV,
+    MEMORY_ENV,
+    *LIMIT_ENV_VARS,
+    *TLS_ENV_VARS,
+)
 
 
 def ray_namespace() -> str:
@@ -37,6 +59,11 @@ def apply_settings(settings: Mapping[str, str] | None) -> None:
     Called first thing in every actor's constructor, before anything reads them;
     the actors it starts in turn get them from its environment."""
     os.environ.update(settings or {})
+
+
+def actor_settings() -> dict[str, str]:
+    """This process's settings that the actors it starts must run with."""
+    return {name: os.environ[name] for name in ACTOR_SETTINGS if name in os.environ}
 
 
 def env_float(name: str, default: float) -> float:

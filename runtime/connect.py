@@ -23,29 +23,9 @@ from typing import Any
 import ray
 
 from runtime import embedded
-from runtime.capacity import MEMORY_ENV
-from runtime.config import GC_FREEZE_ENV, ray_namespace
-from runtime.limits import LIMIT_ENV_VARS
-from runtime.placement import PLACEMENT_ENV, placement_from_env
+from runtime.config import ray_namespace
+from runtime.placement import placement_from_env
 from runtime.processes import tcp_answers
-from runtime.tls import TLS_ENV_VARS
-
-# Variables that actors started from this process must see too, handed to each as a
-# constructor argument (runtime.config.apply_settings); the embedded Ray's
-# processes never inherit a program's RAYTOPICS_* variables.
-ACTOR_SETTINGS = (
-    "RAYTOPICS_NAMESPACE",
-    "RAYTOPICS_STORAGE_ROOT",
-    "RAYTOPICS_DURABILITY",
-    "RAYTOPICS_FSYNC_INTERVAL_S",
-    "RAYTOPICS_ACK_TIMEOUT_S",
-    "RAYTOPICS_MAINTENANCE_INTERVAL_S",
-    PLACEMENT_ENV,
-    GC_FREEZE_ENV,
-    MEMORY_ENV,
-    *LIMIT_ENV_VARS,
-    *TLS_ENV_VARS,
-)
 
 # Settings for the embedded Ray; clusters started with `ray start` take the same
 # ones via --system-config (or RAY_<name> variables on every node).
@@ -64,7 +44,6 @@ LOCAL_SYSTEM_CONFIG = {
 # The address that means "the embedded Ray of the storage root", skipping the
 # search for a `ray start` cluster (Ray's "local" likewise never joins one).
 EMBEDDED_ADDRESS = "local"
-DURABLE_BACKENDS = ("rocksdb", "redis")
 
 _lock = threading.RLock()
 _warned_not_durable = False
@@ -80,7 +59,6 @@ def connect(
     address: str | None = None,
     *,
     namespace: str | None = None,
-    http_port: int | None = None,
     **ray_init_kwargs: Any,
 ) -> str:
     """Make this process a Ray driver in the project's namespace and return the namespace.
@@ -93,18 +71,13 @@ def connect(
     Arguments that configure a head (``num_cpus``, ``_system_config``, ...) apply
     only when the embedded Ray is started here; joining a running Ray ignores them
     and says so. Calling it again in a connected process is a no-op as long as the
-    namespace agrees. With ``http_port`` the REST admin gateway is started (or
-    found) on that port of this node, bound to 127.0.0.1.
+    namespace agrees. The REST admin gateway is started apart, once connected
+    (``raytopics serve``, or ``start_gateway(port)`` of the actors package): this
+    module sits below every actor and must not reach up to one.
     """
     with _lock:
         namespace = _join(address, namespace, ray_init_kwargs)
         _warn_if_not_durable()
-    if http_port is not None:
-        # connect() is the wiring point of the whole system, so it may reach up
-        # into actors/; imported lazily to keep runtime/ importable on its own.
-        from actors.gateway import start_gateway
-
-        start_gateway(http_port)
     return namespace
 
 
@@ -119,19 +92,12 @@ def disconnect() -> None:
         embedded.leave()
 
 
-def actor_settings() -> dict[str, str]:
-    """This process's settings that the actors it starts must run with."""
-    return {name: os.environ[name] for name in ACTOR_SETTINGS if name in os.environ}
-
-
 def metadata_durability() -> dict[str, Any]:
     """Where the connected cluster keeps its metadata and whether that outlives its
-    head: ``{"backend": "rocksdb" | "redis" | "memory" | "unknown", "durable": bool}``
-    (``durable`` only when known to be)."""
-    from storage.metadata import metadata_backend
+    head (``storage.metadata.metadata_durability``)."""
+    from storage.metadata import metadata_durability as durability
 
-    backend = metadata_backend()
-    return {"backend": backend, "durable": backend in DURABLE_BACKENDS}
+    return durability()
 
 
 def _join(address: str | None, namespace: str | None, ray_init_kwargs: dict[str, Any]) -> str:

@@ -49,9 +49,12 @@ def server_context() -> ssl.SSLContext | None:
     return context
 
 
-def client_context() -> ssl.SSLContext | None:
-    """The clients' context, verifying servers against the operator's CA, or ``None``."""
-    ca = _path(CA_ENV)
+def client_context(ca: str | None = None) -> ssl.SSLContext | None:
+    """The clients' context, verifying servers (and their host names) against ``ca``,
+    else the operator's ``RAYTOPICS_TLS_CA``; ``None`` when neither is given."""
+    if ca is not None and not Path(ca).is_file():
+        raise InvalidArgumentError(f"TLS CA {ca}: no such file")
+    ca = ca or _path(CA_ENV)
     if ca is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)

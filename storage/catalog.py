@@ -474,9 +474,14 @@ class Catalog:
         return record.version if record is not None else 0
 
     def replace_auth(self, policy: AuthPolicy) -> AuthRecord:
-        """Store ``policy`` (enabled: it has tokens) as the next version."""
+        """Store ``policy`` (enabled: it has tokens) as the next version.
+
+        The internal token is made first, if it is not yet: once a policy is in force
+        the system's own calls need it, and making it then, on a caller's request,
+        would change the metadata while refusing that request."""
         if not policy.enabled:
             raise ConflictError("an empty policy would turn authentication off: disable it")
+        self.internal_token()
         now = int(time.time() * 1000)
         config = policy.to_config()
         for _ in range(100):

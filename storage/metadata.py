@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ray.experimental import internal_kv as kv
 
@@ -35,6 +36,7 @@ DEFAULT_KV_NAMESPACE = "scalable-topics"
 _USAGE_NAMESPACE = b"usage_stats"
 _GCS_STORAGE_TAG = b"extra_usage_tag_gcs_storage"
 METADATA_BACKENDS = ("rocksdb", "redis", "memory")
+DURABLE_BACKENDS = ("rocksdb", "redis")
 _SEP = "#"
 _GEN = f"{_SEP}gen"
 _COMPACTED = b"\x00compacted"
@@ -197,6 +199,14 @@ def metadata_backend() -> str:
     raw = kv._internal_kv_get(_GCS_STORAGE_TAG, namespace=_USAGE_NAMESPACE)
     backend = raw.decode(errors="replace") if raw else ""
     return backend if backend in METADATA_BACKENDS else "unknown"
+
+
+def metadata_durability() -> dict[str, Any]:
+    """Where the connected cluster keeps its metadata and whether that outlives its
+    head: ``{"backend": "rocksdb" | "redis" | "memory" | "unknown", "durable": bool}``
+    (``durable`` only when known to be)."""
+    backend = metadata_backend()
+    return {"backend": backend, "durable": backend in DURABLE_BACKENDS}
 
 
 def _gen_key(path: str) -> str:

@@ -161,14 +161,13 @@ def test_the_autoscaler_is_held_back_by_capacity_and_says_so(admin, unique, room
     policy = {"targetMsgsPerS": 50, "maxSegments": 8, "cooldownS": 1, "windowS": 1}
     admin.set_policy(topic, {"autoscale": policy})
     room_for(1, topic)  # a split starts two children
-    controller = controller_actor(TopicName.parse(topic))
     sent: list = []
     with Producer(topic) as producer:
         deadline = time.monotonic() + 30
-        while ray.get(controller.autoscale_status.remote())["heldBack"] is None:
+        while admin.get_stats(topic)["autoscale"]["heldBack"] is None:
             assert time.monotonic() < deadline, "the autoscaler never wanted to split"
             produce(producer, 300, 0.5, sent)
-    held = ray.get(controller.autoscale_status.remote())["heldBack"]
+    held = admin.get_stats(topic)["autoscale"]["heldBack"]
     assert held["kind"] == "split" and held["code"] == "insufficient_capacity", held
     assert "new segment actors" in held["message"]
     layout = admin.get_layout(topic)

@@ -22,7 +22,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from actors.gateway import ROUTES, create_app, start_gateway, stop_gateway
 from clients import AdminHttpClient, ScalableTopicsAdmin
-from runtime import connect
 from runtime.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -269,14 +268,14 @@ def test_messages_say_what_is_wrong_and_what_is_allowed(gateway: str) -> None:
 # --- the application alone: bugs and oversized bodies -----------------------------------
 
 
-class _BrokenAdmin:
-    async def get_metadata_async(self, topic: str) -> dict[str, Any]:
+class _BrokenService:
+    async def call(self, method: str, *args: Any, credential: str | None, **kwargs: Any) -> Any:
         raise RuntimeError("a bug\nwith a second line")
 
 
-def test_unexpected_errors_are_json_500_without_traceback() -> None:
+def test_unexpected_errors_are_json_500_without_traceback(ray_cluster) -> None:
     async def scenario() -> list[tuple[int, dict[str, Any]]]:
-        async with TestClient(TestServer(create_app(_BrokenAdmin()))) as client:
+        async with TestClient(TestServer(create_app(_BrokenService()))) as client:
             replies = []
             for method, path, data in (
                 ("GET", f"{SCALABLE}/x", None),
@@ -395,9 +394,9 @@ def test_unreachable_gateway_is_unavailable() -> None:
 # --- starting and stopping --------------------------------------------------------------
 
 
-def test_connect_starts_the_gateway_and_busy_ports_fail_cleanly(ray_cluster) -> None:
+def test_start_gateway_serves_and_busy_ports_fail_cleanly(ray_cluster) -> None:
     port = free_port()
-    connect(http_port=port)
+    start_gateway(port)
     try:
         status, health = http(f"http://127.0.0.1:{port}", "GET", "/healthz")
         assert status == 200 and health["status"] == "ok"

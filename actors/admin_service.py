@@ -1,0 +1,467 @@
+"""The admin service: every Admin API operation, carried out inside the cluster.
+
+A check made in the caller's process decides nothing (the caller can skip it,
+or run without the operator's policy), and a client that reads and writes the
+metadata store itself can do anything Ray lets it. So the Python admin client
+and the REST gateway are thin: they hand each request, with the credential the
+caller presented, to this one detached actor, which checks it against the
+cluster's stored policy (``actors.guard``) before it reads or changes anything.
+
+Reads (metadata, listings, stats) come straight from the metadata store and the
+segments, so they work while a controller restarts; mutations go to the
+topic's controller, which serializes and fences them, presenting the cluster's
+internal credential. A controller call interrupted by a controller restart is
+sent again, with the same request id for a split or merge, which the restarted
+controller recognizes, so a retry never applies an operation twice. The service
+itself holds no state: Ray restarts it after a crash, and what the clients and
+the gateway call it through (``actors.admin_caller``) rides that out the same way.
+
+The cluster's authentication policy is managed here too (``load_auth``,
+``disable_auth``, ``auth_status``; what a policy may be is ``actors.auth_admin``),
+with admin on every namespace (``*``); while no policy is stored, anyone may
+load the first one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from actors.auth_admin import EVERY_NAMESPACE, load_policy, policy_status
+from actors.capacity import check_capacity
+from actors.controller import controller_actor
+from actors.guard import guard
+from actors.registry import get_or_start
+from actors.storage_tasks import scan_storage, storage_report
+from actors.topic_stats import topic_stats
+from runtime.auth import Permission
+from runtime.config import apply_settings
+from runtime.errors import (
+    InvalidArgumentError,
+    TopicAlreadyExistsError,
+    UnavailableError,
+    is_integer,
+)
+from runtime.layout import MAX_SEGMENTS
+from runtime.limits import Limits, check_room, namespace_limits
+from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
+from runtime.policy import TopicPolicy
+from runtime.remote import call
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from storage.catalog import Catalog, TopicRecord
+from storage.segment_log import default_storage_root
+from storage.topic_storage import choose_incarnation, is_incarnation
+
+ACTOR_NAME = "admin"
+DEFAULT_RESTART_TIMEOUT_S = 30.0
+DEFAULT_SEGMENT_TIMEOUT_S = 10.0
+RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
+
+
+class AdminService:
+    """The Admin API, each method checking ``credential`` first; ``AdminServiceActor``
+    is this class as a Ray actor."""
+
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        apply_settings(settings)
+        self._catalog = Catalog()
+        self._guard = guard()
+
+    # --- who is asking --------------------------------------------------------------
+
+    async def whoami(self, *, credential: str | None = None) -> dict[str, Any]:
+        """The caller's principal (``None`` while authentication is off); an unknown or
+        revoked token raises ``UnauthenticatedError``."""
+        principal = self._guard.authenticate(credential)
+        return {
+            "principal": principal.name if principal is not None else None,
+            "authentication": self._guard.enabled,
+        }
+
+    # --- reads (no controller involved) --------------------------------------------
+
+    async def list_scalable_topics(
+        self, namespace: str, *, credential: str | None = None
+    ) -> list[str]:
+        self._namespace_allowed(credential, Permission.LOOKUP, namespace)
+        return [f"topic://{namespace}/{name}" for name in self._catalog.topics(namespace)]
+
+    async def get_metadata(self, topic: str, *, credential: str | None = None) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.LOOKUP, topic)
+        return self._record(name).layout.to_dict()
+
+    async def list_subscriptions(self, topic: str, *, credential: str | None = None) -> list[str]:
+        name = self._allowed(credential, Permission.LOOKUP, topic)
+        self._record(name)
+        return self._catalog.subscriptions(name)
+
+    async def get_stats(
+        self,
+        topic: str,
+        *,
+        segment_timeout_s: float = DEFAULT_SEGMENT_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """Backlog is a bulk read over the whole DAG: a segment that cannot answer
+        makes this raise ``UnavailableSegmentsError`` rather than under-report."""
+        name = self._allowed(credential, Permission.LOOKUP, topic)
+        return await topic_stats(self._catalog, name, segment_timeout_s)
+
+    async def get_policy(self, topic: str, *, credential: str | None = None) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.LOOKUP, topic)
+        return (self._record(name).policy or TopicPolicy()).to_dict()
+
+    async def get_namespace_limits(
+        self, namespace: str, *, credential: str | None = None
+    ) -> dict[str, int]:
+        self._namespace_allowed(credential, Permission.LOOKUP, namespace)
+        return asdict(namespace_limits(self._catalog, namespace))
+
+    # --- topic lifecycle --------------------------------------------------------------
+
+    async def create_scalable_topic(
+        self,
+        topic: str,
+        num_segments: int,
+        properties: dict[str, str] | None = None,
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.ADMIN, topic)
+        if not is_integer(num_segments, 1, MAX_SEGMENTS):
+            raise InvalidArgumentError(
+                f"num_segments must be an integer from 1 to {MAX_SEGMENTS}, got {num_segments!r}"
+            )
+        _check_properties(properties)
+        if self._catalog.topic_exists(name):
+            raise TopicAlreadyExistsError(f"topic {name} already exists")
+        check_room(self._catalog, name, num_segments, new_topic=True)
+        check_capacity(f"creating {name}", name, num_segments)
+        return await self._control(
+            name, restart_timeout_s, "create", num_segments, properties, create=True
+        )
+
+    async def delete_scalable_topic(
+        self,
+        topic: str,
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> None:
+        name = self._allowed(credential, Permission.ADMIN, topic)
+        self._record(name)
+        await self._control(name, restart_timeout_s, "delete")
+        ray.kill(controller_actor(name), no_restart=True)
+
+    # --- subscriptions ------------------------------------------------------------------
+
+    async def create_subscription(
+        self,
+        topic: str,
+        subscription: str,
+        position: StartPosition = "earliest",
+        session_grace_s: float = DEFAULT_GRACE_S,
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> None:
+        name = self._allowed(credential, Permission.CONSUME, topic)
+        validate_part("subscription", subscription)
+        self._record(name)
+        await self._control(
+            name, restart_timeout_s, "create_subscription", subscription, position, session_grace_s
+        )
+
+    async def delete_subscription(
+        self,
+        topic: str,
+        subscription: str,
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> None:
+        name = self._allowed(credential, Permission.ADMIN, topic)
+        validate_part("subscription", subscription)
+        self._record(name)
+        await self._control(name, restart_timeout_s, "delete_subscription", subscription)
+
+    # --- layout changes -----------------------------------------------------------------
+
+    async def split_segment(
+        self,
+        topic: str,
+        segment_id: int,
+        *,
+        request_id: str | None = None,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """``request_id``: the same id sent again (a caller's retry) is applied once."""
+        name = self._allowed(credential, Permission.ADMIN, topic)
+        _check_id(segment_id)
+        self._record(name)
+        rid = _request_id(request_id)
+        return await self._control(name, restart_timeout_s, "split_segment", segment_id, rid)
+
+    async def merge_segments(
+        self,
+        topic: str,
+        segment_id1: int,
+        segment_id2: int,
+        *,
+        request_id: str | None = None,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.ADMIN, topic)
+        _check_id(segment_id1)
+        _check_id(segment_id2)
+        self._record(name)
+        rid = _request_id(request_id)
+        return await self._control(
+            name, restart_timeout_s, "merge_segments", segment_id1, segment_id2, rid
+        )
+
+    # --- operating policy ---------------------------------------------------------------
+
+    async def set_policy(
+        self,
+        topic: str,
+        policy: dict[str, Any],
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.ADMIN, topic)
+        parsed = TopicPolicy.parse(policy)
+        self._record(name)
+        return await self._control(name, restart_timeout_s, "set_policy", parsed.to_dict())
+
+    # --- segments (the spec's Segments API; routed through the controller) -------------
+
+    async def create_segment(
+        self,
+        segment_topic: str,
+        subscriptions: list[str] | None = None,
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> None:
+        segment = self._segment_allowed(credential, segment_topic)
+        if subscriptions is not None and not isinstance(subscriptions, list | tuple):
+            raise InvalidArgumentError("subscriptions must be a list of subscription names")
+        for sub in subscriptions or []:
+            validate_part("subscription", sub)
+        self._record(segment.topic)
+        await self._control(
+            segment.topic,
+            restart_timeout_s,
+            "create_segment",
+            str(segment),
+            list(subscriptions or []),
+        )
+
+    async def terminate_segment(
+        self,
+        segment_topic: str,
+        force: bool = False,
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> int:
+        segment = self._segment_allowed(credential, segment_topic)
+        _check_flag("force", force)
+        self._record(segment.topic)
+        return await self._control(
+            segment.topic, restart_timeout_s, "terminate_segment", str(segment), force
+        )
+
+    async def delete_segment(
+        self,
+        segment_topic: str,
+        force: bool = False,
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> None:
+        segment = self._segment_allowed(credential, segment_topic)
+        _check_flag("force", force)
+        self._record(segment.topic)
+        await self._control(segment.topic, restart_timeout_s, "delete_segment", str(segment), force)
+
+    # --- limits -------------------------------------------------------------------------
+
+    async def set_namespace_limits(
+        self, namespace: str, limits: dict[str, int], *, credential: str | None = None
+    ) -> dict[str, int]:
+        """The whole resulting set is validated before it is stored."""
+        self._namespace_allowed(credential, Permission.ADMIN, namespace)
+        if not isinstance(limits, dict):
+            raise InvalidArgumentError("limits must be a mapping of limit names to integers")
+
+        def merged(stored: dict[str, Any]) -> dict[str, Any]:
+            overrides = {**stored, **limits}
+            Limits.from_env().overridden(overrides)  # raises before anything is written
+            return overrides
+
+        self._catalog.update_limit_overrides(namespace, merged)
+        return asdict(namespace_limits(self._catalog, namespace))
+
+    # --- storage: what outlives metadata (storage.topic_storage) ----------------------
+
+    async def check_storage(
+        self, delete: bool = False, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """Orphaned storage (and, with ``delete``, its removal); spans every namespace."""
+        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
+        _check_flag("delete", delete)
+        return await storage_report(self._catalog, delete)
+
+    async def recover_topic(
+        self,
+        topic: str,
+        incarnation: str | None = None,
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """Refused, with nothing changed, while the topic has live metadata, and when
+        storage of several incarnations exists and ``incarnation`` does not say which."""
+        name = self._allowed(credential, Permission.ADMIN, topic)
+        if incarnation is not None and not is_incarnation(incarnation):
+            raise InvalidArgumentError(
+                f"invalid incarnation {incarnation!r}: expected an id such as "
+                "20261125T130241Z-3f9a1c2b (raytopics storage check lists them)"
+            )
+        if self._catalog.topic_exists(name):
+            raise TopicAlreadyExistsError(
+                f"topic {name} has live metadata: recover rebuilds only a topic whose "
+                "metadata is lost"
+            )
+        root = str(default_storage_root())
+        stored = await call(scan_storage.remote(root, str(name)))
+        chosen = choose_incarnation(stored, name, incarnation)  # refuses before anything starts
+        return await self._control(
+            name, restart_timeout_s, "recover", chosen.incarnation, create=True
+        )
+
+    # --- the cluster's authentication policy ---------------------------------------------
+
+    async def load_auth(
+        self, document: dict[str, Any], *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """Replace the policy with ``document`` (``actors.auth_admin.load_policy``); this
+        process applies it at once, every other within ``actors.guard.REFRESH_S``."""
+        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
+        status = load_policy(self._catalog, document)
+        self._guard.refresh()
+        return status
+
+    async def disable_auth(self, *, credential: str | None = None) -> dict[str, Any]:
+        """Turn authentication off: anyone who reaches the cluster may do anything."""
+        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
+        self._catalog.disable_auth()
+        self._guard.refresh()
+        return policy_status(None)
+
+    async def auth_status(self, *, credential: str | None = None) -> dict[str, Any]:
+        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
+        return policy_status(self._catalog.auth())
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _allowed(self, credential: str | None, action: Permission, topic: str) -> TopicName:
+        """Who asks (401) comes first, then the name (400), then the grant (403)."""
+        self._guard.authenticate(credential)
+        name = TopicName.parse(topic)
+        self._guard.check(credential, action, name.namespace_path)
+        return name
+
+    def _namespace_allowed(
+        self, credential: str | None, action: Permission, namespace: str
+    ) -> None:
+        self._guard.authenticate(credential)
+        parse_namespace(namespace)
+        self._guard.check(credential, action, namespace)
+
+    def _segment_allowed(self, credential: str | None, segment_topic: str) -> SegmentName:
+        """Segment operations are internal: they need admin on the topic's namespace."""
+        self._guard.authenticate(credential)
+        segment = SegmentName.parse(segment_topic)
+        self._guard.check(credential, Permission.ADMIN, segment.topic.namespace_path)
+        return segment
+
+    def _record(self, name: TopicName) -> TopicRecord:
+        return self._catalog.require_topic(name)
+
+    async def _control(
+        self,
+        name: TopicName,
+        restart_timeout_s: float,
+        method: str,
+        *args: Any,
+        create: bool = False,
+    ) -> Any:
+        """Call the topic's controller as the system, riding out a controller restart."""
+        credential = self._guard.internal_token()
+        deadline = time.monotonic() + restart_timeout_s
+        while True:
+            handle = controller_actor(name, create=True)
+            try:
+                if not create:
+                    await call(handle.ready.remote(credential=credential))
+                return await call(getattr(handle, method).remote(*args, credential=credential))
+            except RESTART_ERRORS as err:
+                if time.monotonic() > deadline:
+                    raise UnavailableError(
+                        f"controller of {name} did not come back within {restart_timeout_s}s: {err}"
+                    ) from None
+                await asyncio.sleep(0.05)  # a restart takes ~1-2 s: look often
+
+
+AdminServiceActor = ray.remote(num_cpus=0, max_restarts=-1)(AdminService)
+
+
+def admin_service_actor() -> ray.actor.ActorHandle:
+    """The cluster's admin service, started if it is not running."""
+    return get_or_start(AdminServiceActor, ACTOR_NAME)
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _request_id(given: str | None) -> str:
+    if given is None:
+        return uuid.uuid4().hex
+    if not isinstance(given, str) or not 1 <= len(given) <= 64:
+        raise InvalidArgumentError("request_id must be a string of 1 to 64 characters")
+    return given
+
+
+def _check_id(segment_id: Any) -> None:
+    if not is_integer(segment_id, 0):
+        raise InvalidArgumentError(f"segment id must be a non-negative integer, got {segment_id!r}")
+
+
+def _check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_properties(properties: Any) -> None:
+    if properties is None:
+        return
+    if not isinstance(properties, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+    ):
+        raise InvalidArgumentError("properties must be a mapping of strings to strings")
+    if len(json.dumps(properties)) > 64 * 1024:
+        raise InvalidArgumentError("properties must serialize to at most 64 KiB")

@@ -1,0 +1,171 @@
+"""The REST gateway's documents: request bodies, query strings and answers.
+
+Each is a strict pydantic model, so bad input is refused with what is allowed
+before it reaches the admin service, and the same models generate the
+OpenAPI schemas (``actors.gateway.openapi_document``), so the documentation
+cannot drift from what is accepted. Bodies take JSON types literally ("4" is
+not 4); query strings are text, coerced ("true" is True); unknown fields and
+parameters are refused in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from runtime.layout import MAX_SEGMENTS
+from runtime.limits import Limits
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from storage.topic_storage import INCARNATION_PATTERN
+
+
+class Body(BaseModel):
+    """Request bodies: JSON types taken literally ("4" is not 4), unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class NoBody(Body):
+    """Endpoints without a body accept only an empty body or ``{}``."""
+
+
+class CreateTopicBody(Body):
+    num_segments: int = Field(
+        alias="numSegments",
+        ge=1,
+        le=MAX_SEGMENTS,
+        description=f"number of initial segments, an integer from 1 to {MAX_SEGMENTS}",
+    )
+    properties: dict[str, str] | None = Field(
+        default=None, description="free-form string-to-string map stored with the topic"
+    )
+
+
+class CreateSubscriptionBody(Body):
+    position: StartPosition = Field(
+        default="earliest", description="where the subscription starts: 'earliest' or 'latest'"
+    )
+    session_grace_s: float = Field(
+        default=DEFAULT_GRACE_S,
+        alias="sessionGraceS",
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a disconnected stream consumer keeps its segments, > 0",
+    )
+
+
+class CreateSegmentBody(Body):
+    subscriptions: list[str] = Field(
+        default_factory=list, description="subscription names to pre-create at Earliest"
+    )
+
+
+class RecoverBody(Body):
+    incarnation: str | None = Field(
+        default=None,
+        pattern=f"^{INCARNATION_PATTERN}$",
+        description="which stored incarnation to recover (GET /admin/v2/storage lists them); "
+        "may be omitted when only one exists",
+    )
+
+
+class GrantDocument(Body):
+    namespace: str = Field(description="scope: '*', 'tenant/*' or 'tenant/namespace'")
+    actions: list[Literal["admin", "produce", "consume", "lookup"]] = Field(
+        description="admin implies all others; produce and consume imply lookup"
+    )
+
+
+class TokenDocument(Body):
+    principal: str = Field(description="who holds the token (named in refusals and logs)")
+    token: str | None = Field(
+        default=None,
+        description="the token itself, >= 16 characters, hashed on arrival (give this or sha256)",
+    )
+    sha256: str | None = Field(
+        default=None, description="the SHA-256 hex digest of the token (give this or token)"
+    )
+    grants: list[GrantDocument] = Field(description="what the principal may do where")
+
+
+class AuthDocument(Body):
+    """The cluster's authentication policy: who holds which token and may do what."""
+
+    tokens: list[TokenDocument] = Field(
+        description="a non-empty list (authentication is turned off only by DELETE)"
+    )
+
+
+class Query(BaseModel):
+    """Query strings: text is coerced ("true" is True), unknown parameters refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoQuery(Query):
+    """Endpoints without query parameters refuse any."""
+
+
+class DeleteSegmentQuery(Query):
+    force: bool = Field(default=False, description="delete even if ACTIVE in the layout")
+
+
+class TerminateSegmentQuery(Query):
+    force: bool = Field(default=False, description="terminate even if ACTIVE in the layout")
+
+
+def _limits_model(name: str, doc: str, base: type[BaseModel], *, partial: bool) -> Any:
+    """One integer field per ``runtime.limits.Limits`` field, so the REST documents
+    cannot drift from the limits; ``partial``: each may be omitted (an override)."""
+    annotation, default = (int | None, None) if partial else (int, ...)
+    limit = Field(default=default, ge=1, le=(1 << 63) - 1)  # stored as JSON, used as int64
+    model = create_model(
+        name, __base__=base, **{f.name: (annotation, limit) for f in fields(Limits)}
+    )
+    model.__doc__ = doc
+    return model
+
+
+NamespaceLimitsBody = _limits_model(
+    "NamespaceLimitsBody",
+    "Overrides for one namespace; an omitted limit keeps its value.",
+    Body,
+    partial=True,
+)
+NamespaceLimits = _limits_model(
+    "NamespaceLimits", "The limits in force in a namespace.", BaseModel, partial=False
+)
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer; ``error`` is the ``code`` of a ``runtime.errors`` class."""
+
+    error: str = Field(description="stable machine-readable code, e.g. topic_not_found")
+    message: str = Field(description="what went wrong and what is allowed instead")
+
+
+class TerminateResult(BaseModel):
+    end_offset: int = Field(alias="endOffset", description="offset after the last record")
+
+
+# path parameters that are segment ids (integers); every other one is a name
+ID_PARAMS = ("segmentId", "segmentId1", "segmentId2")
+STRINGS = {"type": "array", "items": {"type": "string"}}
+HEALTH = {
+    "type": "object",
+    "properties": {
+        "status": {"const": "ok"},
+        "metadata": {
+            "type": "object",
+            "description": "where the cluster's GCS keeps metadata; durable: survives a "
+            "restart of the head",
+            "properties": {
+                "backend": {"enum": ["rocksdb", "redis", "memory", "unknown"]},
+                "durable": {"type": "boolean"},
+            },
+        },
+    },
+}
+OBJECT = {"type": "object", "additionalProperties": True}

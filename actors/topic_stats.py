@@ -1,0 +1,121 @@
+"""A topic's stats: counts from its layout, sizes and backlogs from every segment.
+
+Backlog is a bulk read over the whole DAG, sealed segments included (their
+unread records are still owed to each subscription), so every segment is asked
+at once, and one that cannot answer in time makes the whole answer an
+``UnavailableSegmentsError``: an under-reported backlog would read as a
+healthy one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
+
+from actors.controller import controller_actor
+from actors.guard import guard
+from actors.segment import segment_actor
+from runtime.errors import UnavailableSegmentsError
+from runtime.layout import SegmentInfo, SegmentLayout
+from runtime.names import SegmentName, TopicName
+from runtime.remote import call
+from storage.catalog import Catalog
+from storage.metadata import metadata_durability
+
+_UNANSWERED = (
+    ValueError,  # no such actor (yet)
+    TimeoutError,
+    GetTimeoutError,
+    ActorDiedError,
+    ActorUnavailableError,
+    RayActorError,
+)
+
+
+async def topic_stats(catalog: Catalog, name: TopicName, timeout_s: float) -> dict[str, Any]:
+    """The stats document of ``name`` (``TopicNotFoundError`` if it does not exist)."""
+    record = catalog.require_topic(name)
+    segments = list(record.layout.all_segments.values())
+    stats, autoscale = await asyncio.gather(
+        asyncio.gather(*(_segment_stats(s.name(name), timeout_s) for s in segments)),
+        _autoscale_status(name, timeout_s),
+    )
+    missing = [s.segment_id for s, st in zip(segments, stats, strict=True) if st is None]
+    if missing:
+        raise UnavailableSegmentsError(
+            f"{name}: segments {missing} did not answer within {timeout_s}s", missing
+        )
+    return {
+        **_aggregate(
+            name, record.incarnation, record.layout, segments, stats, _subs(catalog, name)
+        ),
+        "autoscale": autoscale,
+    }
+
+
+async def _segment_stats(name: SegmentName, timeout_s: float) -> dict[str, Any] | None:
+    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``."""
+    try:
+        handle = segment_actor(name)
+        answer = handle.stats.remote(credential=guard().internal_token())
+        return await asyncio.wait_for(call(answer), timeout=timeout_s)
+    except _UNANSWERED:
+        return None
+
+
+async def _autoscale_status(name: TopicName, timeout_s: float) -> dict[str, Any] | None:
+    """What the topic's autoscaler could not do (``None``: its controller did not answer,
+    so nothing is known, which is not the same as nothing held back)."""
+    try:
+        handle = controller_actor(name)
+        answer = handle.autoscale_status.remote(credential=guard().internal_token())
+        return await asyncio.wait_for(call(answer), timeout=timeout_s)
+    except _UNANSWERED:
+        return None
+
+
+def _subs(catalog: Catalog, name: TopicName) -> dict[str, dict[str, Any]]:
+    """Each subscription's state and number of registered consumers."""
+    result = {}
+    for sub in catalog.subscriptions(name):
+        meta = catalog.subscription(name, sub)
+        if meta is not None:
+            result[sub] = {"state": meta.state, "consumers": len(catalog.consumers(name, sub))}
+    return result
+
+
+def _aggregate(
+    name: TopicName,
+    incarnation: str,
+    layout: SegmentLayout,
+    segments: list[SegmentInfo],
+    stats: list[dict[str, Any]],
+    subscriptions: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    per_segment, backlog = {}, dict.fromkeys(subscriptions, 0)
+    for info, st in zip(segments, stats, strict=True):
+        per_segment[str(info.segment_id)] = {
+            "state": info.state.value,
+            "hashRange": {"start": info.hash_range.start, "end": info.hash_range.end},
+            **{k: st[k] for k in ("records", "sizeBytes", "endOffset", "terminated")},
+            "subscriptions": st["subscriptions"],
+        }
+        for sub, cursor in st["subscriptions"].items():
+            backlog[sub] = backlog.get(sub, 0) + cursor["backlog"]
+    return {
+        "topic": str(name),
+        "incarnation": incarnation,
+        "metadata": metadata_durability(),
+        "epoch": layout.epoch,
+        "activeSegments": len(layout.active_segments),
+        "sealedSegments": len(layout.all_segments) - len(layout.active_segments),
+        "records": sum(s["records"] for s in stats),
+        "sizeBytes": sum(s["sizeBytes"] for s in stats),
+        "segments": per_segment,
+        "subscriptions": {
+            sub: {**subscriptions.get(sub, {"state": "UNKNOWN", "consumers": 0}), "backlog": total}
+            for sub, total in backlog.items()
+        },
+    }

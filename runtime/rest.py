@@ -1,0 +1,29 @@
+"""The REST contract: the Admin API's path templates (aiohttp and OpenAPI syntax).
+
+Both sides speak them, the gateway (``actors.gateway``) and ``AdminHttpClient``
+(``clients.http``), and neither may import the other: the gateway must not
+depend on the clients above it, and a client must stay importable without the
+server's machinery. So the wire contract lives below both, here.
+"""
+
+from __future__ import annotations
+
+SCALABLE = "/admin/v2/scalable"
+SEGMENTS = "/admin/v2/segments"
+LIMITS = "/admin/v2/limits"
+NAMESPACE_PATH = SCALABLE + "/{tenant}/{namespace}"
+TOPIC_PATH = NAMESPACE_PATH + "/{topic}"
+STATS_PATH = TOPIC_PATH + "/stats"
+SUBSCRIPTIONS_PATH = TOPIC_PATH + "/subscriptions"
+SUBSCRIPTION_PATH = SUBSCRIPTIONS_PATH + "/{subscription}"
+SPLIT_PATH = TOPIC_PATH + "/split/{segmentId}"
+MERGE_PATH = TOPIC_PATH + "/merge/{segmentId1}/{segmentId2}"
+SEGMENT_PATH = SEGMENTS + "/{tenant}/{namespace}/{topic}/{descriptor}"
+TERMINATE_PATH = SEGMENT_PATH + "/terminate"
+# not under NAMESPACE_PATH, where "limits" would be read as a topic name
+LIMITS_PATH = LIMITS + "/{tenant}/{namespace}"
+POLICY_PATH = TOPIC_PATH + "/policy"
+RECOVER_PATH = TOPIC_PATH + "/recover"
+STORAGE_PATH = "/admin/v2/storage"
+ORPHANED_STORAGE_PATH = STORAGE_PATH + "/orphaned"
+AUTH_PATH = "/admin/v2/auth"  # the cluster's authentication policy

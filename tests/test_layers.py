@@ -1,0 +1,61 @@
+"""The package layers: ``runtime`` and ``storage`` below ``actors``, ``clients`` on top.
+
+The server side must not depend on the client package: a server whose checks
+or operations live in ``clients/`` can be bypassed by any process that skips
+them, and an import circle (clients -> runtime -> actors -> clients) makes
+every module load order-dependent. Imports inside functions count too: a lazy
+import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# what each package may not import, at any depth of the module
+FORBIDDEN = {
+    "runtime": ("actors", "clients"),
+    "storage": ("actors", "clients"),
+    "actors": ("clients",),
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every absolute module ``path`` imports, at top level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / package).glob("*.py"))
+        for module in sorted(imported_modules(path))
+        if module.split(".")[0] in forbidden
+    ]
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_package_imports_the_layers_above_it(package: str) -> None:
+    assert _violations(package, FORBIDDEN[package]) == []
+
+
+def test_the_gateway_and_connect_form_no_circle() -> None:
+    gateway = imported_modules(ROOT / "actors" / "gateway.py")
+    assert not {m for m in gateway if m.split(".")[0] == "clients"}
+    assert not {m for m in imported_modules(ROOT / "runtime" / "connect.py") if "gateway" in m}
+
+
+def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
+    module = tmp_path / "lazy.py"
+    module.write_text("def f():\n    from clients.admin import ScalableTopicsAdmin\n")
+    assert "clients.admin" in imported_modules(module)
