@@ -42,7 +42,7 @@ from actors.registry import get_or_start
 from actors.storage_tasks import scan_storage, storage_report
 from actors.topic_stats import topic_stats
 from runtime.auth import Permission
-from runtime.config import apply_settings
+from runtime.config import TOPIC_SETTINGS, apply_settings
 from runtime.errors import (
     InvalidArgumentError,
     TopicAlreadyExistsError,
@@ -132,10 +132,14 @@ class AdminService:
         num_segments: int,
         properties: dict[str, str] | None = None,
         *,
+        settings: dict[str, str] | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
+        """``settings``: the creating program's ``runtime.config.TOPIC_SETTINGS`` (the
+        certificate its segments serve with), for the topic's actors."""
         name = self._allowed(credential, Permission.ADMIN, topic)
+        _check_settings(settings)
         if not is_integer(num_segments, 1, MAX_SEGMENTS):
             raise InvalidArgumentError(
                 f"num_segments must be an integer from 1 to {MAX_SEGMENTS}, got {num_segments!r}"
@@ -146,7 +150,13 @@ class AdminService:
         check_room(self._catalog, name, num_segments, new_topic=True)
         check_capacity(f"creating {name}", name, num_segments)
         return await self._control(
-            name, restart_timeout_s, "create", num_segments, properties, create=True
+            name,
+            restart_timeout_s,
+            "create",
+            num_segments,
+            properties,
+            create=True,
+            settings=settings,
         )
 
     async def delete_scalable_topic(
@@ -330,12 +340,14 @@ class AdminService:
         topic: str,
         incarnation: str | None = None,
         *,
+        settings: dict[str, str] | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
         """Refused, with nothing changed, while the topic has live metadata, and when
         storage of several incarnations exists and ``incarnation`` does not say which."""
         name = self._allowed(credential, Permission.ADMIN, topic)
+        _check_settings(settings)
         if incarnation is not None and not is_incarnation(incarnation):
             raise InvalidArgumentError(
                 f"invalid incarnation {incarnation!r}: expected an id such as "
@@ -350,7 +362,7 @@ class AdminService:
         stored = await call(scan_storage.remote(root, str(name)))
         chosen = choose_incarnation(stored, name, incarnation)  # refuses before anything starts
         return await self._control(
-            name, restart_timeout_s, "recover", chosen.incarnation, create=True
+            name, restart_timeout_s, "recover", chosen.incarnation, create=True, settings=settings
         )
 
     # --- the cluster's authentication policy ---------------------------------------------
@@ -409,12 +421,14 @@ class AdminService:
         method: str,
         *args: Any,
         create: bool = False,
+        settings: dict[str, str] | None = None,
     ) -> Any:
-        """Call the topic's controller as the system, riding out a controller restart."""
+        """Call the topic's controller as the system, riding out a controller restart;
+        ``create``: a call that may start it (with the topic's ``settings``)."""
         credential = self._guard.internal_token()
         deadline = time.monotonic() + restart_timeout_s
         while True:
-            handle = controller_actor(name, create=True)
+            handle = controller_actor(name, create=True, settings=settings)
             try:
                 if not create:
                     await call(handle.ready.remote(credential=credential))
@@ -436,6 +450,22 @@ def admin_service_actor() -> ray.actor.ActorHandle:
 
 
 # --- helpers ----------------------------------------------------------------------------
+
+
+def _check_settings(settings: Any) -> None:
+    """Only a topic's own settings (``TOPIC_SETTINGS``) may come from its creator."""
+    if settings is None:
+        return
+    if not isinstance(settings, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in settings.items()
+    ):
+        raise InvalidArgumentError("settings must map names to strings")
+    foreign = sorted(set(settings) - set(TOPIC_SETTINGS))
+    if foreign:
+        raise InvalidArgumentError(
+            f"settings {foreign} are the cluster's, not a topic's; a topic may set "
+            f"{sorted(TOPIC_SETTINGS)}"
+        )
 
 
 def _request_id(given: str | None) -> str:

@@ -47,7 +47,7 @@ from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
 from actors.segment_fleet import SegmentFleet
 from runtime.auth import Permission
-from runtime.config import apply_settings, ray_namespace
+from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_namespace
 from runtime.errors import (
     ConflictError,
     InvalidArgumentError,
@@ -682,14 +682,22 @@ def controller_actor(
     create: bool = False,
     storage_root: str | None = None,
     durability: Durability | None = None,
+    settings: dict[str, str] | None = None,
 ) -> ray.actor.ActorHandle:
-    """Handle to a topic's controller; with ``create`` it is started if missing."""
+    """Handle to a topic's controller; with ``create`` it is started if missing. With
+    ``settings`` (the topic's own, ``runtime.config.TOPIC_SETTINGS``, as its creator
+    has them), those replace this process's: its segments inherit them."""
     if not create:
         return lookup(topic.controller_actor_name)
     durability = durability or Durability.from_env()
     root = str(storage_root or default_storage_root())
     args = (str(topic), root, asdict(durability))
-    return get_or_start(ControllerActor, topic.controller_actor_name, *args, topic=topic)
+    if settings is not None:
+        cluster = {k: v for k, v in actor_settings().items() if k not in TOPIC_SETTINGS}
+        settings = cluster | settings
+    return get_or_start(
+        ControllerActor, topic.controller_actor_name, *args, topic=topic, settings=settings
+    )
 
 
 def _with_pending(record: TopicRecord, op: PendingOperation) -> TopicRecord:

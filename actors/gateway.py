@@ -31,7 +31,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import ray
 from aiohttp import web
@@ -191,11 +191,21 @@ async def _load_auth(call: Call, p: Params) -> dict[str, Any]:
 async def _health(_call: Call, _p: Params) -> dict[str, Any]:
     """Alive, and where the cluster keeps its metadata (``durable`` false: it is lost
     when the head restarts; see ``storage.metadata.metadata_durability``)."""
-    return {"status": "ok", "metadata": metadata_durability()}
+    return {"status": "ok", "metadata": metadata_durability(), "metrics": metrics_endpoints()}
+
+
+def metrics_endpoints() -> list[str]:
+    """Where Prometheus scrapes each live node (Ray's metrics agent, one per node): the
+    gateway does not re-serve metrics, which live with the node that records them."""
+    return sorted(
+        f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        for node in ray.nodes()
+        if node.get("Alive") and node.get("MetricsExportPort")
+    )
 
 
 async def _openapi(_call: Call, _p: Params) -> dict[str, Any]:
-    return openapi_document()
+    return openapi_document(secured=guard().enabled)
 
 
 # fmt: off
@@ -395,7 +405,8 @@ def _parse_query(request: web.Request, route: Route) -> Query:
 def _invalid(what: str, model: type[BaseModel], err: ValidationError) -> InvalidRequestError:
     """Say what is wrong and what is allowed; bad JSON syntax is a malformed request."""
     problems = "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or what}: {e['msg']}" for e in err.errors(include_url=False)
+        f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
+        for e in err.errors(include_url=False)
     )
     syntax = all(e["type"] == "json_invalid" for e in err.errors())
     cls = InvalidRequestError if syntax else InvalidArgumentError
@@ -405,8 +416,8 @@ def _invalid(what: str, model: type[BaseModel], err: ValidationError) -> Invalid
 def _allowed(model: type[BaseModel], what: str = "request body") -> str:
     """The fields a body or query string may have, from the model itself."""
     fields = [
-        f"{field.alias or name} ({'required' if field.is_required() else 'optional'}, "
-        f"{field.description})"
+        f"{field.alias or name} ({'required' if field.is_required() else 'optional'}"
+        + (f", {field.description})" if field.description else ")")
         for name, field in model.model_fields.items()
     ]
     return f"Allowed: {'; '.join(fields)}" if fields else f"This endpoint takes no {what}"
@@ -523,9 +534,10 @@ def _from_http_exception(request: web.Request, exc: web.HTTPException) -> web.Re
 
 
 @functools.cache
-def openapi_document() -> dict[str, Any]:
-    """An OpenAPI 3.1 document of ``ROUTES`` (``actors.gateway_openapi``)."""
-    return build_openapi(ROUTES)
+def openapi_document(secured: bool = True) -> dict[str, Any]:
+    """An OpenAPI 3.1 document of ``ROUTES`` (``actors.gateway_openapi``); ``secured``:
+    authentication is on (the security requirement and 401/403 are declared)."""
+    return build_openapi(ROUTES, secured)
 
 
 # --- the actor --------------------------------------------------------------------------
@@ -575,8 +587,18 @@ def gateway_actor_name(port: int) -> str:
     return f"gateway:{port}"
 
 
-def start_gateway(port: int, host: str = "127.0.0.1", *, timeout_s: float = 60.0) -> str:
+def start_gateway(
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    timeout_s: float = 60.0,
+    existing: Literal["reuse", "refuse", "replace"] = "reuse",
+) -> str:
     """Start (or find) the gateway for ``port`` and return its base URL once it serves.
+
+    ``existing`` says what a gateway already serving ``port`` means: ``reuse`` it
+    (the default), ``refuse`` (``ConflictError`` naming it; ``raytopics serve``), or
+    ``replace`` it with a fresh one (``raytopics serve --replace``).
 
     The actor is pinned to the caller's node: the caller was told a loopback (or
     this node's) address, so the server must run where that address points. It
@@ -587,6 +609,14 @@ def start_gateway(port: int, host: str = "127.0.0.1", *, timeout_s: float = 60.0
     """
     if not is_integer(port, 1, 65535):
         raise InvalidArgumentError(f"port must be an integer from 1 to 65535, got {port!r}")
+    running = running_gateway(port)
+    if running is not None and existing == "refuse":
+        raise ConflictError(
+            f"a gateway already serves port {port} at {running} ({gateway_actor_name(port)}); "
+            "use it, stop the program that started it, or replace it (raytopics serve --replace)"
+        )
+    if running is not None and existing == "replace":
+        stop_gateway(port)
     load_operator_policy()
     handle = AdminGateway.options(
         name=gateway_actor_name(port),
@@ -636,14 +666,36 @@ def load_operator_policy() -> dict[str, Any] | None:
         ) from None
 
 
-def stop_gateway(port: int, *, timeout_s: float = 10.0) -> bool:
+def running_gateway(port: int, timeout_s: float = 10.0) -> str | None:
+    """The URL of the gateway serving ``port`` in this cluster, ``None`` if there is none."""
+    try:
+        handle = ray.get_actor(gateway_actor_name(port), namespace=ray_namespace())
+        return ray.get(handle.url.remote(), timeout=timeout_s)
+    except (ValueError, RayActorError, GetTimeoutError):
+        return None
+
+
+def gateway_id(port: int) -> str | None:
+    """The Ray actor id of the gateway serving ``port`` (``None`` if there is none): what
+    a program that started one keeps, to stop that gateway and never a successor."""
+    try:
+        handle = ray.get_actor(gateway_actor_name(port), namespace=ray_namespace())
+    except ValueError:
+        return None
+    return handle._actor_id.hex()
+
+
+def stop_gateway(port: int, *, timeout_s: float = 10.0, only: str | None = None) -> bool:
     """Kill the gateway of ``port`` and wait until it is gone (so the port is free).
 
-    Returns False if none was running.
+    With ``only`` (a ``gateway_id``), a gateway that is not that one is left alone.
+    Returns False if none was stopped.
     """
     try:
         handle = ray.get_actor(gateway_actor_name(port), namespace=ray_namespace())
     except ValueError:
+        return False
+    if only is not None and handle._actor_id.hex() != only:
         return False
     ray.kill(handle, no_restart=True)
     deadline = time.monotonic() + timeout_s

@@ -166,6 +166,12 @@ HEALTH = {
                 "durable": {"type": "boolean"},
             },
         },
+        "metrics": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "each live node's Prometheus endpoint, where the raytopics_* "
+            "metrics of the actors on that node are exported",
+        },
     },
 }
 OBJECT = {"type": "object", "additionalProperties": True}

@@ -45,8 +45,12 @@ def _param_schema(name: str) -> dict[str, Any]:
     return {"type": "string", "pattern": _PART.pattern}
 
 
-def build_openapi(routes: Sequence[Route]) -> dict[str, Any]:
-    """An OpenAPI 3.1 document of ``routes``, schemas generated from their models."""
+def build_openapi(routes: Sequence[Route], secured: bool = True) -> dict[str, Any]:
+    """An OpenAPI 3.1 document of ``routes``, schemas generated from their models.
+
+    ``secured``: the cluster has an authentication policy, so operations need a
+    bearer token and may answer 401/403; without one the document says neither,
+    and a client generated from it sends no ``Authorization`` header."""
     models = {(ErrorBody, "serialization"): None}  # a model can be a body and a reply
     for route in routes:
         if route.body.model_fields:
@@ -56,7 +60,10 @@ def build_openapi(routes: Sequence[Route]) -> dict[str, Any]:
     keys, defs = models_json_schema(list(models), ref_template=_REF)
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, keys)
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, keys, secured)
+    components: dict[str, Any] = {"schemas": defs.get("$defs", {})}
+    if secured:
+        components["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -65,14 +72,13 @@ def build_openapi(routes: Sequence[Route]) -> dict[str, Any]:
             "description": "Scalable topics (segment DAGs that split and merge) and segments.",
         },
         "paths": paths,
-        "components": {
-            "schemas": defs.get("$defs", {}),
-            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
-        },
+        "components": components,
     }
 
 
-def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) -> dict[str, Any]:
+def _operation(
+    route: Route, keys: Mapping[tuple[type, str], dict[str, Any]], secured: bool
+) -> dict[str, Any]:
     def ref(model: type[BaseModel], mode: str) -> dict[str, Any]:
         return keys[(model, mode)]
 
@@ -95,8 +101,8 @@ def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) ->
         success["content"] = {"application/json": {"schema": schema}}
     error = {"application/json": {"schema": ref(ErrorBody, "serialization")}}
     responses = {str(route.status): success}
-    secured = (401, 403) if route.permission is not None else ()
-    for status in (*route.errors, *secured, 405, 500):
+    guarded = secured and route.permission is not None
+    for status in (*route.errors, *((401, 403) if guarded else ()), 405, 500):
         responses[str(status)] = {"description": _STATUS_TEXT[status], "content": error}
     operation: dict[str, Any] = {
         "operationId": route.operation_id,
@@ -106,8 +112,9 @@ def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) ->
         "responses": responses,
     }
     if route.permission is not None:
-        operation["security"] = [{"bearerAuth": []}]
         operation["x-permission"] = route.permission.value
+    if guarded:
+        operation["security"] = [{"bearerAuth": []}]
     if route.body.model_fields:
         operation["requestBody"] = {
             "required": route.body_required,

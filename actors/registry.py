@@ -22,6 +22,7 @@ def get_or_start(
     *args: Any,
     topic: TopicName | None = None,
     memory: int | None = None,
+    settings: dict[str, str] | None = None,
 ) -> ray.actor.ActorHandle:
     """The actor called ``name``, started detached with ``args`` if it is not running.
 
@@ -30,6 +31,7 @@ def get_or_start(
     settings among them), on a node that has the resources the placement of
     ``topic``'s namespace (``runtime.placement``) asks for, and the ``memory``
     (bytes) it declares, so Ray's scheduler counts it against the node's.
+    ``settings`` replace this process's (``runtime.config.actor_settings``).
     """
     resources = actor_resources(topic, placement_from_env())
     return actor_class.options(
@@ -39,7 +41,7 @@ def get_or_start(
         get_if_exists=True,
         **({"resources": resources} if resources else {}),
         **({"memory": memory} if memory else {}),
-    ).remote(*args, settings=actor_settings())
+    ).remote(*args, settings=actor_settings() if settings is None else settings)
 
 
 def named_actors(prefix: str) -> list[str]:

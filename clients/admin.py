@@ -21,6 +21,7 @@ from actors.admin_caller import AdminServiceCaller
 from actors.admin_service import DEFAULT_RESTART_TIMEOUT_S, DEFAULT_SEGMENT_TIMEOUT_S
 from clients._ray import with_sync_twins
 from runtime.auth import AuthPolicy, default_token
+from runtime.config import topic_settings
 from runtime.connect import connect
 from runtime.layout import SegmentLayout
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
@@ -79,7 +80,9 @@ class ScalableTopicsAdmin:
     async def create_scalable_topic_async(
         self, topic: str, num_segments: int, properties: dict[str, str] | None = None
     ) -> dict[str, Any]:
-        return await self._control("create_scalable_topic", topic, num_segments, properties)
+        return await self._control(
+            "create_scalable_topic", topic, num_segments, properties, settings=topic_settings()
+        )
 
     async def delete_scalable_topic_async(self, topic: str) -> None:
         await self._control("delete_scalable_topic", topic)
@@ -182,7 +185,7 @@ class ScalableTopicsAdmin:
         storage of several incarnations exists for the name and ``incarnation``
         does not say which (the error lists them).
         """
-        return await self._control("recover_topic", topic, incarnation)
+        return await self._control("recover_topic", topic, incarnation, settings=topic_settings())
 
     # --- the cluster's authentication policy (admin on every namespace, "*") -----------
 

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from runtime.errors import ScalableTopicsError, UnavailableError
+from runtime.errors import InvalidArgumentError, ScalableTopicsError, UnavailableError
 from runtime.subscription import DEFAULT_GRACE_S
 
 EXAMPLES = """\
@@ -47,7 +47,8 @@ examples:
   raytopics auth show
   raytopics --url https://127.0.0.1:8443 --ca ca.pem list public/default
 
-The token comes from $RAYTOPICS_TOKEN (never from the command line, where ps shows it).
+With authentication on, present a token: $RAYTOPICS_TOKEN, --token-file FILE, or
+--token TOKEN (other users of this machine can read a command line with ps).
 """
 
 Command = Callable[[Any, argparse.Namespace], str]
@@ -62,7 +63,8 @@ def _create(admin: Any, args: argparse.Namespace) -> str:
 
 
 def _list(admin: Any, args: argparse.Namespace) -> str:
-    return "\n".join(admin.list_scalable_topics(args.namespace_path))
+    topics = admin.list_scalable_topics(args.namespace_path)
+    return "\n".join(topics) if topics else f"no topics in {args.namespace_path}"
 
 
 def _describe(admin: Any, args: argparse.Namespace) -> str:
@@ -179,15 +181,17 @@ def _read_json(path: str) -> Any:
 
 def _serve(args: argparse.Namespace) -> str:
     """Run the gateway until Ctrl-C/SIGTERM; the gateway lives exactly as long as this."""
-    from actors.gateway import start_gateway, stop_gateway
+    from actors.gateway import gateway_id, start_gateway, stop_gateway
 
     _connect(args)
     stop = _stop_signal()  # before the banner: whoever reads it may signal at once
-    url = start_gateway(args.port, args.host)
+    url = start_gateway(args.port, args.host, existing="replace" if args.replace else "refuse")
+    ours = gateway_id(args.port)
     print(f"serving the admin API at {url} (see {url}/openapi.json); Ctrl-C stops", flush=True)
     while not stop.wait(0.5):
         pass
-    stop_gateway(args.port)
+    if not stop_gateway(args.port, only=ours):
+        return f"stopped (the gateway on port {args.port} had been replaced; it keeps serving)"
     return "stopped"
 
 
@@ -300,14 +304,28 @@ def _connect(args: argparse.Namespace) -> None:
 
 
 def _open_admin(args: argparse.Namespace) -> Any:
+    token = _token(args)
     if args.url:
         from clients.http import AdminHttpClient
 
-        return AdminHttpClient(args.url, ca=args.ca)
+        return AdminHttpClient(args.url, ca=args.ca, token=token)
     _connect(args)
     from clients.admin import ScalableTopicsAdmin
 
-    return ScalableTopicsAdmin(address=args.address, namespace=args.namespace)
+    return ScalableTopicsAdmin(address=args.address, namespace=args.namespace, token=token)
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """``--token``, else ``--token-file``'s content, else ``None`` (``RAYTOPICS_TOKEN``)."""
+    if args.token is not None:
+        return args.token
+    if args.token_file is None:
+        return None
+    try:
+        with open(args.token_file) as file:
+            return file.read().strip()
+    except OSError as err:
+        raise InvalidArgumentError(f"cannot read --token-file {args.token_file}: {err}") from None
 
 
 def _stop_signal() -> threading.Event:
@@ -324,6 +342,18 @@ def _stop_signal() -> threading.Event:
 def _topic(text: str) -> str:
     """``t/n/x`` or ``topic://t/n/x``; the admin validates the parts."""
     return text if text.startswith("topic://") else f"topic://{text}"
+
+
+def _url(text: str) -> str:
+    """``http://`` or ``https://`` with a host: ``127.0.0.1:8080`` alone is refused by
+    argparse with what to write instead, not sent as a garbled request."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in ("http", "https") or not rest.strip("/"):
+        raise argparse.ArgumentTypeError(
+            f"expected http://HOST:PORT or https://HOST:PORT, got {text!r}"
+            + (f" (did you mean http://{text}?)" if not sep else "")
+        )
+    return text
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -371,7 +401,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--url",
+        type=_url,
         help="talk to a running admin gateway over REST instead of Ray (http[s]://host:port)",
+    )
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token",
+        help="the token to present when authentication is on (default: $RAYTOPICS_TOKEN; "
+        "other users can read a command line with ps: prefer --token-file or the variable)",
+    )
+    token.add_argument(
+        "--token-file", metavar="FILE", help="read the token from FILE (its first line)"
     )
     parser.add_argument(
         "--ca",
@@ -384,21 +424,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve = _command(commands, "serve", None, "run the REST admin gateway until Ctrl-C")
     serve.add_argument("--port", type=int, required=True, help="TCP port to listen on")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument(
+        "--replace",
+        action="store_true",
+        help="stop a gateway already serving --port and serve in its place (default: refuse)",
+    )
 
     create = _command(commands, "create", _create, "create a topic", topic=True)
     create.add_argument("--segments", type=int, required=True, help="initial segments, 1-65536")
     create.add_argument(
-        "--property", type=_property, action="append", default=[], metavar="KEY=VALUE"
-    )
+        "--property", type=_property, action="append", default=[], metavar="KEY=VALUE",
+        help="a property stored with the topic (repeatable)",
+    )  # fmt: skip
     listing = _command(commands, "list", _list, "list the topics of a namespace")
     listing.add_argument("namespace_path", metavar="TENANT/NS")
     describe = _command(commands, "describe", _describe, "show the segment DAG", topic=True)
     describe.add_argument("--json", action="store_true", help="print the metadata JSON")
     split = _command(commands, "split", _split, "split an active segment", topic=True)
-    split.add_argument("segment_id", type=int, metavar="ID")
+    split.add_argument("segment_id", type=int, metavar="ID", help="the active segment's id")
     merge = _command(commands, "merge", _merge, "merge two adjacent segments", topic=True)
-    merge.add_argument("segment_id1", type=int, metavar="ID1")
-    merge.add_argument("segment_id2", type=int, metavar="ID2")
+    merge.add_argument("segment_id1", type=int, metavar="ID1", help="an active segment's id")
+    merge.add_argument("segment_id2", type=int, metavar="ID2", help="its adjacent neighbour's id")
     stats = _command(commands, "stats", _stats, "segment and subscription stats", topic=True)
     stats.add_argument("--json", action="store_true", help="print the raw stats JSON")
     _command(commands, "delete", _delete, "delete a topic and its segments", topic=True)
@@ -475,7 +521,9 @@ def _command(
     parser = commands.add_parser(name, help=help_text, description=help_text)
     parser.set_defaults(run=run)
     if topic:
-        parser.add_argument("topic", type=_topic, metavar="TOPIC")
+        parser.add_argument(
+            "topic", type=_topic, metavar="TOPIC", help="tenant/namespace/topic (topic:// optional)"
+        )
     return parser
 
 
@@ -484,6 +532,9 @@ def _command(
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["help"]:  # `raytopics help [COMMAND...]`, as git and kubectl take it
+        argv = [*argv[1:], "--help"]
     args = parser.parse_args(argv)
     if args.command == "serve" and args.url:
         parser.error("serve starts a gateway on Ray; it cannot run through --url")

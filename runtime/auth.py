@@ -158,14 +158,22 @@ class AuthPolicy:
         if not self.enabled:
             return None
         if not token:
-            raise UnauthenticatedError("authentication required: present a bearer token")
+            raise UnauthenticatedError(
+                "authentication required: present a token (Python: token=..., or "
+                f"{TOKEN_ENV} in the environment; CLI: --token-file FILE, --token or "
+                f"{TOKEN_ENV}; REST: Authorization: Bearer <token>)"
+            )
         presented = token_digest(token)
         found = None
         for digest, principal in self.principals:  # no early exit: constant work per call
             if hmac.compare_digest(digest, presented):
                 found = principal
         if found is None:
-            raise UnauthenticatedError("the presented token is not valid")
+            raise UnauthenticatedError(
+                f"the presented token is not valid (it comes from token=..., else {TOKEN_ENV};"
+                " for the CLI --token-file, --token, else "
+                f"{TOKEN_ENV}; over REST the Authorization header)"
+            )
         return found
 
     def authorize(self, token: str | None, action: Permission, namespace: str) -> Principal | None:
@@ -259,7 +267,7 @@ def bearer_token(header: str | None) -> str | None:
 
 
 def default_token() -> str | None:
-    """The client's token from ``RAYTOPICS_TOKEN`` (never from a command line: ps shows it)."""
+    """The client's token from ``RAYTOPICS_TOKEN``."""
     return os.environ.get(TOKEN_ENV) or None
 
 

@@ -66,6 +66,17 @@ def actor_settings() -> dict[str, str]:
     return {name: os.environ[name] for name in ACTOR_SETTINGS if name in os.environ}
 
 
+# What the program creating a topic decides for that topic's actors, though the
+# cluster's admin service starts them: the certificate its segments serve with.
+# The rest (namespace, storage root, limits, footprint) is the cluster's.
+TOPIC_SETTINGS = TLS_ENV_VARS
+
+
+def topic_settings() -> dict[str, str]:
+    """This process's settings for the actors of a topic it creates."""
+    return {name: os.environ[name] for name in TOPIC_SETTINGS if name in os.environ}
+
+
 def env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     return float(raw) if raw not in (None, "") else default

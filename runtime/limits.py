@@ -113,7 +113,8 @@ class Limits:
     def check_topics(self, namespace: str, existing: int) -> None:
         if existing + 1 > self.max_topics_per_namespace:
             raise LimitExceededError(
-                f"namespace {namespace} has {existing} topics; max_topics_per_namespace is "
+                f"namespace {namespace} has {existing} topic{'' if existing == 1 else 's'}; "
+                "max_topics_per_namespace is "
                 f"{self.max_topics_per_namespace}"
             )
 

@@ -450,15 +450,15 @@ class Catalog:
         def mutate(raw: bytes) -> bytes:
             return json.dumps(change(json.loads(raw)), sort_keys=True).encode()
 
-        for _ in range(100):
+        for _ in range(100):  # the change sees what is stored, never a blank it would replace
+            with contextlib.suppress(KeyNotFoundError):
+                self.store.update(path, mutate)
+                break
             try:
                 self.store.put_if_absent(path, mutate(b"{}"))
                 break
             except AlreadyExistsError:
                 pass
-            with contextlib.suppress(KeyNotFoundError):
-                self.store.update(path, mutate)
-                break
         return self.limit_overrides(namespace)
 
     # --- authentication --------------------------------------------------------------

@@ -306,6 +306,29 @@ def test_cli_loads_shows_and_disables_the_policy(cluster_policy: None, tmp_path:
     assert "authentication is off" in _run(client_env(), "auth", "show")
 
 
+def test_the_cli_takes_a_token_from_an_option_or_a_file(
+    cluster_policy: None, gateway: str, tmp_path: Path
+) -> None:
+    """``--token`` and ``--token-file`` work like ``RAYTOPICS_TOKEN``, over Ray and REST;
+    a refusal says every way to present a token."""
+    document = tmp_path / "tokens.json"
+    document.write_text(json.dumps(policy(ops_entry(), app_entry(APP_A))))
+    env = client_env()
+    _run(env, "auth", "load", str(document))
+    token_file = tmp_path / "token"
+    token_file.write_text(OPS + "\n")
+    for where in ([], ["--url", gateway]):
+        assert "authentication is on" in _run(env, *where, "--token", OPS, "auth", "show")
+        shown = _run(env, *where, "--token-file", str(token_file), "auth", "show")
+        assert "authentication is on" in shown
+        refusal = _run(env, *where, "auth", "show", code=1)
+        for way in ("--token-file", "--token", "RAYTOPICS_TOKEN"):
+            assert way in refusal, refusal
+    missing = _run(env, "--token-file", str(tmp_path / "absent"), "auth", "show", code=1)
+    assert_one_error_line(missing, "cannot read --token-file")
+    _run(env, "--token", OPS, "auth", "disable")
+
+
 def _serve(env: dict[str, str], port: int) -> subprocess.Popen:
     return subprocess.Popen(
         [RAYTOPICS, "serve", "--port", str(port)],

@@ -133,7 +133,8 @@ def auth(ray_cluster) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def admin(auth) -> ScalableTopicsAdmin:
-    return ScalableTopicsAdmin()
+    """The operator's admin: admin calls are checked by the cluster's admin service."""
+    return ScalableTopicsAdmin(token=TOKENS["ops"])
 
 
 @pytest.fixture

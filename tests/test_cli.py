@@ -58,6 +58,25 @@ def test_help_and_usage_errors() -> None:
     assert "the following arguments are required" in raytopics(env, "split", "a/b/c", code=2)
 
 
+def test_help_is_a_command_and_every_argument_says_what_it_is() -> None:
+    env = dict(os.environ)
+    assert "examples:" in raytopics(env, "help")
+    create = raytopics(env, "help", "create")
+    assert "tenant/namespace/topic" in create and "a property stored with the topic" in create
+    assert "the active segment's id" in raytopics(env, "help", "split")
+    assert "its adjacent neighbour's id" in raytopics(env, "merge", "--help")
+    assert "--token-file" in raytopics(env, "--help")
+    garbled = raytopics(env, "--url", "127.0.0.1:8080", "list", "a/b", code=2)
+    assert "did you mean http://127.0.0.1:8080?" in garbled
+    assert "expected http://HOST:PORT" in raytopics(env, "--url", "ftp://x", "list", "a/b", code=2)
+
+
+def test_an_empty_listing_says_so(cli_env: dict[str, str], unique: str) -> None:
+    assert raytopics(cli_env, "list", f"cli/empty-{unique}").strip() == (
+        f"no topics in cli/empty-{unique}"
+    )
+
+
 def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     topic = f"cli/ns/t-{unique}"
     created = raytopics(cli_env, "create", topic, "--segments", "2", "--property", "team=a")
@@ -102,7 +121,7 @@ def test_namespace_limits(cli_env: dict[str, str], unique: str) -> None:
     assert limits["max_message_bytes"] == "1000" and limits["max_topics_per_namespace"] == "10000"
     assert raytopics(cli_env, "limits", namespace) == shown
     refused = raytopics(cli_env, "limits", namespace, "--set", "max_batch_bytes=10", code=1)
-    assert_one_error_line(refused, "max_batch_bytes")
+    assert_one_error_line(refused, "max_batch_bytes (10) must be >= max_message_bytes (1000)")
     assert "expected NAME=INTEGER" in raytopics(cli_env, "limits", namespace, "--set", "x", code=2)
 
 
@@ -121,9 +140,30 @@ def test_serve_and_url_mode(cli_env: dict[str, str]) -> None:
         assert url in banner, (banner, serve.stderr.read() if serve.poll() is not None else "")
         status, health = http(url, "GET", "/healthz")
         assert status == 200 and health["status"] == "ok" and health["metadata"]["durable"]
-        assert raytopics(cli_env, "--url", url, "list", "cli-url/ns").strip() == ""
+        assert raytopics(cli_env, "--url", url, "list", "cli-url/ns").strip() == (
+            "no topics in cli-url/ns"
+        )
         missing = raytopics(cli_env, "--url", url, "describe", "cli-url/ns/missing", code=1)
         assert_one_error_line(missing, "does not exist")
+        # A second `serve` on the same port refuses, naming the running gateway, and
+        # stops nothing: the first one still answers.
+        second = raytopics(cli_env, "serve", "--port", str(port), code=1).strip().splitlines()
+        # (serve says which Ray it joined first, as it always does)
+        assert second[-1].startswith("error: a gateway already serves port"), second
+        assert f"{port} at {url}" in second[-1] and "--replace" in second[-1], second
+        assert http(url, "GET", "/healthz")[0] == 200
+        replacing = subprocess.Popen(
+            [RAYTOPICS, "serve", "--port", str(port), "--replace"],
+            env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert url in replacing.stdout.readline()
+            serve.send_signal(signal.SIGTERM)  # the replaced one's program ends...
+            out, err = serve.communicate(timeout=60)
+            assert serve.returncode == 0 and "had been replaced" in out, err
+            assert http(url, "GET", "/healthz")[0] == 200  # ...and the new gateway serves on
+        finally:
+            serve = replacing
     finally:
         serve.send_signal(signal.SIGTERM)
         out, err = serve.communicate(timeout=60)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from actors.gateway import ROUTES, create_app, start_gateway, stop_gateway
+from actors.gateway import ROUTES, create_app, openapi_document, start_gateway, stop_gateway
 from clients import AdminHttpClient, ScalableTopicsAdmin
 from runtime.errors import (
     ConflictError,
@@ -97,9 +97,18 @@ def test_openapi_lists_every_route_and_health(gateway: str) -> None:
         for operation in item.values():
             error = operation["responses"]["400"]["content"]["application/json"]["schema"]
             assert error == {"$ref": "#/components/schemas/ErrorBody"}
+            # authentication is off: no security requirement, no 401/403 to expect
+            assert "security" not in operation and not {"401", "403"} & set(operation["responses"])
+    assert "securitySchemes" not in doc["components"]
+    secured = openapi_document(secured=True)
+    create = secured["paths"][f"{ROUTES[1].path}"]["put"]
+    assert create["security"] == [{"bearerAuth": []}] and {"401", "403"} <= set(create["responses"])
     status, health = http(gateway, "GET", "/healthz")
     assert status == 200 and health["status"] == "ok"
     assert health["metadata"] == {"backend": "rocksdb", "durable": True}  # the embedded Ray
+    (endpoint,) = health["metrics"]  # one node; scraping it finds our metrics
+    with urllib.request.urlopen(endpoint, timeout=10) as scraped:
+        assert scraped.status == 200 and b"ray_" in scraped.read()
 
 
 # --- every endpoint, the happy path -----------------------------------------------------
@@ -263,6 +272,10 @@ def test_messages_say_what_is_wrong_and_what_is_allowed(gateway: str) -> None:
     assert status == 400 and "color" in reply["message"] and "numSegments" in reply["message"]
     status, reply = http(gateway, "POST", f"{SCALABLE}/x/merge/1/-2")
     assert status == 400 and "segmentId2" in reply["message"] and "non-negative" in reply["message"]
+    status, reply = http(gateway, "PUT", f"{SCALABLE}/x", [1, 2])  # not an object at all
+    assert status == 400 and reply["message"].startswith("invalid request body: "), reply
+    assert "request body: request body" not in reply["message"], reply
+    assert "None)" not in reply["message"], reply
 
 
 # --- the application alone: bugs and oversized bodies -----------------------------------
