@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.auth import AuthPolicy, Permission
-from runtime.errors import InvalidArgumentError
+from runtime.errors import InconsistentRequestError
 from storage.catalog import AuthRecord, Catalog
 
 EVERY_NAMESPACE = "*"
@@ -56,7 +56,7 @@ def policy_status(record: AuthRecord | None) -> dict[str, Any]:
 
 def _require_an_administrator(policy: AuthPolicy) -> None:
     if not any(p.may(Permission.ADMIN, EVERY_NAMESPACE) for _, p in policy.principals):
-        raise InvalidArgumentError(
+        raise InconsistentRequestError(
             "auth document: no token has admin on namespace '*', so nobody could change "
             "or disable this policy afterwards; grant one principal "
             '{"namespace": "*", "actions": ["admin"]}'

@@ -560,10 +560,10 @@ class ScalableTopicController:
                 raise SegmentNotFoundError(f"{name} is not in the layout of {self.topic}")
             return None
         rng = info.hash_range
-        if (rng.start, rng.end) != (name.start, name.end):
-            raise InvalidArgumentError(
-                f"{name} does not match segment {name.segment_id} "
-                f"[{rng.start:04x}-{rng.end:04x}] of {self.topic}"
+        if (rng.start, rng.end) != (name.start, name.end):  # names no segment there is
+            raise SegmentNotFoundError(
+                f"{name} is not in the layout of {self.topic}: segment {name.segment_id} "
+                f"is [{rng.start:04x}-{rng.end:04x}]"
             )
         return info
 

@@ -43,6 +43,7 @@ from actors.admin_caller import AdminServiceCaller
 from actors.gateway_documents import (
     HEALTH,
     ID_PARAMS,
+    MAX_SEGMENT_ID,
     OBJECT,
     STRINGS,
     AuthDocument,
@@ -75,15 +76,17 @@ from runtime.config import actor_settings, apply_settings, ray_namespace
 from runtime.errors import (
     ConflictError,
     InvalidArgumentError,
+    InvalidNameError,
     InvalidRequestError,
     ScalableTopicsError,
+    SegmentNotFoundError,
     UnauthenticatedError,
     UnauthorizedError,
     UnavailableError,
     is_integer,
 )
 from runtime.layout import ScalableTopicMetadata
-from runtime.names import SegmentName, TopicName, validate_part
+from runtime.names import _DESCRIPTOR, SegmentName, TopicName, validate_part
 from runtime.operations import CompletedOperation
 from runtime.policy import TopicPolicy
 from runtime.rest import (
@@ -367,13 +370,26 @@ def _parse_path(match: Mapping[str, str]) -> dict[str, Any]:
         else:
             values[key] = raw
     if "descriptor" in values:  # its hash range is checked too, not only its shape
-        SegmentName.from_descriptor(_topic_of(values), values["descriptor"])
+        _descriptor(_topic_of(values), values["descriptor"])
     return values
 
 
+def _descriptor(topic: TopicName, descriptor: str) -> SegmentName:
+    """A malformed descriptor is a bad request (400); a well-formed one whose range no
+    segment can have (start above end) names nothing, as an unknown id would (404)."""
+    if not _DESCRIPTOR.fullmatch(descriptor):
+        return SegmentName.from_descriptor(topic, descriptor)  # raises, saying the shape
+    try:
+        return SegmentName.from_descriptor(topic, descriptor)
+    except InvalidNameError as err:
+        raise SegmentNotFoundError(f"no segment of {topic} is {descriptor}: {err}") from None
+
+
 def _segment_id(key: str, raw: str) -> int:
-    if not _SEGMENT_ID.fullmatch(raw):
-        raise InvalidArgumentError(f"invalid {key} {raw!r}: must be a non-negative integer")
+    if not _SEGMENT_ID.fullmatch(raw) or int(raw) > MAX_SEGMENT_ID:
+        raise InvalidArgumentError(
+            f"invalid {key} {raw!r}: must be an integer from 0 to {MAX_SEGMENT_ID}"
+        )
     return int(raw)
 
 

@@ -11,12 +11,15 @@ parameters are refused in both.
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from runtime.auth import MIN_TOKEN_CHARS
+from runtime.json_int import JsonInt, json_int
 from runtime.layout import MAX_SEGMENTS
 from runtime.limits import Limits
+from runtime.names import _PART
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.topic_storage import INCARNATION_PATTERN
 
@@ -32,7 +35,7 @@ class NoBody(Body):
 
 
 class CreateTopicBody(Body):
-    num_segments: int = Field(
+    num_segments: JsonInt = Field(
         alias="numSegments",
         ge=1,
         le=MAX_SEGMENTS,
@@ -57,7 +60,7 @@ class CreateSubscriptionBody(Body):
 
 
 class CreateSegmentBody(Body):
-    subscriptions: list[str] = Field(
+    subscriptions: list[Annotated[str, Field(pattern=_PART.pattern)]] = Field(
         default_factory=list, description="subscription names to pre-create at Earliest"
     )
 
@@ -71,30 +74,50 @@ class RecoverBody(Body):
     )
 
 
+_NAME = _PART.pattern.removeprefix("^").removesuffix("$")
+_SCOPE = f"^(\\*|{_NAME}/\\*|{_NAME}/{_NAME})$"
+_ONE_OF_TOKEN_OR_DIGEST = {
+    "oneOf": [
+        {"required": ["token"], "not": {"required": ["sha256"]}},
+        {"required": ["sha256"], "not": {"required": ["token"]}},
+    ]
+}
+
+
 class GrantDocument(Body):
-    namespace: str = Field(description="scope: '*', 'tenant/*' or 'tenant/namespace'")
+    namespace: str = Field(
+        pattern=_SCOPE, description="scope: '*', 'tenant/*' or 'tenant/namespace'"
+    )
     actions: list[Literal["admin", "produce", "consume", "lookup"]] = Field(
-        description="admin implies all others; produce and consume imply lookup"
+        min_length=1, description="admin implies all others; produce and consume imply lookup"
     )
 
 
 class TokenDocument(Body):
-    principal: str = Field(description="who holds the token (named in refusals and logs)")
-    token: str | None = Field(
+    model_config = Body.model_config | ConfigDict(json_schema_extra=_ONE_OF_TOKEN_OR_DIGEST)
+
+    principal: str = Field(
+        min_length=1, description="who holds the token (named in refusals and logs)"
+    )
+    token: str = Field(
         default=None,
+        min_length=MIN_TOKEN_CHARS,
         description="the token itself, >= 16 characters, hashed on arrival (give this or sha256)",
     )
-    sha256: str | None = Field(
-        default=None, description="the SHA-256 hex digest of the token (give this or token)"
+    sha256: str = Field(
+        default=None,
+        pattern="^[0-9a-fA-F]{64}$",
+        description="the SHA-256 hex digest of the token (give this or token)",
     )
-    grants: list[GrantDocument] = Field(description="what the principal may do where")
+    grants: list[GrantDocument] = Field(min_length=1, description="what the principal may do where")
 
 
 class AuthDocument(Body):
     """The cluster's authentication policy: who holds which token and may do what."""
 
     tokens: list[TokenDocument] = Field(
-        description="a non-empty list (authentication is turned off only by DELETE)"
+        min_length=1,
+        description="a non-empty list (authentication is turned off only by DELETE)",
     )
 
 
@@ -119,8 +142,9 @@ class TerminateSegmentQuery(Query):
 def _limits_model(name: str, doc: str, base: type[BaseModel], *, partial: bool) -> Any:
     """One integer field per ``runtime.limits.Limits`` field, so the REST documents
     cannot drift from the limits; ``partial``: each may be omitted (an override)."""
-    annotation, default = (int | None, None) if partial else (int, ...)
-    limit = Field(default=default, ge=1, le=(1 << 63) - 1)  # stored as JSON, used as int64
+    bounded = json_int(ge=1, le=(1 << 63) - 1)  # stored as JSON, used as int64
+    annotation, default = (bounded | None, None) if partial else (bounded, ...)
+    limit = Field(default=default)
     model = create_model(
         name, __base__=base, **{f.name: (annotation, limit) for f in fields(Limits)}
     )
@@ -152,6 +176,7 @@ class TerminateResult(BaseModel):
 
 # path parameters that are segment ids (integers); every other one is a name
 ID_PARAMS = ("segmentId", "segmentId1", "segmentId2")
+MAX_SEGMENT_ID = (1 << 63) - 1  # ids are int64 wherever they are stored or sent
 STRINGS = {"type": "array", "items": {"type": "string"}}
 HEALTH = {
     "type": "object",

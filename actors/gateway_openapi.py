@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from actors.gateway_documents import ID_PARAMS, ErrorBody
+from actors.gateway_documents import ID_PARAMS, MAX_SEGMENT_ID, ErrorBody
 from runtime.names import _DESCRIPTOR, _PART
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ _STATUS_TEXT = {
 def _param_schema(name: str) -> dict[str, Any]:
     """The same regexes that validate names describe them, so they cannot drift."""
     if name in ID_PARAMS:
-        return {"type": "integer", "minimum": 0}
+        return {"type": "integer", "minimum": 0, "maximum": MAX_SEGMENT_ID}
     if name == "descriptor":
         return {"type": "string", "pattern": _DESCRIPTOR.pattern, "example": "0000-7fff-1"}
     return {"type": "string", "pattern": _PART.pattern}
@@ -102,7 +102,10 @@ def _operation(
     error = {"application/json": {"schema": ref(ErrorBody, "serialization")}}
     responses = {str(route.status): success}
     guarded = secured and route.permission is not None
-    for status in (*route.errors, *((401, 403) if guarded else ()), 405, 500):
+    # The policy's own operations may answer 401/403 while authentication is off too:
+    # a load there turns it on, for the calls that follow it.
+    refusable = guarded or (route.permission is not None and route.tag == "auth")
+    for status in (*route.errors, *((401, 403) if refusable else ()), 405, 500):
         responses[str(status)] = {"description": _STATUS_TEXT[status], "content": error}
     operation: dict[str, Any] = {
         "operationId": route.operation_id,

@@ -34,7 +34,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import InvalidArgumentError, UnauthenticatedError, UnauthorizedError
+from runtime.errors import (
+    InconsistentRequestError,
+    InvalidArgumentError,
+    UnauthenticatedError,
+    UnauthorizedError,
+)
 
 TOKENS_FILE_ENV = "RAYTOPICS_AUTH_TOKENS_FILE"
 TOKEN_ENV = "RAYTOPICS_TOKEN"
@@ -128,7 +133,7 @@ class AuthPolicy:
         entries = tuple(_entry(raw, i) for i, raw in enumerate(tokens))
         digests = [digest for digest, _ in entries]
         if len(set(digests)) != len(digests):
-            raise InvalidArgumentError("auth document lists the same token twice")
+            raise InconsistentRequestError("auth document lists the same token twice")
         return cls(entries)
 
     @classmethod

@@ -182,6 +182,14 @@ class AmbiguousStorageError(ConflictError):
         self.incarnations = list(incarnations or [])
 
 
+class InconsistentRequestError(ConflictError):
+    """Valid field by field, yet its fields, or the state they would produce, contradict
+    each other (a batch limit below the message limit, minSegments above maxSegments,
+    a policy nobody could administer): what no request schema can state."""
+
+    code = "inconsistent"
+
+
 class InsufficientCapacityError(ConflictError):
     """The segment actors an operation would start do not fit in the cluster."""
 

@@ -21,7 +21,12 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.batch import batch_bytes, message_sizes
-from runtime.errors import InvalidArgumentError, LimitExceededError, is_integer
+from runtime.errors import (
+    InconsistentRequestError,
+    InvalidArgumentError,
+    LimitExceededError,
+    is_integer,
+)
 from runtime.names import TopicName
 
 _ENV = {
@@ -54,7 +59,7 @@ class Limits:
                     f"{field.name} must be a positive integer, got {value!r}"
                 )
         if self.max_batch_bytes < self.max_message_bytes:
-            raise InvalidArgumentError(
+            raise InconsistentRequestError(
                 f"max_batch_bytes ({self.max_batch_bytes}) must be >= max_message_bytes "
                 f"({self.max_message_bytes}): a batch holds at least one message"
             )

@@ -12,12 +12,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from runtime.errors import InvalidArgumentError
+from runtime.errors import InconsistentRequestError, InvalidArgumentError
+from runtime.json_int import JsonInt, json_int
 from runtime.layout import MAX_SEGMENTS
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid", strict=True)
+
+
+_A_TARGET = {
+    "anyOf": [
+        {"required": [target], "properties": {target: {"type": "number"}}}
+        for target in ("targetMsgsPerS", "targetBytesPerS")
+    ]
+}
 
 
 class AutoscalePolicy(_Model):
@@ -30,6 +39,8 @@ class AutoscalePolicy(_Model):
     split's two halves (together above target) are never merged back.
     """
 
+    model_config = _Model.model_config | ConfigDict(json_schema_extra=_A_TARGET)
+
     target_msgs_per_s: float | None = Field(
         default=None, alias="targetMsgsPerS", gt=0, description="messages/s one segment should take"
     )
@@ -40,8 +51,8 @@ class AutoscalePolicy(_Model):
         default=2.0, alias="scaleFactor", gt=1, le=100,
         description="merge only below target / scaleFactor (hysteresis), > 1",
     )  # fmt: skip
-    min_segments: int = Field(default=1, alias="minSegments", ge=1, le=MAX_SEGMENTS)
-    max_segments: int = Field(default=64, alias="maxSegments", ge=1, le=MAX_SEGMENTS)
+    min_segments: JsonInt = Field(default=1, alias="minSegments", ge=1, le=MAX_SEGMENTS)
+    max_segments: JsonInt = Field(default=64, alias="maxSegments", ge=1, le=MAX_SEGMENTS)
     cooldown_s: float = Field(
         default=60.0, alias="cooldownS", ge=0, description="quiet time after any layout change"
     )
@@ -50,12 +61,17 @@ class AutoscalePolicy(_Model):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> AutoscalePolicy:
+    def _a_target(self) -> AutoscalePolicy:
         if self.target_msgs_per_s is None and self.target_bytes_per_s is None:
             raise ValueError("set targetMsgsPerS, targetBytesPerS or both")
-        if self.min_segments > self.max_segments:
-            raise ValueError(f"minSegments {self.min_segments} > maxSegments {self.max_segments}")
         return self
+
+    def check_consistent(self) -> None:
+        """What the schema cannot say: ``InconsistentRequestError`` for min > max."""
+        if self.min_segments > self.max_segments:
+            raise InconsistentRequestError(
+                f"autoscale: minSegments {self.min_segments} > maxSegments {self.max_segments}"
+            )
 
 
 class RetentionPolicy(_Model):
@@ -65,8 +81,8 @@ class RetentionPolicy(_Model):
         default=None, alias="timeS", ge=0,
         description="drop data older than this; drained sealed segments are pruned after it",
     )  # fmt: skip
-    size_bytes: int | None = Field(
-        default=None, alias="sizeBytes", gt=0,
+    size_bytes: json_int(gt=0) | None = Field(
+        default=None, alias="sizeBytes",
         description="cap on an active segment's stored bytes (oldest batches go first)",
     )  # fmt: skip
 
@@ -81,13 +97,16 @@ class TopicPolicy(_Model):
         if isinstance(data, TopicPolicy):
             return data
         try:
-            return cls.model_validate(data) if data is not None else cls()
+            parsed = cls.model_validate(data) if data is not None else cls()
         except ValidationError as err:
             problems = "; ".join(
                 f"{'.'.join(map(str, e['loc'])) or 'policy'}: {e['msg']}"
                 for e in err.errors(include_url=False)
             )
             raise InvalidArgumentError(f"invalid topic policy: {problems}") from None
+        if parsed.autoscale is not None:
+            parsed.autoscale.check_consistent()
+        return parsed
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, mode="json")

@@ -24,6 +24,7 @@ from actors.gateway import start_gateway, stop_gateway
 from clients import AdminHttpClient, ScalableTopicsAdmin
 from runtime.auth import hash_token
 from runtime.errors import (
+    InconsistentRequestError,
     InvalidArgumentError,
     UnauthenticatedError,
     UnauthorizedError,
@@ -223,10 +224,19 @@ MALFORMED: list[tuple[str, Any]] = [
                                                                   "actions": ["admin"]}]}]}),
     ("action-unknown", {"tokens": [{**ops_entry(), "grants": [{"namespace": "*",
                                                                  "actions": ["write"]}]}]}),
-    ("same-token-twice", {"tokens": [ops_entry(), {**ops_entry(), "principal": "twin"}]}),
     ("one-bad-among-good", {"tokens": [ops_entry(), app_entry(APP_A), {"principal": "x"}]}),
-    ("nobody-administers-it", {"tokens": [app_entry(APP_A)]}),
 ]  # fmt: skip
+# Each entry well-formed, the whole contradicting itself: no schema can say so (409).
+INCONSISTENT = [
+    ("same-token-twice", {"tokens": [ops_entry(), {**ops_entry(), "principal": "twin"}]}),
+    ("nobody-administers-it", {"tokens": [app_entry(APP_A)]}),
+]
+
+
+def _refusal(name: str) -> tuple[type[Exception], int, str]:
+    if name in dict(INCONSISTENT):
+        return InconsistentRequestError, 409, "inconsistent"
+    return InvalidArgumentError, 400, "invalid_argument"
 
 
 def test_a_malformed_document_is_refused_whole_and_changes_nothing(
@@ -234,11 +244,12 @@ def test_a_malformed_document_is_refused_whole_and_changes_nothing(
 ) -> None:
     anyone = ScalableTopicsAdmin()
     before = kv_snapshot()
-    for name, document in MALFORMED:  # while authentication is off: it stays off
-        with pytest.raises(InvalidArgumentError):
+    for name, document in MALFORMED + INCONSISTENT:  # while authentication is off: it stays off
+        error, http_status, code = _refusal(name)
+        with pytest.raises(error):
             anyone.load_auth(document)
         status, reply = rest(gateway, "PUT", "/admin/v2/auth", None, document)
-        assert (status, reply["error"]) == (400, "invalid_argument"), (name, reply)
+        assert (status, reply["error"]) == (http_status, code), (name, reply)
     assert kv_snapshot() == before
     assert not anyone.auth_status()["enabled"]
 
@@ -246,12 +257,13 @@ def test_a_malformed_document_is_refused_whole_and_changes_nothing(
     ops = ScalableTopicsAdmin(token=OPS)
     version = ops.auth_status()["version"]
     before = kv_snapshot()
-    for name, document in MALFORMED:
-        with pytest.raises(InvalidArgumentError) as caught:
+    for name, document in MALFORMED + INCONSISTENT:
+        error, http_status, code = _refusal(name)
+        with pytest.raises(error) as caught:
             ops.load_auth(document)
         assert OPS not in caught.value.message, name
         status, reply = rest(gateway, "PUT", "/admin/v2/auth", OPS, document)
-        assert (status, reply["error"]) == (400, "invalid_argument"), (name, reply)
+        assert (status, reply["error"]) == (http_status, code), (name, reply)
         assert OPS not in reply["message"], name
     assert kv_snapshot() == before, "a refused document changed metadata"
     assert ops.auth_status()["version"] == version

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.autoscale import LoadTracker, Rate, decide
-from runtime.errors import InvalidArgumentError
+from runtime.errors import InconsistentRequestError, InvalidArgumentError
 from runtime.layout import SegmentLayout
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
 from runtime.retention import SealedSegmentState, prunable
@@ -108,9 +108,13 @@ def test_a_change_is_never_undone_by_the_next_decision(layout, loads, share, fac
 def test_policy_validation_is_typed() -> None:
     parsed = TopicPolicy.parse({"autoscale": {"targetMsgsPerS": 10}, "retention": {"timeS": 0}})
     assert parsed.to_dict()["autoscale"]["targetMsgsPerS"] == 10
+    with pytest.raises(InconsistentRequestError, match="minSegments 5 > maxSegments 2"):
+        TopicPolicy.parse({"autoscale": {"targetMsgsPerS": 10, "minSegments": 5, "maxSegments": 2}})
+    assert TopicPolicy.parse({"retention": {"sizeBytes": 10.0}}).retention.size_bytes == 10
     for bad in (
         {"autoscale": {}},
-        {"autoscale": {"targetMsgsPerS": 10, "minSegments": 5, "maxSegments": 2}},
+        {"autoscale": {"targetBytesPerS": None}},
+        {"retention": {"sizeBytes": 10.5}},
         {"autoscale": {"targetMsgsPerS": 10, "scaleFactor": 1}},
         {"autoscale": {"targetMsgsPerS": "10"}},
         {"retention": {"sizeBytes": -1}},

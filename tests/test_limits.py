@@ -20,7 +20,12 @@ from runtime.batch import (
     message_sizes,
     serialize_batch,
 )
-from runtime.errors import InvalidArgumentError, LimitExceededError, is_integer
+from runtime.errors import (
+    InconsistentRequestError,
+    InvalidArgumentError,
+    LimitExceededError,
+    is_integer,
+)
 from runtime.limits import Limits, LiveLimits, batch_slices
 from runtime.names import TopicName
 
@@ -40,11 +45,18 @@ def test_defaults_and_env(monkeypatch) -> None:
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"max_message_bytes": 0}, {"max_batch_bytes": 1}, {"nope": 1}, {"max_batch_messages": True}],
+    [{"max_message_bytes": 0}, {"nope": 1}, {"max_batch_messages": True}],
 )
 def test_bad_overrides_are_refused(overrides: dict) -> None:
     with pytest.raises(InvalidArgumentError):
         Limits().overridden(overrides)
+
+
+def test_limits_that_contradict_each_other_are_a_conflict() -> None:
+    """Each value valid, the set not: no schema can say it, so it is 409, not 400."""
+    with pytest.raises(InconsistentRequestError) as refused:
+        Limits().overridden({"max_batch_bytes": 1})
+    assert refused.value.http_status == 409
 
 
 def test_checks_say_what_and_what_is_allowed() -> None:
@@ -138,7 +150,7 @@ def test_live_limits_follow_the_catalog_within_their_age() -> None:
 
 
 def test_a_refusal_of_mismatched_batch_and_message_limits_gives_the_values() -> None:
-    with pytest.raises(InvalidArgumentError, match=r"max_batch_bytes \(10\) must be >= "
+    with pytest.raises(InconsistentRequestError, match=r"max_batch_bytes \(10\) must be >= "
                        r"max_message_bytes \(20\)"):  # fmt: skip
         Limits(max_message_bytes=20, max_batch_bytes=10)
 
@@ -158,7 +170,7 @@ def test_namespace_limits_are_stored_validated_whole(admin, unique, kv_snapshot)
     namespace = _limited(admin, unique, max_topics_per_namespace=2)
     assert admin.get_namespace_limits(namespace)["max_topics_per_namespace"] == 2
     before = kv_snapshot()
-    with pytest.raises(InvalidArgumentError):  # valid + invalid: neither is applied
+    with pytest.raises(InconsistentRequestError):  # valid + invalid: neither is applied
         admin.set_namespace_limits(namespace, max_segments_per_topic=5, max_batch_bytes=1)
     assert kv_snapshot() == before
     assert admin.get_namespace_limits("lim/other")["max_topics_per_namespace"] == 10_000

@@ -11,7 +11,7 @@ from test_gateway import gateway, http  # noqa: F401  (gateway is a fixture)
 
 from actors.gateway import openapi_document
 from clients import AdminHttpClient
-from runtime.errors import InvalidArgumentError, TopicNotFoundError
+from runtime.errors import InconsistentRequestError, TopicNotFoundError
 
 POLICY = {
     "autoscale": {"targetMsgsPerS": 500, "minSegments": 2, "maxSegments": 8, "cooldownS": 30},
@@ -28,7 +28,7 @@ def test_python_admin_stores_validates_and_never_half_applies(admin, unique) -> 
     assert stored["autoscale"]["scaleFactor"] == 2.0  # defaults filled in
     assert asyncio.run(admin.get_policy_async(topic)) == stored
     bad = {"autoscale": {"targetMsgsPerS": 500, "minSegments": 9, "maxSegments": 8}}
-    with pytest.raises(InvalidArgumentError, match="minSegments 9 > maxSegments 8"):
+    with pytest.raises(InconsistentRequestError, match="minSegments 9 > maxSegments 8"):
         admin.set_policy(topic, bad)
     assert admin.get_policy(topic) == stored
     assert admin.get_metadata(topic)["epoch"] == 0  # the layout did not move
