@@ -60,11 +60,13 @@ def admit(
     if new_segments <= fitting:
         return
     free = sum(max(0.0, f) for f in free_per_node)
-    nodes = f"{len(free_per_node)} node{'' if len(free_per_node) == 1 else 's'}"
+    one = len(free_per_node) == 1
+    nodes = f"{len(free_per_node)} node{'' if one else 's'} that may hold them "
+    nodes += "has" if one else "have"
     raise InsufficientCapacityError(
         f"{what} needs {new_segments} new segment actors of {_size(footprint.memory_bytes)} "
-        f"each ({_size(new_segments * footprint.memory_bytes)}), but the {nodes} that may "
-        f"hold them have {_size(free)} free: {fitting} more fit. Add nodes, delete or merge "
+        f"each ({_size(new_segments * footprint.memory_bytes)}), but the {nodes} "
+        f"{_size(free)} free: {fitting} more fit. Add nodes, delete or merge "
         f"segments, or lower {MEMORY_ENV} if segments really need less"
     )
 
