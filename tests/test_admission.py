@@ -51,8 +51,12 @@ def room_for(ray_cluster) -> Iterator:
         deadline = time.monotonic() + 60
         while (room := fitting(topic)) != segments:
             assert time.monotonic() < deadline, f"room for {room} segments, not {segments}"
-            if room < segments:  # an earlier ballast's release not in Ray's books yet
-                time.sleep(0.2)
+            if room < segments:  # something took room after the ballast was sized
+                if ballast:
+                    ray.kill(ballast.pop())
+                    wait_for(lambda: fitting(topic) > room, 30, "Ray to see the ballast go")
+                else:  # an earlier release not in Ray's books yet
+                    time.sleep(0.2)
                 continue
             free = max(free_memory_per_node(TopicName.parse(topic)))
             held = int(free - (segments + 0.5) * SEGMENT.memory_bytes)
