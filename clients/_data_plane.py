@@ -53,9 +53,9 @@ REFUSALS = (UnauthenticatedError, UnauthorizedError, TlsError)
 READ_GRACE_S = 30.0
 _STREAM_LIMIT = 4 << 20  # buffer whole deliveries instead of pausing the socket every 128 KB
 # Bytes of frames handed to the transport ahead of the socket. The rest wait in
-# ``_pending`` until answers show the segment took some: 64 appends of 1 MB written
-# at once grew the transport's buffer to 64 MB, and its growth into fresh memory
-# (page faults, moves) cost the producer ~4 ms of system time per append.
+# ``_pending`` until answers show the segment took some: a transport buffer that
+# grows with everything in flight keeps moving into fresh memory, which the
+# producer pays for in system time on every append (bench/README.md has the figures).
 _WRITE_AHEAD = 4 << 20
 
 
