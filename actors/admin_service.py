@@ -38,6 +38,7 @@ from actors.auth_admin import EVERY_NAMESPACE, load_policy, policy_status
 from actors.capacity import check_capacity
 from actors.controller import controller_actor
 from actors.guard import guard
+from actors.readiness import await_readiness
 from actors.registry import get_or_start
 from actors.storage_tasks import scan_storage, storage_report
 from actors.topic_stats import topic_stats
@@ -53,6 +54,7 @@ from runtime.layout import MAX_SEGMENTS
 from runtime.limits import Limits, check_room, namespace_limits
 from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
 from runtime.policy import TopicPolicy
+from runtime.readiness import MAX_WAIT_S
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.catalog import Catalog, TopicRecord
@@ -113,6 +115,22 @@ class AdminService:
         makes this raise ``UnavailableSegmentsError`` rather than under-report."""
         name = self._allowed(credential, Permission.LOOKUP, topic)
         return await topic_stats(self._catalog, name, segment_timeout_s)
+
+    async def topic_status(
+        self, topic: str, wait_s: float = 0.0, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """Whether every segment of the topic has a running actor (``actors.readiness``),
+        answered as soon as it has or after ``wait_s`` seconds (at most ``MAX_WAIT_S``)."""
+        name = self._allowed(credential, Permission.LOOKUP, topic)
+        if (
+            isinstance(wait_s, bool)
+            or not isinstance(wait_s, int | float)
+            or not 0 <= wait_s <= MAX_WAIT_S
+        ):
+            raise InvalidArgumentError(
+                f"wait_s must be a number of seconds from 0 to {MAX_WAIT_S:g}, got {wait_s!r}"
+            )
+        return await await_readiness(self._catalog, name, float(wait_s))
 
     async def get_policy(self, topic: str, *, credential: str | None = None) -> dict[str, Any]:
         name = self._allowed(credential, Permission.LOOKUP, topic)

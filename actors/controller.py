@@ -159,7 +159,8 @@ class ScalableTopicController:
         *,
         credential: str | None = None,
     ) -> dict:
-        """Write the epoch-0 layout (with the create recorded), then start its segments."""
+        """Write the epoch-0 layout (with the create recorded) and its segments' storage, then
+        ask Ray for their actors without waiting for them to boot (``actors.readiness``)."""
         self._check(credential)
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
@@ -345,9 +346,10 @@ class ScalableTopicController:
             await asyncio.gather(
                 *(self.fleet.create(s.name(self.topic), s, [], self.epoch) for s in active)
             )
-            for segment in active:
-                self.fleet.handle(segment.name(self.topic))  # the topic is served once created
-            return self._update_record(lambda r: _cleared(r, op, r.layout))
+            committed = self._update_record(lambda r: _cleared(r, op, r.layout))
+            # the topic exists now; its segments come up in the background (actors.readiness)
+            self.fleet.start_in_background([s.name(self.topic) for s in active])
+            return committed
         if op.kind == "delete":
             await self._delete_everything()
             return None

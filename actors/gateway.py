@@ -4,7 +4,7 @@ One detached async actor per port runs an aiohttp server on the actor's own
 event loop and hands every request, with the caller's bearer token, to the
 cluster's admin service (``actors.admin_service``), the same one the Python
 admin client calls, so REST callers get exactly the semantics, checks and typed
-errors of Python callers. ``ROUTES`` is the single table that drives the
+errors of Python callers. ``ROUTES`` (``actors.gateway_routes``) is the single table that drives the
 router, request validation and ``/openapi.json``, so the three cannot drift
 apart.
 
@@ -13,7 +13,9 @@ cluster (``actors.guard``, re-read when a second old) before its body is read,
 so a rotation or a revocation applies within seconds without a restart, and a
 refused request changes nothing; the service checks again before it acts. With
 ``RAYTOPICS_TLS_CERT`` and ``RAYTOPICS_TLS_KEY`` set the gateway speaks HTTPS
-only (``runtime.tls``).
+only (``runtime.tls``). Every request is answered within the gateway's time-out
+(``RAYTOPICS_REST_TIMEOUT_S``, 30 s by default): past it, a 504 ``timeout``
+says so, and that a change asked for may still complete.
 
 Bad input never reaches the service: path components are validated by
 ``runtime.names``, bodies and query strings by strict pydantic models, and any
@@ -30,8 +32,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import ray
 from aiohttp import web
@@ -41,34 +42,18 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.admin_caller import AdminServiceCaller
 from actors.gateway_documents import (
-    HEALTH,
     ID_PARAMS,
     MAX_SEGMENT_ID,
-    OBJECT,
-    STRINGS,
-    AuthDocument,
     Body,
-    CreateSegmentBody,
-    CreateSubscriptionBody,
-    CreateTopicBody,
-    DeleteSegmentQuery,
-    NamespaceLimits,
-    NamespaceLimitsBody,
-    NoBody,
-    NoQuery,
     Query,
-    RecoverBody,
-    TerminateResult,
-    TerminateSegmentQuery,
 )
-from actors.gateway_openapi import build_openapi
+from actors.gateway_routes import ROUTES, Params, Route, Service, topic_of
 from actors.guard import Guard, guard
 from actors.metrics import record_rejected
 from runtime.auth import (
     TOKEN_ENV,
     TOKENS_FILE_ENV,
     AuthPolicy,
-    Permission,
     bearer_token,
     default_token,
 )
@@ -78,6 +63,7 @@ from runtime.errors import (
     InvalidArgumentError,
     InvalidNameError,
     InvalidRequestError,
+    RequestTimeoutError,
     ScalableTopicsError,
     SegmentNotFoundError,
     UnauthenticatedError,
@@ -85,273 +71,11 @@ from runtime.errors import (
     UnavailableError,
     is_integer,
 )
-from runtime.layout import ScalableTopicMetadata
 from runtime.names import _DESCRIPTOR, SegmentName, TopicName, validate_part
-from runtime.operations import CompletedOperation
-from runtime.policy import TopicPolicy
-from runtime.rest import (
-    AUTH_PATH,
-    LIMITS_PATH,
-    MERGE_PATH,
-    NAMESPACE_PATH,
-    ORPHANED_STORAGE_PATH,
-    POLICY_PATH,
-    RECOVER_PATH,
-    SEGMENT_PATH,
-    SPLIT_PATH,
-    STATS_PATH,
-    STORAGE_PATH,
-    SUBSCRIPTION_PATH,
-    SUBSCRIPTIONS_PATH,
-    TERMINATE_PATH,
-    TOPIC_PATH,
-)
+from runtime.rest import REST_TIMEOUT_ENV, rest_timeout_s
 from runtime.tls import server_context
-from storage.metadata import metadata_durability
 
 log = logging.getLogger(__name__)
-
-# --- the route table ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Params:
-    """A request's validated inputs, handed to a route's action."""
-
-    path: Mapping[str, Any]
-    body: Any
-    query: Any
-
-    @property
-    def namespace(self) -> str:
-        return f"{self.path['tenant']}/{self.path['namespace']}"
-
-    @property
-    def topic(self) -> str:
-        return str(_topic_of(self.path))
-
-    @property
-    def segment(self) -> str:
-        return str(SegmentName.from_descriptor(_topic_of(self.path), self.path["descriptor"]))
-
-
-def _topic_of(path: Mapping[str, str]) -> TopicName:
-    return TopicName(path["tenant"], path["namespace"], path["topic"])
-
-
-class Service(Protocol):
-    """What the routes call: ``actors.admin_caller.AdminServiceCaller``."""
-
-    async def call(self, method: str, *args: Any, credential: str | None, **kwargs: Any) -> Any:
-        """Run the service's ``method`` as the holder of ``credential``."""
-
-
-# call(method, *args, **kwargs): the admin service's method, as the requester
-Call = Callable[..., Awaitable[Any]]
-Action = Callable[[Call, Params], Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class Route:
-    """One endpoint: how to call the service, what it accepts, what it answers."""
-
-    method: str
-    path: str
-    operation_id: str
-    summary: str
-    action: Action
-    status: int = 200
-    body: type[BaseModel] = NoBody
-    body_required: bool = False
-    query: type[Query] = NoQuery
-    returns: type[BaseModel] | dict[str, Any] | None = None
-    errors: tuple[int, ...] = (400, 404, 503)
-    tag: str = "scalable"
-    permission: Permission | None = Permission.ADMIN  # None: open to all (meta endpoints)
-
-
-_MUTATION_ERRORS = (400, 404, 409, 503)
-
-
-async def _create_topic(call: Call, p: Params) -> dict[str, Any]:
-    return await call("create_scalable_topic", p.topic, p.body.num_segments, p.body.properties)
-
-
-async def _set_limits(call: Call, p: Params) -> dict[str, int]:
-    return await call("set_namespace_limits", p.namespace, p.body.model_dump(exclude_none=True))
-
-
-async def _terminate(call: Call, p: Params) -> dict[str, int]:
-    return {"endOffset": await call("terminate_segment", p.segment, p.query.force)}
-
-
-async def _load_auth(call: Call, p: Params) -> dict[str, Any]:
-    """Validated whole (``runtime.auth``); plain tokens go no further than this process."""
-    config = AuthPolicy.from_config(p.body.model_dump(exclude_none=True)).to_config()
-    return await call("load_auth", config)
-
-
-async def _health(_call: Call, _p: Params) -> dict[str, Any]:
-    """Alive, and where the cluster keeps its metadata (``durable`` false: it is lost
-    when the head restarts; see ``storage.metadata.metadata_durability``)."""
-    return {"status": "ok", "metadata": metadata_durability(), "metrics": metrics_endpoints()}
-
-
-def metrics_endpoints() -> list[str]:
-    """Where Prometheus scrapes each live node (Ray's metrics agent, one per node): the
-    gateway does not re-serve metrics, which live with the node that records them."""
-    return sorted(
-        f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
-        for node in ray.nodes()
-        if node.get("Alive") and node.get("MetricsExportPort")
-    )
-
-
-async def _openapi(_call: Call, _p: Params) -> dict[str, Any]:
-    return openapi_document(secured=guard().enabled)
-
-
-# fmt: off
-ROUTES: tuple[Route, ...] = (
-    Route(
-        "GET", NAMESPACE_PATH, "listScalableTopics", "List the scalable topics of a namespace",
-        lambda c, p: c("list_scalable_topics", p.namespace), returns=STRINGS, errors=(400, 503),
-        permission=Permission.LOOKUP,
-    ),
-    Route(
-        "PUT", TOPIC_PATH, "createScalableTopic", "Create a scalable topic",
-        _create_topic, status=201, body=CreateTopicBody, body_required=True,
-        returns=ScalableTopicMetadata, errors=(400, 409, 503),
-    ),
-    Route(
-        "GET", TOPIC_PATH, "getMetadata", "Get the topic's segment DAG metadata",
-        lambda c, p: c("get_metadata", p.topic), returns=ScalableTopicMetadata,
-        permission=Permission.LOOKUP,
-    ),
-    Route(
-        "DELETE", TOPIC_PATH, "deleteScalableTopic", "Delete a topic and all its segments",
-        lambda c, p: c("delete_scalable_topic", p.topic), status=204, errors=_MUTATION_ERRORS,
-    ),
-    Route(
-        "GET", STATS_PATH, "getStats",
-        "Aggregated stats: segment counts, per-segment size, per-subscription backlog",
-        lambda c, p: c("get_stats", p.topic), returns=OBJECT, permission=Permission.LOOKUP,
-    ),
-    Route(
-        "GET", SUBSCRIPTIONS_PATH, "listSubscriptions", "List the topic's subscriptions",
-        lambda c, p: c("list_subscriptions", p.topic), returns=STRINGS,
-        permission=Permission.LOOKUP,
-    ),
-    Route(
-        "PUT", SUBSCRIPTION_PATH, "createSubscription",
-        "Create a subscription on every segment of the topic",
-        lambda c, p: c(
-            "create_subscription",
-            p.topic, p.path["subscription"], p.body.position, p.body.session_grace_s,
-        ),
-        status=204, body=CreateSubscriptionBody, errors=_MUTATION_ERRORS,
-        permission=Permission.CONSUME,
-    ),
-    Route(
-        "DELETE", SUBSCRIPTION_PATH, "deleteSubscription",
-        "Delete a subscription from every segment of the topic",
-        lambda c, p: c("delete_subscription", p.topic, p.path["subscription"]),
-        status=204, errors=_MUTATION_ERRORS,
-    ),
-    Route(
-        "POST", SPLIT_PATH, "splitSegment", "Split an ACTIVE segment at its hash midpoint",
-        lambda c, p: c("split_segment", p.topic, p.path["segmentId"]),
-        returns=CompletedOperation, errors=_MUTATION_ERRORS,
-    ),
-    Route(
-        "POST", MERGE_PATH, "mergeSegments", "Merge two adjacent ACTIVE segments",
-        lambda c, p: c("merge_segments", p.topic, p.path["segmentId1"], p.path["segmentId2"]),
-        returns=CompletedOperation, errors=_MUTATION_ERRORS,
-    ),
-    Route(
-        "GET", POLICY_PATH, "getPolicy", "Get the topic's autoscale and retention policy",
-        lambda c, p: c("get_policy", p.topic), returns=TopicPolicy,
-        permission=Permission.LOOKUP,
-    ),
-    Route(
-        "PUT", POLICY_PATH, "setPolicy", "Replace the topic's autoscale and retention policy",
-        lambda c, p: c("set_policy", p.topic, p.body.to_dict()), body=TopicPolicy,
-        body_required=True, returns=TopicPolicy, errors=_MUTATION_ERRORS,
-    ),
-    Route(
-        "PUT", SEGMENT_PATH, "createSegment", "Create a segment topic (low level)",
-        lambda c, p: c("create_segment", p.segment, p.body.subscriptions),
-        status=204, body=CreateSegmentBody, errors=_MUTATION_ERRORS, tag="segments",
-    ),
-    Route(
-        "POST", TERMINATE_PATH, "terminateSegment", "Terminate (seal) a segment topic (low level)",
-        _terminate, returns=TerminateResult, query=TerminateSegmentQuery,
-        errors=_MUTATION_ERRORS, tag="segments",
-    ),
-    Route(
-        "DELETE", SEGMENT_PATH, "deleteSegment", "Delete a segment topic (low level)",
-        lambda c, p: c("delete_segment", p.segment, p.query.force),
-        status=204, query=DeleteSegmentQuery, errors=_MUTATION_ERRORS, tag="segments",
-    ),
-    Route(
-        "GET", LIMITS_PATH, "getNamespaceLimits",
-        "The limits in force in a namespace (defaults plus its overrides)",
-        lambda c, p: c("get_namespace_limits", p.namespace), returns=NamespaceLimits,
-        errors=(400, 503), tag="limits", permission=Permission.LOOKUP,
-    ),
-    Route(
-        "PUT", LIMITS_PATH, "setNamespaceLimits",
-        "Override limits for a namespace (validated as a whole); returns those in force",
-        _set_limits, body=NamespaceLimitsBody, body_required=True, returns=NamespaceLimits,
-        errors=(400, 409, 503), tag="limits",
-    ),
-    Route(
-        "POST", RECOVER_PATH, "recoverTopic",
-        "Rebuild a topic whose metadata was lost from its storage (DAG, subscriptions, cursors)",
-        lambda c, p: c("recover_topic", p.topic, p.body.incarnation), body=RecoverBody,
-        returns=OBJECT, errors=_MUTATION_ERRORS,
-    ),
-    Route(
-        "GET", STORAGE_PATH, "checkStorage",
-        "Storage under the storage root that no live metadata names (needs admin on '*')",
-        lambda c, p: c("check_storage"), returns=OBJECT, errors=(400, 503), tag="storage",
-    ),
-    Route(
-        "DELETE", ORPHANED_STORAGE_PATH, "deleteOrphanedStorage",
-        "Delete the storage no live metadata names; returns the report with what was deleted",
-        lambda c, p: c("check_storage", True), returns=OBJECT, errors=(400, 409, 503),
-        tag="storage",
-    ),
-    Route(
-        "GET", AUTH_PATH, "getAuthStatus",
-        "The cluster's authentication policy: principals, grants, 8 hex digits of each "
-        "token's SHA-256, never a token (needs admin on '*')",
-        lambda c, p: c("auth_status"), returns=OBJECT, errors=(400, 503), tag="auth",
-    ),
-    Route(
-        "PUT", AUTH_PATH, "loadAuth",
-        "Replace the authentication policy, validated whole (needs admin on '*', or nothing "
-        "while authentication is off); returns it as getAuthStatus does",
-        _load_auth, body=AuthDocument, body_required=True, returns=OBJECT,
-        errors=(400, 409, 503), tag="auth",
-    ),
-    Route(
-        "DELETE", AUTH_PATH, "disableAuth",
-        "Turn authentication off: anyone who reaches the API may do anything (needs admin "
-        "on '*')",
-        lambda c, p: c("disable_auth"), returns=OBJECT, errors=(400, 503), tag="auth",
-    ),
-    Route(
-        "GET", "/openapi.json", "getOpenApi", "This API as an OpenAPI 3.1 document",
-        _openapi, returns=OBJECT, errors=(400,), tag="meta", permission=None,
-    ),
-    Route(
-        "GET", "/healthz", "health", "Liveness probe", _health,
-        returns=HEALTH,
-        errors=(400,), tag="meta", permission=None,
-    ),
-)
-# fmt: on
 
 # --- request parsing ---------------------------------------------------------------------
 
@@ -370,7 +94,7 @@ def _parse_path(match: Mapping[str, str]) -> dict[str, Any]:
         else:
             values[key] = raw
     if "descriptor" in values:  # its hash range is checked too, not only its shape
-        _descriptor(_topic_of(values), values["descriptor"])
+        _descriptor(topic_of(values), values["descriptor"])
     return values
 
 
@@ -443,19 +167,24 @@ def _allowed(model: type[BaseModel], what: str = "request body") -> str:
 
 SERVICE = web.AppKey("service", Service)
 GUARD = web.AppKey("guard", Guard)
+TIMEOUT = web.AppKey("timeout_s", float)
 
 
-def create_app(service: Service, auth: Guard | None = None) -> web.Application:
+def create_app(
+    service: Service, auth: Guard | None = None, timeout_s: float | None = None
+) -> web.Application:
     """The REST application over ``service`` (``AdminServiceCaller``, or anything with
     its ``call``).
 
     ``auth`` (default this process's guard, which applies the cluster's stored
     policy) checks every route with a ``permission``; while the cluster has no
-    policy the API is open, as a local cluster's is.
+    policy the API is open, as a local cluster's is. Every request is answered
+    within ``timeout_s`` (default ``runtime.rest.rest_timeout_s``).
     """
     app = web.Application(middlewares=[_json_errors])
     app[SERVICE] = service
     app[GUARD] = auth if auth is not None else guard()
+    app[TIMEOUT] = rest_timeout_s() if timeout_s is None else timeout_s
     resources: dict[str, web.Resource] = {}
     for route in ROUTES:
         if route.path not in resources:
@@ -466,20 +195,39 @@ def create_app(service: Service, auth: Guard | None = None) -> web.Application:
 
 def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
+        deadline = time.monotonic() + request.app[TIMEOUT]
         token = bearer_token(request.headers.get("Authorization"))
         path = _authorized_path(request, route, token)
         params = Params(
             path=path,
             query=_parse_query(request, route),
             body=await _parse_body(request, route),
+            time_left_s=deadline - time.monotonic(),
         )
         call = functools.partial(request.app[SERVICE].call, credential=token)
-        result = await route.action(call, params)
+        result = await _by_deadline(request, deadline, route.action(call, params))
         if route.status == 204:
             return web.Response(status=204)
         return web.json_response(result, status=route.status)
 
     return handle
+
+
+async def _by_deadline(request: web.Request, deadline: float, action: Awaitable[Any]) -> Any:
+    """The action's result, or ``RequestTimeoutError`` once the time-out has passed: the
+    caller gets an answer, though the cluster may still finish what was asked."""
+    try:
+        return await asyncio.wait_for(action, max(deadline - time.monotonic(), 0.0))
+    except TimeoutError:
+        after = (
+            "nothing was changed by this read; ask again"
+            if request.method == "GET"
+            else "what it asked for may still complete: read the resource to see its state"
+        )
+        raise RequestTimeoutError(
+            f"{request.method} {request.path} did not finish within "
+            f"{request.app[TIMEOUT]:g}s (the gateway's time-out, {REST_TIMEOUT_ENV}); {after}"
+        ) from None
 
 
 def _authorized_path(request: web.Request, route: Route, token: str | None) -> dict[str, Any]:
@@ -544,16 +292,6 @@ def _from_http_exception(request: web.Request, exc: web.HTTPException) -> web.Re
     return web.json_response(
         {"error": code, "message": message}, status=exc.status, headers=headers
     )
-
-
-# --- OpenAPI ----------------------------------------------------------------------------
-
-
-@functools.cache
-def openapi_document(secured: bool = True) -> dict[str, Any]:
-    """An OpenAPI 3.1 document of ``ROUTES`` (``actors.gateway_openapi``); ``secured``:
-    authentication is on (the security requirement and 401/403 are declared)."""
-    return build_openapi(ROUTES, secured)
 
 
 # --- the actor --------------------------------------------------------------------------
@@ -625,6 +363,7 @@ def start_gateway(
     """
     if not is_integer(port, 1, 65535):
         raise InvalidArgumentError(f"port must be an integer from 1 to 65535, got {port!r}")
+    rest_timeout_s()  # a bad setting is refused here, not by a gateway that cannot start
     running = running_gateway(port)
     if running is not None and existing == "refuse":
         raise ConflictError(

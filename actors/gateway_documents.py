@@ -2,7 +2,7 @@
 
 Each is a strict pydantic model, so bad input is refused with what is allowed
 before it reaches the admin service, and the same models generate the
-OpenAPI schemas (``actors.gateway.openapi_document``), so the documentation
+OpenAPI schemas (``actors.gateway_routes.openapi_document``), so the documentation
 cannot drift from what is accepted. Bodies take JSON types literally ("4" is
 not 4); query strings are text, coerced ("true" is True); unknown fields and
 parameters are refused in both.
@@ -20,6 +20,7 @@ from runtime.json_int import JsonInt, json_int
 from runtime.layout import MAX_SEGMENTS
 from runtime.limits import Limits
 from runtime.names import _PART
+from runtime.readiness import MAX_LISTED, MAX_WAIT_S
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.topic_storage import INCARNATION_PATTERN
 
@@ -168,6 +169,31 @@ class ErrorBody(BaseModel):
 
     error: str = Field(description="stable machine-readable code, e.g. topic_not_found")
     message: str = Field(description="what went wrong and what is allowed instead")
+
+
+class StatusQuery(Query):
+    wait_s: float = Field(
+        default=0.0,
+        alias="waitS",
+        ge=0,
+        le=MAX_WAIT_S,
+        allow_inf_nan=False,
+        description=f"seconds to wait for the topic to become ready before answering, "
+        f"0 to {MAX_WAIT_S:g} (the answer says whether it did)",
+    )
+
+
+class TopicStatus(BaseModel):
+    topic: str
+    state: Literal["ready", "starting"] = Field(
+        description="ready: every segment of the layout has a running actor"
+    )
+    segments: int = Field(ge=0, description="segments in the layout, sealed ones included")
+    running: int = Field(ge=0, description="of those, how many have a running actor")
+    not_running: list[int] = Field(
+        alias="notRunning",
+        description=f"ids of segments without a running actor (at most {MAX_LISTED})",
+    )
 
 
 class TerminateResult(BaseModel):

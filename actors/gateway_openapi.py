@@ -1,5 +1,5 @@
 """The gateway's OpenAPI 3.1 document (``GET /openapi.json``), generated from its route
-table (``actors.gateway.ROUTES``) and the pydantic models each route accepts and
+table (``actors.gateway_routes.ROUTES``) and the pydantic models each route accepts and
 answers (``actors.gateway_documents``), and path parameters described by the
 same regexes that validate them (``runtime.names``), so the document cannot
 drift from what the gateway does.
@@ -18,7 +18,7 @@ from actors.gateway_documents import ID_PARAMS, MAX_SEGMENT_ID, ErrorBody
 from runtime.names import _DESCRIPTOR, _PART
 
 if TYPE_CHECKING:
-    from actors.gateway import Route
+    from actors.gateway_routes import Route
 
 _REF = "#/components/schemas/{model}"
 _STATUS_TEXT = {
@@ -33,6 +33,8 @@ _STATUS_TEXT = {
     409: "Conflicts with the current state (exists, sealed, not adjacent, in progress)",
     500: "Unexpected internal error",
     503: "A controller or segment is unavailable",
+    504: "Not finished within the gateway's time-out (RAYTOPICS_REST_TIMEOUT_S, 30 s by "
+    "default); a change asked for may still complete: read the resource to see its state",
 }
 
 
@@ -69,7 +71,9 @@ def build_openapi(routes: Sequence[Route], secured: bool = True) -> dict[str, An
         "info": {
             "title": "Scalable Topics on Ray: Admin API",
             "version": "2",
-            "description": "Scalable topics (segment DAGs that split and merge) and segments.",
+            "description": "Scalable topics (segment DAGs that split and merge) and "
+            "segments. Every request is answered within the gateway's time-out "
+            "(RAYTOPICS_REST_TIMEOUT_S, 30 s by default), with 504 once it has passed.",
         },
         "paths": paths,
         "components": components,
@@ -105,7 +109,8 @@ def _operation(
     # The policy's own operations may answer 401/403 while authentication is off too:
     # a load there turns it on, for the calls that follow it.
     refusable = guarded or (route.permission is not None and route.tag == "auth")
-    for status in (*route.errors, *((401, 403) if refusable else ()), 405, 500):
+    timeout = (504,) if route.permission is not None else ()  # every call into the cluster
+    for status in (*route.errors, *((401, 403) if refusable else ()), 405, 500, *timeout):
         responses[str(status)] = {"description": _STATUS_TEXT[status], "content": error}
     operation: dict[str, Any] = {
         "operationId": route.operation_id,

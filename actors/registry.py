@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+from ray._private import state as ray_state
+from ray.core.generated import gcs_pb2
 
 from runtime.config import actor_settings, ray_namespace
 from runtime.names import TopicName
@@ -52,3 +54,16 @@ def named_actors(prefix: str) -> list[str]:
         for entry in ray.util.list_named_actors(all_namespaces=True)
         if entry["namespace"] == namespace and entry["name"].startswith(prefix)
     )
+
+
+def alive_actor_names(prefix: str) -> set[str]:
+    """Names of our namespace's actors starting with ``prefix`` whose process is up and
+    constructed (Ray's ``ALIVE``): an actor that is registered but still waiting for a
+    node, booting, or restarting is not among them. One read of Ray's actor table."""
+    namespace = ray_namespace()
+    accessor = ray_state.state._connect_and_get_accessor()
+    return {
+        entry.name
+        for entry in map(gcs_pb2.ActorTableData.FromString, accessor.get_actor_table(None, "ALIVE"))
+        if entry.ray_namespace == namespace and entry.name.startswith(prefix)
+    }

@@ -16,8 +16,9 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 
 from actors.controller import controller_actor
 from actors.guard import guard
-from actors.segment import segment_actor
-from runtime.errors import UnavailableSegmentsError
+from actors.readiness import topic_readiness
+from actors.segment import find_segment_actor
+from runtime.errors import SegmentNotFoundError, UnavailableSegmentsError
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
 from runtime.remote import call
@@ -25,7 +26,7 @@ from storage.catalog import Catalog
 from storage.metadata import metadata_durability
 
 _UNANSWERED = (
-    ValueError,  # no such actor (yet)
+    SegmentNotFoundError,  # no such actor (yet)
     TimeoutError,
     GetTimeoutError,
     ActorDiedError,
@@ -43,24 +44,40 @@ async def topic_stats(catalog: Catalog, name: TopicName, timeout_s: float) -> di
         _autoscale_status(name, timeout_s),
     )
     missing = [s.segment_id for s, st in zip(segments, stats, strict=True) if st is None]
+    readiness = topic_readiness(catalog, name)
     if missing:
         raise UnavailableSegmentsError(
-            f"{name}: segments {missing} did not answer within {timeout_s}s", missing
+            f"{name}: segments {missing} did not answer within {timeout_s}s" + _starting(readiness),
+            missing,
         )
     return {
         **_aggregate(
             name, record.incarnation, record.layout, segments, stats, _subs(catalog, name)
         ),
         "autoscale": autoscale,
+        "readiness": readiness,
     }
+
+
+def _starting(readiness: dict[str, Any]) -> str:
+    """Why segments may not answer: their actors are not running (yet)."""
+    if readiness["state"] == "ready":
+        return ""
+    return (
+        f"; {readiness['segments'] - readiness['running']} of {readiness['segments']} "
+        "segments have no running actor yet (a new topic's segments start in the "
+        "background: wait_until_ready)"
+    )
 
 
 async def _segment_stats(name: SegmentName, timeout_s: float) -> dict[str, Any] | None:
     """One segment's stats, ``None`` when it cannot answer within ``timeout_s``."""
+    async def ask() -> dict[str, Any]:
+        handle = await find_segment_actor(name, timeout_s)  # a new one may be registering
+        return await call(handle.stats.remote(credential=guard().internal_token()))
+
     try:
-        handle = segment_actor(name)
-        answer = handle.stats.remote(credential=guard().internal_token())
-        return await asyncio.wait_for(call(answer), timeout=timeout_s)
+        return await asyncio.wait_for(ask(), timeout=timeout_s)
     except _UNANSWERED:
         return None
 

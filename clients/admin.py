@@ -24,6 +24,7 @@ from runtime.auth import AuthPolicy, default_token
 from runtime.config import topic_settings
 from runtime.connect import connect
 from runtime.layout import SegmentLayout
+from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 
 
@@ -74,6 +75,21 @@ class ScalableTopicsAdmin:
         rather than under-report.
         """
         return await self._call("get_stats", topic, segment_timeout_s=self._segment_timeout_s)
+
+    async def get_status_async(self, topic: str) -> dict[str, Any]:
+        """Whether every segment of the topic has a running actor: ``{"state": "ready" |
+        "starting", "segments", "running", "notRunning": [segment ids]}``. A created
+        topic's segments start in the background; a client using one early waits for it."""
+        return await self._call("topic_status", topic)
+
+    async def wait_until_ready_async(
+        self, topic: str, timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """Wait until every segment of the topic runs; returns ``get_status``'s answer, or
+        raises ``TopicNotReadyError`` naming the segments still down after ``timeout_s``."""
+        return await wait_until_ready(
+            lambda wait_s: self._call("topic_status", topic, wait_s), timeout_s
+        )
 
     # --- topic lifecycle --------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.errors import InvalidArgumentError, ScalableTopicsError, UnavailableError
+from runtime.readiness import DEFAULT_READY_TIMEOUT_S
 from runtime.subscription import DEFAULT_GRACE_S
 
 EXAMPLES = """\
@@ -28,7 +29,8 @@ Global options go before the command.
 
 examples:
   raytopics serve --port 8080                  # REST admin API (and /openapi.json)
-  raytopics create public/default/orders --segments 4
+  raytopics create public/default/orders --segments 4 --wait   # until every segment runs
+  raytopics status public/default/orders       # ready, or which segments still start
   raytopics list public/default
   raytopics describe public/default/orders     # the segment DAG as a tree
   raytopics split public/default/orders 0
@@ -59,7 +61,29 @@ Command = Callable[[Any, argparse.Namespace], str]
 
 def _create(admin: Any, args: argparse.Namespace) -> str:
     meta = admin.create_scalable_topic(args.topic, args.segments, dict(args.property) or None)
-    return f"created {args.topic} with {args.segments} segments\n{_tree(meta)}"
+    created = f"created {args.topic} with {args.segments} segments\n{_tree(meta)}"
+    if args.wait is None:
+        return (
+            f"{created}\nits segments start in the background "
+            f"(raytopics status {args.topic} --wait SECONDS waits for them)"
+        )
+    return f"{created}\n{_readiness(admin.wait_until_ready(args.topic, args.wait))}"
+
+
+def _status(admin: Any, args: argparse.Namespace) -> str:
+    if args.wait is None:
+        readiness = admin.get_status(args.topic)
+    else:
+        readiness = admin.wait_until_ready(args.topic, args.wait)
+    return json.dumps(readiness, indent=2) if args.json else _readiness(readiness)
+
+
+def _readiness(readiness: dict[str, Any]) -> str:
+    running = f"{readiness['running']} of {readiness['segments']} segments running"
+    if readiness["state"] == "ready":
+        return f"ready: {running}"
+    waiting = ", ".join(f"#{s}" for s in readiness["notRunning"])
+    return f"starting: {running}; not yet: {waiting}"
 
 
 def _list(admin: Any, args: argparse.Namespace) -> str:
@@ -373,6 +397,16 @@ def _property(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds ≥ 0, got {text!r}")
+    return value
+
+
 def _limit(text: str) -> tuple[str, int]:
     name, sep, value = text.partition("=")
     if not sep or not name or not value.strip().isdigit():
@@ -436,6 +470,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--property", type=_property, action="append", default=[], metavar="KEY=VALUE",
         help="a property stored with the topic (repeatable)",
     )  # fmt: skip
+    _wait_option(create, "after creating, wait up to SECONDS (default 120) for every segment")
+    status = _command(
+        commands, "status", _status, "whether every segment of a topic runs", topic=True
+    )
+    _wait_option(status, "wait up to SECONDS (default 120) for every segment to run")
+    status.add_argument("--json", action="store_true", help="print the status JSON")
     listing = _command(commands, "list", _list, "list the topics of a namespace")
     listing.add_argument("namespace_path", metavar="TENANT/NS")
     describe = _command(commands, "describe", _describe, "show the segment DAG", topic=True)
@@ -513,6 +553,13 @@ def build_parser() -> argparse.ArgumentParser:
         help='e.g. {"autoscale": {"targetMsgsPerS": 5000}, "retention": {"timeS": 86400}}',
     )  # fmt: skip
     return parser
+
+
+def _wait_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument(
+        "--wait", type=_seconds, nargs="?", const=DEFAULT_READY_TIMEOUT_S, metavar="SECONDS",
+        help=f"{help_text}; fails (exit 1) naming the segments still down",
+    )  # fmt: skip
 
 
 def _command(

@@ -34,6 +34,7 @@ from runtime.layout import SegmentLayout
 from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
 from runtime.operations import CompletedOperation
 from runtime.policy import TopicPolicy
+from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
 from runtime.rest import (
     AUTH_PATH,
     LIMITS_PATH,
@@ -45,6 +46,7 @@ from runtime.rest import (
     SEGMENT_PATH,
     SPLIT_PATH,
     STATS_PATH,
+    STATUS_PATH,
     STORAGE_PATH,
     SUBSCRIPTION_PATH,
     SUBSCRIPTIONS_PATH,
@@ -103,6 +105,23 @@ class AdminHttpClient:
     async def get_stats_async(self, topic: str) -> dict[str, Any]:
         """Segment counts, per-segment size/records, per-subscription backlog and consumers."""
         return await self._call("GET", _topic_path(STATS_PATH, topic))
+
+    async def get_status_async(self, topic: str) -> dict[str, Any]:
+        """Whether every segment of the topic has a running actor (``state`` ``ready`` or
+        ``starting``, with the segments not running yet)."""
+        return await self._call("GET", _topic_path(STATUS_PATH, topic))
+
+    async def wait_until_ready_async(
+        self, topic: str, timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """Wait until every segment of the topic runs (``TopicNotReadyError`` after
+        ``timeout_s``); each request waits on the gateway for at most ``MAX_WAIT_S``."""
+        return await wait_until_ready(
+            lambda wait_s: self._call(
+                "GET", _topic_path(STATUS_PATH, topic), params={"waitS": f"{wait_s:.3f}"}
+            ),
+            timeout_s,
+        )
 
     # --- topic lifecycle -----------------------------------------------------------------
 

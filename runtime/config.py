@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from runtime.capacity import MEMORY_ENV
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV
+from runtime.rest import REST_TIMEOUT_ENV
 from runtime.tls import TLS_ENV_VARS
 
 DEFAULT_NAMESPACE = "scalable-topics"
@@ -34,6 +35,7 @@ ACTOR_SETTINGS = (
     PLACEMENT_ENV,
     GC_FREEZE_ENV,
     MEMORY_ENV,
+    REST_TIMEOUT_ENV,
     *LIMIT_ENV_VARS,
     *TLS_ENV_VARS,
 )

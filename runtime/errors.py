@@ -220,6 +220,25 @@ class UnavailableSegmentsError(UnavailableError):
         self.segment_ids = sorted(segment_ids or [])
 
 
+class TopicNotReadyError(UnavailableError):
+    """Some of a topic's segments have no running actor yet (``wait_until_ready`` gave
+    up waiting); ``readiness`` is the state it last saw."""
+
+    code = "not_ready"
+
+    def __init__(self, message: str, readiness: dict | None = None) -> None:
+        super().__init__(message)
+        self.readiness = readiness or {}
+
+
+class RequestTimeoutError(UnavailableError):
+    """The REST gateway gave up on a request after its time-out; a change it asked for
+    may still complete (read the resource to see)."""
+
+    code = "timeout"
+    http_status = 504
+
+
 class SendTimeoutError(UnavailableError):
     """A message could not be stored within the producer's send timeout."""
 

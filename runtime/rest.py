@@ -8,12 +8,18 @@ server's machinery. So the wire contract lives below both, here.
 
 from __future__ import annotations
 
+import math
+import os
+
+from runtime.errors import InvalidArgumentError
+
 SCALABLE = "/admin/v2/scalable"
 SEGMENTS = "/admin/v2/segments"
 LIMITS = "/admin/v2/limits"
 NAMESPACE_PATH = SCALABLE + "/{tenant}/{namespace}"
 TOPIC_PATH = NAMESPACE_PATH + "/{topic}"
 STATS_PATH = TOPIC_PATH + "/stats"
+STATUS_PATH = TOPIC_PATH + "/status"
 SUBSCRIPTIONS_PATH = TOPIC_PATH + "/subscriptions"
 SUBSCRIPTION_PATH = SUBSCRIPTIONS_PATH + "/{subscription}"
 SPLIT_PATH = TOPIC_PATH + "/split/{segmentId}"
@@ -27,3 +33,26 @@ RECOVER_PATH = TOPIC_PATH + "/recover"
 STORAGE_PATH = "/admin/v2/storage"
 ORPHANED_STORAGE_PATH = STORAGE_PATH + "/orphaned"
 AUTH_PATH = "/admin/v2/auth"  # the cluster's authentication policy
+
+# How long the gateway works on one request before it answers 504 ``timeout``
+# (a change asked for may still complete; the resource says). Status long polls
+# wait at most half of it, so their answer always arrives.
+REST_TIMEOUT_ENV = "RAYTOPICS_REST_TIMEOUT_S"
+DEFAULT_REST_TIMEOUT_S = 30.0
+MIN_REST_TIMEOUT_S = 0.01
+
+
+def rest_timeout_s() -> float:
+    """The gateway's per-request time-out: ``RAYTOPICS_REST_TIMEOUT_S`` or 30 s."""
+    raw = os.environ.get(REST_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_REST_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value >= MIN_REST_TIMEOUT_S or math.isinf(value):
+        raise InvalidArgumentError(
+            f"{REST_TIMEOUT_ENV}={raw!r}: must be a number of seconds ≥ {MIN_REST_TIMEOUT_S}"
+        )
+    return value

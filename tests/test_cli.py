@@ -79,9 +79,15 @@ def test_an_empty_listing_says_so(cli_env: dict[str, str], unique: str) -> None:
 
 def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     topic = f"cli/ns/t-{unique}"
-    created = raytopics(cli_env, "create", topic, "--segments", "2", "--property", "team=a")
+    created = raytopics(
+        cli_env, "create", topic, "--segments", "2", "--property", "team=a", "--wait", "120"
+    )
     assert f"created topic://{topic} with 2 segments" in created
     assert "#0 [0000-7fff] ACTIVE created@0" in created
+    assert created.rstrip().endswith("ready: 2 of 2 segments running")
+    assert raytopics(cli_env, "status", topic).strip() == "ready: 2 of 2 segments running"
+    bad_wait = raytopics(cli_env, "status", topic, "--wait", "x", code=2)
+    assert "expected a number of seconds" in bad_wait
 
     assert "into #2 and #3 (epoch 1)" in raytopics(cli_env, "split", topic, "0")
     assert "into #4 (epoch 2)" in raytopics(cli_env, "merge", f"topic://{topic}", "2", "3")

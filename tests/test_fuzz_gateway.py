@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ray.experimental import internal_kv
 
-from actors.gateway import ROUTES, start_gateway, stop_gateway
+from actors.gateway import start_gateway, stop_gateway
+from actors.gateway_routes import ROUTES
 from clients import ScalableTopicsAdmin
 from tests.test_gateway import free_port
 

@@ -11,6 +11,7 @@ import asyncio
 import inspect
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -20,7 +21,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from actors.gateway import ROUTES, create_app, openapi_document, start_gateway, stop_gateway
+from actors.gateway import create_app, start_gateway, stop_gateway
+from actors.gateway_routes import ROUTES, openapi_document
 from clients import AdminHttpClient, ScalableTopicsAdmin
 from runtime.errors import (
     ConflictError,
@@ -125,6 +127,10 @@ def test_every_endpoint(gateway: str, admin: ScalableTopicsAdmin, unique: str) -
     assert meta["properties"] == {"team": "a"} and len(meta["segments"]) == 2
     assert http(gateway, "GET", base) == (200, meta)
     assert topic in http(gateway, "GET", SCALABLE)[1]
+    status, ready = http(gateway, "GET", f"{base}/status?waitS=20")  # segments start behind
+    assert status == 200 and ready == {
+        "topic": topic, "state": "ready", "segments": 2, "running": 2, "notRunning": []
+    }  # fmt: skip
 
     body = {"position": "latest", "sessionGraceS": 5}
     assert http(gateway, "PUT", f"{base}/subscriptions/s1", body) == (204, None)
@@ -185,6 +191,10 @@ BAD_REQUESTS = [
     ("topic-exists", "PUT", "{T}", {"numSegments": 1}, 409, "topic_exists"),
     ("delete-missing-topic", "DELETE", "{N}", None, 404, "topic_not_found"),
     ("stats-missing-topic", "GET", "{N}/stats", None, 404, "topic_not_found"),
+    ("status-missing-topic", "GET", "{N}/status", None, 404, "topic_not_found"),
+    ("status-wait-word", "GET", "{T}/status?waitS=soon", None, 400, "invalid_argument"),
+    ("status-wait-too-long", "GET", "{T}/status?waitS=20.5", None, 400, "invalid_argument"),
+    ("status-wait-negative", "GET", "{T}/status?waitS=-1", None, 400, "invalid_argument"),
     ("split-negative-id", "POST", "{T}/split/-1", None, 400, "invalid_argument"),
     ("split-word-id", "POST", "{T}/split/one", None, 400, "invalid_argument"),
     ("split-fraction-id", "POST", "{T}/split/1.5", None, 400, "invalid_argument"),
@@ -310,6 +320,60 @@ def test_unexpected_errors_are_json_500_without_traceback(ray_cluster) -> None:
 
 
 # --- AdminHttpClient: a drop-in for ScalableTopicsAdmin ---------------------------------
+
+
+class _SlowService:
+    """Answers a status call after the wait it was given; anything else never finishes."""
+
+    async def call(self, method: str, *args: Any, credential: str | None, **kwargs: Any) -> Any:
+        if method == "topic_status":
+            await asyncio.sleep(args[1])
+            return {"topic": args[0], "state": "starting", "segments": 1, "running": 0,
+                    "notRunning": [0]}  # fmt: skip
+        await asyncio.sleep(3600)
+
+
+def test_every_request_is_answered_within_the_time_out(ray_cluster) -> None:
+    """What the OpenAPI document promises: past the gateway's time-out a request gets a 504
+    ``timeout`` (saying a change may still complete), not a hung connection; a status long
+    poll is kept inside the time-out, so it always answers."""
+
+    async def scenario() -> list[tuple[int, dict[str, Any], float]]:
+        app = create_app(_SlowService(), timeout_s=0.5)
+        async with TestClient(TestServer(app)) as client:
+            replies = []
+            for method, path, body in (
+                ("GET", f"{SCALABLE}/t", None),
+                ("PUT", f"{SCALABLE}/t", {"numSegments": 1}),
+                ("GET", f"{SCALABLE}/t/status?waitS=20", None),
+            ):
+                started = time.monotonic()
+                response = await client.request(method, path, json=body)
+                replies.append((response.status, await response.json(), time.monotonic() - started))
+            return replies
+
+    (read, read_body, read_s), (change, change_body, change_s), (poll, poll_body, poll_s) = (
+        asyncio.run(scenario())
+    )
+    assert (read, read_body["error"]) == (504, "timeout") and read_s < 2
+    assert (
+        "within 0.5s" in read_body["message"] and "RAYTOPICS_REST_TIMEOUT_S" in read_body["message"]
+    )
+    assert (change, change_body["error"]) == (504, "timeout") and change_s < 2
+    assert "may still complete" in change_body["message"]
+    assert poll == 200 and poll_body["state"] == "starting" and 0.2 < poll_s < 0.5
+    for item in openapi_document(secured=False)["paths"].values():
+        for operation in item.values():
+            assert ("504" in operation["responses"]) == (operation["tags"] != ["meta"])
+
+
+def test_a_bad_time_out_setting_is_refused_before_anything_starts(ray_cluster, monkeypatch) -> None:
+    port = free_port()
+    for bad in ("soon", "0", "-1", "inf"):
+        monkeypatch.setenv("RAYTOPICS_REST_TIMEOUT_S", bad)
+        with pytest.raises(InvalidArgumentError, match="RAYTOPICS_REST_TIMEOUT_S"):
+            start_gateway(port)
+    assert not stop_gateway(port)  # nothing was started
 
 
 def _public_methods(cls: type) -> dict[str, inspect.Signature]:

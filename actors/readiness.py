@@ -1,0 +1,57 @@
+"""Whether a topic's segments are serving: the answer to "is my new topic ready yet?".
+
+Creating a topic writes its metadata and lays out its segments' storage, then
+asks Ray for their actors without waiting for them: booting a segment's process
+takes a second or more of CPU, so waiting for hundreds would make one admin call
+take minutes. Clients that arrive early wait for the segment they need
+(``actors.segment.find_segment_actor``); an operator or a pipeline that wants
+the whole topic up asks here, and may wait.
+
+A topic is ``ready`` when every segment of its layout has a live, constructed
+actor in Ray's actor table; otherwise it is ``starting``, naming the segments
+that are not (still booting, waiting for a node with room, or restarting after
+a crash). The answer comes from one read of Ray's actor table, not a call per
+segment, so asking often costs the segments nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from actors.registry import alive_actor_names
+from runtime.names import TopicName
+from runtime.readiness import MAX_LISTED
+from storage.catalog import Catalog
+
+POLL_S = 0.2
+
+
+def topic_readiness(catalog: Catalog, name: TopicName) -> dict[str, Any]:
+    """``{"state": "ready"|"starting", "segments", "running", "notRunning": [ids]}``
+    (``TopicNotFoundError`` if the topic does not exist)."""
+    layout = catalog.require_topic(name).layout
+    alive = alive_actor_names(f"segment:{name.short}/")
+    waiting = [
+        info.segment_id
+        for info in layout.all_segments.values()
+        if info.name(name).actor_name not in alive
+    ]
+    return {
+        "topic": str(name),
+        "state": "starting" if waiting else "ready",
+        "segments": len(layout.all_segments),
+        "running": len(layout.all_segments) - len(waiting),
+        "notRunning": waiting[:MAX_LISTED],
+    }
+
+
+async def await_readiness(catalog: Catalog, name: TopicName, wait_s: float) -> dict[str, Any]:
+    """The readiness as soon as the topic is ready, or as it stands after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        readiness = topic_readiness(catalog, name)
+        if readiness["state"] == "ready" or time.monotonic() >= deadline:
+            return readiness
+        await asyncio.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
