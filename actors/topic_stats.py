@@ -72,6 +72,7 @@ def _starting(readiness: dict[str, Any]) -> str:
 
 async def _segment_stats(name: SegmentName, timeout_s: float) -> dict[str, Any] | None:
     """One segment's stats, ``None`` when it cannot answer within ``timeout_s``."""
+
     async def ask() -> dict[str, Any]:
         handle = await find_segment_actor(name, timeout_s)  # a new one may be registering
         return await call(handle.stats.remote(credential=guard().internal_token()))
