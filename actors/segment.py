@@ -246,7 +246,11 @@ class SegmentActor:
         so it needs ``consume`` (not ``admin``)."""
         self._check(credential, Permission.CONSUME)
         store = self._store
-        status = {"endOffset": store.log.end_offset, "terminated": store.log.terminated}
+        status = {
+            "startOffset": store.log.start_offset,
+            "endOffset": store.log.end_offset,
+            "terminated": store.log.terminated,
+        }
         if subscription is not None:
             status["position"] = store.position(subscription)
             status["drained"] = store.drained(subscription)

@@ -1,0 +1,334 @@
+"""Micro-batch planning over a topic's segment DAG, for Spark Structured Streaming.
+
+A streaming query reads a topic as a sequence of micro-batches, each from one
+``StreamPosition`` to the next. Spark keeps the positions in its checkpoint
+location as opaque JSON and asks the cluster (through the REST gateway) for the
+next one, then for the offset ranges between two of them; this module decides
+both, from the layout and each segment's offsets, without touching Ray.
+
+The rules that keep every key's order across splits and merges:
+
+- A segment becomes *readable* only once every parent is *finished* in the
+  batch's start position (read to its sealed end). So a child is never read in
+  the batch that finishes its parents, only in a later one: ordering batches
+  orders each key.
+- A sealed segment read to its end becomes finished; an active one never does.
+- A segment not yet in a position starts at offset 0 when it becomes readable
+  (the ``earliest`` start resolves every segment it sees to what is retained).
+  Anything missing before where a read must start (retention deleted it, or
+  the segment itself is gone) is *data loss*: refused with
+  ``UnavailableSegmentsError`` when ``fail_on_data_loss``, else skipped with a
+  warning, as Spark's Kafka source does.
+
+Positions name the topic's incarnation: a topic deleted and created again under
+the same name is another topic, and an old query's position does not apply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.errors import InvalidArgumentError, UnavailableSegmentsError
+from runtime.layout import SegmentLayout
+
+EARLIEST, LATEST = -2, -1  # in a JSON of per-segment starting offsets, as Kafka's
+
+
+@dataclass(frozen=True)
+class SegmentOffsets:
+    """What a segment holds now: ``[start, end)`` (``start`` moves with retention)."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """Where a query stands: the next offset of each segment it reads, and the sealed
+    segments it has read to their end."""
+
+    topic: str
+    incarnation: str
+    next: Mapping[int, int] = field(default_factory=dict)
+    finished: frozenset[int] = frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "incarnation": self.incarnation,
+            "next": {str(k): v for k, v in sorted(self.next.items())},
+            "finished": sorted(self.finished),
+        }
+
+    def to_json(self) -> str:
+        """Canonical: equal positions have equal JSON (Spark compares offsets as text)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StreamPosition:
+        try:
+            if set(data) != {"topic", "incarnation", "next", "finished"}:
+                raise ValueError("fields topic, incarnation, next, finished")
+            position = cls(
+                str(data["topic"]),
+                str(data["incarnation"]),
+                {_id(k): _offset(v) for k, v in data["next"].items()},
+                frozenset(_id(s) for s in data["finished"]),
+            )
+        except (TypeError, ValueError, AttributeError) as err:
+            raise InvalidArgumentError(f"not a stream position: {err}") from None
+        if set(position.next) & position.finished:
+            raise InvalidArgumentError("not a stream position: a segment both read and finished")
+        return position
+
+    def offset(self, segment_id: int) -> int:
+        """Where reading ``segment_id`` resumes (0 for one not reached yet)."""
+        return self.next.get(segment_id, 0)
+
+
+@dataclass(frozen=True)
+class Range:
+    """Records ``[start, end)`` of one segment, read by one Spark task."""
+
+    segment_id: int
+    start: int
+    end: int
+
+
+@dataclass
+class Plan:
+    """A micro-batch's end position (or ranges), and what it had to skip."""
+
+    position: StreamPosition
+    ranges: list[Range] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def initial_position(
+    topic: str,
+    incarnation: str,
+    layout: SegmentLayout,
+    offsets: Mapping[int, SegmentOffsets],
+    starting: str | Mapping[int, int],
+) -> StreamPosition:
+    """A new query's start: ``earliest`` (all that is retained), ``latest`` (only what is
+    produced from now on), or per-segment offsets (``EARLIEST``/``LATEST`` allowed;
+    a listed segment's ancestors count as read, any other segment starts at its
+    earliest)."""
+    if starting == "earliest":
+        return StreamPosition(topic, incarnation, {s: offsets[s].start for s in offsets})
+    if starting == "latest":
+        done = {s for s, info in layout.all_segments.items() if not info.is_active}
+        return StreamPosition(
+            topic, incarnation, {s: offsets[s].end for s in offsets if s not in done}, done
+        )
+    if isinstance(starting, str):
+        raise InvalidArgumentError(
+            f"startingOffsets must be 'earliest', 'latest' or a JSON object of segment id to "
+            f"offset, got {starting!r}"
+        )
+    return _from_offsets(topic, incarnation, layout, offsets, starting)
+
+
+def _from_offsets(
+    topic: str,
+    incarnation: str,
+    layout: SegmentLayout,
+    offsets: Mapping[int, SegmentOffsets],
+    starting: Mapping[int, int],
+) -> StreamPosition:
+    unknown = sorted(set(starting) - set(layout.all_segments))
+    if unknown:
+        raise InvalidArgumentError(
+            f"startingOffsets names segments {unknown} that {topic} does not have; "
+            f"it has {sorted(layout.all_segments)}"
+        )
+    chosen: dict[int, int] = {}
+    for segment_id, offset in starting.items():
+        held = offsets[segment_id]
+        if offset == EARLIEST:
+            offset = held.start
+        elif offset == LATEST:
+            offset = held.end
+        if not held.start <= offset <= held.end:
+            raise InvalidArgumentError(
+                f"startingOffsets: segment {segment_id} holds offsets {held.start} to {held.end}, "
+                f"not {offset} (-2: earliest, -1: latest)"
+            )
+        chosen[segment_id] = offset
+    done = set().union(*(_ancestors(layout, s) for s in chosen)) - set(chosen)
+    rest = {s: offsets[s].start for s in offsets if s not in chosen and s not in done}
+    return StreamPosition(topic, incarnation, {**rest, **chosen}, frozenset(done))
+
+
+def next_position(
+    start: StreamPosition,
+    layout: SegmentLayout,
+    offsets: Mapping[int, SegmentOffsets],
+    *,
+    max_messages: int | None = None,
+    until: StreamPosition | None = None,
+    fail_on_data_loss: bool = True,
+) -> Plan:
+    """The end of the micro-batch that starts at ``start``: every readable segment up to
+    what it holds now (or up to ``until``, a position captured earlier, for Spark's
+    ``Trigger.AvailableNow``), at most ``max_messages`` records in all."""
+    warnings: list[str] = []
+    planned: dict[int, tuple[int, int]] = {}
+    for segment_id in _readable(start, layout):
+        first = _first_offset(start, segment_id, offsets, fail_on_data_loss, warnings)
+        if first is None:
+            continue
+        last = offsets[segment_id].end
+        if until is not None:
+            last = min(last, _limit_in(until, segment_id, offsets))
+        planned[segment_id] = (first, max(first, last))
+    if max_messages is not None:
+        planned = _capped(planned, max_messages)
+    next_offsets = dict(start.next)
+    finished = set(start.finished)
+    for segment_id, (_, last) in planned.items():
+        if _read_to_end(layout, offsets, segment_id, last):
+            next_offsets.pop(segment_id, None)
+            finished.add(segment_id)
+        else:
+            next_offsets[segment_id] = last
+    for segment_id in _vanished(start, layout):  # pruned by retention after being read
+        next_offsets.pop(segment_id, None)
+        finished.add(segment_id)
+    position = StreamPosition(start.topic, start.incarnation, next_offsets, frozenset(finished))
+    return Plan(position, warnings=warnings)
+
+
+def ranges_between(
+    start: StreamPosition, end: StreamPosition, offsets: Mapping[int, SegmentOffsets]
+) -> list[Range]:
+    """The records one micro-batch reads: each segment from where ``start`` has it to where
+    ``end`` has it; a segment ``end`` finished is read to its sealed (so fixed) end in
+    ``offsets``. Where retention deleted the start, the reader finds the gap."""
+    if (start.topic, start.incarnation) != (end.topic, end.incarnation):
+        raise InvalidArgumentError("the two positions are of different topics or incarnations")
+    behind = sorted(s for s in start.finished - end.finished) + sorted(
+        s for s, last in end.next.items() if last < start.offset(s)
+    )
+    if behind:
+        raise InvalidArgumentError(f"the end position is behind the start on segments {behind}")
+    ends = dict(end.next)
+    ends.update({s: offsets[s].end for s in end.finished - start.finished if s in offsets})
+    return [
+        Range(s, start.offset(s), last)
+        for s, last in sorted(ends.items())
+        if last > start.offset(s)
+    ]
+
+
+# --- internals ---------------------------------------------------------------------------
+
+
+def _readable(start: StreamPosition, layout: SegmentLayout) -> list[int]:
+    """Segments of the layout not finished whose parents all are (a parent that is no
+    longer in the layout was pruned by retention: nothing of it is left to read first)."""
+    return [
+        segment_id
+        for segment_id, info in layout.all_segments.items()
+        if segment_id not in start.finished
+        and all(p in start.finished or p not in layout.all_segments for p in info.parent_ids)
+    ]
+
+
+def _vanished(start: StreamPosition, layout: SegmentLayout) -> list[int]:
+    return [s for s in start.next if s not in layout.all_segments]
+
+
+def _first_offset(
+    start: StreamPosition,
+    segment_id: int,
+    offsets: Mapping[int, SegmentOffsets],
+    fail_on_data_loss: bool,
+    warnings: list[str],
+) -> int | None:
+    """Where the segment's next read starts; data it should have had but no longer has is
+    refused or skipped with a warning."""
+    wanted = start.offset(segment_id)
+    held = offsets.get(segment_id)
+    if held is None:
+        _lost(f"segment {segment_id} did not answer", segment_id, True, warnings)
+        return None
+    if wanted < held.start:
+        _lost(
+            f"segment {segment_id} no longer holds offsets {wanted} to {held.start - 1} "
+            "(deleted by retention)",
+            segment_id,
+            fail_on_data_loss,
+            warnings,
+        )
+        return held.start
+    return wanted
+
+
+def _lost(why: str, segment_id: int, fail: bool, warnings: list[str]) -> None:
+    if fail:
+        raise UnavailableSegmentsError(
+            f"{why}; the query cannot read what it must (failOnDataLoss=false skips it)",
+            [segment_id],
+        )
+    warnings.append(f"{why}: skipped (failOnDataLoss=false)")
+
+
+def _limit_in(until: StreamPosition, segment_id: int, offsets: Mapping[int, SegmentOffsets]) -> int:
+    """How far ``until`` had got in the segment (nothing of one it had not reached)."""
+    if segment_id in until.finished:
+        return offsets[segment_id].end
+    return until.next.get(segment_id, 0)
+
+
+def _capped(planned: dict[int, tuple[int, int]], budget: int) -> dict[int, tuple[int, int]]:
+    """At most ``budget`` records, shared evenly (lowest segment ids first for the rest),
+    so no segment starves while another has a large backlog."""
+    wanting = {s: last - first for s, (first, last) in planned.items()}
+    granted = dict.fromkeys(planned, 0)
+    while budget > 0 and any(wanting.values()):
+        takers = sorted(s for s, n in wanting.items() if n > 0)
+        share = max(budget // len(takers), 1)
+        for segment_id in takers:
+            take = min(share, wanting[segment_id], budget)
+            granted[segment_id] += take
+            wanting[segment_id] -= take
+            budget -= take
+            if budget == 0:
+                break
+    return {s: (first, first + granted[s]) for s, (first, _) in planned.items()}
+
+
+def _read_to_end(
+    layout: SegmentLayout, offsets: Mapping[int, SegmentOffsets], segment_id: int, last: int
+) -> bool:
+    return not layout.get(segment_id).is_active and last >= offsets[segment_id].end
+
+
+def _ancestors(layout: SegmentLayout, segment_id: int) -> set[int]:
+    found: set[int] = set()
+    pending = list(layout.get(segment_id).parent_ids)
+    while pending:
+        parent = pending.pop()
+        if parent in found or parent not in layout.all_segments:
+            continue
+        found.add(parent)
+        pending.extend(layout.get(parent).parent_ids)
+    return found
+
+
+def _id(value: Any) -> int:
+    number = int(value)
+    if str(number) != str(value) or number < 0:
+        raise ValueError(f"segment id {value!r}")
+    return number
+
+
+def _offset(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"offset {value!r}")
+    return value

@@ -1,0 +1,199 @@
+"""Micro-batch planning over the DAG (``runtime.stream_plan``), without Ray: a simulated
+topic is produced to, split, merged and pruned while a query plans batch after batch;
+whatever happens, the batches hold every record once and each key in order."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.errors import InvalidArgumentError, UnavailableSegmentsError
+from runtime.layout import SegmentLayout
+from runtime.stream_plan import (
+    EARLIEST,
+    LATEST,
+    SegmentOffsets,
+    StreamPosition,
+    initial_position,
+    next_position,
+    ranges_between,
+)
+
+
+class Topic:
+    """Segments as lists of (key, sequence) records, routed by a key's hash as the real
+    producer routes them; sealing is splitting or merging in the layout."""
+
+    def __init__(self, segments: int) -> None:
+        self.layout = SegmentLayout.initial(segments)
+        self.records: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.start: dict[int, int] = defaultdict(int)  # what retention deleted
+        self.sent: dict[int, int] = defaultdict(int)
+
+    def produce(self, key: int) -> None:
+        segment = self.layout.find_active_segment(key * 2654435761 % 65536).segment_id
+        self.records[segment].append((key, self.sent[key]))
+        self.sent[key] += 1
+
+    def offsets(self) -> dict[int, SegmentOffsets]:
+        return {
+            s: SegmentOffsets(self.start[s], len(self.records[s])) for s in self.layout.all_segments
+        }
+
+
+def read(topic: Topic, start: StreamPosition, end: StreamPosition) -> list[list[tuple[int, int]]]:
+    ranges = ranges_between(start, end, topic.offsets())
+    return [topic.records[r.segment_id][r.start : r.end] for r in ranges]
+
+
+ACTIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("produce"), st.integers(0, 30)),
+        st.tuples(st.just("split"), st.integers(0, 100)),
+        st.tuples(st.just("merge"), st.integers(0, 100)),
+        st.tuples(st.just("batch"), st.one_of(st.none(), st.integers(1, 7))),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(segments=st.integers(1, 4), actions=ACTIONS)
+def test_batches_hold_every_record_once_and_each_key_in_order(
+    segments: int, actions: list[tuple[str, int | None]]
+) -> None:
+    topic = Topic(segments)
+    position = initial_position("t", "i1", topic.layout, topic.offsets(), "earliest")
+    batches: list[list[tuple[int, int]]] = []
+
+    def plan(limit: int | None) -> None:
+        nonlocal position
+        layout, offsets = topic.layout, topic.offsets()  # the layout is read first
+        end = next_position(position, layout, offsets, max_messages=limit).position
+        ranges = read(topic, position, end)
+        got = [r for records in ranges for r in records]
+        assert limit is None or len(got) <= limit
+        # Spark reads a batch's ranges in parallel: a key in two of them has no order
+        for key in {k for k, _ in got}:
+            assert sum(any(k == key for k, _ in records) for records in ranges) == 1, key
+        batches.append(got)
+        position = end
+
+    for action, arg in actions:
+        active = sorted(topic.layout.active_segments)
+        if action == "produce":
+            topic.produce(arg)
+        elif action == "split":
+            segment = active[arg % len(active)]
+            if topic.layout.get(segment).hash_range.width > 1:
+                topic.layout = topic.layout.split_segment(segment)
+        elif action == "merge" and len(active) > 1:
+            ordered = list(topic.layout.active_segments.values())
+            i = arg % (len(ordered) - 1)
+            topic.layout = topic.layout.merge_segments(
+                ordered[i].segment_id, ordered[i + 1].segment_id
+            )
+        elif action == "batch":
+            plan(arg)
+    for _ in range(200):  # drain: every batch makes progress until nothing is left
+        plan(None)
+    seen = [r for batch in batches for r in batch]
+    assert sorted(seen) == sorted((k, n) for k, count in topic.sent.items() for n in range(count))
+    last_of_key: dict[int, int] = {}
+    for key, sequence in seen:  # batches in order, and within a batch each segment in order
+        assert last_of_key.get(key, -1) == sequence - 1, (key, sequence)
+        last_of_key[key] = sequence
+
+
+def test_a_child_is_read_only_in_a_batch_after_its_parents_finished() -> None:
+    topic = Topic(1)
+    for key in range(10):
+        topic.produce(key)
+    start = initial_position("t", "i1", topic.layout, topic.offsets(), "earliest")
+    topic.layout = topic.layout.split_segment(0)
+    for key in range(10):
+        topic.produce(key)
+    first = next_position(start, topic.layout, topic.offsets()).position
+    assert [r.segment_id for r in ranges_between(start, first, topic.offsets())] == [0]
+    assert first.finished == {0}
+    second = next_position(first, topic.layout, topic.offsets()).position
+    assert {r.segment_id for r in ranges_between(first, second, topic.offsets())} <= {1, 2}
+    assert sum(r.end - r.start for r in ranges_between(first, second, topic.offsets())) == 10
+
+
+def test_latest_starts_after_what_exists_and_json_offsets_count_ancestors_as_read() -> None:
+    topic = Topic(2)
+    for key in range(20):
+        topic.produce(key)
+    topic.layout = topic.layout.split_segment(0)  # 0 → 2, 3
+    latest = initial_position("t", "i1", topic.layout, topic.offsets(), "latest")
+    assert latest.finished == {0} and latest.next == {1: len(topic.records[1]), 2: 0, 3: 0}
+    chosen = initial_position("t", "i1", topic.layout, topic.offsets(), {2: 0, 1: LATEST})
+    assert chosen.finished == {0} and chosen.next == {1: len(topic.records[1]), 2: 0, 3: 0}
+    everything = initial_position("t", "i1", topic.layout, topic.offsets(), {1: EARLIEST})
+    assert everything.next[0] == 0 and not everything.finished
+
+
+@pytest.mark.parametrize(
+    ("starting", "message"),
+    [
+        ("middle", "'earliest', 'latest' or a JSON object"),
+        ({7: 0}, "names segments [7]"),
+        ({1: 99}, "holds offsets 0 to 0, not 99"),
+    ],
+)
+def test_bad_starting_offsets_say_what_is_allowed(starting: object, message: str) -> None:
+    topic = Topic(2)
+    with pytest.raises(InvalidArgumentError, match=message.replace("[", r"\[")):
+        initial_position("t", "i1", topic.layout, topic.offsets(), starting)  # type: ignore[arg-type]
+
+
+def test_data_deleted_before_it_was_read_fails_or_is_skipped_with_a_warning() -> None:
+    topic = Topic(1)
+    for key in range(10):
+        topic.produce(key)
+    start = initial_position("t", "i1", topic.layout, topic.offsets(), "earliest")
+    topic.start[0] = 4  # retention deleted offsets 0-3 before the query read them
+    with pytest.raises(UnavailableSegmentsError, match=r"no longer holds offsets 0 to 3"):
+        next_position(start, topic.layout, topic.offsets())
+    plan = next_position(start, topic.layout, topic.offsets(), fail_on_data_loss=False)
+    assert plan.position.next == {0: 10} and "skipped" in plan.warnings[0]
+    missing = dict(topic.offsets())
+    del missing[0]
+    with pytest.raises(UnavailableSegmentsError, match="did not answer"):
+        next_position(start, topic.layout, missing, fail_on_data_loss=False)
+
+
+def test_available_now_stops_at_the_position_captured_first() -> None:
+    topic = Topic(1)
+    for key in range(5):
+        topic.produce(key)
+    start = initial_position("t", "i1", topic.layout, topic.offsets(), "earliest")
+    until = next_position(start, topic.layout, topic.offsets()).position
+    for key in range(5):
+        topic.produce(key)  # after the trigger began: not for this run
+    end = next_position(start, topic.layout, topic.offsets(), until=until).position
+    assert end == until and end.next == {0: 5}
+
+
+def test_positions_round_trip_and_bad_ones_are_refused() -> None:
+    position = StreamPosition("t", "i1", {3: 7, 10: 0}, frozenset({0, 1}))
+    assert StreamPosition.from_dict(position.to_dict()) == position
+    assert position.to_json() == (
+        '{"topic":"t","incarnation":"i1","next":{"3":7,"10":0},"finished":[0,1]}'
+    )
+    for bad in (
+        {"topic": "t"},
+        {**position.to_dict(), "next": {"x": 1}},
+        {**position.to_dict(), "next": {"3": -1}},
+        {**position.to_dict(), "next": {"0": 1}},  # both read and finished
+        [],
+    ):
+        with pytest.raises(InvalidArgumentError, match="not a stream position"):
+            StreamPosition.from_dict(bad)
+    other = StreamPosition("t", "i2")
+    with pytest.raises(InvalidArgumentError, match="different topics or incarnations"):
+        ranges_between(position, other, {})
