@@ -41,6 +41,7 @@ from actors.guard import guard
 from actors.readiness import await_readiness
 from actors.registry import get_or_start
 from actors.storage_tasks import scan_storage, storage_report
+from actors.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
 from actors.topic_stats import topic_stats
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, apply_settings
@@ -131,6 +132,46 @@ class AdminService:
                 f"wait_s must be a number of seconds from 0 to {MAX_WAIT_S:g}, got {wait_s!r}"
             )
         return await await_readiness(self._catalog, name, float(wait_s))
+
+    # --- streaming reads (Spark; actors.stream_reads) ---------------------------------
+
+    async def stream_initial(
+        self, topic: str, starting: str | dict[str, int], *, credential: str | None = None
+    ) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.CONSUME, topic)
+        return await stream_initial(self._catalog, name, starting)
+
+    async def stream_latest(
+        self,
+        topic: str,
+        start: dict[str, Any],
+        max_messages: int | None = None,
+        until: dict[str, Any] | None = None,
+        fail_on_data_loss: bool = True,
+        *,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.CONSUME, topic)
+        return await stream_latest(
+            self._catalog, name, start, max_messages, until, fail_on_data_loss
+        )
+
+    async def stream_ranges(
+        self,
+        topic: str,
+        start: dict[str, Any],
+        end: dict[str, Any],
+        *,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.CONSUME, topic)
+        return await stream_ranges(self._catalog, name, start, end)
+
+    async def stream_endpoint(
+        self, topic: str, segment_id: int, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.CONSUME, topic)
+        return await stream_endpoint(self._catalog, name, segment_id)
 
     async def get_policy(self, topic: str, *, credential: str | None = None) -> dict[str, Any]:
         name = self._allowed(credential, Permission.LOOKUP, topic)

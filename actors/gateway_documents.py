@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from runtime.auth import MIN_TOKEN_CHARS
 from runtime.json_int import JsonInt, json_int
@@ -194,6 +194,58 @@ class TopicStatus(BaseModel):
         alias="notRunning",
         description=f"ids of segments without a running actor (at most {MAX_LISTED})",
     )
+
+
+_INT64 = (1 << 63) - 1
+_SEGMENT_KEY_PATTERN = r"^(0|[1-9][0-9]{0,18})$"
+_SEGMENT_KEY = Annotated[str, StringConstraints(pattern=_SEGMENT_KEY_PATTERN)]
+_ONLY_PATTERNS: dict[str, Any] = {"additionalProperties": False}  # keys are segment ids
+
+
+class StreamPositionDoc(Body):
+    """Where a streaming query stands (``runtime.stream_plan.StreamPosition``): made by
+    the server, kept verbatim by the client (Spark's checkpoint), sent back as is."""
+
+    topic: str
+    incarnation: str = Field(pattern=f"^{INCARNATION_PATTERN}$")
+    next: dict[_SEGMENT_KEY, json_int(ge=0, le=_INT64)] = Field(
+        description="segment id → the next offset to read", json_schema_extra=_ONLY_PATTERNS
+    )
+    finished: list[json_int(ge=0, le=_INT64)] = Field(
+        description="sealed segments read to their end"
+    )
+
+
+class StreamInitialBody(Body):
+    starting_offsets: (
+        Literal["earliest", "latest"] | dict[_SEGMENT_KEY, json_int(ge=-2, le=_INT64)]
+    ) = Field(
+        default="latest",
+        alias="startingOffsets",
+        description="'earliest', 'latest', or segment id → offset (-2 earliest, -1 latest); "
+        "a listed segment's ancestors count as read, others start at their earliest",
+    )
+
+
+class StreamLatestBody(Body):
+    start: StreamPositionDoc
+    max_messages: json_int(ge=1, le=_INT64) | None = Field(
+        default=None, alias="maxMessages", description="at most this many records in the batch"
+    )
+    until: StreamPositionDoc | None = Field(
+        default=None, description="go no further than this earlier answer (Trigger.AvailableNow)"
+    )
+    fail_on_data_loss: bool = Field(
+        default=True,
+        alias="failOnDataLoss",
+        description="true: records deleted before they were read fail the call; false: "
+        "skipped, with a warning",
+    )
+
+
+class StreamRangesBody(Body):
+    start: StreamPositionDoc
+    end: StreamPositionDoc
 
 
 class TerminateResult(BaseModel):

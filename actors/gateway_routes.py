@@ -32,6 +32,9 @@ from actors.gateway_documents import (
     Query,
     RecoverBody,
     StatusQuery,
+    StreamInitialBody,
+    StreamLatestBody,
+    StreamRangesBody,
     TerminateResult,
     TerminateSegmentQuery,
     TopicStatus,
@@ -59,6 +62,10 @@ from runtime.rest import (
     STATS_PATH,
     STATUS_PATH,
     STORAGE_PATH,
+    STREAM_ENDPOINT_PATH,
+    STREAM_INITIAL_PATH,
+    STREAM_LATEST_PATH,
+    STREAM_RANGES_PATH,
     SUBSCRIPTION_PATH,
     SUBSCRIPTIONS_PATH,
     TERMINATE_PATH,
@@ -138,6 +145,22 @@ async def _status(call: Call, p: Params) -> dict[str, Any]:
     return await call("topic_status", p.topic, min(p.query.wait_s, p.time_left_s / 2))
 
 
+async def _stream_initial(call: Call, p: Params) -> dict[str, Any]:
+    return await call("stream_initial", p.topic, p.body.starting_offsets)
+
+
+async def _stream_latest(call: Call, p: Params) -> dict[str, Any]:
+    b = p.body
+    until = b.until.model_dump() if b.until is not None else None
+    return await call(
+        "stream_latest", p.topic, b.start.model_dump(), b.max_messages, until, b.fail_on_data_loss
+    )
+
+
+async def _stream_ranges(call: Call, p: Params) -> dict[str, Any]:
+    return await call("stream_ranges", p.topic, p.body.start.model_dump(), p.body.end.model_dump())
+
+
 async def _set_limits(call: Call, p: Params) -> dict[str, int]:
     return await call("set_namespace_limits", p.namespace, p.body.model_dump(exclude_none=True))
 
@@ -203,6 +226,31 @@ ROUTES: tuple[Route, ...] = (
         "Whether every segment of the topic has a running actor (a new topic's segments "
         "start in the background); waits up to waitS seconds for it",
         _status, query=StatusQuery, returns=TopicStatus, permission=Permission.LOOKUP,
+    ),
+    Route(
+        "POST", STREAM_INITIAL_PATH, "planStreamStart",
+        "A streaming query's first position (Spark's readStream; see the README)",
+        _stream_initial, body=StreamInitialBody, returns=OBJECT, errors=(400, 404, 503),
+        permission=Permission.CONSUME, tag="stream",
+    ),
+    Route(
+        "POST", STREAM_LATEST_PATH, "planStreamBatch",
+        "The end position of the micro-batch starting at a position: a segment is read only "
+        "after its parents were read to their end",
+        _stream_latest, body=StreamLatestBody, body_required=True, returns=OBJECT,
+        errors=_MUTATION_ERRORS, permission=Permission.CONSUME, tag="stream",
+    ),
+    Route(
+        "POST", STREAM_RANGES_PATH, "getStreamRanges",
+        "The offset ranges between two positions, with each segment's data plane address",
+        _stream_ranges, body=StreamRangesBody, body_required=True, returns=OBJECT,
+        errors=_MUTATION_ERRORS, permission=Permission.CONSUME, tag="stream",
+    ),
+    Route(
+        "GET", STREAM_ENDPOINT_PATH, "getSegmentEndpoint",
+        "Where a segment's data plane listens now (a reader reconnecting)",
+        lambda c, p: c("stream_endpoint", p.topic, p.path["segmentId"]), returns=OBJECT,
+        permission=Permission.CONSUME, tag="stream",
     ),
     Route(
         "GET", SUBSCRIPTIONS_PATH, "listSubscriptions", "List the topic's subscriptions",

@@ -31,7 +31,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.errors import InvalidArgumentError, UnavailableSegmentsError
+from runtime.errors import (
+    ConflictError,
+    InconsistentRequestError,
+    InvalidArgumentError,
+    SegmentNotFoundError,
+    UnavailableSegmentsError,
+)
 from runtime.layout import SegmentLayout
 
 EARLIEST, LATEST = -2, -1  # in a JSON of per-segment starting offsets, as Kafka's
@@ -81,7 +87,9 @@ class StreamPosition:
         except (TypeError, ValueError, AttributeError) as err:
             raise InvalidArgumentError(f"not a stream position: {err}") from None
         if set(position.next) & position.finished:
-            raise InvalidArgumentError("not a stream position: a segment both read and finished")
+            raise InconsistentRequestError(
+                "not a stream position: a segment both read and finished"
+            )
         return position
 
     def offset(self, segment_id: int) -> int:
@@ -142,7 +150,7 @@ def _from_offsets(
 ) -> StreamPosition:
     unknown = sorted(set(starting) - set(layout.all_segments))
     if unknown:
-        raise InvalidArgumentError(
+        raise SegmentNotFoundError(
             f"startingOffsets names segments {unknown} that {topic} does not have; "
             f"it has {sorted(layout.all_segments)}"
         )
@@ -154,7 +162,7 @@ def _from_offsets(
         elif offset == LATEST:
             offset = held.end
         if not held.start <= offset <= held.end:
-            raise InvalidArgumentError(
+            raise ConflictError(
                 f"startingOffsets: segment {segment_id} holds offsets {held.start} to {held.end}, "
                 f"not {offset} (-2: earliest, -1: latest)"
             )
@@ -210,12 +218,12 @@ def ranges_between(
     ``end`` has it; a segment ``end`` finished is read to its sealed (so fixed) end in
     ``offsets``. Where retention deleted the start, the reader finds the gap."""
     if (start.topic, start.incarnation) != (end.topic, end.incarnation):
-        raise InvalidArgumentError("the two positions are of different topics or incarnations")
+        raise InconsistentRequestError("the two positions are of different topics or incarnations")
     behind = sorted(s for s in start.finished - end.finished) + sorted(
         s for s, last in end.next.items() if last < start.offset(s)
     )
     if behind:
-        raise InvalidArgumentError(f"the end position is behind the start on segments {behind}")
+        raise InconsistentRequestError(f"the end position is behind the start on segments {behind}")
     ends = dict(end.next)
     ends.update({s: offsets[s].end for s in end.finished - start.finished if s in offsets})
     return [
@@ -257,6 +265,11 @@ def _first_offset(
     if held is None:
         _lost(f"segment {segment_id} did not answer", segment_id, True, warnings)
         return None
+    if wanted > held.end:
+        raise ConflictError(
+            f"the position is past the end of segment {segment_id}: offset {wanted}, "
+            f"end {held.end} (a position of another topic, or made up)"
+        )
     if wanted < held.start:
         _lost(
             f"segment {segment_id} no longer holds offsets {wanted} to {held.start - 1} "

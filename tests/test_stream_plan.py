@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.errors import InvalidArgumentError, UnavailableSegmentsError
+from runtime.errors import (
+    ConflictError,
+    InconsistentRequestError,
+    InvalidArgumentError,
+    ScalableTopicsError,
+    SegmentNotFoundError,
+    UnavailableSegmentsError,
+)
 from runtime.layout import SegmentLayout
 from runtime.stream_plan import (
     EARLIEST,
@@ -138,16 +145,18 @@ def test_latest_starts_after_what_exists_and_json_offsets_count_ancestors_as_rea
 
 
 @pytest.mark.parametrize(
-    ("starting", "message"),
+    ("starting", "error", "message"),
     [
-        ("middle", "'earliest', 'latest' or a JSON object"),
-        ({7: 0}, "names segments [7]"),
-        ({1: 99}, "holds offsets 0 to 0, not 99"),
+        ("middle", InvalidArgumentError, "'earliest', 'latest' or a JSON object"),
+        ({7: 0}, SegmentNotFoundError, "names segments [7]"),
+        ({1: 99}, ConflictError, "holds offsets 0 to 0, not 99"),
     ],
 )
-def test_bad_starting_offsets_say_what_is_allowed(starting: object, message: str) -> None:
+def test_bad_starting_offsets_say_what_is_allowed(
+    starting: object, error: type[ScalableTopicsError], message: str
+) -> None:
     topic = Topic(2)
-    with pytest.raises(InvalidArgumentError, match=message.replace("[", r"\[")):
+    with pytest.raises(error, match=message.replace("[", r"\[")):
         initial_position("t", "i1", topic.layout, topic.offsets(), starting)  # type: ignore[arg-type]
 
 
@@ -189,11 +198,15 @@ def test_positions_round_trip_and_bad_ones_are_refused() -> None:
         {"topic": "t"},
         {**position.to_dict(), "next": {"x": 1}},
         {**position.to_dict(), "next": {"3": -1}},
-        {**position.to_dict(), "next": {"0": 1}},  # both read and finished
         [],
     ):
         with pytest.raises(InvalidArgumentError, match="not a stream position"):
             StreamPosition.from_dict(bad)
+    with pytest.raises(InconsistentRequestError, match="both read and finished"):
+        StreamPosition.from_dict({**position.to_dict(), "next": {"0": 1}})
     other = StreamPosition("t", "i2")
-    with pytest.raises(InvalidArgumentError, match="different topics or incarnations"):
+    with pytest.raises(InconsistentRequestError, match="different topics or incarnations"):
         ranges_between(position, other, {})
+    past = StreamPosition("t", "i1", {0: 50})
+    with pytest.raises(ConflictError, match="past the end of segment 0"):
+        next_position(past, SegmentLayout.initial(1), {0: SegmentOffsets(0, 10)})

@@ -1,0 +1,171 @@
+"""Streaming reads planned by the cluster: what the admin service answers a Spark
+streaming source (``runtime.stream_plan`` decides; this module gathers the facts).
+
+Spark's driver keeps each micro-batch's position in its checkpoint and asks,
+through the REST gateway, for a new query's first position, for the next
+batch's end, and for the offset ranges between two positions with the address
+of each segment's data plane, which its tasks then read directly. The layout
+is read before the segments' offsets, so a segment the layout calls sealed has
+already reported its final end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from ray.exceptions import RayActorError
+
+from actors.guard import guard
+from actors.segment import find_segment_actor
+from runtime.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    SegmentNotFoundError,
+    UnavailableSegmentsError,
+)
+from runtime.layout import SegmentLayout
+from runtime.names import TopicName
+from runtime.remote import call
+from runtime.stream_plan import (
+    SegmentOffsets,
+    StreamPosition,
+    initial_position,
+    next_position,
+    ranges_between,
+)
+from storage.catalog import Catalog, TopicRecord
+
+SEGMENT_TIMEOUT_S = 10.0
+
+
+async def stream_initial(
+    catalog: Catalog, name: TopicName, starting: str | Mapping[str, int]
+) -> dict[str, Any]:
+    record = catalog.require_topic(name)
+    offsets = await _offsets(name, record.layout, required=True)
+    chosen = starting if isinstance(starting, str) else _by_id(starting)
+    position = initial_position(str(name), record.incarnation, record.layout, offsets, chosen)
+    return {"position": position.to_dict()}
+
+
+async def stream_latest(
+    catalog: Catalog,
+    name: TopicName,
+    start: Mapping[str, Any],
+    max_messages: int | None,
+    until: Mapping[str, Any] | None,
+    fail_on_data_loss: bool,
+) -> dict[str, Any]:
+    record = catalog.require_topic(name)
+    first = _position(name, record, start)
+    last = _position(name, record, until) if until is not None else None
+    offsets = await _offsets(name, record.layout, required=False)
+    plan = next_position(
+        first,
+        record.layout,
+        offsets,
+        max_messages=max_messages,
+        until=last,
+        fail_on_data_loss=fail_on_data_loss,
+    )
+    return {"end": plan.position.to_dict(), "warnings": plan.warnings}
+
+
+async def stream_ranges(
+    catalog: Catalog, name: TopicName, start: Mapping[str, Any], end: Mapping[str, Any]
+) -> dict[str, Any]:
+    record = catalog.require_topic(name)
+    first, last = _position(name, record, start), _position(name, record, end)
+    offsets = await _offsets(name, record.layout, required=False)
+    ranges = ranges_between(first, last, offsets)
+    gone = [r.segment_id for r in ranges if r.segment_id not in record.layout.all_segments]
+    if gone:
+        raise UnavailableSegmentsError(
+            f"{name}: segments {gone} were deleted (retention) before this batch read them",
+            gone,
+        )
+    endpoints = await asyncio.gather(
+        *(_endpoint(name, record.layout, r.segment_id) for r in ranges)
+    )
+    return {
+        "ranges": [
+            {
+                "segmentId": r.segment_id,
+                "descriptor": record.layout.get(r.segment_id).name(name).descriptor,
+                "from": r.start,
+                "to": r.end,
+                "endpoint": endpoint,
+            }
+            for r, endpoint in zip(ranges, endpoints, strict=True)
+        ]
+    }
+
+
+async def stream_endpoint(catalog: Catalog, name: TopicName, segment_id: int) -> dict[str, Any]:
+    """Where a segment's data plane listens now (a reader reconnecting after a restart)."""
+    layout = catalog.require_topic(name).layout
+    if segment_id not in layout.all_segments:
+        raise SegmentNotFoundError(f"{name} has no segment {segment_id}")
+    return await _endpoint(name, layout, segment_id)
+
+
+# --- internals ---------------------------------------------------------------------------
+
+
+def _position(name: TopicName, record: TopicRecord, data: Mapping[str, Any]) -> StreamPosition:
+    position = StreamPosition.from_dict(data)
+    if position.topic != str(name):
+        raise ConflictError(f"the position is of {position.topic}, not of {name}")
+    if position.incarnation != record.incarnation:
+        raise ConflictError(
+            f"the position is of an earlier {name} (incarnation {position.incarnation}), "
+            f"deleted since; the topic now is incarnation {record.incarnation}: start the "
+            "query afresh (a new checkpoint location)"
+        )
+    return position
+
+
+def _by_id(starting: Mapping[str, int]) -> dict[int, int]:
+    try:
+        return {int(k): v for k, v in starting.items()}
+    except ValueError:
+        raise InvalidArgumentError(
+            f"startingOffsets keys are segment ids, got {sorted(starting)}"
+        ) from None
+
+
+async def _offsets(
+    name: TopicName, layout: SegmentLayout, *, required: bool
+) -> dict[int, SegmentOffsets]:
+    """Each segment's retained start and end; one that does not answer is left out (the
+    planner refuses to plan past it), or, when ``required``, refused here."""
+    ids = list(layout.all_segments)
+    answers = await asyncio.gather(*(_offsets_of(name, layout, s) for s in ids))
+    missing = [s for s, answer in zip(ids, answers, strict=True) if answer is None]
+    if missing and required:
+        raise UnavailableSegmentsError(
+            f"{name}: segments {missing} did not answer within {SEGMENT_TIMEOUT_S:g}s", missing
+        )
+    return {s: a for s, a in zip(ids, answers, strict=True) if a is not None}
+
+
+async def _offsets_of(
+    name: TopicName, layout: SegmentLayout, segment_id: int
+) -> SegmentOffsets | None:
+    async def ask() -> SegmentOffsets:
+        handle = await find_segment_actor(layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S)
+        status = await call(handle.position.remote(credential=guard().internal_token()))
+        return SegmentOffsets(status["startOffset"], status["endOffset"])
+
+    try:
+        return await asyncio.wait_for(ask(), SEGMENT_TIMEOUT_S)
+    except (TimeoutError, SegmentNotFoundError, RayActorError):
+        return None
+
+
+async def _endpoint(name: TopicName, layout: SegmentLayout, segment_id: int) -> dict[str, Any]:
+    handle = await find_segment_actor(layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S)
+    endpoint = await call(handle.data_endpoint.remote(credential=guard().internal_token()))
+    return {"host": endpoint.host, "port": endpoint.port, "tls": endpoint.tls}
