@@ -42,6 +42,7 @@ from actors.readiness import await_readiness
 from actors.registry import get_or_start
 from actors.storage_tasks import scan_storage, storage_report
 from actors.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
+from actors.stream_writes import stream_write
 from actors.topic_stats import topic_stats
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, apply_settings
@@ -166,6 +167,22 @@ class AdminService:
     ) -> dict[str, Any]:
         name = self._allowed(credential, Permission.CONSUME, topic)
         return await stream_ranges(self._catalog, name, start, end)
+
+    async def stream_write(
+        self,
+        topic: str,
+        query: str,
+        batch: int,
+        partition: int,
+        chunk: int,
+        records: list[tuple[str | None, bytes, dict[str, str] | None]],
+        *,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """One chunk of a streaming sink's micro-batch partition, stored once however often
+        it is replayed (``actors.stream_writes``)."""
+        name = self._allowed(credential, Permission.PRODUCE, topic)
+        return await stream_write(self._catalog, name, query, batch, partition, chunk, records)
 
     async def stream_endpoint(
         self, topic: str, segment_id: int, *, credential: str | None = None

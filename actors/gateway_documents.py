@@ -248,6 +248,27 @@ class StreamRangesBody(Body):
     end: StreamPositionDoc
 
 
+_BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+class SinkRecord(Body):
+    key: str | None = Field(default=None, description="routes the record, as a producer's key")
+    value: str = Field(pattern=_BASE64, description="the value's bytes, base64")
+    properties: dict[str, str] | None = None
+
+
+class StreamWriteBody(Body):
+    """One chunk of one partition of a streaming sink's micro-batch."""
+
+    query_id: str = Field(alias="queryId", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    batch_id: json_int(ge=0, le=_INT64) = Field(alias="batchId")
+    partition_id: json_int(ge=0, le=(1 << 31) - 1) = Field(alias="partitionId")
+    chunk: json_int(ge=0, le=(1 << 31) - 1) = Field(
+        default=0, description="the chunk's place in the partition's rows"
+    )
+    records: list[SinkRecord]
+
+
 class TerminateResult(BaseModel):
     end_offset: int = Field(alias="endOffset", description="offset after the last record")
 

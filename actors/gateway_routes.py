@@ -8,6 +8,7 @@ service method as the requester; it decides nothing itself.
 
 from __future__ import annotations
 
+import base64
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from actors.gateway_documents import (
     StreamInitialBody,
     StreamLatestBody,
     StreamRangesBody,
+    StreamWriteBody,
     TerminateResult,
     TerminateSegmentQuery,
     TopicStatus,
@@ -66,6 +68,7 @@ from runtime.rest import (
     STREAM_INITIAL_PATH,
     STREAM_LATEST_PATH,
     STREAM_RANGES_PATH,
+    STREAM_WRITE_PATH,
     SUBSCRIPTION_PATH,
     SUBSCRIPTIONS_PATH,
     TERMINATE_PATH,
@@ -161,6 +164,14 @@ async def _stream_ranges(call: Call, p: Params) -> dict[str, Any]:
     return await call("stream_ranges", p.topic, p.body.start.model_dump(), p.body.end.model_dump())
 
 
+async def _stream_write(call: Call, p: Params) -> dict[str, Any]:
+    b = p.body
+    records = [(r.key, base64.b64decode(r.value), r.properties) for r in b.records]
+    return await call(
+        "stream_write", p.topic, b.query_id, b.batch_id, b.partition_id, b.chunk, records
+    )
+
+
 async def _set_limits(call: Call, p: Params) -> dict[str, int]:
     return await call("set_namespace_limits", p.namespace, p.body.model_dump(exclude_none=True))
 
@@ -245,6 +256,13 @@ ROUTES: tuple[Route, ...] = (
         "The offset ranges between two positions, with each segment's data plane address",
         _stream_ranges, body=StreamRangesBody, body_required=True, returns=OBJECT,
         errors=_MUTATION_ERRORS, permission=Permission.CONSUME, tag="stream",
+    ),
+    Route(
+        "POST", STREAM_WRITE_PATH, "writeStreamChunk",
+        "Store one chunk of a streaming sink's micro-batch partition, once however often "
+        "it is replayed (idempotent per queryId, batchId, partitionId, chunk)",
+        _stream_write, body=StreamWriteBody, body_required=True, returns=OBJECT,
+        errors=_MUTATION_ERRORS, permission=Permission.PRODUCE, tag="stream",
     ),
     Route(
         "GET", STREAM_ENDPOINT_PATH, "getSegmentEndpoint",

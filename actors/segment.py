@@ -120,6 +120,12 @@ class SegmentActor:
         self._check(credential, Permission.PRODUCE)
         return await self._appender.append(batch, producer_id, sequence)
 
+    async def last_sequence(self, producer_id: str, *, credential: str | None = None) -> int:
+        """The highest sequence this segment stored for ``producer_id`` (-1: none): how an
+        idempotent writer learns, after a crash, which of its appends got here."""
+        self._check(credential, Permission.PRODUCE)
+        return self._store.log.last_sequence(producer_id)
+
     async def data_endpoint(self, *, credential: str | None = None) -> wire.Endpoint:
         """Where this segment's data plane listens (appends and reads over TCP, see
         ``runtime.wire``), and whether it speaks TLS (when ``RAYTOPICS_TLS_CERT`` and

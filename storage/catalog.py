@@ -178,6 +178,20 @@ class AuthRecord(BaseModel):
         return AuthPolicy.from_config(self.policy)
 
 
+class SinkWrite(BaseModel):
+    """One idempotent streaming write's progress (``actors.stream_writes``): the batch it
+    belongs to, and the sequence its append carries on each segment it goes to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    batch: int
+    parts: dict[int, int]  # segment id → sequence of this write's append there
+    done: bool = False
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
 class LeaderRecord(BaseModel):
     """Who leads a topic's controller and at which fencing epoch."""
 
@@ -230,6 +244,11 @@ def _consumer_path(topic: TopicName, subscription: str, consumer: str) -> str:
 def _limits_path(namespace: str) -> str:
     tenant, name = parse_namespace(namespace)
     return f"{_LIMITS}/{tenant}/{name}"
+
+
+def _sink_path(topic: TopicName, query: str, partition: int, chunk: int) -> str:
+    """Under the topic, so a deleted topic's writes go with it."""
+    return f"{topic_path(topic)}/sinks/{query}/{partition}/{chunk}"
 
 
 def _claim_path(write_id: str, partition: int | None = None) -> str:
@@ -527,6 +546,31 @@ class Catalog:
 
     def forget_write(self, write_id: str) -> None:
         self.store.delete_tree(_claim_path(write_id))
+
+    def sink_write(
+        self, topic: TopicName, query: str, partition: int, chunk: int
+    ) -> tuple[SinkWrite, Version] | None:
+        """The last write of a streaming query's partition chunk, with its version."""
+        found = self.store.get(_sink_path(topic, query, partition, chunk))
+        if found is None:
+            return None
+        return SinkWrite.model_validate_json(found.value), found.version
+
+    def put_sink_write(
+        self,
+        topic: TopicName,
+        query: str,
+        partition: int,
+        chunk: int,
+        write: SinkWrite,
+        expected: Version | None,
+    ) -> Version:
+        """Record ``write`` if the stored one is still ``expected`` (``BadVersion`` or
+        ``AlreadyExistsError`` if another attempt got there first)."""
+        path = _sink_path(topic, query, partition, chunk)
+        if expected is None:
+            return self.store.put_if_absent(path, write.to_bytes())
+        return self.store.compare_and_swap(path, expected, write.to_bytes())
 
 
 def fenced(

@@ -5,6 +5,7 @@ message once, each key in order, and a key never in two ranges of one batch."""
 
 from __future__ import annotations
 
+import base64
 import socket
 from collections import defaultdict
 from collections.abc import Iterator
@@ -17,7 +18,10 @@ from test_gateway import http
 from actors.gateway import start_gateway, stop_gateway
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
+from runtime.batch import make_batch
+from runtime.hashing import key_hash
 from runtime.names import TopicName
+from storage.catalog import Catalog, SinkWrite
 
 TENANT, NAMESPACE = "stream", "ns"
 
@@ -122,4 +126,86 @@ def test_micro_batches_through_splits_and_a_merge_hold_everything_once_in_key_or
     assert (status, refused["error"]) == (400, "invalid_argument")
     status, refused = http(gateway, "POST", f"{base}/stream/initial", {"startingOffsets": {"5": 0}})
     assert (status, refused["error"]) == (404, "segment_not_found")
+    admin.delete_scalable_topic(topic)
+
+
+# --- the sink's writes -------------------------------------------------------------------
+
+
+def stored_values(topic: str, admin: ScalableTopicsAdmin) -> list[str]:
+    layout = admin.get_layout(topic)
+    values = []
+    for info in layout.all_segments.values():
+        handle = segment_actor(info.name(TopicName.parse(topic)))
+        batch = ray.get(handle.read.remote(0, 100_000))
+        values += [v.decode() for v in batch.column("value").to_pylist()]
+    return values
+
+
+def chunk(prefix: str, keyed: int, unkeyed: int = 0) -> list[dict[str, Any]]:
+    records = [
+        {"key": f"k{i}", "value": base64.b64encode(f"{prefix}-{i}".encode()).decode()}
+        for i in range(keyed)
+    ]
+    return records + [
+        {"value": base64.b64encode(f"{prefix}-n{i}".encode()).decode(), "properties": {"p": "1"}}
+        for i in range(unkeyed)
+    ]
+
+
+def test_a_sink_write_is_stored_once_through_replays_splits_and_a_crash_between_parts(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/sink-{unique}"
+    base = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}/sink-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    query = f"q-{unique}"
+
+    def write(batch: int, records: list[dict[str, Any]], chunk_no: int = 0) -> dict[str, Any]:
+        body = {"queryId": query, "batchId": batch, "partitionId": 3, "chunk": chunk_no}
+        status, answer = http(gateway, "POST", f"{base}/stream/write", body | {"records": records})
+        assert status == 200, answer
+        return answer
+
+    first = chunk("b0", 50, 10)
+    assert write(0, first) == {"stored": 60, "duplicate": False}
+    assert write(0, first) == {"stored": 0, "duplicate": True}  # a replay
+    admin.split_segment(topic, 0)
+    assert write(0, first) == {"stored": 0, "duplicate": True}  # a replay after a split
+    assert write(1, chunk("b1", 40)) == {"stored": 40, "duplicate": False}
+    assert write(0, first) == {"stored": 0, "duplicate": True}  # older than the last batch
+
+    # a crash after the write recorded its parts and stored one of them, then a split
+    # of the segment whose part was not stored yet: the replay stores exactly the rest
+    third = chunk("b2", 30)
+    layout = admin.get_layout(topic)
+    name = TopicName.parse(topic)
+    producer = f"sink:{query}:3:0"
+    parts = {
+        s: ray.get(segment_actor(info.name(name)).last_sequence.remote(producer)) + 1
+        for s, info in layout.active_segments.items()
+    }
+    catalog = Catalog()
+    version = catalog.sink_write(name, query, 3, 0)[1]
+    catalog.put_sink_write(name, query, 3, 0, SinkWrite(batch=2, parts=parts), version)
+    stored_first, unstored = sorted(layout.active_segments)[0], sorted(layout.active_segments)[1]
+    span = layout.get(stored_first).hash_range
+    mine = [r for r in third if key_hash(r["key"]) in span]
+    batch = make_batch([base64.b64decode(r["value"]) for r in mine], [r["key"] for r in mine])
+    handle = segment_actor(layout.get(stored_first).name(name))
+    ray.get(handle.append.remote(batch, producer, parts[stored_first]))
+    admin.split_segment(topic, unstored)
+    assert write(2, third) == {"stored": 30 - len(mine), "duplicate": False}
+    assert write(2, third) == {"stored": 0, "duplicate": True}
+
+    values = stored_values(topic, admin)
+    expected = [f"b0-{i}" for i in range(50)] + [f"b0-n{i}" for i in range(10)]
+    expected += [f"b1-{i}" for i in range(40)] + [f"b2-{i}" for i in range(30)]
+    assert sorted(values) == sorted(expected)
+
+    status, refused = http(
+        gateway, "POST", f"{base}/stream/write",
+        {"queryId": query, "batchId": 5, "partitionId": 0, "records": [{"value": "!!"}]},
+    )  # fmt: skip
+    assert (status, refused["error"]) == (400, "invalid_argument") and "value" in refused["message"]
     admin.delete_scalable_topic(topic)
