@@ -1,0 +1,90 @@
+package io.raytopics.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.util.ArrayList;
+import java.util.List;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.connector.write.DataWriter;
+import org.apache.spark.sql.connector.write.WriterCommitMessage;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Buffers one task's rows and stores them at commit, so an attempt that fails midway has
+ * sent nothing (or chunks its retry will resend under the same keys).
+ */
+final class RayTopicsDataWriter implements DataWriter<InternalRow> {
+    private static final Logger LOG = LoggerFactory.getLogger(RayTopicsDataWriter.class);
+    static final int CHUNK_ROWS = 5_000;
+
+    private final GatewayClient gateway;
+    private final SinkColumns columns;
+    private final WriteKey key;
+    private final List<ObjectNode> records = new ArrayList<>();
+
+    RayTopicsDataWriter(GatewayClient gateway, SinkColumns columns, WriteKey key) {
+        this.gateway = gateway;
+        this.columns = columns;
+        this.key = key;
+    }
+
+    @Override
+    public void write(InternalRow row) {
+        records.add(columns.toRecord(row)); // now: Spark reuses the row object
+    }
+
+    @Override
+    public WriterCommitMessage commit() {
+        List<ObjectNode> requests = requests(key, records);
+        int stored = 0;
+        for (ObjectNode request : requests) {
+            JsonNode answer = gateway.post("/stream/write", request);
+            stored += answer.path("stored").asInt();
+            if (answer.path("duplicate").asBoolean(false)) {
+                LOG.info("raytopics: {} chunk {} was already stored (a replay)", key, request.path("chunk"));
+            }
+        }
+        records.clear();
+        return new Committed(stored);
+    }
+
+    /**
+     * The request bodies for a task's records: one without chunk fields up to
+     * {@link #CHUNK_ROWS} records, else numbered chunks, the last one marked.
+     */
+    static List<ObjectNode> requests(WriteKey key, List<ObjectNode> records) {
+        List<ObjectNode> requests = new ArrayList<>();
+        if (records.isEmpty()) {
+            return requests;
+        }
+        boolean chunked = records.size() > CHUNK_ROWS;
+        for (int start = 0, chunk = 0; start < records.size(); start += CHUNK_ROWS, chunk++) {
+            int end = Math.min(start + CHUNK_ROWS, records.size());
+            ObjectNode body = key.request();
+            if (chunked) {
+                body.put("chunk", chunk);
+                body.put("lastChunk", end == records.size());
+            }
+            ArrayNode array = body.putArray("records");
+            array.addAll(records.subList(start, end));
+            requests.add(body);
+        }
+        return requests;
+    }
+
+    /** Nothing was sent yet, or what was sent is keyed for a replay to deduplicate. */
+    @Override
+    public void abort() {
+        records.clear();
+    }
+
+    @Override
+    public void close() {
+        records.clear();
+    }
+
+    /** How many records the gateway reported stored for the task. */
+    record Committed(int stored) implements WriterCommitMessage {}
+}

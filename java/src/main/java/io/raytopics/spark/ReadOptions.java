@@ -1,0 +1,76 @@
+package io.raytopics.spark;
+
+import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.TextNode;
+import java.util.Locale;
+import java.util.Map;
+
+/**
+ * The source's own options (the connection's are in {@link ConnectionConfig}).
+ *
+ * @param startingOffsets "earliest", "latest" or a {@code {"<segmentId>": offset}} object
+ * @param startingTimestampMs publish time (epoch ms) to start from, or null
+ * @param maxMessagesPerTrigger the per-batch cap, or null for none
+ * @param failOnDataLoss whether records lost to retention fail the query
+ */
+record ReadOptions(
+        JsonNode startingOffsets,
+        Long startingTimestampMs,
+        Long maxMessagesPerTrigger,
+        boolean failOnDataLoss) {
+
+    static ReadOptions parse(Map<String, String> options) {
+        return new ReadOptions(
+                startingOffsets(options.getOrDefault("startingOffsets", "latest")),
+                longAtLeast(options, "startingTimestamp", 0),
+                longAtLeast(options, "maxMessagesPerTrigger", 1),
+                bool(options.getOrDefault("failOnDataLoss", "true")));
+    }
+
+    private static JsonNode startingOffsets(String text) {
+        String word = text.trim().toLowerCase(Locale.ROOT);
+        if (word.equals("earliest") || word.equals("latest")) {
+            return TextNode.valueOf(word);
+        }
+        try {
+            JsonNode node = Json.MAPPER.readTree(text);
+            if (node != null && node.isObject()) {
+                return node;
+            }
+        } catch (JsonProcessingException e) {
+            // reported below with the accepted forms
+        }
+        throw new IllegalArgumentException("raytopics option startingOffsets must be \"earliest\", "
+                + "\"latest\" or a JSON object {\"<segmentId>\": offset, ...}, got " + text);
+    }
+
+    private static Long longAtLeast(Map<String, String> options, String key, long min) {
+        String text = options.get(key);
+        if (text == null) {
+            return null;
+        }
+        try {
+            long value = Long.parseLong(text.trim());
+            if (value >= min) {
+                return value;
+            }
+        } catch (NumberFormatException e) {
+            // reported below
+        }
+        throw new IllegalArgumentException(
+                "raytopics option " + key + " must be an integer >= " + min + ", got " + text);
+    }
+
+    private static boolean bool(String text) {
+        switch (text.trim().toLowerCase(Locale.ROOT)) {
+            case "true":
+                return true;
+            case "false":
+                return false;
+            default:
+                throw new IllegalArgumentException(
+                        "raytopics option failOnDataLoss must be true or false, got " + text);
+        }
+    }
+}

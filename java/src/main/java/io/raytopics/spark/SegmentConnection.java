@@ -1,0 +1,84 @@
+package io.raytopics.spark;
+
+import java.io.BufferedInputStream;
+import java.io.BufferedOutputStream;
+import java.io.Closeable;
+import java.io.DataInputStream;
+import java.io.IOException;
+import java.io.OutputStream;
+import java.net.InetSocketAddress;
+import java.net.Socket;
+import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLParameters;
+import javax.net.ssl.SSLSocket;
+
+/**
+ * One consume connection to a segment's data plane. The HELLO goes out with the first
+ * READ (the segment answers in request order), so the handshake costs no round trip.
+ */
+final class SegmentConnection implements Closeable {
+    private static final int CONNECT_TIMEOUT_MS = 10_000;
+    // A read uses wait 0, so a silent segment for this long is a dead connection.
+    private static final int READ_TIMEOUT_MS = 60_000;
+    private static final int NO_ACK = -1;
+    // A stream read keeps its own position (in the checkpoint), not a subscription cursor.
+    private static final String NO_SUBSCRIPTION = "";
+
+    private final Socket socket;
+    private final DataInputStream in;
+    private final OutputStream out;
+    private byte[] pendingHello;
+
+    private SegmentConnection(Socket socket, String credential) throws IOException {
+        this.socket = socket;
+        this.in = new DataInputStream(new BufferedInputStream(socket.getInputStream(), 1 << 16));
+        this.out = new BufferedOutputStream(socket.getOutputStream());
+        this.pendingHello = WireProtocol.hello(credential);
+    }
+
+    /** Connects (and for a TLS endpoint, handshakes, checking the host name). */
+    static SegmentConnection open(Endpoint endpoint, String credential, SSLContext tls) throws IOException {
+        Socket plain = new Socket();
+        try {
+            plain.connect(new InetSocketAddress(endpoint.host(), endpoint.port()), CONNECT_TIMEOUT_MS);
+            plain.setSoTimeout(READ_TIMEOUT_MS);
+            plain.setTcpNoDelay(true);
+            if (!endpoint.tls()) {
+                return new SegmentConnection(plain, credential);
+            }
+            SSLSocket ssl = (SSLSocket) tls.getSocketFactory()
+                    .createSocket(plain, endpoint.host(), endpoint.port(), true);
+            SSLParameters parameters = ssl.getSSLParameters();
+            parameters.setEndpointIdentificationAlgorithm("HTTPS");
+            ssl.setSSLParameters(parameters);
+            ssl.startHandshake();
+            return new SegmentConnection(ssl, credential);
+        } catch (IOException | RuntimeException e) {
+            plain.close();
+            throw e;
+        }
+    }
+
+    /** Up to {@code maxRecords} records from {@code offset}, without waiting for new ones. */
+    WireProtocol.Records read(long offset, int maxRecords) throws IOException {
+        boolean first = pendingHello != null;
+        if (first) {
+            out.write(pendingHello);
+            pendingHello = null;
+        }
+        out.write(WireProtocol.read(offset, maxRecords, 0, NO_ACK, NO_SUBSCRIPTION));
+        out.flush();
+        if (first) {
+            int granted = WireProtocol.welcome(WireProtocol.readFrame(in));
+            if ((granted & WireProtocol.ACCESS_CONSUME) == 0) {
+                throw new RayTopicsException("unauthorized", "the segment did not grant consume access");
+            }
+        }
+        return WireProtocol.records(WireProtocol.readFrame(in));
+    }
+
+    @Override
+    public void close() throws IOException {
+        socket.close();
+    }
+}

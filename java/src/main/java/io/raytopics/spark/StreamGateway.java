@@ -1,0 +1,80 @@
+package io.raytopics.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.util.ArrayList;
+import java.util.List;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The streaming calls of the REST gateway, which does all the planning: positions are
+ * its documents, and only it knows which segments a position covers.
+ */
+final class StreamGateway {
+    private static final Logger LOG = LoggerFactory.getLogger(StreamGateway.class);
+
+    private final ConnectionConfig config;
+    private final GatewayClient client;
+
+    StreamGateway(ConnectionConfig config) {
+        this.config = config;
+        this.client = new GatewayClient(config);
+    }
+
+    /** Where a new query starts: {@code startingOffsets} is "earliest", "latest" or an object. */
+    TopicPosition initial(JsonNode startingOffsets, Long startingTimestampMs, boolean failOnDataLoss) {
+        ObjectNode body = Json.MAPPER.createObjectNode();
+        body.set("startingOffsets", startingOffsets);
+        body.put("startingTimestampMs", startingTimestampMs);
+        body.put("failOnDataLoss", failOnDataLoss);
+        return TopicPosition.of(client.post("/stream/initial", body).get("position"));
+    }
+
+    /**
+     * The end of the next batch from {@code start}: at most {@code maxMessages} records
+     * (null: all available), never beyond {@code until} (null: no bound).
+     */
+    TopicPosition latest(TopicPosition start, Long maxMessages, TopicPosition until, boolean failOnDataLoss) {
+        ObjectNode body = Json.MAPPER.createObjectNode();
+        body.set("start", start.node());
+        body.put("maxMessages", maxMessages);
+        body.set("until", until == null ? null : until.node());
+        body.put("failOnDataLoss", failOnDataLoss);
+        JsonNode answer = client.post("/stream/latest", body);
+        logWarnings(answer);
+        return TopicPosition.of(answer.get("end"));
+    }
+
+    /** The segment ranges between two positions, one partition each (empty ranges dropped). */
+    List<SegmentPartition> ranges(TopicPosition start, TopicPosition end, boolean failOnDataLoss) {
+        ObjectNode body = Json.MAPPER.createObjectNode();
+        body.set("start", start.node());
+        body.set("end", end.node());
+        body.put("failOnDataLoss", failOnDataLoss);
+        JsonNode answer = client.post("/stream/ranges", body);
+        logWarnings(answer);
+        List<SegmentPartition> partitions = new ArrayList<>();
+        for (JsonNode range : answer.path("ranges")) {
+            long from = range.path("from").asLong();
+            long to = range.path("to").asLong();
+            if (from < to) {
+                partitions.add(new SegmentPartition(
+                        config, range.path("segmentId").asLong(), from, to,
+                        Endpoint.of(range.get("endpoint")), failOnDataLoss));
+            }
+        }
+        return partitions;
+    }
+
+    /** Where a segment serves now: after a reconnect, it may have moved. */
+    Endpoint endpoint(long segmentId) {
+        return Endpoint.of(client.get("/stream/endpoint/" + segmentId));
+    }
+
+    private void logWarnings(JsonNode answer) {
+        for (JsonNode warning : answer.path("warnings")) {
+            LOG.warn("raytopics {}: {}", config.topicName(), warning.asText());
+        }
+    }
+}

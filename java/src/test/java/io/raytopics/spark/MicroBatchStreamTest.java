@@ -1,0 +1,82 @@
+package io.raytopics.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.streaming.Offset;
+import org.apache.spark.sql.connector.read.streaming.ReadLimit;
+
+/** The driver's calls against an in-process gateway: request bodies, positions, partitions. */
+public final class MicroBatchStreamTest {
+    private static final String P0 = "{\"segments\":{\"0\":0},\"v\":1}";
+    private static final String P1 = "{\"segments\":{\"0\":50},\"v\":1}";
+    private static final String P2 = "{\"segments\":{\"0\":90},\"v\":1}";
+
+    public static void main(String[] args) throws Exception {
+        try (FakeGateway gateway = new FakeGateway()) {
+            gateway.route("/stream/initial", "{\"position\": " + P0 + "}");
+            gateway.route("/stream/latest", body -> new FakeGateway.Answer(200, body.get("maxMessages").isNull()
+                    ? "{\"end\": " + P2 + ", \"warnings\": [\"segment 3 is slow\"]}"
+                    : "{\"end\": " + P1 + ", \"warnings\": []}"));
+            gateway.route("/stream/ranges", "{\"ranges\": ["
+                    + "{\"segmentId\": 0, \"descriptor\": \"segment://t/ns/orders/0\", \"from\": 0, \"to\": 50,"
+                    + " \"endpoint\": {\"host\": \"h0\", \"port\": 7000, \"tls\": true}},"
+                    + "{\"segmentId\": 2, \"descriptor\": \"segment://t/ns/orders/2\", \"from\": 4, \"to\": 4,"
+                    + " \"endpoint\": {\"host\": \"h2\", \"port\": 7002, \"tls\": false}}], \"warnings\": []}");
+            ConnectionConfig config = gateway.config("tok");
+            ReadOptions options = ReadOptions.parse(Map.of(
+                    "startingOffsets", "{\"0\": 0}", "startingTimestamp", "1700000000000",
+                    "maxMessagesPerTrigger", "50", "failOnDataLoss", "false"));
+            RayTopicsMicroBatchStream stream = new RayTopicsMicroBatchStream(new StreamGateway(config), options);
+
+            Offset initial = stream.initialOffset();
+            Check.equal(P0, initial.json(), "initial position");
+            JsonNode init = gateway.requests("/stream/initial").get(0).body();
+            Check.equal("{\"startingOffsets\":{\"0\":0},\"startingTimestampMs\":1700000000000,"
+                    + "\"failOnDataLoss\":false}", init.toString(), "initial request");
+            Check.equal("Bearer tok", gateway.requests("/stream/initial").get(0).authorization(), "bearer token");
+
+            Check.equal(ReadLimit.maxRows(50), stream.getDefaultReadLimit(), "default read limit");
+            Offset end = stream.latestOffset(stream.deserializeOffset(P0), stream.getDefaultReadLimit());
+            Check.equal(P1, end.json(), "capped end");
+            Check.equal("{\"start\":" + P0 + ",\"maxMessages\":50,\"until\":null,\"failOnDataLoss\":false}",
+                    gateway.requests("/stream/latest").get(0).body().toString(), "latest request");
+
+            InputPartition[] partitions = stream.planInputPartitions(initial, end);
+            Check.equal(1, partitions.length, "the empty range is skipped");
+            SegmentPartition p = (SegmentPartition) partitions[0];
+            Check.equal(new SegmentPartition(config, 0, 0, 50, new Endpoint("h0", 7000, true), false), p, "partition");
+            Check.equal("{\"start\":" + P0 + ",\"end\":" + P1 + ",\"failOnDataLoss\":false}",
+                    gateway.requests("/stream/ranges").get(0).body().toString(), "ranges request");
+            Check.isTrue(!p.toString().contains("tok,") && p.toString().contains("token=***"), "no token in toString");
+
+            // Trigger.AvailableNow: the bound is taken from the query's first start, then kept.
+            stream.prepareForTriggerAvailableNow();
+            stream.latestOffset(end, ReadLimit.maxRows(50));
+            stream.latestOffset(stream.deserializeOffset(P1), ReadLimit.allAvailable());
+            List<FakeGateway.Request> latest = gateway.requests("/stream/latest");
+            Check.equal(4, latest.size(), "one bound request, then one per batch");
+            Check.equal("{\"start\":" + P1 + ",\"maxMessages\":null,\"until\":null,\"failOnDataLoss\":false}",
+                    latest.get(1).body().toString(), "the bound");
+            Check.equal(P2, latest.get(2).body().get("until").toString(), "capped batch up to the bound");
+            Check.equal(P2, latest.get(3).body().get("until").toString(), "uncapped batch up to the bound");
+            Check.isTrue(latest.get(3).body().get("maxMessages").isNull(), "all available: no cap");
+
+            gateway.route("/stream/latest", body -> new FakeGateway.Answer(503,
+                    "{\"error\": \"unavailable_segments\", \"message\": \"segments [3] are missing\"}"));
+            Check.fails(RayTopicsException.class, () -> stream.latestOffset(end, ReadLimit.allAvailable()),
+                    "unavailable_segments", "segments [3] are missing");
+        }
+        Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of("startingOffsets", "[1]")),
+                "startingOffsets");
+        Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of("maxMessagesPerTrigger", "0")),
+                "maxMessagesPerTrigger");
+        Check.equal("\"latest\"", ReadOptions.parse(Map.of()).startingOffsets().toString(), "default start");
+        Check.equal("/admin/v2/scalable/t/ns/orders", ConnectionConfig.restPath(FakeGateway.TOPIC), "REST path");
+        Check.fails(IllegalArgumentException.class, () -> ConnectionConfig.restPath("t/ns/orders"), "topic://");
+        Check.fails(IllegalArgumentException.class, () -> ConnectionConfig.resolve(Map.of("url", "http://x")),
+                "topic");
+        System.out.println("MicroBatchStreamTest: ok");
+    }
+}
