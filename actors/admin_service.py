@@ -137,10 +137,15 @@ class AdminService:
     # --- streaming reads (Spark; actors.stream_reads) ---------------------------------
 
     async def stream_initial(
-        self, topic: str, starting: str | dict[str, int], *, credential: str | None = None
+        self,
+        topic: str,
+        starting: str | dict[str, int] | None = None,
+        starting_time_ms: int | None = None,
+        *,
+        credential: str | None = None,
     ) -> dict[str, Any]:
         name = self._allowed(credential, Permission.CONSUME, topic)
-        return await stream_initial(self._catalog, name, starting)
+        return await stream_initial(self._catalog, name, starting, starting_time_ms)
 
     async def stream_latest(
         self,
@@ -162,11 +167,12 @@ class AdminService:
         topic: str,
         start: dict[str, Any],
         end: dict[str, Any],
+        fail_on_data_loss: bool = True,
         *,
         credential: str | None = None,
     ) -> dict[str, Any]:
         name = self._allowed(credential, Permission.CONSUME, topic)
-        return await stream_ranges(self._catalog, name, start, end)
+        return await stream_ranges(self._catalog, name, start, end, fail_on_data_loss)
 
     async def stream_write(
         self,

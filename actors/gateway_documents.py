@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, create_model
 
 from runtime.auth import MIN_TOKEN_CHARS
 from runtime.json_int import JsonInt, json_int
@@ -218,12 +218,32 @@ class StreamPositionDoc(Body):
 
 class StreamInitialBody(Body):
     starting_offsets: (
-        Literal["earliest", "latest"] | dict[_SEGMENT_KEY, json_int(ge=-2, le=_INT64)]
+        Literal["earliest", "latest"]
+        | Annotated[
+            dict[_SEGMENT_KEY, json_int(ge=-2, le=_INT64)],
+            WithJsonSchema(
+                {
+                    "type": "object",
+                    "patternProperties": {
+                        _SEGMENT_KEY_PATTERN: {"type": "integer", "minimum": -2, "maximum": _INT64}
+                    },
+                    **_ONLY_PATTERNS,
+                }
+            ),
+        ]
+        | None
     ) = Field(
-        default="latest",
+        default=None,
         alias="startingOffsets",
         description="'earliest', 'latest', or segment id → offset (-2 earliest, -1 latest); "
-        "a listed segment's ancestors count as read, others start at their earliest",
+        "a listed segment's ancestors count as read, others start at their earliest. "
+        "Neither this nor startingTimestampMs: 'latest'",
+    )
+    starting_timestamp_ms: json_int(ge=0, le=_INT64) | None = Field(
+        default=None,
+        alias="startingTimestampMs",
+        description="start at the first record published at or after this time (epoch ms) "
+        "in each segment; not with startingOffsets",
     )
 
 
@@ -246,6 +266,12 @@ class StreamLatestBody(Body):
 class StreamRangesBody(Body):
     start: StreamPositionDoc
     end: StreamPositionDoc
+    fail_on_data_loss: bool = Field(
+        default=True,
+        alias="failOnDataLoss",
+        description="true: a segment deleted before the batch read it fails the call; false: "
+        "its range is left out, with a warning",
+    )
 
 
 _BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"

@@ -149,7 +149,9 @@ async def _status(call: Call, p: Params) -> dict[str, Any]:
 
 
 async def _stream_initial(call: Call, p: Params) -> dict[str, Any]:
-    return await call("stream_initial", p.topic, p.body.starting_offsets)
+    return await call(
+        "stream_initial", p.topic, p.body.starting_offsets, p.body.starting_timestamp_ms
+    )
 
 
 async def _stream_latest(call: Call, p: Params) -> dict[str, Any]:
@@ -161,7 +163,10 @@ async def _stream_latest(call: Call, p: Params) -> dict[str, Any]:
 
 
 async def _stream_ranges(call: Call, p: Params) -> dict[str, Any]:
-    return await call("stream_ranges", p.topic, p.body.start.model_dump(), p.body.end.model_dump())
+    b = p.body
+    return await call(
+        "stream_ranges", p.topic, b.start.model_dump(), b.end.model_dump(), b.fail_on_data_loss
+    )
 
 
 async def _stream_write(call: Call, p: Params) -> dict[str, Any]:

@@ -120,6 +120,11 @@ class SegmentActor:
         self._check(credential, Permission.PRODUCE)
         return await self._appender.append(batch, producer_id, sequence)
 
+    async def offset_at_time(self, time_ms: int, *, credential: str | None = None) -> int:
+        """The first offset published at or after ``time_ms`` (the end when none was)."""
+        self._check(credential, Permission.CONSUME)
+        return self._store.log.offset_at_time(time_ms)
+
     async def last_sequence(self, producer_id: str, *, credential: str | None = None) -> int:
         """The highest sequence this segment stored for ``producer_id`` (-1: none): how an
         idempotent writer learns, after a crash, which of its appends got here."""

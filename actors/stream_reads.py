@@ -21,6 +21,7 @@ from actors.guard import guard
 from actors.segment import find_segment_actor
 from runtime.errors import (
     ConflictError,
+    InconsistentRequestError,
     InvalidArgumentError,
     SegmentNotFoundError,
     UnavailableSegmentsError,
@@ -41,11 +42,25 @@ SEGMENT_TIMEOUT_S = 10.0
 
 
 async def stream_initial(
-    catalog: Catalog, name: TopicName, starting: str | Mapping[str, int]
+    catalog: Catalog,
+    name: TopicName,
+    starting: str | Mapping[str, int] | None,
+    starting_time_ms: int | None = None,
 ) -> dict[str, Any]:
+    """A new query's first position: from ``starting`` (default ``latest``), or at the
+    first record published at or after ``starting_time_ms`` in each segment."""
+    if starting is not None and starting_time_ms is not None:
+        raise InconsistentRequestError(
+            "startingOffsets and startingTimestampMs exclude each other: give one of them"
+        )
     record = catalog.require_topic(name)
     offsets = await _offsets(name, record.layout, required=True)
-    chosen = starting if isinstance(starting, str) else _by_id(starting)
+    if starting_time_ms is not None:
+        chosen: str | dict[int, int] = await _offsets_at_time(name, record.layout, starting_time_ms)
+    elif starting is None or isinstance(starting, str):
+        chosen = starting or "latest"
+    else:
+        chosen = _by_id(starting)
     position = initial_position(str(name), record.incarnation, record.layout, offsets, chosen)
     return {"position": position.to_dict()}
 
@@ -74,18 +89,27 @@ async def stream_latest(
 
 
 async def stream_ranges(
-    catalog: Catalog, name: TopicName, start: Mapping[str, Any], end: Mapping[str, Any]
+    catalog: Catalog,
+    name: TopicName,
+    start: Mapping[str, Any],
+    end: Mapping[str, Any],
+    fail_on_data_loss: bool = True,
 ) -> dict[str, Any]:
     record = catalog.require_topic(name)
     first, last = _position(name, record, start), _position(name, record, end)
     offsets = await _offsets(name, record.layout, required=False)
     ranges = ranges_between(first, last, offsets)
     gone = [r.segment_id for r in ranges if r.segment_id not in record.layout.all_segments]
-    if gone:
+    warnings = []
+    if gone and fail_on_data_loss:
         raise UnavailableSegmentsError(
-            f"{name}: segments {gone} were deleted (retention) before this batch read them",
+            f"{name}: segments {gone} were deleted (retention) before this batch read them "
+            "(failOnDataLoss=false skips them)",
             gone,
         )
+    if gone:
+        warnings.append(f"segments {gone} were deleted before this batch read them: skipped")
+        ranges = [r for r in ranges if r.segment_id not in gone]
     endpoints = await asyncio.gather(
         *(_endpoint(name, record.layout, r.segment_id) for r in ranges)
     )
@@ -99,7 +123,8 @@ async def stream_ranges(
                 "endpoint": endpoint,
             }
             for r, endpoint in zip(ranges, endpoints, strict=True)
-        ]
+        ],
+        "warnings": warnings,
     }
 
 
@@ -163,6 +188,20 @@ async def _offsets_of(
         return await asyncio.wait_for(ask(), SEGMENT_TIMEOUT_S)
     except (TimeoutError, SegmentNotFoundError, RayActorError):
         return None
+
+
+async def _offsets_at_time(name: TopicName, layout: SegmentLayout, time_ms: int) -> dict[int, int]:
+    """Each segment's first offset published at or after ``time_ms``: a sealed segment
+    that ended before it starts at its end, so it is finished at the first batch."""
+
+    async def ask(segment_id: int) -> int:
+        handle = await find_segment_actor(layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S)
+        answer = handle.offset_at_time.remote(time_ms, credential=guard().internal_token())
+        return await call(answer)
+
+    ids = list(layout.all_segments)
+    found = await asyncio.gather(*(ask(s) for s in ids))
+    return dict(zip(ids, found, strict=True))
 
 
 async def _endpoint(name: TopicName, layout: SegmentLayout, segment_id: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ right for that to work here, and this module is where they are decided once:
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,11 @@ JAVA17_OPTIONS = " ".join(
         "-Dio.netty.tryReflectionSetAccessible=true",
     ]
 )
+
+# The streaming source and sink (``spark.readStream.format("raytopics")``): a JVM
+# DataSource V2 built from java/ by the setup (or on first use) against pyspark's jars.
+CONNECTOR_JAR = Path(__file__).resolve().parent.parent / "build" / "raytopics-spark.jar"
+_CONNECTOR_BUILD = Path(__file__).resolve().parent.parent / "java" / "build.sh"
 
 # Environment that Spark's Python workers need to join Ray and find this project.
 _WORKER_ENV = ("RAY_AUTH_MODE", "RAYTOPICS_NAMESPACE", "RAYTOPICS_STORAGE_ROOT")
@@ -124,12 +130,31 @@ def default_configs(total_cores: int = 1) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(max(2, 2 * total_cores)),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.showConsoleProgress": "false",
+        "spark.jars": connector_jar(),
     }
     for name in _WORKER_ENV:
         if name in os.environ:
             configs[f"spark.executorEnv.{name}"] = os.environ[name]
     configs["spark.executorEnv.RAYTOPICS_NAMESPACE"] = ray.get_runtime_context().namespace
     return configs
+
+
+def connector_jar() -> str:
+    """The streaming connector's jar, built first when missing or older than its sources
+    (``java/build.sh``: javac against pyspark's own jars, nothing downloaded)."""
+    result = subprocess.run(
+        ["bash", str(_CONNECTOR_BUILD), str(CONNECTOR_JAR)],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"building the raytopics Spark connector failed ({_CONNECTOR_BUILD}): "
+            f"{(result.stderr or result.stdout).strip()[-2000:]}"
+        )
+    return str(CONNECTOR_JAR)
 
 
 def _ray_logs_dir() -> str:

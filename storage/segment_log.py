@@ -320,6 +320,16 @@ class SegmentLog:
     def last_publish_time_ms(self) -> int | None:
         return self._last_publish_time_ms
 
+    def offset_at_time(self, time_ms: int) -> int:
+        """The first retained offset published at or after ``time_ms``, the end when none
+        was: publish times never decrease along the log, so a binary search of the index."""
+        with self._lock:
+            first = bisect.bisect_left(self._bases, self._start_offset)
+            index = bisect.bisect_left(
+                self._entries, time_ms, lo=first, key=lambda entry: entry.publish_time_ms
+            )
+            return self._bases[index] if index < len(self._entries) else self._end_offset
+
     def last_sequence(self, producer_id: str) -> int:
         """Highest sequence stored for ``producer_id``; -1 when it never appended here."""
         window = self._producers.get(producer_id)

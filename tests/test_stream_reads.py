@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import socket
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -208,4 +209,29 @@ def test_a_sink_write_is_stored_once_through_replays_splits_and_a_crash_between_
         {"queryId": query, "batchId": 5, "partitionId": 0, "records": [{"value": "!!"}]},
     )  # fmt: skip
     assert (status, refused["error"]) == (400, "invalid_argument") and "value" in refused["message"]
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_query_can_start_at_a_publish_time(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/time-{unique}"
+    base = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}/time-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    with Producer(topic) as producer:
+        producer.send_batch([b"a"] * 50).result()
+    time.sleep(0.05)
+    middle = int(time.time() * 1000)
+    time.sleep(0.05)
+    with Producer(topic) as producer:
+        producer.send_batch([b"b"] * 30).result()
+    status, first = http(gateway, "POST", f"{base}/stream/initial", {"startingTimestampMs": middle})
+    assert status == 200 and first["position"]["next"] == {"0": 50}, first
+    later = middle + 3_600_000  # nothing yet: at the end
+    assert http(gateway, "POST", f"{base}/stream/initial", {"startingTimestampMs": later})[1][
+        "position"
+    ]["next"] == {"0": 80}
+    both = {"startingTimestampMs": middle, "startingOffsets": "earliest"}
+    status, refused = http(gateway, "POST", f"{base}/stream/initial", both)
+    assert (status, refused["error"]) == (409, "inconsistent") and "exclude" in refused["message"]
     admin.delete_scalable_topic(topic)

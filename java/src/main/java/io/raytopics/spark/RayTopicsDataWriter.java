@@ -18,6 +18,7 @@ import org.slf4j.LoggerFactory;
 final class RayTopicsDataWriter implements DataWriter<InternalRow> {
     private static final Logger LOG = LoggerFactory.getLogger(RayTopicsDataWriter.class);
     static final int CHUNK_ROWS = 5_000;
+    static final long CHUNK_BYTES = 512 * 1024;
 
     private final GatewayClient gateway;
     private final SinkColumns columns;
@@ -51,27 +52,34 @@ final class RayTopicsDataWriter implements DataWriter<InternalRow> {
     }
 
     /**
-     * The request bodies for a task's records: one without chunk fields up to
-     * {@link #CHUNK_ROWS} records, else numbered chunks, the last one marked.
+     * The request bodies for a task's records, numbered chunks of at most {@link #CHUNK_ROWS}
+     * records and about {@link #CHUNK_BYTES} of JSON each: the gateway refuses bodies over
+     * 1 MiB. Chunk boundaries depend only on the rows, so a replay sends the same chunks.
      */
     static List<ObjectNode> requests(WriteKey key, List<ObjectNode> records) {
         List<ObjectNode> requests = new ArrayList<>();
-        if (records.isEmpty()) {
-            return requests;
-        }
-        boolean chunked = records.size() > CHUNK_ROWS;
-        for (int start = 0, chunk = 0; start < records.size(); start += CHUNK_ROWS, chunk++) {
-            int end = Math.min(start + CHUNK_ROWS, records.size());
-            ObjectNode body = key.request();
-            if (chunked) {
-                body.put("chunk", chunk);
-                body.put("lastChunk", end == records.size());
+        int chunk = 0;
+        int start = 0;
+        while (start < records.size()) {
+            int end = start;
+            long bytes = 0;
+            while (end < records.size() && end - start < CHUNK_ROWS
+                    && (end == start || bytes + size(records.get(end)) <= CHUNK_BYTES)) {
+                bytes += size(records.get(end));
+                end++;
             }
-            ArrayNode array = body.putArray("records");
-            array.addAll(records.subList(start, end));
+            ObjectNode body = key.request();
+            body.put("chunk", chunk++);
+            body.putArray("records").addAll(records.subList(start, end));
             requests.add(body);
+            start = end;
         }
         return requests;
+    }
+
+    /** A record's JSON size, near enough to keep a chunk under the gateway's limit. */
+    private static long size(ObjectNode record) {
+        return record.toString().length() + 8L;
     }
 
     /** Nothing was sent yet, or what was sent is keyed for a replay to deduplicate. */

@@ -25,8 +25,7 @@ final class RayTopicsMicroBatchStream implements MicroBatchStream, SupportsTrigg
 
     @Override
     public Offset initialOffset() {
-        return gateway.initial(
-                options.startingOffsets(), options.startingTimestampMs(), options.failOnDataLoss());
+        return gateway.initial(options.startingOffsets(), options.startingTimestampMs());
     }
 
     /** Spark calls {@link #latestOffset(Offset, ReadLimit)} on a source with admission control. */

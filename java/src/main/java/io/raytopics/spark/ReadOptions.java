@@ -9,8 +9,8 @@ import java.util.Map;
 /**
  * The source's own options (the connection's are in {@link ConnectionConfig}).
  *
- * @param startingOffsets "earliest", "latest" or a {@code {"<segmentId>": offset}} object
- * @param startingTimestampMs publish time (epoch ms) to start from, or null
+ * @param startingOffsets "earliest", "latest" or a {@code {"<segmentId>": offset}} object, or null
+ * @param startingTimestampMs publish time (epoch ms) to start from, or null (not with the other)
  * @param maxMessagesPerTrigger the per-batch cap, or null for none
  * @param failOnDataLoss whether records lost to retention fail the query
  */
@@ -20,10 +20,18 @@ record ReadOptions(
         Long maxMessagesPerTrigger,
         boolean failOnDataLoss) {
 
+    /** Neither start option given: null for both, and the gateway starts at "latest". */
     static ReadOptions parse(Map<String, String> options) {
+        String offsets = options.get("startingOffsets");
+        Long timestamp = longAtLeast(options, "startingTimestamp", 0);
+        if (offsets != null && timestamp != null) {
+            throw new IllegalArgumentException("raytopics options startingOffsets and "
+                    + "startingTimestamp exclude each other: give one of them (or neither, "
+                    + "to start at the latest)");
+        }
         return new ReadOptions(
-                startingOffsets(options.getOrDefault("startingOffsets", "latest")),
-                longAtLeast(options, "startingTimestamp", 0),
+                offsets == null ? null : startingOffsets(offsets),
+                timestamp,
                 longAtLeast(options, "maxMessagesPerTrigger", 1),
                 bool(options.getOrDefault("failOnDataLoss", "true")));
     }

@@ -22,12 +22,18 @@ final class StreamGateway {
         this.client = new GatewayClient(config);
     }
 
-    /** Where a new query starts: {@code startingOffsets} is "earliest", "latest" or an object. */
-    TopicPosition initial(JsonNode startingOffsets, Long startingTimestampMs, boolean failOnDataLoss) {
+    /**
+     * Where a new query starts: {@code startingOffsets} ("earliest", "latest" or an object)
+     * or {@code startingTimestampMs}, at most one of them (neither: the gateway's default).
+     */
+    TopicPosition initial(JsonNode startingOffsets, Long startingTimestampMs) {
         ObjectNode body = Json.MAPPER.createObjectNode();
-        body.set("startingOffsets", startingOffsets);
-        body.put("startingTimestampMs", startingTimestampMs);
-        body.put("failOnDataLoss", failOnDataLoss);
+        if (startingOffsets != null) {
+            body.set("startingOffsets", startingOffsets);
+        }
+        if (startingTimestampMs != null) {
+            body.put("startingTimestampMs", startingTimestampMs);
+        }
         return TopicPosition.of(client.post("/stream/initial", body).get("position"));
     }
 

@@ -26,15 +26,14 @@ public final class MicroBatchStreamTest {
                     + " \"endpoint\": {\"host\": \"h2\", \"port\": 7002, \"tls\": false}}], \"warnings\": []}");
             ConnectionConfig config = gateway.config("tok");
             ReadOptions options = ReadOptions.parse(Map.of(
-                    "startingOffsets", "{\"0\": 0}", "startingTimestamp", "1700000000000",
+                    "startingTimestamp", "1700000000000",
                     "maxMessagesPerTrigger", "50", "failOnDataLoss", "false"));
             RayTopicsMicroBatchStream stream = new RayTopicsMicroBatchStream(new StreamGateway(config), options);
 
             Offset initial = stream.initialOffset();
             Check.equal(P0, initial.json(), "initial position");
             JsonNode init = gateway.requests("/stream/initial").get(0).body();
-            Check.equal("{\"startingOffsets\":{\"0\":0},\"startingTimestampMs\":1700000000000,"
-                    + "\"failOnDataLoss\":false}", init.toString(), "initial request");
+            Check.equal("{\"startingTimestampMs\":1700000000000}", init.toString(), "initial request");
             Check.equal("Bearer tok", gateway.requests("/stream/initial").get(0).authorization(), "bearer token");
 
             Check.equal(ReadLimit.maxRows(50), stream.getDefaultReadLimit(), "default read limit");
@@ -72,7 +71,11 @@ public final class MicroBatchStreamTest {
                 "startingOffsets");
         Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of("maxMessagesPerTrigger", "0")),
                 "maxMessagesPerTrigger");
-        Check.equal("\"latest\"", ReadOptions.parse(Map.of()).startingOffsets().toString(), "default start");
+        Check.equal(null, ReadOptions.parse(Map.of()).startingOffsets(), "no start given: the gateway's");
+        Check.equal("\"earliest\"", ReadOptions.parse(Map.of("startingOffsets", "EARLIEST"))
+                .startingOffsets().toString(), "a start word");
+        Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of(
+                "startingOffsets", "earliest", "startingTimestamp", "5")), "startingTimestamp");
         Check.equal("/admin/v2/scalable/t/ns/orders", ConnectionConfig.restPath(FakeGateway.TOPIC), "REST path");
         Check.fails(IllegalArgumentException.class, () -> ConnectionConfig.restPath("t/ns/orders"), "topic://");
         Check.fails(IllegalArgumentException.class, () -> ConnectionConfig.resolve(Map.of("url", "http://x")),

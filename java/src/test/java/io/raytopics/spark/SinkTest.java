@@ -1,6 +1,7 @@
 package io.raytopics.spark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.util.ArrayList;
 import java.util.Base64;
 import java.util.List;
@@ -53,7 +54,7 @@ public final class SinkTest {
             Check.equal("q-1", one.get("queryId").asText(), "query id");
             Check.equal(7L, one.get("batchId").asLong(), "batch id");
             Check.equal(3, one.get("partitionId").asInt(), "partition id");
-            Check.isTrue(!one.has("chunk") && !one.has("lastChunk"), "no chunk fields up to 5000 rows");
+            Check.equal(0, one.get("chunk").asInt(), "one chunk, numbered 0");
             Check.equal(null, gateway.requests("/stream/write").get(0).authorization(), "no token, no header");
 
             RayTopicsDataWriter big = new RayTopicsDataWriter(new GatewayClient(gateway.config(null)), columns, key);
@@ -65,10 +66,21 @@ public final class SinkTest {
             List<String> marks = new ArrayList<>();
             for (FakeGateway.Request r : gateway.requests("/stream/write").subList(1, 4)) {
                 sizes.add(r.body().get("records").size());
-                marks.add(r.body().get("chunk") + "/" + r.body().get("lastChunk"));
+                marks.add(r.body().get("chunk").asText());
             }
             Check.equal(List.of(5_000, 5_000, 2_001), sizes, "chunk sizes");
-            Check.equal(List.of("0/false", "1/false", "2/true"), marks, "chunk numbers");
+            Check.equal(List.of("0", "1", "2"), marks, "chunk numbers");
+
+            List<ObjectNode> large = new ArrayList<>();
+            for (int i = 0; i < 3_000; i++) { // ~700 KiB of base64 values: two chunks by size
+                large.add(columns.toRecord(new GenericInternalRow(new Object[] {
+                    null, UTF8String.fromString("x".repeat(180)), null})));
+            }
+            List<ObjectNode> bySize = RayTopicsDataWriter.requests(key, large);
+            Check.equal(2, bySize.size(), "chunks cut by size, not only by rows");
+            for (ObjectNode body : bySize) {
+                Check.isTrue(body.toString().length() < 600 * 1024, "a chunk stays under the limit");
+            }
 
             RayTopicsDataWriter empty = new RayTopicsDataWriter(new GatewayClient(gateway.config(null)), columns, key);
             empty.commit();

@@ -1,0 +1,194 @@
+"""Spark Structured Streaming on topics, with real Spark on Ray (RayDP) and the JVM
+connector: micro-batches through splits and a merge, a restart from the checkpoint,
+and bad options refused when the query is defined."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clients import Producer, ScalableTopicsAdmin
+from clients.spark_streaming import enable_streaming
+
+TENANT, NAMESPACE = "sparkstream", "ns"
+
+
+@pytest.fixture(scope="module")
+def spark(ray_cluster):
+    from clients.spark import warm_up
+    from runtime.spark import spark_session, stop_spark
+
+    session = spark_session(
+        "raytopics-streaming-tests",
+        num_executors=1,
+        executor_memory="1g",
+        configs={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+    )
+    warm_up(session)
+    enable_streaming(session)
+    yield session
+    stop_spark()
+
+
+class Sent:
+    """What was produced: per key, the sequence of its values."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.values: list[str] = []
+        self.count: dict[str, int] = defaultdict(int)
+
+    def produce(self, n: int, keys: int = 23) -> None:
+        with Producer(self.topic) as producer:
+            for i in range(n):
+                key = f"k{i % keys}"
+                value = f"{key}:{self.count[key]}"
+                self.count[key] += 1
+                producer.send(value.encode(), key=key)
+                self.values.append(value)
+
+
+class Batches:
+    """A foreachBatch sink that keeps each micro-batch's rows, in batch order."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, str, str, int, int]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        rows = frame.select("key", "value", "segment_id", "offset").collect()
+        with self.lock:
+            self.rows += [
+                (batch_id, r.key, bytes(r.value).decode(), r.segment_id, r.offset) for r in rows
+            ]
+
+    def values(self) -> list[str]:
+        with self.lock:
+            return [value for _, _, value, _, _ in self.rows]
+
+    def wait_for(self, count: int, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.values()) < count and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
+def check_key_order(rows: list[tuple[int, str, str, int, int]]) -> None:
+    """Batch by batch, and within a batch in offset order of the one segment that holds
+    the key (a key is never in two segments of one batch)."""
+    last: dict[str, int] = {}
+    segments: dict[tuple[int, str], set[int]] = defaultdict(set)
+    for batch_id, key, _value, segment, _ in rows:
+        segments[(batch_id, key)].add(segment)
+    assert all(len(s) == 1 for s in segments.values()), "a key read from two segments at once"
+    for _, key, value, _, _ in sorted(rows, key=lambda r: (r[0], r[3], r[4])):
+        sequence = int(value.split(":")[1])
+        assert last.get(key, -1) == sequence - 1, (key, sequence, last.get(key))
+        last[key] = sequence
+
+
+def start(spark, topic: str, sink: Batches, checkpoint: Path, **options: str) -> Any:
+    reader = spark.readStream.format("raytopics").option("topic", topic)
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return (
+        reader.load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+
+
+def test_a_streaming_read_through_two_splits_and_a_merge_gets_everything_once_in_key_order(
+    spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/flow-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    sent = Sent(topic)
+    sent.produce(300)
+    sink = Batches()
+    query = start(
+        spark, topic, sink, tmp_path / "cp", startingOffsets="earliest", maxMessagesPerTrigger="250"
+    )
+    try:
+        sink.wait_for(100)
+        admin.split_segment(topic, 0)
+        sent.produce(300)
+        admin.split_segment(topic, 1)
+        sent.produce(300)
+        active = sorted(
+            admin.get_layout(topic).active_segments.values(), key=lambda s: s.hash_range.start
+        )
+        admin.merge_segments(topic, active[0].segment_id, active[1].segment_id)
+        sent.produce(300)
+        sink.wait_for(len(sent.values))
+        time.sleep(2)  # nothing more may come
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert sorted(sink.values()) == sorted(sent.values) and len(sink.values()) == 1200
+    check_key_order(sink.rows)
+
+
+def test_a_query_restarted_from_its_checkpoint_reads_exactly_what_came_after(
+    spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/restart-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    sent = Sent(topic)
+    sent.produce(200)
+    first = Batches()
+    query = start(spark, topic, first, tmp_path / "cp", startingOffsets="earliest")
+    first.wait_for(200)
+    time.sleep(1)
+    query.stop()
+    admin.split_segment(topic, 0)
+    sent.produce(250)
+    second = Batches()
+    query = start(spark, topic, second, tmp_path / "cp", startingOffsets="earliest")
+    try:
+        second.wait_for(250)
+        time.sleep(2)
+    finally:
+        query.stop()
+    assert sorted(first.values() + second.values()) == sorted(sent.values)
+    assert len(first.values()) + len(second.values()) == 450
+    check_key_order(first.rows + [(b + 10_000, *rest) for b, *rest in second.rows])
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"topic": "topic://sparkstream/ns/none-such"}, "topic_not_found"),
+        ({"startingOffsets": "{not json"}, "startingOffsets"),
+        ({"maxMessagesPerTrigger": "-5"}, "maxMessagesPerTrigger"),
+    ],
+)
+def test_bad_options_fail_when_the_query_starts_naming_the_option(
+    spark,
+    admin: ScalableTopicsAdmin,
+    unique: str,
+    tmp_path: Path,
+    options: dict[str, str],
+    message: str,
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/bad-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    reader = spark.readStream.format("raytopics").option("topic", topic)
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    with pytest.raises(Exception, match=message):
+        query = (
+            reader.load()
+            .writeStream.format("memory")
+            .queryName(f"bad_{unique}")
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .start()
+        )
+        query.processAllAvailable()
+    admin.delete_scalable_topic(topic)
