@@ -43,6 +43,9 @@ setup() {
     .venv/bin/python -m pip install --quiet -e '.[test]'
     rm -f .venv/.installed-* && touch "$stamp"
   fi
+  # The Spark streaming connector (java/): javac against pyspark's own jars; a no-op
+  # when the jar is newer than its sources.
+  PYTHON=.venv/bin/python bash java/build.sh build/raytopics-spark.jar
   export PYSPARK_PYTHON="$PWD/.venv/bin/python" RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 }
 

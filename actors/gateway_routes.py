@@ -246,7 +246,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "POST", STREAM_INITIAL_PATH, "planStreamStart",
         "A streaming query's first position (Spark's readStream; see the README)",
-        _stream_initial, body=StreamInitialBody, returns=OBJECT, errors=(400, 404, 503),
+        _stream_initial, body=StreamInitialBody, returns=OBJECT, errors=_MUTATION_ERRORS,
         permission=Permission.CONSUME, tag="stream",
     ),
     Route(

@@ -65,7 +65,12 @@ class InvalidLayoutError(InvalidRequestError):
 
 
 class LimitExceededError(InvalidRequestError):
+    """Beyond a limit in force in the namespace. Raised where input is checked, hence an
+    ``InvalidRequestError``, but answered 409 over REST: the same request succeeds once
+    the namespace's limit is raised, so it conflicts with state, not with the schema."""
+
     code = "limit_exceeded"
+    http_status = 409
 
 
 # --- 404: the thing asked about does not exist -------------------------------

@@ -176,16 +176,28 @@ def test_data_deleted_before_it_was_read_fails_or_is_skipped_with_a_warning() ->
         next_position(start, topic.layout, missing, fail_on_data_loss=False)
 
 
-def test_available_now_stops_at_the_position_captured_first() -> None:
+def test_available_now_reads_what_every_segment_held_when_it_began_children_included() -> None:
     topic = Topic(1)
     for key in range(5):
         topic.produce(key)
     start = initial_position("t", "i1", topic.layout, topic.offsets(), "earliest")
-    until = next_position(start, topic.layout, topic.offsets()).position
+    topic.layout = topic.layout.split_segment(0)
     for key in range(5):
-        topic.produce(key)  # after the trigger began: not for this run
-    end = next_position(start, topic.layout, topic.offsets(), until=until).position
-    assert end == until and end.next == {0: 5}
+        topic.produce(key)  # into the children, before the run began
+    until = initial_position("t", "i1", topic.layout, topic.offsets(), "latest")
+    for key in range(5):
+        topic.produce(key)  # after it began: not for this run
+    topic.layout = topic.layout.split_segment(1)
+    for key in range(5):
+        topic.produce(key)
+    read = 0
+    for _ in range(10):
+        end = next_position(start, topic.layout, topic.offsets(), until=until).position
+        read += sum(r.end - r.start for r in ranges_between(start, end, topic.offsets()))
+        if end == start:
+            break
+        start = end
+    assert read == 10
 
 
 def test_positions_round_trip_and_bad_ones_are_refused() -> None:

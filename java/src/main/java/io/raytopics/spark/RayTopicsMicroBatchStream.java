@@ -1,5 +1,6 @@
 package io.raytopics.spark;
 
+import com.fasterxml.jackson.databind.node.TextNode;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
@@ -15,7 +16,6 @@ import org.apache.spark.sql.connector.read.streaming.SupportsTriggerAvailableNow
 final class RayTopicsMicroBatchStream implements MicroBatchStream, SupportsTriggerAvailableNow {
     private final StreamGateway gateway;
     private final ReadOptions options;
-    private boolean availableNow;
     private TopicPosition until;
 
     RayTopicsMicroBatchStream(StreamGateway gateway, ReadOptions options) {
@@ -37,18 +37,18 @@ final class RayTopicsMicroBatchStream implements MicroBatchStream, SupportsTrigg
     @Override
     public Offset latestOffset(Offset start, ReadLimit limit) {
         TopicPosition from = TopicPosition.of(start);
-        if (availableNow && until == null) {
-            // Captured here, not in prepareForTriggerAvailableNow: Spark prepares before it has
-            // read the checkpoint, and the gateway needs the query's actual start.
-            until = gateway.latest(from, null, null, options.failOnDataLoss());
-        }
         Long max = limit instanceof ReadMaxRows rows ? rows.maxRows() : null;
         return gateway.latest(from, max, until, options.failOnDataLoss());
     }
 
     @Override
+    /**
+     * The bound of an AvailableNow run: what every segment holds now (the "latest" start
+     * position). Segments created later are not in it, so the run reads none of them,
+     * while children that exist now are read once their parents are, up to their ends now.
+     */
     public void prepareForTriggerAvailableNow() {
-        availableNow = true;
+        until = gateway.initial(TextNode.valueOf("latest"), null);
     }
 
     @Override

@@ -50,17 +50,18 @@ public final class MicroBatchStreamTest {
                     gateway.requests("/stream/ranges").get(0).body().toString(), "ranges request");
             Check.isTrue(!p.toString().contains("tok,") && p.toString().contains("token=***"), "no token in toString");
 
-            // Trigger.AvailableNow: the bound is taken from the query's first start, then kept.
+            // Trigger.AvailableNow: the bound is what every segment holds when the run starts
             stream.prepareForTriggerAvailableNow();
+            List<FakeGateway.Request> bound = gateway.requests("/stream/initial");
+            Check.equal(2, bound.size(), "one bound request");
+            Check.equal("{\"startingOffsets\":\"latest\"}", bound.get(1).body().toString(), "the bound");
             stream.latestOffset(end, ReadLimit.maxRows(50));
             stream.latestOffset(stream.deserializeOffset(P1), ReadLimit.allAvailable());
             List<FakeGateway.Request> latest = gateway.requests("/stream/latest");
-            Check.equal(4, latest.size(), "one bound request, then one per batch");
-            Check.equal("{\"start\":" + P1 + ",\"maxMessages\":null,\"until\":null,\"failOnDataLoss\":false}",
-                    latest.get(1).body().toString(), "the bound");
-            Check.equal(P2, latest.get(2).body().get("until").toString(), "capped batch up to the bound");
-            Check.equal(P2, latest.get(3).body().get("until").toString(), "uncapped batch up to the bound");
-            Check.isTrue(latest.get(3).body().get("maxMessages").isNull(), "all available: no cap");
+            Check.equal(3, latest.size(), "one request per batch");
+            Check.equal(P0, latest.get(1).body().get("until").toString(), "capped batch up to the bound");
+            Check.equal(P0, latest.get(2).body().get("until").toString(), "uncapped batch up to the bound");
+            Check.isTrue(latest.get(2).body().get("maxMessages").isNull(), "all available: no cap");
 
             gateway.route("/stream/latest", body -> new FakeGateway.Answer(503,
                     "{\"error\": \"unavailable_segments\", \"message\": \"segments [3] are missing\"}"));
