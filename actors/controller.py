@@ -160,7 +160,7 @@ class ScalableTopicController:
         credential: str | None = None,
     ) -> dict:
         """Write the epoch-0 layout (with the create recorded) and its segments' storage, then
-        ask Ray for their actors without waiting for them to boot (``actors.readiness``)."""
+        register their actors with Ray without waiting for them to boot (``actors.readiness``)."""
         self._check(credential)
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
@@ -346,10 +346,10 @@ class ScalableTopicController:
             await asyncio.gather(
                 *(self.fleet.create(s.name(self.topic), s, [], self.epoch) for s in active)
             )
-            committed = self._update_record(lambda r: _cleared(r, op, r.layout))
-            # the topic exists now; its segments come up in the background (actors.readiness)
-            self.fleet.start_in_background([s.name(self.topic) for s in active])
-            return committed
+            for segment in active:  # registered now, so admission counts them at once
+                self.fleet.handle(segment.name(self.topic))
+            # their processes boot in the background (actors.readiness)
+            return self._update_record(lambda r: _cleared(r, op, r.layout))
         if op.kind == "delete":
             await self._delete_everything()
             return None

@@ -38,8 +38,8 @@ def fuzz_env(tmp_path_factory) -> dict[str, str]:
         "RAYTOPICS_STORAGE_ROOT": str(tmp_path_factory.mktemp("schemathesis-root")),
         "RAYTOPICS_NAMESPACE": f"schemathesis-{uuid.uuid4().hex[:6]}",
         "RAYTOPICS_SEGMENT_MEMORY_MB": "2048",
-        # status long polls then wait at most 6 s, and anything slower would be a 504
-        "RAYTOPICS_REST_TIMEOUT_S": "12",
+        # just under the fuzzer's limit: status long polls wait at most 12 s
+        "RAYTOPICS_REST_TIMEOUT_S": "24",
         "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
     }
 
