@@ -12,7 +12,7 @@ already reported its final end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from ray.exceptions import RayActorError
@@ -54,7 +54,12 @@ async def stream_initial(
             "startingOffsets and startingTimestampMs exclude each other: give one of them"
         )
     record = catalog.require_topic(name)
-    offsets = await _offsets(name, record.layout, required=True)
+    # From the earliest, a segment that does not answer now starts at 0: whether the
+    # query may go on without it is failOnDataLoss's call, at its first batch.
+    earliest = starting == "earliest"
+    offsets = await _offsets(name, record.layout, required=not earliest)
+    if earliest:
+        offsets = {s: offsets.get(s, SegmentOffsets(0, 0)) for s in record.layout.all_segments}
     if starting_time_ms is not None:
         chosen: str | dict[int, int] = await _offsets_at_time(name, record.layout, starting_time_ms)
     elif starting is None or isinstance(starting, str):
@@ -76,7 +81,7 @@ async def stream_latest(
     record = catalog.require_topic(name)
     first = _position(name, record, start)
     last = _position(name, record, until) if until is not None else None
-    offsets = await _offsets(name, record.layout, required=False)
+    offsets = await _offsets(name, record.layout, required=False, skip=first.finished)
     plan = next_position(
         first,
         record.layout,
@@ -97,7 +102,7 @@ async def stream_ranges(
 ) -> dict[str, Any]:
     record = catalog.require_topic(name)
     first, last = _position(name, record, start), _position(name, record, end)
-    offsets = await _offsets(name, record.layout, required=False)
+    offsets = await _offsets(name, record.layout, required=False, skip=first.finished)
     ranges = ranges_between(first, last, offsets)
     gone = [r.segment_id for r in ranges if r.segment_id not in record.layout.all_segments]
     warnings = []
@@ -162,11 +167,12 @@ def _by_id(starting: Mapping[str, int]) -> dict[int, int]:
 
 
 async def _offsets(
-    name: TopicName, layout: SegmentLayout, *, required: bool
+    name: TopicName, layout: SegmentLayout, *, required: bool, skip: Collection[int] = ()
 ) -> dict[int, SegmentOffsets]:
-    """Each segment's retained start and end; one that does not answer is left out (the
-    planner refuses to plan past it), or, when ``required``, refused here."""
-    ids = list(layout.all_segments)
+    """Each segment's retained start and end (but those in ``skip``, already read to their
+    end); one that does not answer is left out (the planner decides what that means),
+    or, when ``required``, refused here."""
+    ids = [s for s in layout.all_segments if s not in skip]
     answers = await asyncio.gather(*(_offsets_of(name, layout, s) for s in ids))
     missing = [s for s, answer in zip(ids, answers, strict=True) if answer is None]
     if missing and required:

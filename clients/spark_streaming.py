@@ -12,12 +12,15 @@ Spark session at a gateway, starting one for it when none is given.
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import ray
 
 from actors.gateway import start_gateway
 from runtime.config import env_float
+from runtime.errors import UnavailableError
 
 GATEWAY_PORT_ENV = "RAYTOPICS_SPARK_GATEWAY_PORT"
 DEFAULT_GATEWAY_PORT = 18080
@@ -30,7 +33,22 @@ def enable_streaming(spark: Any, url: str | None = None) -> str:
     started if none runs. Returns the URL. The token the source and sink present is
     the ``token`` option, else ``spark.raytopics.token``, else ``RAYTOPICS_TOKEN``."""
     if url is None:
-        port = int(env_float(GATEWAY_PORT_ENV, DEFAULT_GATEWAY_PORT))
-        url = start_gateway(port, host=ray.util.get_node_ip_address())
+        url = _spark_gateway(ray.util.get_node_ip_address())
     spark.conf.set(URL_CONF, url)
     return url
+
+
+def _spark_gateway(host: str) -> str:
+    """The gateway on the configured port; on the default one, taken by another program,
+    a gateway on a free port instead (a configured port that is taken is an error)."""
+    configured = GATEWAY_PORT_ENV in os.environ
+    port = int(env_float(GATEWAY_PORT_ENV, DEFAULT_GATEWAY_PORT))
+    try:
+        return start_gateway(port, host=host)
+    except UnavailableError:
+        if configured:
+            raise
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    return start_gateway(port, host=host)

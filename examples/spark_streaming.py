@@ -37,6 +37,9 @@ def main() -> int:
     parser.add_argument("--checkpoint", help="the query's checkpoint directory")
     parser.add_argument("--available-now", action="store_true", help="process what is there, exit")
     parser.add_argument("--run-seconds", type=float, default=None, help="stop after this long")
+    parser.add_argument(
+        "--max-per-batch", type=int, default=5000, help="records per micro-batch at most"
+    )
     parser.add_argument("--demo", action="store_true", help="run the self-checking demo")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -51,7 +54,9 @@ def main() -> int:
         parser.error("--input, --output and --checkpoint are required (or --demo)")
     spark = start_spark()
     ensure_topic(args.output)
-    query = pipeline(spark, args.input, args.output, args.checkpoint, args.available_now)
+    query = pipeline(
+        spark, args.input, args.output, args.checkpoint, args.available_now, args.max_per_batch
+    )
     print(f"streaming {args.input} -> {args.output} (checkpoint {args.checkpoint})", flush=True)
     if args.available_now or args.run_seconds is None:
         query.awaitTermination()
@@ -80,7 +85,14 @@ def ensure_topic(topic: str, segments: int = 2) -> None:
         ScalableTopicsAdmin().create_scalable_topic(topic, segments)
 
 
-def pipeline(spark: Any, source: str, sink: str, checkpoint: str, available_now: bool) -> Any:
+def pipeline(
+    spark: Any,
+    source: str,
+    sink: str,
+    checkpoint: str,
+    available_now: bool,
+    max_per_batch: int = 5000,
+) -> Any:
     """A → upper-cased values, keys kept → B; the checkpoint keeps where it stands."""
     from pyspark.sql import functions as F
 
@@ -88,7 +100,7 @@ def pipeline(spark: Any, source: str, sink: str, checkpoint: str, available_now:
         spark.readStream.format("raytopics")
         .option("topic", source)
         .option("startingOffsets", "earliest")
-        .option("maxMessagesPerTrigger", "5000")
+        .option("maxMessagesPerTrigger", str(max_per_batch))
         .load()
     )
     shouted = events.select(

@@ -15,10 +15,11 @@ The rules that keep every key's order across splits and merges:
 - A sealed segment read to its end becomes finished; an active one never does.
 - A segment not yet in a position starts at offset 0 when it becomes readable
   (the ``earliest`` start resolves every segment it sees to what is retained).
-  Anything missing before where a read must start (retention deleted it, or
-  the segment itself is gone) is *data loss*: refused with
-  ``UnavailableSegmentsError`` when ``fail_on_data_loss``, else skipped with a
-  warning, as Spark's Kafka source does.
+  Anything missing before where a read must start (retention deleted it), or a
+  segment that cannot be reached, is *data loss*: refused with
+  ``UnavailableSegmentsError`` when ``fail_on_data_loss``, else skipped for good
+  with a warning (an unreachable segment then counts as read), as Spark's Kafka
+  source does.
 
 Positions name the topic's incarnation: a topic deleted and created again under
 the same name is another topic, and an old query's position does not apply.
@@ -186,9 +187,11 @@ def next_position(
     ``Trigger.AvailableNow``), at most ``max_messages`` records in all."""
     warnings: list[str] = []
     planned: dict[int, tuple[int, int]] = {}
+    unreachable: list[int] = []
     for segment_id in _readable(start, layout):
         first = _first_offset(start, segment_id, offsets, fail_on_data_loss, warnings)
         if first is None:
+            unreachable.append(segment_id)  # skipped for good (failOnDataLoss=false)
             continue
         last = offsets[segment_id].end
         if until is not None:
@@ -204,7 +207,7 @@ def next_position(
             finished.add(segment_id)
         else:
             next_offsets[segment_id] = last
-    for segment_id in _vanished(start, layout):  # pruned by retention after being read
+    for segment_id in [*_vanished(start, layout), *unreachable]:  # nothing more to read
         next_offsets.pop(segment_id, None)
         finished.add(segment_id)
     position = StreamPosition(start.topic, start.incarnation, next_offsets, frozenset(finished))
@@ -263,7 +266,7 @@ def _first_offset(
     wanted = start.offset(segment_id)
     held = offsets.get(segment_id)
     if held is None:
-        _lost(f"segment {segment_id} did not answer", segment_id, True, warnings)
+        _lost(f"segment {segment_id} did not answer", segment_id, fail_on_data_loss, warnings)
         return None
     if wanted > held.end:
         raise ConflictError(

@@ -11,9 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 
+from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from clients.spark_streaming import enable_streaming
+from runtime.hashing import key_hash
+from runtime.names import TopicName
 
 TENANT, NAMESPACE = "sparkstream", "ns"
 
@@ -166,14 +170,15 @@ def test_a_query_restarted_from_its_checkpoint_reads_exactly_what_came_after(
     [
         ({"topic": "topic://sparkstream/ns/none-such"}, "topic_not_found"),
         ({"startingOffsets": "{not json"}, "startingOffsets"),
-        ({"maxMessagesPerTrigger": "-5"}, "maxMessagesPerTrigger"),
+        ({"maxMessagesPerTrigger": "-5"}, "maxMessagesPerTrigger must be an integer >= 1"),
+        ({"startingOffsets": "earliest", "startingTimestamp": "0"}, "exclude each other"),
+        ({"failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
     ],
 )
-def test_bad_options_fail_when_the_query_starts_naming_the_option(
+def test_bad_options_fail_at_load_naming_the_option(
     spark,
     admin: ScalableTopicsAdmin,
     unique: str,
-    tmp_path: Path,
     options: dict[str, str],
     message: str,
 ) -> None:
@@ -183,12 +188,44 @@ def test_bad_options_fail_when_the_query_starts_naming_the_option(
     for name, value in options.items():
         reader = reader.option(name, value)
     with pytest.raises(Exception, match=message):
-        query = (
-            reader.load()
-            .writeStream.format("memory")
-            .queryName(f"bad_{unique}")
-            .option("checkpointLocation", str(tmp_path / "cp"))
-            .start()
-        )
-        query.processAllAvailable()
+        reader.load()
     admin.delete_scalable_topic(topic)
+
+
+def test_a_segment_gone_for_good_fails_the_query_or_is_skipped_with_a_warning(
+    spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/lost-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    sent = Sent(topic)
+    sent.produce(200)
+    layout = admin.get_layout(topic)
+    lost = layout.get(1).name(TopicName.parse(topic))
+    ray.kill(segment_actor(lost), no_restart=True)
+    deadline = time.monotonic() + 30
+    while admin.get_status(topic)["state"] == "ready" and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+    strict = Batches()
+    query = start(spark, topic, strict, tmp_path / "strict", startingOffsets="earliest")
+    with pytest.raises(Exception, match=r"unavailable_segments.*segment 1 did not answer"):
+        query.awaitTermination(120)
+    assert strict.values() == []
+
+    lenient = Batches()
+    query = start(
+        spark, topic, lenient, tmp_path / "lenient", startingOffsets="earliest",
+        failOnDataLoss="false",
+    )  # fmt: skip
+    try:
+        kept = [
+            v
+            for v in sent.values
+            if layout.find_active_segment(key_hash(v.split(":")[0])).segment_id == 0
+        ]
+        lenient.wait_for(len(kept), timeout_s=120)
+        time.sleep(2)
+        assert query.isActive and query.exception() is None
+    finally:
+        query.stop()
+    assert sorted(lenient.values()) == sorted(kept)

@@ -172,8 +172,10 @@ def test_data_deleted_before_it_was_read_fails_or_is_skipped_with_a_warning() ->
     assert plan.position.next == {0: 10} and "skipped" in plan.warnings[0]
     missing = dict(topic.offsets())
     del missing[0]
-    with pytest.raises(UnavailableSegmentsError, match="did not answer"):
-        next_position(start, topic.layout, missing, fail_on_data_loss=False)
+    with pytest.raises(UnavailableSegmentsError, match="segment 0 did not answer"):
+        next_position(start, topic.layout, missing)
+    skipped = next_position(start, topic.layout, missing, fail_on_data_loss=False)
+    assert skipped.position.finished == {0} and "did not answer: skipped" in skipped.warnings[0]
 
 
 def test_available_now_reads_what_every_segment_held_when_it_began_children_included() -> None:

@@ -15,9 +15,15 @@ public final class RayTopicsProvider implements TableProvider, DataSourceRegiste
         return "raytopics";
     }
 
-    /** The schema is fixed: a topic's records all have the same columns. */
+    /**
+     * The schema is fixed: a topic's records all have the same columns. Spark asks for it at
+     * {@code load()} (and a sink's {@code start()}), so the options and the topic are checked
+     * here: a typo fails the call that made it, not the query's first batch.
+     */
     @Override
     public StructType inferSchema(CaseInsensitiveStringMap options) {
+        ReadOptions.parse(options);
+        new StreamGateway(ConnectionConfig.resolve(options)).requireTopic();
         return RecordSchema.SCHEMA;
     }
 

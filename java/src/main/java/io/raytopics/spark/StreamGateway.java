@@ -22,6 +22,11 @@ final class StreamGateway {
         this.client = new GatewayClient(config);
     }
 
+    /** Fails (topic_not_found, or why the gateway cannot be reached) unless the topic exists. */
+    void requireTopic() {
+        client.get("");
+    }
+
     /**
      * Where a new query starts: {@code startingOffsets} ("earliest", "latest" or an object)
      * or {@code startingTimestampMs}, at most one of them (neither: the gateway's default).
