@@ -1,4 +1,5 @@
-"""The Spark (and Ray Data) bridge: bounded snapshot reads of a whole topic, and bulk writes.
+"""The Spark bridge: bounded snapshot reads of a whole topic, and bulk writes (Ray Data's
+side, sharing the planning, is ``clients.ray_data``).
 
 Reads
     ``read_topic`` / ``read_topic_dataset`` plan a *snapshot*: one read of the
@@ -100,8 +101,6 @@ __all__ = [
     "WriteResult",
     "plan_read",
     "read_topic",
-    "read_topic_dataset",
-    "topic_datasource",
     "warm_up",
     "write_topic",
 ]
@@ -115,7 +114,7 @@ DEFAULT_ROWS_PER_PARTITION = 1_000_000
 DEFAULT_WRITE_CHUNK_ROWS = 50_000
 _WRITE_CHUNKS_IN_FLIGHT = 8
 _RETRY_PAUSE_S = 0.2
-_ROW_BYTES_ESTIMATE = 160  # ~100 B value plus key, offset, time, hash
+ROW_BYTES_ESTIMATE = 160  # ~100 B value plus key, offset, time, hash
 _RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError, GetTimeoutError)
 
 OUTPUT_SCHEMA = pa.schema(
@@ -450,99 +449,6 @@ def _with_derived_columns(batch: pa.RecordBatch, segment_id: int) -> pa.RecordBa
     )
 
 
-# --- Ray Data -----------------------------------------------------------------------------
-
-
-def topic_datasource(plan: ReadPlan, *, token: str | None = None) -> Any:
-    """A Ray Data ``Datasource`` over a planned snapshot: one read task per range, each
-    presenting ``token`` (default ``RAYTOPICS_TOKEN``) to its segment."""
-    return _datasource_class()(plan, client_credential(token))
-
-
-@functools.cache
-def _datasource_class() -> type:
-    """Built on first use: importing Ray Data takes seconds, and Spark's Python workers,
-    which import this module to read and write, never need it."""
-    from ray.data.block import BlockMetadata
-    from ray.data.datasource import Datasource, ReadTask
-
-    class TopicDatasource(Datasource):
-        def __init__(self, plan: ReadPlan, credential: str | None) -> None:
-            super().__init__()
-            self.plan = plan
-            self._credential = credential
-
-        def get_name(self) -> str:
-            return "ScalableTopic"
-
-        def estimate_inmemory_data_size(self) -> int | None:
-            return self.plan.rows * _ROW_BYTES_ESTIMATE
-
-        def get_read_tasks(
-            self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
-        ) -> list[ReadTask]:
-            timeout_s = self.plan.unavailable_timeout_s
-            return [
-                ReadTask(
-                    functools.partial(_read_tables, piece, timeout_s, self._credential),
-                    BlockMetadata(
-                        num_rows=piece.rows,
-                        size_bytes=piece.rows * _ROW_BYTES_ESTIMATE,
-                        exec_stats=None,
-                        input_files=None,
-                    ),
-                    schema=OUTPUT_SCHEMA,
-                    per_task_row_limit=per_task_row_limit,
-                )
-                for piece in self.plan.ranges
-            ]
-
-    return TopicDatasource
-
-
-def _read_tables(
-    piece: SegmentRange, timeout_s: float, credential: str | None
-) -> Iterator[pa.Table]:
-    for batch in read_range(piece, timeout_s, credential):
-        yield pa.Table.from_batches([batch])
-
-
-def read_topic_dataset(
-    topic: str,
-    *,
-    start: Bound = "earliest",
-    end: Bound = "latest",
-    subscription: str | None = None,
-    allow_partial: bool = False,
-    unavailable_timeout_s: float | None = None,
-    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
-    token: str | None = None,
-) -> ray.data.Dataset:
-    """The topic's snapshot as a Ray Dataset (``OUTPUT_SCHEMA``), read lazily by Ray tasks.
-
-    Bounds, completeness and ``token`` as in ``read_topic``; the result carries
-    ``missing_segments`` and ``read_plan`` (Ray Data transformations do not).
-    """
-    credential = client_credential(token)
-    plan = plan_read(
-        topic,
-        start=start,
-        end=end,
-        subscription=subscription,
-        allow_partial=allow_partial,
-        unavailable_timeout_s=unavailable_timeout_s,
-        rows_per_partition=rows_per_partition,
-        token=credential,
-    )
-    if plan.ranges:
-        dataset = ray.data.read_datasource(
-            topic_datasource(plan, token=credential), override_num_blocks=len(plan.ranges)
-        )
-    else:
-        dataset = ray.data.from_arrow(OUTPUT_SCHEMA.empty_table())
-    return _annotate(dataset, plan)
-
-
 # --- Spark --------------------------------------------------------------------------------
 
 
@@ -585,7 +491,7 @@ def read_topic(
         rows_per_partition=rows_per_partition,
         token=credential,
     )
-    return _annotate(_plan_to_spark(spark, plan, credential), plan)
+    return annotate(_plan_to_spark(spark, plan, credential), plan)
 
 
 def _plan_to_spark(spark: SparkSession, plan: ReadPlan, credential: str | None) -> DataFrame:
@@ -643,7 +549,7 @@ def _warm_partition(
         yield pa.RecordBatch.from_pydict({"ready": [True] * seed.num_rows})
 
 
-def _annotate(result: Any, plan: ReadPlan) -> Any:
+def annotate(result: Any, plan: ReadPlan) -> Any:
     """Record what was read on the result itself, and say so loudly when it is partial."""
     result.missing_segments = plan.missing_segments
     result.read_plan = plan

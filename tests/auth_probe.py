@@ -83,7 +83,7 @@ class Probe:
             consumer.close()
 
     def bulk_read(self, token: str | None) -> None:
-        from clients.spark import read_topic_dataset
+        from clients.ray_data import read_topic_dataset
 
         read_topic_dataset(self.topic, token=token).take_all()
 

@@ -16,12 +16,12 @@ import ray
 
 from actors.segment import segment_actor
 from clients import Checkpoint, Producer, ScalableTopicsAdmin
+from clients.ray_data import read_topic_dataset
 from clients.spark import (
     OUTPUT_SCHEMA,
     PartialReadWarning,
     plan_read,
     read_topic,
-    read_topic_dataset,
     write_topic,
 )
 from runtime.batch import make_batch
