@@ -41,8 +41,7 @@ from actors.guard import guard
 from actors.readiness import await_readiness
 from actors.registry import get_or_start
 from actors.storage_tasks import scan_storage, storage_report
-from actors.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
-from actors.stream_writes import stream_write
+from actors.stream_service import StreamOperations
 from actors.topic_stats import topic_stats
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, apply_settings
@@ -69,7 +68,7 @@ DEFAULT_SEGMENT_TIMEOUT_S = 10.0
 RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 
-class AdminService:
+class AdminService(StreamOperations):
     """The Admin API, each method checking ``credential`` first; ``AdminServiceActor``
     is this class as a Ray actor."""
 
@@ -133,68 +132,6 @@ class AdminService:
                 f"wait_s must be a number of seconds from 0 to {MAX_WAIT_S:g}, got {wait_s!r}"
             )
         return await await_readiness(self._catalog, name, float(wait_s))
-
-    # --- streaming reads (Spark; actors.stream_reads) ---------------------------------
-
-    async def stream_initial(
-        self,
-        topic: str,
-        starting: str | dict[str, int] | None = None,
-        starting_time_ms: int | None = None,
-        *,
-        credential: str | None = None,
-    ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.CONSUME, topic)
-        return await stream_initial(self._catalog, name, starting, starting_time_ms)
-
-    async def stream_latest(
-        self,
-        topic: str,
-        start: dict[str, Any],
-        max_messages: int | None = None,
-        until: dict[str, Any] | None = None,
-        fail_on_data_loss: bool = True,
-        *,
-        credential: str | None = None,
-    ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.CONSUME, topic)
-        return await stream_latest(
-            self._catalog, name, start, max_messages, until, fail_on_data_loss
-        )
-
-    async def stream_ranges(
-        self,
-        topic: str,
-        start: dict[str, Any],
-        end: dict[str, Any],
-        fail_on_data_loss: bool = True,
-        *,
-        credential: str | None = None,
-    ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.CONSUME, topic)
-        return await stream_ranges(self._catalog, name, start, end, fail_on_data_loss)
-
-    async def stream_write(
-        self,
-        topic: str,
-        query: str,
-        batch: int,
-        partition: int,
-        chunk: int,
-        records: list[tuple[str | None, bytes, dict[str, str] | None]],
-        *,
-        credential: str | None = None,
-    ) -> dict[str, Any]:
-        """One chunk of a streaming sink's micro-batch partition, stored once however often
-        it is replayed (``actors.stream_writes``)."""
-        name = self._allowed(credential, Permission.PRODUCE, topic)
-        return await stream_write(self._catalog, name, query, batch, partition, chunk, records)
-
-    async def stream_endpoint(
-        self, topic: str, segment_id: int, *, credential: str | None = None
-    ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.CONSUME, topic)
-        return await stream_endpoint(self._catalog, name, segment_id)
 
     async def get_policy(self, topic: str, *, credential: str | None = None) -> dict[str, Any]:
         name = self._allowed(credential, Permission.LOOKUP, topic)

@@ -158,3 +158,10 @@ def test_spark_pipeline_as_a_ray_job(head: dict) -> None:
     assert int(all_row[1]) == int(all_row[2]) == events
     assert f"spark_pipeline OK: {events} events, 1000 users, counts and sums match" in output
     assert "deleted topic://pipeline/demo/" in output
+
+
+def test_spark_streaming_pipeline_as_a_ray_job(head: dict) -> None:
+    output = submit(head, "examples/spark_streaming.py", "--demo", timeout=900)
+    assert "query stopped; producing more while it is down" in output
+    assert "sent 5000, written 5000, missing 0, duplicated 0" in output
+    assert "spark_streaming OK: 5000 events, each written once" in output
