@@ -47,7 +47,7 @@ def main() -> None:
     from clients import ScalableTopicsAdmin
     from clients.spark import read_topic
     from clients.spark_streaming import enable_streaming
-    from runtime import connect
+    from runtime import connect, disconnect
     from runtime.spark import spark_session, stop_spark
 
     connect(include_dashboard=False, log_to_driver=False)
@@ -65,6 +65,7 @@ def main() -> None:
     finally:
         stop_spark()
         admin.delete_scalable_topic(topic)
+        disconnect()  # leaves the embedded Ray whose metadata is under the scratch directory
         shutil.rmtree(scratch, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
