@@ -34,6 +34,28 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
+def spark(ray_cluster):
+    """A Spark session on Ray (RayDP, one small executor) for a module's tests, its
+    streaming source and sink pointed at a gateway. Per module, not per session: RayDP
+    names its app master actor alike in every session, so a Ray namespace holds one
+    Spark at a time, and other modules start Spark drivers of their own."""
+    from clients.spark import warm_up
+    from clients.spark_streaming import enable_streaming
+    from runtime.spark import spark_session, stop_spark
+
+    session = spark_session(
+        "raytopics-tests",
+        num_executors=1,
+        executor_memory="1g",
+        configs={"spark.ui.enabled": "false"},
+    )
+    warm_up(session)
+    enable_streaming(session)
+    yield session
+    stop_spark()
+
+
+@pytest.fixture(scope="module")
 def admin(ray_cluster):
     """A Ray admin client (modules that need another flavour define their own)."""
     from clients import ScalableTopicsAdmin

@@ -1,7 +1,7 @@
 """Spark on Ray (RayDP) against real segment actors: snapshot reads, completeness, writes.
 
-One Spark session (one small executor) serves the whole module: starting Spark
-costs far more than any test here.
+One Spark session (``conftest.spark``, one small executor) serves the whole
+module: starting Spark costs far more than any test here.
 """
 
 from __future__ import annotations
@@ -35,22 +35,6 @@ from storage.topic_storage import segment_directory
 @pytest.fixture(scope="module")
 def admin(ray_cluster) -> ScalableTopicsAdmin:
     return ScalableTopicsAdmin()
-
-
-@pytest.fixture(scope="module")
-def spark(ray_cluster):
-    from clients.spark import warm_up
-    from runtime.spark import spark_session, stop_spark
-
-    session = spark_session(
-        "raytopics-tests",
-        num_executors=1,
-        executor_memory="1g",
-        configs={"spark.ui.enabled": "false"},
-    )
-    warm_up(session)
-    yield session
-    stop_spark()
 
 
 def test_the_driver_agent_is_told_where_to_log(ray_cluster) -> None:

@@ -15,28 +15,10 @@ import ray
 
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
-from clients.spark_streaming import enable_streaming
 from runtime.hashing import key_hash
 from runtime.names import TopicName
 
 TENANT, NAMESPACE = "sparkstream", "ns"
-
-
-@pytest.fixture(scope="module")
-def spark(ray_cluster):
-    from clients.spark import warm_up
-    from runtime.spark import spark_session, stop_spark
-
-    session = spark_session(
-        "raytopics-streaming-tests",
-        num_executors=1,
-        executor_memory="1g",
-        configs={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
-    )
-    warm_up(session)
-    enable_streaming(session)
-    yield session
-    stop_spark()
 
 
 class Sent:
@@ -206,23 +188,19 @@ def test_a_segment_gone_for_good_fails_the_query_or_is_skipped_with_a_warning(
     while admin.get_status(topic)["state"] == "ready" and time.monotonic() < deadline:
         time.sleep(0.2)
 
-    strict = Batches()
-    query = start(spark, topic, strict, tmp_path / "strict", startingOffsets="earliest")
-    with pytest.raises(Exception, match=r"unavailable_segments.*segment 1 did not answer"):
-        query.awaitTermination(120)
-    assert strict.values() == []
-
-    lenient = Batches()
+    # both queries at once: each spends its first planning calls waiting for the segment
+    strict, lenient = Batches(), Batches()
+    failing = start(spark, topic, strict, tmp_path / "strict", startingOffsets="earliest")
     query = start(
         spark, topic, lenient, tmp_path / "lenient", startingOffsets="earliest",
         failOnDataLoss="false",
     )  # fmt: skip
     try:
-        kept = [
-            v
-            for v in sent.values
-            if layout.find_active_segment(key_hash(v.split(":")[0])).segment_id == 0
-        ]
+        with pytest.raises(Exception, match=r"unavailable_segments.*segment 1 did not answer"):
+            failing.awaitTermination(120)
+        assert strict.values() == []
+        owner = layout.find_active_segment
+        kept = [v for v in sent.values if owner(key_hash(v.split(":")[0])).segment_id == 0]
         lenient.wait_for(len(kept), timeout_s=120)
         time.sleep(2)
         assert query.isActive and query.exception() is None
