@@ -64,8 +64,8 @@ async def stream_write(
                 write = await writer.begin(batch, hashes, found[1] if found else None)
             else:
                 write = found
-            stored = await writer.carry_out(write, records, hashes)
             resumed = found is not None and found[0].batch == batch
+            stored = await writer.carry_out(write, records, hashes, resumed)
             return {"stored": stored, "duplicate": resumed and stored == 0}
         except (BadVersion, AlreadyExistsError):
             continue  # another attempt of the same write moved first: look again
@@ -90,19 +90,26 @@ class _Write:
         return write, version
 
     async def carry_out(
-        self, found: tuple[SinkWrite, Any], records: Sequence[Record], hashes: np.ndarray
+        self,
+        found: tuple[SinkWrite, Any],
+        records: Sequence[Record],
+        hashes: np.ndarray,
+        resumed: bool,
     ) -> int:
+        """Append each part; a ``resumed`` write first asks whether a part got there before
+        (a new one just read its segments' sequences, so none has)."""
         write, version = found
         stored = 0
         pending = dict(write.parts)
+        layout = self.catalog.require_topic(self.name).layout
         while pending:
             segment_id, sequence = pending.popitem()
-            layout = self.catalog.require_topic(self.name).layout
             rows = _rows_in(layout, segment_id, hashes)
             try:
-                stored += await self._append(layout, segment_id, sequence, records, rows)
+                stored += await self._append(layout, segment_id, sequence, records, rows, resumed)
             except SegmentTerminated:
                 # sealed before this part got there: it goes to the range's owners now
+                layout = self.catalog.require_topic(self.name).layout
                 owners = await self._sequences(layout, _owners(layout, hashes, rows))
                 parts = {s: q for s, q in write.parts.items() if s != segment_id} | owners
                 write = SinkWrite(batch=write.batch, parts=parts)
@@ -128,9 +135,10 @@ class _Write:
         sequence: int,
         records: Sequence[Record],
         rows: np.ndarray,
+        resumed: bool,
     ) -> int:
         """This part's append, unless the segment has it already; rows newly stored."""
-        if len(rows) == 0 or await self._last(layout, segment_id) >= sequence:
+        if len(rows) == 0 or (resumed and await self._last(layout, segment_id) >= sequence):
             return 0
         handle = await _handle(self.name, layout, segment_id)
         picked = [records[i] for i in rows]
