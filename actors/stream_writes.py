@@ -10,8 +10,9 @@ that segment. Before appending, the write records those sequences in metadata
 (``storage.catalog.SinkWrite``); a replay then asks each of those segments
 whether it stored its sequence (``last_sequence``) and appends only what is
 missing. A segment sealed by a split or merge before its part was stored
-refused it whole (appends are atomic), so that part goes to the segments that
-now own its hash range, recorded first like the others.
+refused it whole (appends are atomic), so that part's hash range goes to the
+segments that own it now, recorded first like the others (``runtime.sink_parts``
+says why a part is a hash range, not a segment).
 
 Only the last write of each (query, partition, chunk) is kept: Spark never
 replays a batch once a later one started, so a write for an older batch is a
@@ -35,6 +36,7 @@ from runtime.hashing import HASH_MASK, key_hashes, murmur3_32
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 from runtime.remote import call
+from runtime.sink_parts import Piece, SinkPart, in_append_order, owned_pieces, with_sequences
 from storage.catalog import Catalog, SinkWrite
 
 Record = tuple[str | None, bytes, dict[str, str] | None]
@@ -84,8 +86,8 @@ class _Write:
     async def begin(self, batch: int, hashes: np.ndarray, expected: Any) -> tuple[SinkWrite, Any]:
         """Record where each part of a new write goes, before anything is appended."""
         layout = self.catalog.require_topic(self.name).layout
-        parts = await self._sequences(layout, _owners(layout, hashes))
-        write = SinkWrite(batch=batch, parts=parts)
+        parts = await self._parts(layout, owned_pieces(layout, hashes), ())
+        write = SinkWrite(batch=batch, parts=tuple(parts))
         version = self.catalog.put_sink_write(self.name, *self.key, write, expected)
         return write, version
 
@@ -100,29 +102,33 @@ class _Write:
         (a new one just read its segments' sequences, so none has)."""
         write, version = found
         stored = 0
-        pending = dict(write.parts)
+        pending = in_append_order(write.parts)
         layout = self.catalog.require_topic(self.name).layout
         while pending:
-            segment_id, sequence = pending.popitem()
-            rows = _rows_in(layout, segment_id, hashes)
+            part = pending.pop(0)
             try:
-                stored += await self._append(layout, segment_id, sequence, records, rows, resumed)
+                stored += await self._append(layout, part, records, hashes, resumed)
             except SegmentTerminated:
-                # sealed before this part got there: it goes to the range's owners now
+                # sealed before this part got there: its range goes to that range's owners
                 layout = self.catalog.require_topic(self.name).layout
-                owners = await self._sequences(layout, _owners(layout, hashes, rows))
-                parts = {s: q for s, q in write.parts.items() if s != segment_id} | owners
-                write = SinkWrite(batch=write.batch, parts=parts)
+                kept = [p for p in write.parts if p != part]
+                moved = await self._parts(
+                    layout, owned_pieces(layout, hashes, part.hash_range), kept
+                )
+                write = SinkWrite(batch=write.batch, parts=(*kept, *moved))
                 version = self.catalog.put_sink_write(self.name, *self.key, write, version)
-                pending.update(owners)
+                pending = in_append_order([*pending, *moved])
         done = SinkWrite(batch=write.batch, parts=write.parts, done=True)
         self.catalog.put_sink_write(self.name, *self.key, done, version)
         return stored
 
-    async def _sequences(self, layout: SegmentLayout, segments: list[int]) -> dict[int, int]:
-        """The next sequence of this write's producer on each segment."""
+    async def _parts(
+        self, layout: SegmentLayout, pieces: list[Piece], held: Sequence[SinkPart]
+    ) -> list[SinkPart]:
+        """Parts for ``pieces``, sequenced after this producer's last on each segment."""
+        segments = sorted({segment_id for segment_id, _ in pieces})
         lasts = await asyncio.gather(*(self._last(layout, s) for s in segments))
-        return {s: last + 1 for s, last in zip(segments, lasts, strict=True)}
+        return with_sequences(pieces, dict(zip(segments, lasts, strict=True)), held)
 
     async def _last(self, layout: SegmentLayout, segment_id: int) -> int:
         handle = await _handle(self.name, layout, segment_id)
@@ -131,22 +137,23 @@ class _Write:
     async def _append(
         self,
         layout: SegmentLayout,
-        segment_id: int,
-        sequence: int,
+        part: SinkPart,
         records: Sequence[Record],
-        rows: np.ndarray,
+        hashes: np.ndarray,
         resumed: bool,
     ) -> int:
         """This part's append, unless the segment has it already; rows newly stored."""
-        if len(rows) == 0 or (resumed and await self._last(layout, segment_id) >= sequence):
+        rows = part.rows(hashes)
+        if len(rows) == 0 or (resumed and await self._last(layout, part.segment) >= part.sequence):
             return 0
-        handle = await _handle(self.name, layout, segment_id)
+        handle = await _handle(self.name, layout, part.segment)
         picked = [records[i] for i in rows]
         batch = make_batch(
             [value for _, value, _ in picked],
             [key for key, _, _ in picked],
             [properties for _, _, properties in picked],
         )
+        sequence = part.sequence
         await call(handle.append.remote(batch, self.producer_id, sequence, credential=_internal()))
         return len(rows)
 
@@ -159,17 +166,6 @@ def _routing_hashes(records: Sequence[Record], partition: int, chunk: int) -> np
     for i in np.flatnonzero(hashes < 0):
         hashes[i] = murmur3_32(f"{partition}:{chunk}:{i}".encode()) & HASH_MASK
     return hashes
-
-
-def _owners(layout: SegmentLayout, hashes: np.ndarray, rows: np.ndarray | None = None) -> list[int]:
-    """The active segments that own some of the records (all, or those at ``rows``)."""
-    chosen = hashes if rows is None else hashes[rows]
-    return sorted({layout.find_active_segment(int(h)).segment_id for h in np.unique(chosen)})
-
-
-def _rows_in(layout: SegmentLayout, segment_id: int, hashes: np.ndarray) -> np.ndarray:
-    span = layout.get(segment_id).hash_range
-    return np.flatnonzero((hashes >= span.start) & (hashes <= span.end))
 
 
 async def _handle(name: TopicName, layout: SegmentLayout, segment_id: int) -> Any:

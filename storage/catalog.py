@@ -53,6 +53,7 @@ from runtime.layout import ScalableTopicMetadata, SegmentLayout
 from runtime.names import TopicName, parse_namespace, validate_part
 from runtime.operations import CompletedOperation, PendingOperation
 from runtime.policy import TopicPolicy
+from runtime.sink_parts import SinkPart
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.metadata import MetadataStore, Version
 
@@ -180,12 +181,13 @@ class AuthRecord(BaseModel):
 
 class SinkWrite(BaseModel):
     """One idempotent streaming write's progress (``actors.stream_writes``): the batch it
-    belongs to, and the sequence its append carries on each segment it goes to."""
+    belongs to, and its parts (``runtime.sink_parts``): which records each append
+    carries, to which segment, under which sequence."""
 
     model_config = ConfigDict(frozen=True)
 
     batch: int
-    parts: dict[int, int]  # segment id → sequence of this write's append there
+    parts: tuple[SinkPart, ...]
     done: bool = False
 
     def to_bytes(self) -> bytes:

@@ -1,84 +1,148 @@
 """A read → transform → write streaming pipeline (``examples/spark_streaming.py``) whose
-Spark driver is killed (SIGKILL) mid-stream and started again from its checkpoint:
-the output topic holds each input's result exactly once, through a split of the input.
+Spark driver is killed (SIGKILL) mid-stream, and then all of Ray with it, is started
+again from its checkpoint: the output topic holds each input's result exactly once,
+through a split of the input.
 
-The pipeline runs as its own program joined to this session's Ray, as ``ray job
-submit`` would run it; this module starts no Spark of its own.
+The head is a private ``ray start --head`` whose GCS lives in Redis
+(``tests/ray_head.py``): the topics, their layouts and the sink's record of each
+write must come back from it, since the replayed batch is only stored once if the
+sink still knows what the killed driver stored. Every program here (the pipeline,
+as ``ray job submit`` would run it, and the small steps that produce and count)
+joins that head as its own process: a driver joins one Ray for life, and this
+session's tests share another.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
-import ray
+import pytest
 
-from actors.segment import segment_actor
-from clients import Producer, ScalableTopicsAdmin
-from runtime.names import TopicName
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spark_streaming.py"
+from tests.ray_head import head_on_redis  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "spark_streaming.py"
+SENT = [f"event-{i}" for i in range(4000)]
+FIRST = 3000  # produced before the pipeline starts; the rest after the split
+PER_BATCH = 250
 
 
-def stored(topic: str, admin: ScalableTopicsAdmin) -> list[str]:
+@pytest.mark.timeout(900)
+def test_a_pipeline_killed_with_all_of_ray_resumes_from_its_checkpoint_writing_each_once(
+    tmp_path: Path,
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    source, sink = f"topic://pipe/ns/in-{run}", f"topic://pipe/ns/out-{run}"
+    checkpoint = tmp_path / "cp"
+    with head_on_redis(tmp_path, num_cpus=4) as head:
+        env = head.env(f"pipe-{run}") | {"PYSPARK_PYTHON": sys.executable}
+
+        def step(phase: str) -> list[str]:
+            out = tmp_path / f"{phase}.json"
+            done = subprocess.run(
+                [sys.executable, __file__, phase, str(out), source, sink],
+                cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+            )  # fmt: skip
+            assert done.returncode == 0, f"{phase}:\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
+            return json.loads(out.read_text())
+
+        command = [
+            sys.executable, str(EXAMPLE), "--input", source, "--output", sink,
+            "--checkpoint", str(checkpoint), "--max-per-batch", str(PER_BATCH),
+        ]  # fmt: skip
+        step("produce_first")
+        log = tmp_path / "first.log"
+        first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("w"), stderr=-2)
+        try:
+            deadline = time.monotonic() + 300
+            while _committed(checkpoint) < 4 and time.monotonic() < deadline:  # ≥ 1,000 rows
+                assert first.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.5)
+            step("split_and_produce_rest")
+            time.sleep(1)
+        finally:
+            first.send_signal(signal.SIGKILL)  # the driver dies mid-stream, its executors with it
+            first.wait(60)
+        written_before = len(step("stored"))
+        assert 1000 <= written_before < len(SENT), written_before
+
+        assert head.kill() > 0  # all of Ray, as `ray stop --force` would
+        head.start()
+        second = subprocess.run(
+            [*command, "--available-now"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        got = Counter(step("stored"))
+    expected = Counter(v.upper() for v in SENT)
+    assert got == expected, (
+        f"missing {sum((expected - got).values())}, "
+        f"duplicated {sum(n - 1 for n in got.values() if n > 1)}"
+    )
+
+
+def _committed(checkpoint: Path) -> int:
+    """Micro-batches the query committed: Spark writes ``commits/N`` after batch N."""
+    commits = checkpoint / "commits"
+    return sum(1 for f in commits.iterdir() if f.name.isdigit()) if commits.exists() else 0
+
+
+# --- the steps (run as subprocesses, joined to the head by RAY_ADDRESS) --------------
+
+
+def _send(source: str, values: list[str]) -> None:
+    from clients import Producer
+
+    with Producer(source) as producer:
+        for i, value in enumerate(values):
+            producer.send(value.encode(), key=f"user-{i % 40}")
+
+
+def produce_first(source: str, sink: str) -> list[str]:
+    from clients import ScalableTopicsAdmin
+
+    admin = ScalableTopicsAdmin()
+    admin.create_scalable_topic(source, 2)
+    admin.create_scalable_topic(sink, 2)
+    _send(source, SENT[:FIRST])
+    return SENT[:FIRST]
+
+
+def split_and_produce_rest(source: str, sink: str) -> list[str]:
+    from clients import ScalableTopicsAdmin
+
+    ScalableTopicsAdmin().split_segment(source, 0)
+    _send(source, SENT[FIRST:])
+    return SENT[FIRST:]
+
+
+def stored(source: str, sink: str) -> list[str]:
+    """Every value the sink topic holds, from each of its segments."""
+    import ray
+
+    from actors.segment import segment_actor
+    from clients import ScalableTopicsAdmin
+    from runtime.names import TopicName
+
     values = []
-    for info in admin.get_layout(topic).all_segments.values():
-        batch = ray.get(segment_actor(info.name(TopicName.parse(topic))).read.remote(0, 1_000_000))
+    for info in ScalableTopicsAdmin().get_layout(sink).all_segments.values():
+        handle = segment_actor(info.name(TopicName.parse(sink)))
+        batch = ray.get(handle.read.remote(0, 1_000_000))
         values += [v.decode() for v in batch.column("value").to_pylist()]
     return values
 
 
-def test_a_killed_driver_restarted_from_its_checkpoint_writes_everything_once(
-    admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
-) -> None:
-    source, sink = f"topic://pipe/ns/in-{unique}", f"topic://pipe/ns/out-{unique}"
-    admin.create_scalable_topic(source, 2)
-    admin.create_scalable_topic(sink, 2)
-    sent = [f"event-{i}" for i in range(4000)]
-    with Producer(source) as producer:
-        for i, value in enumerate(sent[:3000]):
-            producer.send(value.encode(), key=f"user-{i % 40}")
-    env = {
-        **os.environ,
-        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
-        "RAYTOPICS_NAMESPACE": ray.get_runtime_context().namespace,
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    command = [
-        sys.executable, str(EXAMPLE), "--input", source, "--output", sink,
-        "--checkpoint", str(tmp_path / "cp"), "--max-per-batch", "250",
-    ]  # fmt: skip
-    log = (tmp_path / "first.log").open("w")
-    first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while len(stored(sink, admin)) < 1000 and time.monotonic() < deadline:
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            time.sleep(0.5)
-        admin.split_segment(source, 0)
-        with Producer(source) as producer:
-            for i, value in enumerate(sent[3000:]):
-                producer.send(value.encode(), key=f"user-{i % 40}")
-        time.sleep(1)
-    finally:
-        first.send_signal(signal.SIGKILL)  # the driver dies mid-stream, its executors with it
-        first.wait(60)
-    written_before = len(stored(sink, admin))
-    assert 1000 <= written_before < 4000, written_before
-
-    second = subprocess.run(
-        [*command, "--available-now"], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    got = Counter(stored(sink, admin))
-    assert got == Counter(v.upper() for v in sent), (
-        f"missing {sum((Counter(v.upper() for v in sent) - got).values())}, "
-        f"duplicated {sum(n - 1 for n in got.values() if n > 1)}"
-    )
-    admin.delete_scalable_topic(source)
-    admin.delete_scalable_topic(sink)
+if __name__ == "__main__":
+    phase, out, source, sink = sys.argv[1:5]
+    steps = {"produce_first": produce_first, "stored": stored}
+    steps["split_and_produce_rest"] = split_and_produce_rest
+    Path(out).write_text(json.dumps(steps[phase](source, sink)))

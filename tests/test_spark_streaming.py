@@ -1,20 +1,25 @@
 """Spark Structured Streaming on topics, with real Spark on Ray (RayDP) and the JVM
-connector: micro-batches through splits and a merge, a restart from the checkpoint,
-and bad options refused when the query is defined."""
+connector: micro-batches through splits, a merge and a segment's restart; a restart
+from the checkpoint; a start at a publish time under Trigger.Once, then AvailableNow;
+segments that speak only TLS; a lost segment; bad options refused when the query is
+defined."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
+from test_data_plane_tls import _topic as tls_topic
+from test_data_plane_tls import pki  # noqa: F401  (a fixture)
 
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
+from runtime import tls
 from runtime.hashing import key_hash
 from runtime.names import TopicName
 
@@ -63,9 +68,10 @@ class Batches:
             time.sleep(0.5)
 
 
-def check_key_order(rows: list[tuple[int, str, str, int, int]]) -> None:
+def check_key_order(rows: list[tuple[int, str, str, int, int]], from_start: bool = True) -> None:
     """Batch by batch, and within a batch in offset order of the one segment that holds
-    the key (a key is never in two segments of one batch)."""
+    the key (a key is never in two segments of one batch): each key's values follow
+    one another, from its first (``from_start``) or from the first read."""
     last: dict[str, int] = {}
     segments: dict[tuple[int, str], set[int]] = defaultdict(set)
     for batch_id, key, _value, segment, _ in rows:
@@ -73,6 +79,8 @@ def check_key_order(rows: list[tuple[int, str, str, int, int]]) -> None:
     assert all(len(s) == 1 for s in segments.values()), "a key read from two segments at once"
     for _, key, value, _, _ in sorted(rows, key=lambda r: (r[0], r[3], r[4])):
         sequence = int(value.split(":")[1])
+        if not from_start:
+            last.setdefault(key, sequence - 1)
         assert last.get(key, -1) == sequence - 1, (key, sequence, last.get(key))
         last[key] = sequence
 
@@ -112,12 +120,16 @@ def test_a_streaming_read_through_two_splits_and_a_merge_gets_everything_once_in
         )
         admin.merge_segments(topic, active[0].segment_id, active[1].segment_id)
         sent.produce(300)
+        sink.wait_for(900)
+        restarted = admin.get_layout(topic).find_active_segment(0)  # its process dies;
+        ray.kill(segment_actor(restarted.name(TopicName.parse(topic))), no_restart=False)
+        sent.produce(300)  # Ray starts it again, and the executors find it anew
         sink.wait_for(len(sent.values))
         time.sleep(2)  # nothing more may come
     finally:
         query.stop()
     assert query.exception() is None
-    assert sorted(sink.values()) == sorted(sent.values) and len(sink.values()) == 1200
+    assert sorted(sink.values()) == sorted(sent.values) and len(sink.values()) == 1500
     check_key_order(sink.rows)
 
 
@@ -145,6 +157,47 @@ def test_a_query_restarted_from_its_checkpoint_reads_exactly_what_came_after(
     assert sorted(first.values() + second.values()) == sorted(sent.values)
     assert len(first.values()) + len(second.values()) == 450
     check_key_order(first.rows + [(b + 10_000, *rest) for b, *rest in second.rows])
+
+
+def test_a_query_from_a_publish_time_runs_once_then_available_now_and_stops_by_itself(
+    spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/time-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    sent = Sent(topic)
+    sent.produce(100)
+    time.sleep(0.05)
+    after = int(time.time() * 1000)
+    time.sleep(0.05)
+    sent.produce(150)
+
+    def run(sink: Batches, trigger: dict[str, bool], **options: str) -> None:
+        reader = spark.readStream.format("raytopics").option("topic", topic)
+        for name, value in options.items():
+            reader = reader.option(name, value)
+        query = (
+            reader.load()
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(**trigger)
+            .start()
+        )
+        assert query.awaitTermination(120), "the query did not stop by itself"
+        assert query.exception() is None
+
+    once = Batches()  # everything published from `after` on, in one batch
+    run(once, {"once": True}, startingTimestamp=str(after))
+    assert sorted(once.values()) == sorted(sent.values[100:])
+    assert {batch for batch, *_ in once.rows} == {0}
+
+    admin.split_segment(topic, 1)
+    sent.produce(100)
+    now = Batches()  # what came since, in batches of at most 40, then the query ends
+    run(now, {"availableNow": True}, maxMessagesPerTrigger="40")
+    assert sorted(now.values()) == sorted(sent.values[250:])
+    sizes = Counter(batch for batch, *_ in now.rows)
+    assert len(sizes) >= 3 and max(sizes.values()) <= 40, sizes
+    check_key_order(once.rows + [(b + 10_000, *rest) for b, *rest in now.rows], from_start=False)
 
 
 @pytest.mark.parametrize(
@@ -207,3 +260,42 @@ def test_a_segment_gone_for_good_fails_the_query_or_is_skipped_with_a_warning(
     finally:
         query.stop()
     assert sorted(lenient.values()) == sorted(kept)
+
+
+def test_a_query_reads_segments_that_speak_only_tls_when_it_trusts_their_ca(
+    spark,
+    pki: dict[str, str],  # noqa: F811  (the fixture imported above)
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """The connector's executors read TLS segments straight, trusting the ``caFile``
+    option; with a CA that did not issue the segments' certificate the query fails
+    saying so, and reads nothing."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        topic = tls_topic(monkeypatch, unique, pki["cert"], pki["key"])
+        monkeypatch.setenv(tls.CA_ENV, pki["ca"])
+        sent = Sent(topic)
+        sent.produce(500)
+
+    def run(sink: Batches, ca: str, checkpoint: str) -> Any:
+        return (
+            spark.readStream.format("raytopics")
+            .option("topic", topic)
+            .option("startingOffsets", "earliest")
+            .option("caFile", ca)
+            .load()
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    trusted, rogue = Batches(), Batches()
+    query = run(trusted, pki["ca"], "trusted")
+    assert query.awaitTermination(120) and query.exception() is None
+    assert sorted(trusted.values()) == sorted(sent.values)
+    refused = run(rogue, pki["rogue_ca"], "rogue")
+    with pytest.raises(Exception, match=r"tls_error.*not trusted"):
+        refused.awaitTermination(120)
+    assert rogue.values() == []
+    ScalableTopicsAdmin().delete_scalable_topic(topic)

@@ -22,6 +22,7 @@ from clients import Producer, ScalableTopicsAdmin
 from runtime.batch import make_batch
 from runtime.hashing import key_hash
 from runtime.names import TopicName
+from runtime.sink_parts import SinkPart, with_sequences
 from storage.catalog import Catalog, SinkWrite
 
 TENANT, NAMESPACE = "stream", "ns"
@@ -154,6 +155,42 @@ def chunk(prefix: str, keyed: int, unkeyed: int = 0) -> list[dict[str, Any]]:
     ]
 
 
+def record_parts(topic: str, query: str, batch: int) -> list[SinkPart]:
+    """What a write records before appending (a crash may follow): one part per active
+    segment, at the next sequence of the write's producer there."""
+    layout, name = Catalog().require_topic(TopicName.parse(topic)).layout, TopicName.parse(topic)
+    producer = f"sink:{query}:3:0"
+    active = sorted(layout.active_segments.items())
+    lasts = {
+        s: ray.get(segment_actor(info.name(name)).last_sequence.remote(producer))
+        for s, info in active
+    }
+    parts = with_sequences([(s, info.hash_range) for s, info in active], lasts)
+    catalog = Catalog()
+    found = catalog.sink_write(name, query, 3, 0)
+    catalog.put_sink_write(
+        name, query, 3, 0, SinkWrite(batch=batch, parts=tuple(parts)), found and found[1]
+    )
+    return parts
+
+
+def crash_after_first_part(
+    topic: str, query: str, batch: int, records: list[dict[str, Any]]
+) -> tuple[int, int]:
+    """A write that recorded its parts and stored only the first before its process died:
+    (rows stored, the segment whose part was not)."""
+    first, second, *_ = record_parts(topic, query, batch)
+    name = TopicName.parse(topic)
+    mine = [r for r in records if key_hash(r["key"]) in first.hash_range]
+    values = [base64.b64decode(r["value"]) for r in mine]
+    handle = segment_actor(Catalog().require_topic(name).layout.get(first.segment).name(name))
+    producer = f"sink:{query}:3:0"
+    ray.get(
+        handle.append.remote(make_batch(values, [r["key"] for r in mine]), producer, first.sequence)
+    )
+    return len(mine), second.segment
+
+
 def test_a_sink_write_is_stored_once_through_replays_splits_and_a_crash_between_parts(
     gateway: str, admin: ScalableTopicsAdmin, unique: str
 ) -> None:
@@ -179,24 +216,9 @@ def test_a_sink_write_is_stored_once_through_replays_splits_and_a_crash_between_
     # a crash after the write recorded its parts and stored one of them, then a split
     # of the segment whose part was not stored yet: the replay stores exactly the rest
     third = chunk("b2", 30)
-    layout = admin.get_layout(topic)
-    name = TopicName.parse(topic)
-    producer = f"sink:{query}:3:0"
-    parts = {
-        s: ray.get(segment_actor(info.name(name)).last_sequence.remote(producer)) + 1
-        for s, info in layout.active_segments.items()
-    }
-    catalog = Catalog()
-    version = catalog.sink_write(name, query, 3, 0)[1]
-    catalog.put_sink_write(name, query, 3, 0, SinkWrite(batch=2, parts=parts), version)
-    stored_first, unstored = sorted(layout.active_segments)[0], sorted(layout.active_segments)[1]
-    span = layout.get(stored_first).hash_range
-    mine = [r for r in third if key_hash(r["key"]) in span]
-    batch = make_batch([base64.b64decode(r["value"]) for r in mine], [r["key"] for r in mine])
-    handle = segment_actor(layout.get(stored_first).name(name))
-    ray.get(handle.append.remote(batch, producer, parts[stored_first]))
+    stored_first, unstored = crash_after_first_part(topic, query, 2, third)
     admin.split_segment(topic, unstored)
-    assert write(2, third) == {"stored": 30 - len(mine), "duplicate": False}
+    assert write(2, third) == {"stored": 30 - stored_first, "duplicate": False}
     assert write(2, third) == {"stored": 0, "duplicate": True}
 
     values = stored_values(topic, admin)
@@ -209,6 +231,47 @@ def test_a_sink_write_is_stored_once_through_replays_splits_and_a_crash_between_
         {"queryId": query, "batchId": 5, "partitionId": 0, "records": [{"value": "!!"}]},
     )  # fmt: skip
     assert (status, refused["error"]) == (400, "invalid_argument") and "value" in refused["message"]
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_sink_write_is_stored_once_when_its_segments_merge_between_a_crash_and_the_replay(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """A merged child owns the ranges of parts that were stored and of parts that were
+    not: the replay stores only the latter; two unstored parts meeting on one child
+    take a sequence each."""
+    topic = f"topic://{TENANT}/{NAMESPACE}/merge-{unique}"
+    base = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}/merge-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    query = f"q-{unique}"
+
+    def write(batch: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {"queryId": query, "batchId": batch, "partitionId": 3, "records": records}
+        status, answer = http(gateway, "POST", f"{base}/stream/write", body)
+        assert status == 200, answer
+        return answer
+
+    first = chunk("m0", 60)
+    stored, _ = crash_after_first_part(topic, query, 0, first)
+    assert 0 < stored < 60
+    admin.merge_segments(topic, 0, 1)
+    assert write(0, first) == {"stored": 60 - stored, "duplicate": False}
+    assert write(0, first) == {"stored": 0, "duplicate": True}
+
+    admin.split_segment(topic, 2)
+    second = chunk("m1", 60)
+    record_parts(topic, query, 1)  # recorded, none stored, then both segments merge
+    admin.merge_segments(topic, 3, 4)
+    assert write(1, second) == {"stored": 60, "duplicate": False}
+    assert write(1, second) == {"stored": 0, "duplicate": True}
+    assert Catalog().sink_write(TopicName.parse(topic), query, 3, 0)[0].parts == (
+        SinkPart(segment=5, sequence=0, hash_range=admin.get_layout(topic).get(3).hash_range),
+        SinkPart(segment=5, sequence=1, hash_range=admin.get_layout(topic).get(4).hash_range),
+    )
+
+    values = stored_values(topic, admin)
+    expected = [f"m0-{i}" for i in range(60)] + [f"m1-{i}" for i in range(60)]
+    assert sorted(values) == sorted(expected)
     admin.delete_scalable_topic(topic)
 
 

@@ -12,6 +12,8 @@ public final class RayTopicsException extends RuntimeException {
     private static final long serialVersionUID = 1L;
     /** The code of a read that lost records (retention, a lost segment). */
     public static final String UNAVAILABLE_SEGMENTS = "unavailable_segments";
+    /** The code of a TLS handshake that cannot succeed by trying again (trust, host name). */
+    public static final String TLS_ERROR = "tls_error";
 
     private final String code;
 

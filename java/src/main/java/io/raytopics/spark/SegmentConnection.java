@@ -9,6 +9,7 @@ import java.io.OutputStream;
 import java.net.InetSocketAddress;
 import java.net.Socket;
 import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLHandshakeException;
 import javax.net.ssl.SSLParameters;
 import javax.net.ssl.SSLSocket;
 
@@ -53,6 +54,13 @@ final class SegmentConnection implements Closeable {
             ssl.setSSLParameters(parameters);
             ssl.startHandshake();
             return new SegmentConnection(ssl, credential);
+        } catch (SSLHandshakeException e) {
+            // an untrusted certificate, or one for another address: no retry can fix it
+            plain.close();
+            throw new RayTopicsException(RayTopicsException.TLS_ERROR, "the segment at " + endpoint.host()
+                    + ":" + endpoint.port() + " presented a certificate that is not trusted here"
+                    + " (option caFile or " + ConnectionConfig.CA_ENV + " names the CA to trust): "
+                    + e.getMessage());
         } catch (IOException | RuntimeException e) {
             plain.close();
             throw e;
