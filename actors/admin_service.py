@@ -59,7 +59,7 @@ from runtime.readiness import MAX_WAIT_S
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.catalog import Catalog, TopicRecord
-from storage.segment_log import default_storage_root
+from storage.durability import default_storage_root
 from storage.topic_storage import choose_incarnation, is_incarnation
 
 ACTOR_NAME = "admin"

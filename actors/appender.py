@@ -23,7 +23,7 @@ from runtime.batch import deserialize_batch
 from runtime.errors import OutOfOrderSequenceError, ScalableTopicsError
 from runtime.limits import LiveLimits
 from runtime.names import SegmentName
-from storage.segment_log import Append, AppendResult
+from storage.appends import Append, AppendResult
 from storage.segment_store import SegmentStore
 
 SEQUENCE_WAIT_S = 30.0

@@ -77,7 +77,7 @@ from storage.catalog import (
     TopicRecord,
     fenced,
 )
-from storage.segment_log import Durability, default_storage_root
+from storage.durability import Durability, default_storage_root
 from storage.segment_store import SealedBy, stored_states
 from storage.topic_storage import (
     SubscriptionSettings,

@@ -47,8 +47,9 @@ from runtime.limits import LiveLimits
 from runtime.names import SegmentName
 from storage.catalog import Catalog
 from storage.cursors import Position
-from storage.segment_log import Durability, default_storage_root
-from storage.segment_store import SealedBy, SegmentStore
+from storage.durability import Durability, default_storage_root
+from storage.incarnation_storage import IncarnationStorage
+from storage.segment_store import SealedBy
 from storage.topic_storage import new_incarnation
 
 MAX_READ_RECORDS = 100_000
@@ -77,11 +78,11 @@ class SegmentActor:
         # Only a first start may create storage: a restart (or a re-created actor)
         # whose storage is gone must fail, not serve an empty log in its place.
         create = initialize and not ray.get_runtime_context().was_current_actor_reconstructed
-        self._store = SegmentStore(
+        storage = IncarnationStorage(
+            Path(storage_root), self._name.topic, incarnation, Durability(**durability)
+        )
+        self._store = storage.open(
             self._name,
-            Path(storage_root),
-            Durability(**durability),
-            incarnation=incarnation,
             create=create,
             in_layout=False,  # storage the controller did not lay out itself
             ack_timeout_s=env_float(ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT_S),

@@ -27,17 +27,10 @@ from actors.segment import segment_actor
 from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
-from storage.segment_log import Durability
-from storage.segment_store import SealedBy, SegmentStore
-from storage.topic_storage import (
-    StoredIncarnation,
-    TopicIdentity,
-    delete_storage,
-    incarnation_directory,
-    scan,
-    segment_directory,
-    write_topic_identity,
-)
+from storage.durability import Durability
+from storage.incarnation_storage import IncarnationStorage
+from storage.segment_store import SealedBy
+from storage.topic_storage import StoredIncarnation, TopicIdentity, scan, write_topic_identity
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +107,7 @@ class SegmentFleet:
         """
         handle = await self._own_actor(name)
         if handle is None:
-            self._initialize(name, info, subscriptions, epoch, in_layout)
+            self.storage().lay_out(name, info, subscriptions, epoch, in_layout=in_layout)
             return
         await handle.check_epoch.remote(epoch, credential=guard().internal_token())
         await asyncio.gather(
@@ -156,7 +149,7 @@ class SegmentFleet:
             with contextlib.suppress(RayActorError, SegmentNotFoundError):
                 await handle.delete.remote(epoch, credential=guard().internal_token())
             ray.kill(handle, no_restart=True)
-        delete_storage(segment_directory(self.root, name, self._current()))
+        self.storage().delete_segment(name)
 
     def leftover_segments(self) -> int:
         """How many segment actors of this topic's name run (what ``clear_leftovers``
@@ -181,11 +174,11 @@ class SegmentFleet:
 
     def delete_incarnation(self) -> None:
         """Remove what is left of the incarnation's directory (its ``topic.json``)."""
-        delete_storage(incarnation_directory(self.root, self.topic, self._current()))
+        self.storage().delete()
 
     def delete_segment_storage(self, name: SegmentName) -> None:
         """Storage no actor serves (a recovery's discarded, never committed segment)."""
-        delete_storage(segment_directory(self.root, name, self._current()))
+        self.storage().delete_segment(name)
 
     # --- the incarnation's own records ----------------------------------------------------
 
@@ -195,6 +188,10 @@ class SegmentFleet:
     def stored(self) -> list[StoredIncarnation]:
         """Every incarnation of this topic name found under the storage root."""
         return scan(self.root, self.topic)
+
+    def storage(self) -> IncarnationStorage:
+        """The current incarnation's storage: every layout and removal goes through it."""
+        return IncarnationStorage(self.root, self.topic, self._current(), self.durability)
 
     # --- internals ----------------------------------------------------------------------
 
@@ -219,30 +216,6 @@ class SegmentFleet:
         ray.kill(handle, no_restart=True)
         await _gone([name.actor_name])
         return None
-
-    def _initialize(
-        self,
-        name: SegmentName,
-        info: SegmentInfo,
-        subscriptions: list[str],
-        epoch: int,
-        in_layout: bool,
-    ) -> None:
-        store = SegmentStore(
-            name,
-            self.root,
-            self.durability,
-            incarnation=self._current(),
-            create=True,
-            info=info,
-            in_layout=in_layout,
-        )
-        try:
-            store.check_epoch(epoch)
-            for subscription in subscriptions:
-                store.create_subscription(subscription, "earliest", epoch)
-        finally:
-            store.close()
 
     def _started(self, starting: asyncio.Future) -> None:
         self._starting.discard(starting)

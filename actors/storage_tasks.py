@@ -22,7 +22,7 @@ from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
 from runtime.remote import call
 from storage.catalog import Catalog, TopicRecord
-from storage.segment_log import default_storage_root
+from storage.durability import default_storage_root
 from storage.topic_storage import StoredIncarnation, delete_storage, scan
 
 

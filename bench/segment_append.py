@@ -284,7 +284,7 @@ def run_segments(
 
     from actors.segment import segment_actor
     from runtime.names import TopicName
-    from storage.segment_log import Durability
+    from storage.durability import Durability
 
     for policy in args.policies:
         for batch_size in args.batch_sizes:

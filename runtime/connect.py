@@ -178,7 +178,7 @@ def _level(value: int | str) -> int:
 
 
 def _storage_root() -> Path:
-    from storage.segment_log import default_storage_root
+    from storage.durability import default_storage_root
 
     return default_storage_root()
 

@@ -6,153 +6,52 @@ anything. Each append is one self-checking frame (header + Arrow IPC payload)
 written with a single ``write`` call, which makes a crash leave at most one torn
 frame, at the tail of the last chunk; recovery cuts that tail off.
 
-Frame layout (little endian)::
-
-    magic      4s   b"RTSL"
-    crc32c     u32  CRC-32C (Castagnoli, as Kafka's record batches) of every byte after
-                    this field (header + payload); hardware-accelerated, so checking a
-                    100 KB batch costs microseconds, not the ~80 us of zlib's CRC-32
-    type       u8   BATCH or TERMINATION
-    payload    u32  payload length in bytes
-    base       i64  offset of the first record
-    count      u32  number of records
-    publish    i64  publish time, ms since the epoch
-    sequence   i64  producer sequence, -1 if none
-    pid_len    u16  length of the producer id
-    producer   pid_len bytes of UTF-8, empty if none
-    payload    Arrow IPC stream of one record batch
-
-The CRC sits right after the magic so that it also covers the frame type and the
-lengths: a flipped bit anywhere in a frame is detected.
+The frame format is ``storage.frames``; what an append is and how retries are
+told from new messages, ``storage.appends``; the settings (where, how durable),
+``storage.durability``. This module owns the files: chunks, the in-memory index
+of every stored batch, retention from the head, and recovery after a crash.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import os
 import re
 import shutil
-import struct
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal, NamedTuple, get_args
 
-import platformdirs
 import pyarrow as pa
-from fastcrc import crc32
 
-from runtime.batch import BATCH_SCHEMA, VALUES_SCHEMA, deserialize_batch, serialize_batch
+from runtime.batch import deserialize_batch
 from runtime.errors import (
     InvalidArgumentError,
     ScalableTopicsError,
     SegmentTerminated,
     UnavailableError,
 )
+from storage.appends import Append, AppendResult, ProducerWindow, StoredBatch, checked
+from storage.durability import DEFAULT_DURABILITY, Durability
 from storage.files import atomic_write, fsync_directory, preallocate
+from storage.frames import (
+    FRAME_BATCH,
+    FRAME_TERMINATION,
+    Encoded,
+    Frame,
+    encode_frame,
+    scan_frames,
+)
+from storage.log_index import IndexEntry, LogIndex, adjacent_runs
 
-DurabilityPolicy = Literal["fsync", "interval", "none"]
-
-MAGIC = b"RTSL"
-FRAME_BATCH = 1
-FRAME_TERMINATION = 2
-PRODUCER_WINDOW = 1000
-
-_PREFIX = struct.Struct("<4sI")
-_BODY = struct.Struct("<BIqIqqH")
-_HEADER_SIZE = _PREFIX.size + _BODY.size
 _IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
 _WRITE_BYTES = 1 << 20  # bytes per writev, see _write_groups
 _PREALLOCATE_BYTES = 16 << 20  # reserved ahead of the active chunk's end, see _preallocate
-_MAX_PAYLOAD = (1 << 32) - 1
-_MAX_PRODUCER_ID = (1 << 16) - 1
 _CHUNK_NAME = re.compile(r"(\d{20})\.log")
 _START_MARKER = "start-offset"
 _datasync = getattr(os, "fdatasync", os.fsync)
-
-
-def default_storage_root() -> Path:
-    """Where segment logs live unless the deployment says otherwise."""
-    configured = os.environ.get("RAYTOPICS_STORAGE_ROOT")
-    if configured:
-        return Path(configured)
-    return Path(platformdirs.user_data_dir("raytopics")) / "segments"
-
-
-@dataclass(frozen=True)
-class Durability:
-    """How hard an append tries to reach the disk before it returns.
-
-    ``fsync`` loses nothing on power failure but pays a disk flush per append;
-    ``interval`` bounds the loss window to ``interval_s`` for a fraction of the
-    cost; ``none`` leaves flushing to the OS (a process crash still loses
-    nothing, since written data is in the page cache).
-    """
-
-    policy: DurabilityPolicy = "interval"
-    interval_s: float = 0.2
-
-    def __post_init__(self) -> None:
-        if self.policy not in get_args(DurabilityPolicy):
-            raise InvalidArgumentError(
-                f"durability policy must be one of {get_args(DurabilityPolicy)}, "
-                f"got {self.policy!r}"
-            )
-        if not self.interval_s >= 0:
-            raise InvalidArgumentError(f"interval_s must be >= 0, got {self.interval_s!r}")
-
-    @classmethod
-    def from_env(cls) -> Durability:
-        """Read ``RAYTOPICS_DURABILITY`` and ``RAYTOPICS_FSYNC_INTERVAL_S``, so operators
-        can trade safety for speed without code changes."""
-        policy = os.environ.get("RAYTOPICS_DURABILITY", cls.policy)
-        interval = os.environ.get("RAYTOPICS_FSYNC_INTERVAL_S")
-        if interval is None:
-            return cls(policy=policy)  # type: ignore[arg-type]
-        try:
-            interval_s = float(interval)
-        except ValueError as exc:
-            raise InvalidArgumentError(
-                f"RAYTOPICS_FSYNC_INTERVAL_S must be a number, got {interval!r}"
-            ) from exc
-        return cls(policy=policy, interval_s=interval_s)  # type: ignore[arg-type]
-
-
-DEFAULT_DURABILITY = Durability()
-
-
-class Append(NamedTuple):
-    """One batch to store; ``payload``: its Arrow IPC bytes, when the caller has them."""
-
-    batch: pa.RecordBatch
-    producer_id: str | None = None
-    sequence: int | None = None
-    payload: bytes | memoryview | None = None
-
-
-class AppendResult(NamedTuple):
-    base_offset: int
-    count: int
-    duplicate: bool = False
-
-
-@dataclass(frozen=True)
-class StoredBatch:
-    """Records as read back, with the metadata their producer attached.
-
-    ``base_offset`` is the offset of ``records[0]``, which can lie inside the
-    batch as originally appended when a read starts mid-batch.
-    """
-
-    base_offset: int
-    publish_time_ms: int
-    producer_id: str | None
-    sequence: int | None
-    records: pa.RecordBatch
 
 
 @dataclass
@@ -160,84 +59,6 @@ class _Chunk:
     base_offset: int
     path: Path
     size: int
-
-
-class _IndexEntry(NamedTuple):
-    """Everything a read needs, so it never parses a header again. Named tuples, like
-    ``_Frame`` and ``AppendResult``: every append makes some, and a frozen dataclass
-    costs several times as much to build."""
-
-    base_offset: int
-    count: int
-    chunk_base: int
-    position: int
-    frame_length: int
-    payload_length: int
-    publish_time_ms: int
-    producer_id: str | None
-    sequence: int | None
-
-
-class _Frame(NamedTuple):
-    """The header fields of one frame, as written or as recovered."""
-
-    frame_type: int
-    base_offset: int
-    count: int
-    publish_time_ms: int
-    producer_id: str | None
-    sequence: int | None
-
-    @property
-    def producer_bytes(self) -> bytes:
-        return self.producer_id.encode() if self.producer_id is not None else b""
-
-    def length(self, payload_length: int) -> int:
-        return _HEADER_SIZE + len(self.producer_bytes) + payload_length
-
-
-# A frame ready to write: its header, its payload, and the fields it was encoded from.
-_Encoded = tuple[bytes, bytes | memoryview, _Frame]
-
-
-class _ProducerWindow:
-    """The recent sequences of one producer, so that retries are answered, not re-stored.
-
-    Only the last ``PRODUCER_WINDOW`` sequences are kept: a retry older than
-    that cannot be told apart from a new message and is refused instead.
-    """
-
-    def __init__(self) -> None:
-        self.last_sequence = -1
-        # Ordered: the oldest goes in O(1). A plain dict's first key is found by
-        # scanning past the slots its deletes left, a cost ``perf`` saw per append.
-        self.results: OrderedDict[int, _IndexEntry] = OrderedDict()
-
-    def remember(self, sequence: int, stored: _IndexEntry) -> None:
-        """``stored``: where ``sequence`` went, what a retry of it is answered."""
-        self.results[sequence] = stored
-        if sequence > self.last_sequence:
-            self.last_sequence = sequence
-        if len(self.results) > PRODUCER_WINDOW:
-            self.results.popitem(last=False)
-
-    def check(self, producer_id: str, sequence: int) -> AppendResult | None:
-        """The original result for a retried sequence, None for a new one."""
-        if sequence > self.last_sequence:
-            return None
-        stored = self.results.get(sequence)
-        if stored is not None:
-            return AppendResult(stored.base_offset, stored.count, duplicate=True)
-        oldest = next(iter(self.results))
-        if sequence < oldest:
-            raise InvalidArgumentError(
-                f"sequence {sequence} of producer {producer_id!r} is older than the "
-                f"retained window (oldest {oldest}); it cannot be checked for duplicates"
-            )
-        raise InvalidArgumentError(
-            f"sequence {sequence} of producer {producer_id!r} is out of order: "
-            f"{self.last_sequence} was already stored and {sequence} never was"
-        )
 
 
 class SegmentLog:
@@ -268,9 +89,8 @@ class SegmentLog:
         self._segment_id = segment_id
         self._lock = threading.Lock()
         self._chunks: list[_Chunk] = []
-        self._bases: list[int] = []
-        self._entries: list[_IndexEntry] = []
-        self._producers: dict[str, _ProducerWindow] = {}
+        self._index = LogIndex()
+        self._producers: dict[str, ProducerWindow] = {}
         self._read_fds: dict[int, int] = {}
         self._start_offset = 0
         self._end_offset = 0
@@ -306,10 +126,10 @@ class SegmentLog:
     def size_bytes(self) -> int:
         """Bytes of the retained records (batches below the start no longer count)."""
         total = sum(chunk.size for chunk in self._chunks)
-        index = bisect.bisect_left(self._bases, self._start_offset)
-        if index == len(self._entries):  # everything retention allowed is gone
+        index = self._index.first_from(self._start_offset)
+        if index == len(self._index):  # everything retention allowed is gone
             return total - self._chunks[0].size if self._start_offset > 0 else total
-        head = self._entries[index]
+        head = self._index.entries[index]
         return total - (head.position if head.chunk_base == self._chunks[0].base_offset else 0)
 
     @property
@@ -324,11 +144,8 @@ class SegmentLog:
         """The first retained offset published at or after ``time_ms``, the end when none
         was: publish times never decrease along the log, so a binary search of the index."""
         with self._lock:
-            first = bisect.bisect_left(self._bases, self._start_offset)
-            index = bisect.bisect_left(
-                self._entries, time_ms, lo=first, key=lambda entry: entry.publish_time_ms
-            )
-            return self._bases[index] if index < len(self._entries) else self._end_offset
+            found = self._index.first_published(self._start_offset, time_ms)
+            return self._end_offset if found is None else found
 
     def last_sequence(self, producer_id: str) -> int:
         """Highest sequence stored for ``producer_id``; -1 when it never appended here."""
@@ -366,23 +183,23 @@ class SegmentLog:
         refused it (a refused append stores nothing and does not stop the others).
         A failed write raises, and stores none of them.
         """
-        checked = [_checked(append) for append in appends]  # encoded outside the lock
+        ready = [checked(append) for append in appends]  # encoded outside the lock
         with self._lock:
             self._check_open()
-            outcomes, frames = self._frames_for(checked)
+            outcomes, frames = self._frames_for(ready)
             if frames:
                 self._store(frames)
         return outcomes
 
     def _frames_for(
         self, checked: list[Append | ScalableTopicsError]
-    ) -> tuple[list[AppendResult | ScalableTopicsError], list[_Encoded]]:
+    ) -> tuple[list[AppendResult | ScalableTopicsError], list[Encoded]]:
         """Every append's outcome (its offsets, a duplicate's original ones, also of an
         earlier append in this group, or the error that refused it) and the frames to
         write, encoded. One pass, because the data plane stores ~15k batches a second
         on one core: the three passes this replaced cost ~2 us more per batch."""
         outcomes: list[AppendResult | ScalableTopicsError] = []
-        frames: list[_Encoded] = []
+        frames: list[Encoded] = []
         grouped: dict[tuple[str, int], AppendResult] = {}  # the sequenced appends before
         offset = self._end_offset
         # Publish times never go backwards within a segment, even if the clock
@@ -400,8 +217,8 @@ class SegmentLog:
             except ScalableTopicsError as err:
                 outcome = err
             if outcome is None:
-                frame = _Frame(FRAME_BATCH, offset, append.batch.num_rows, publish_time_ms, *key)
-                frames.append(_encode_frame(frame, append.payload))
+                frame = Frame(FRAME_BATCH, offset, append.batch.num_rows, publish_time_ms, *key)
+                frames.append(encode_frame(frame, append.payload))
                 outcome = AppendResult(offset, frame.count)
                 if append.sequence is not None:
                     grouped[key] = outcome
@@ -421,7 +238,7 @@ class SegmentLog:
         window = self._producers.get(producer_id)
         return window.check(producer_id, sequence) if window is not None else None
 
-    def _store(self, frames: list[_Encoded]) -> None:
+    def _store(self, frames: list[Encoded]) -> None:
         """Indexed before the flush: if the flush fails, the frames are on file anyway
         and later appends must come after them; a producer retry is then a duplicate."""
         self._roll_if_full()
@@ -429,7 +246,7 @@ class SegmentLog:
         chunk_base = self._chunks[-1].base_offset
         for header, payload, frame in frames:
             length = len(header) + len(payload)
-            self._index(_entry_for(frame, chunk_base, position, len(payload), length))
+            self._indexed(IndexEntry.of(frame, chunk_base, position, len(payload), length))
             position += length
         self._sync_per_policy()
 
@@ -440,8 +257,8 @@ class SegmentLog:
             self._check_open()
             if self._terminated:
                 return
-            frame = _Frame(FRAME_TERMINATION, self._end_offset, 0, _now_ms(), None, None)
-            self._write([_encode_frame(frame, b"")])
+            frame = Frame(FRAME_TERMINATION, self._end_offset, 0, _now_ms(), None, None)
+            self._write([encode_frame(frame, b"")])
             self._release_preallocation()
             self._fsync()
             self._terminated = True
@@ -473,7 +290,7 @@ class SegmentLog:
             dropped = 0
             while len(self._chunks) > 1 and self._chunks[1].base_offset <= before_offset:
                 dropped += self._drop_first_chunk()
-            if dropped and self._durability.policy != "none":
+            if dropped and self._durability.flushes:
                 fsync_directory(self._directory)
             return dropped
 
@@ -490,8 +307,8 @@ class SegmentLog:
         """
         with self._lock:
             self._check_open()
-            entries, keep = self._entries, bisect.bisect_left(self._bases, self._start_offset)
-            stop = self._droppable(keep_from)
+            entries, keep = self._index.entries, self._index.first_from(self._start_offset)
+            stop = self._index.ending_by(keep_from)
             if oldest_publish_ms is not None:
                 while keep < stop and entries[keep].publish_time_ms < oldest_publish_ms:
                     keep += 1
@@ -505,37 +322,23 @@ class SegmentLog:
                 atomic_write(
                     self._directory / _START_MARKER,
                     str(start).encode(),
-                    fsync=self._durability.policy != "none",
+                    fsync=self._durability.flushes,
                 )
                 self._start_offset = start
                 # Reads below the start are refused, so the index of the batches there
                 # is dead weight until their whole chunk goes: tens of MB for a slow
                 # topic of small batches, whose 64 MB chunk may take days to fill.
-                forget = bisect.bisect_left(self._bases, start)
-                del self._bases[:forget]
-                del self._entries[:forget]
+                self._index.forget_below(start)
                 while len(self._chunks) > 1 and self._chunks[1].base_offset <= start:
                     self._drop_first_chunk()
             return self._start_offset
-
-    def _droppable(self, keep_from: int | None) -> int:
-        """How many leading index entries end at or before ``keep_from``."""
-        if keep_from is None:
-            return len(self._entries)
-        count = bisect.bisect_right(self._bases, keep_from)
-        if (
-            count
-            and self._entries[count - 1].base_offset + self._entries[count - 1].count > keep_from
-        ):
-            count -= 1
-        return count
 
     def close(self) -> None:
         """Release file handles; flushes first unless the policy says not to bother."""
         with self._lock:
             if self._write_fd is None:
                 return
-            if self._dirty and self._durability.policy != "none":
+            if self._dirty and self._durability.flushes:
                 self._fsync()
             _sync_and_close(self._unsynced_fds)
             self._unsynced_fds = []
@@ -549,6 +352,23 @@ class SegmentLog:
         self.close()
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self._directory)
+
+    def verify(self) -> None:
+        """Check every frame of every chunk against its checksum (reading it all): raises
+        ``UnavailableError`` naming the first chunk that is damaged. Meant before the
+        log's bytes are copied elsewhere, since reads trust the index, not the CRCs."""
+        with self._lock:
+            self._check_open()
+            for chunk in self._chunks:
+                scanned = 0
+                with open(chunk.path, "rb") as file:
+                    for frame, payload_length in scan_frames(file, chunk.base_offset):
+                        scanned += frame.length(payload_length)
+                if scanned != chunk.size:
+                    raise UnavailableError(
+                        f"segment {self._label}: chunk {chunk.path.name} fails its checksums "
+                        f"at byte {scanned} of {chunk.size}"
+                    )
 
     # --- reading ----------------------------------------------------------------
 
@@ -566,21 +386,19 @@ class SegmentLog:
             entries = self._entries_from(offset, max_records)
             return self._read_entries(entries, offset, max_records)
 
-    def _entries_from(self, offset: int, max_records: int) -> list[_IndexEntry]:
+    def _entries_from(self, offset: int, max_records: int) -> list[IndexEntry]:
         """The index entries holding offsets ``[offset, offset + max_records)``."""
         if offset >= self._end_offset:
             return []
-        first = bisect.bisect_right(self._bases, offset) - 1
-        last = bisect.bisect_left(self._bases, offset + max_records)
-        return self._entries[first:last]
+        return self._index.covering(offset, max_records)
 
     def _read_entries(
-        self, entries: list[_IndexEntry], offset: int, max_records: int
+        self, entries: list[IndexEntry], offset: int, max_records: int
     ) -> list[StoredBatch]:
         """Read each run of adjacent frames with one ``pread``, then slice views of it."""
         batches: list[StoredBatch] = []
         remaining = max_records
-        for run in _adjacent_runs(entries):
+        for run in adjacent_runs(entries):
             start = run[0].position
             length = run[-1].position + run[-1].frame_length - start
             buffer = pa.py_buffer(self._pread(run[0].chunk_base, length, start))
@@ -625,7 +443,7 @@ class SegmentLog:
                 segment_id=self._segment_id,
             )
 
-    def _write(self, frames: Sequence[_Encoded]) -> int:
+    def _write(self, frames: Sequence[Encoded]) -> int:
         """Write whole frames (header, payload) and return the position of the first; a
         failed write is undone, so no half frame can sit in front of the next append.
         ``writev``: payloads go to the file without first being copied behind their
@@ -686,7 +504,7 @@ class SegmentLog:
         if self._dirty and self._background_sync and self._durability.policy == "interval":
             self._unsynced_fds.append(os.dup(self._write_fd))
             self._dirty = False
-        elif self._dirty and self._durability.policy != "none":
+        elif self._dirty and self._durability.flushes:
             self._fsync()
         self._release_preallocation()
         chunk = self._create_chunk(self._end_offset)
@@ -700,7 +518,7 @@ class SegmentLog:
         chunk = _Chunk(base_offset, self._chunk_path(base_offset), 0)
         with open(chunk.path, "xb"):
             pass
-        if self._durability.policy != "none":
+        if self._durability.flushes:
             fsync_directory(self._directory)
         self._chunks.append(chunk)
         return chunk
@@ -708,24 +526,21 @@ class SegmentLog:
     def _chunk_path(self, base_offset: int) -> Path:
         return self._directory / f"{base_offset:020d}.log"
 
-    def _index(self, entry: _IndexEntry) -> None:
+    def _indexed(self, entry: IndexEntry) -> None:
         """Make a stored batch visible to reads and to duplicate detection."""
-        self._bases.append(entry.base_offset)
-        self._entries.append(entry)
+        self._index.add(entry)
         self._end_offset = entry.base_offset + entry.count
         self._last_publish_time_ms = entry.publish_time_ms
         if entry.producer_id is not None and entry.sequence is not None:
             window = self._producers.get(entry.producer_id)
             if window is None:
-                window = self._producers[entry.producer_id] = _ProducerWindow()
+                window = self._producers[entry.producer_id] = ProducerWindow()
             window.remember(entry.sequence, entry)
 
     def _drop_first_chunk(self) -> int:
         chunk = self._chunks.pop(0)
         dropped = self._chunks[0].base_offset - chunk.base_offset
-        keep = bisect.bisect_left(self._bases, self._chunks[0].base_offset)
-        del self._bases[:keep]
-        del self._entries[:keep]
+        self._index.forget_below(self._chunks[0].base_offset)
         fd = self._read_fds.pop(chunk.base_offset, None)
         if fd is not None:
             os.close(fd)
@@ -776,12 +591,14 @@ class SegmentLog:
         chunk = _Chunk(base_offset, path, 0)
         self._chunks.append(chunk)
         with open(path, "rb") as file:
-            for frame, payload_length in _scan_frames(file, self._end_offset):
+            for frame, payload_length in scan_frames(file, self._end_offset):
                 length = frame.length(payload_length)
                 if frame.frame_type == FRAME_TERMINATION:
                     self._terminated = True
                 else:
-                    self._index(_entry_for(frame, base_offset, chunk.size, payload_length, length))
+                    self._indexed(
+                        IndexEntry.of(frame, base_offset, chunk.size, payload_length, length)
+                    )
                 chunk.size += length
             file_size = os.fstat(file.fileno()).st_size
         if chunk.size == file_size:
@@ -794,44 +611,7 @@ class SegmentLog:
         os.truncate(path, chunk.size)
 
 
-def _check_append_arguments(
-    batch: pa.RecordBatch, producer_id: str | None, sequence: int | None
-) -> None:
-    if not isinstance(batch, pa.RecordBatch) or not (
-        batch.schema.equals(BATCH_SCHEMA) or batch.schema.equals(VALUES_SCHEMA)
-    ):
-        raise InvalidArgumentError(
-            "append needs a pyarrow.RecordBatch in BATCH_SCHEMA (or VALUES_SCHEMA, as a "
-            "batch without keys and properties is stored)"
-        )
-    if batch.num_rows == 0:
-        raise InvalidArgumentError("append refused: the batch is empty")
-    if producer_id is not None and not (
-        isinstance(producer_id, str) and 0 < len(producer_id.encode()) <= _MAX_PRODUCER_ID
-    ):
-        raise InvalidArgumentError(
-            f"producer_id must be 1-{_MAX_PRODUCER_ID} bytes of UTF-8, got {producer_id!r}"
-        )
-    if sequence is not None and (producer_id is None or sequence < 0):
-        raise InvalidArgumentError(
-            f"sequence {sequence} needs a producer_id and must be >= 0: "
-            "duplicates are detected per producer"
-        )
-
-
-def _checked(append: Append) -> Append | ScalableTopicsError:
-    """The append with its payload (a batch given without one is encoded here), or why
-    it is refused."""
-    try:
-        _check_append_arguments(append.batch, append.producer_id, append.sequence)
-    except ScalableTopicsError as err:
-        return err
-    if append.payload is None:
-        return append._replace(payload=serialize_batch(append.batch))
-    return append
-
-
-def _write_groups(frames: Sequence[_Encoded]) -> Iterator[tuple[list[bytes | memoryview], int]]:
+def _write_groups(frames: Sequence[Encoded]) -> Iterator[tuple[list[bytes | memoryview], int]]:
     """The buffers of ``frames`` in ``writev``-sized groups, with their sizes: at most
     ``_IOV_MAX`` buffers and, unless one frame is larger, ``_WRITE_BYTES``. Measured on
     a 2-core VM (cause in the kernel not pinned down): writes of several MB took ~10 ms
@@ -860,112 +640,7 @@ def _sync_and_close(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _encode_frame(frame: _Frame, payload: bytes | memoryview) -> _Encoded:
-    """(header, payload, frame): the frame as written, in two pieces, and its fields."""
-    if len(payload) > _MAX_PAYLOAD:
-        raise InvalidArgumentError(f"batch too large: {len(payload)} bytes serialized")
-    producer = frame.producer_bytes
-    checked = (
-        _BODY.pack(
-            frame.frame_type,
-            len(payload),
-            frame.base_offset,
-            frame.count,
-            frame.publish_time_ms,
-            -1 if frame.sequence is None else frame.sequence,
-            len(producer),
-        )
-        + producer
-    )
-    return _PREFIX.pack(MAGIC, _checksum(checked, payload)) + checked, payload, frame
-
-
-def _checksum(head: bytes | memoryview, rest: bytes | memoryview) -> int:
-    """A frame's CRC-32C over ``head`` then ``rest``: one function for writing and
-    checking. fastcrc's "iscsi" (carry-less multiply) takes ~1 µs per 100 KB here,
-    the crc32c package's SSE4.2 loop 3.4 µs; both give the same value."""
-    return crc32.iscsi(rest, crc32.iscsi(head))
-
-
-def _scan_frames(file: BinaryIO, expected_offset: int) -> Iterator[tuple[_Frame, int]]:
-    """Yield the valid frames of a chunk (with their payload length) in order,
-    stopping at the first torn, corrupt or out-of-sequence one."""
-    file_size = os.fstat(file.fileno()).st_size
-    while True:
-        decoded = _read_frame(file, file_size, expected_offset)
-        if decoded is None:
-            return
-        expected_offset += decoded[0].count
-        yield decoded
-
-
-def _read_frame(file: BinaryIO, file_size: int, expected_offset: int) -> tuple[_Frame, int] | None:
-    """The next frame if it is complete, checksum-valid and in sequence, else None."""
-    header = file.read(_HEADER_SIZE)
-    if len(header) < _HEADER_SIZE:
-        return None
-    magic, crc = _PREFIX.unpack_from(header)
-    frame_type, payload_length, base, count, publish, sequence, pid_length = _BODY.unpack_from(
-        header, _PREFIX.size
-    )
-    # A torn length field can claim gigabytes: check it against the file before reading.
-    rest_length = pid_length + payload_length
-    if magic != MAGIC or file.tell() + rest_length > file_size:
-        return None
-    rest = file.read(rest_length)
-    if _checksum(header[_PREFIX.size :], rest) != crc:
-        return None
-    if base != expected_offset or not _plausible(frame_type, count):
-        return None
-    frame = _Frame(
-        frame_type=frame_type,
-        base_offset=base,
-        count=count,
-        publish_time_ms=publish,
-        producer_id=rest[:pid_length].decode() if pid_length else None,
-        sequence=None if sequence < 0 else sequence,
-    )
-    return frame, payload_length
-
-
-def _plausible(frame_type: int, count: int) -> bool:
-    return (frame_type == FRAME_BATCH and count > 0) or (
-        frame_type == FRAME_TERMINATION and count == 0
-    )
-
-
-def _entry_for(
-    frame: _Frame, chunk_base: int, position: int, payload_length: int, frame_length: int
-) -> _IndexEntry:
-    return _IndexEntry(
-        frame.base_offset,
-        frame.count,
-        chunk_base,
-        position,
-        frame_length,
-        payload_length,
-        frame.publish_time_ms,
-        frame.producer_id,
-        frame.sequence,
-    )
-
-
-def _adjacent_runs(entries: list[_IndexEntry]) -> Iterator[list[_IndexEntry]]:
-    """Group entries whose frames are back to back in one chunk."""
-    run: list[_IndexEntry] = []
-    for entry in entries:
-        if run and (
-            entry.chunk_base != run[-1].chunk_base
-            or entry.position != run[-1].position + run[-1].frame_length
-        ):
-            yield run
-            run = []
-        run.append(entry)
-    if run:
-        yield run
-
-
-def _stored(entry: _IndexEntry, records: pa.RecordBatch, base_offset: int) -> StoredBatch:
+def _stored(entry: IndexEntry, records: pa.RecordBatch, base_offset: int) -> StoredBatch:
     return StoredBatch(
         base_offset=base_offset,
         publish_time_ms=entry.publish_time_ms,

@@ -28,9 +28,11 @@ from runtime.errors import (
 from runtime.layout import HashRange, SegmentInfo
 from runtime.names import SegmentName
 from runtime.recovery import StoredSegmentState
+from storage.appends import Append, AppendResult, StoredBatch
 from storage.cursors import CursorStore, Position, stored_subscriptions
+from storage.durability import Durability
 from storage.files import atomic_write
-from storage.segment_log import Append, AppendResult, Durability, SegmentLog, StoredBatch
+from storage.segment_log import SegmentLog
 from storage.topic_storage import (
     SegmentIdentity,
     StoredIncarnation,

@@ -25,7 +25,7 @@ from clients import Producer, StreamConsumer
 from runtime.capacity import SegmentFootprint
 from runtime.errors import InsufficientCapacityError
 from runtime.names import TopicName
-from storage.segment_log import default_storage_root
+from storage.durability import default_storage_root
 
 SEGMENT = SegmentFootprint.from_env()
 

@@ -27,7 +27,7 @@ from runtime.errors import (
     UnauthorizedError,
 )
 from runtime.names import SegmentName
-from storage.segment_log import Durability
+from storage.durability import Durability
 
 
 def test_wire_round_trip_and_errors():

@@ -23,7 +23,7 @@ from actors.segment import segment_actor
 from runtime.batch import make_batch
 from runtime.errors import SegmentTerminated, StaleEpochError
 from runtime.names import SegmentName, TopicName
-from storage.segment_log import Durability
+from storage.durability import Durability
 
 SEGMENT_ID = 3
 

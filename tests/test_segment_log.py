@@ -24,15 +24,10 @@ from runtime.batch import (
     serialize_batch,
 )
 from runtime.errors import InvalidArgumentError, SegmentTerminated, UnavailableError
-from storage.segment_log import (
-    PRODUCER_WINDOW,
-    Append,
-    AppendResult,
-    Durability,
-    SegmentLog,
-    StoredBatch,
-    default_storage_root,
-)
+from storage import frames
+from storage.appends import PRODUCER_WINDOW, Append, AppendResult, StoredBatch
+from storage.durability import Durability, default_storage_root
+from storage.segment_log import SegmentLog
 
 FAST = Durability("none")
 FIRST_CHUNK = "00000000000000000000.log"
@@ -222,11 +217,11 @@ def test_frames_carry_the_documented_crc32c(tmp_path: Path) -> None:
     log.append(make_batch(values_for(0, 3)), producer_id="p-1", sequence=0)
     log.close()
     data = (tmp_path / FIRST_CHUNK).read_bytes()
-    prefix, body = segment_log_module._PREFIX, segment_log_module._BODY
+    prefix, body = frames.PREFIX, frames.BODY
     magic, crc = prefix.unpack_from(data)
     _, payload_length, *_, producer_length = body.unpack_from(data, prefix.size)
     end = prefix.size + body.size + producer_length + payload_length
-    assert magic == segment_log_module.MAGIC
+    assert magic == frames.MAGIC
     assert crc == crc32c_reference(data[prefix.size : end])
 
 
@@ -659,7 +654,7 @@ def test_retain_drops_whole_batches_by_time_and_size_and_survives_a_restart(
         log.append(make_batch(values_for(start, 10)))
     full = log.size_bytes
     assert log.retain(oldest_publish_ms=5_500, max_bytes=None) == 50  # batches at 1s..5s go
-    assert log._bases[0] == 50, "the index still holds batches retention dropped"
+    assert log._index.bases[0] == 50, "the index still holds batches retention dropped"
     with pytest.raises(InvalidArgumentError, match="below the start offset"):
         log.read(49, 1)
     assert read_values(log, 50, 20) == values_for(50, 20)
@@ -674,7 +669,7 @@ def test_retain_drops_whole_batches_by_time_and_size_and_survives_a_restart(
     assert (reopened.start_offset, reopened.end_offset) == (start, 300)
     assert reopened.retain(10**9, None, keep_from=start + 15) == start + 10  # a reader needs it
     assert reopened.retain(10**9, None) == 300  # everything expired: the log is empty, not gone
-    assert reopened._bases == []
+    assert reopened._index.bases == []
     reopened.append(make_batch(values_for(300, 5)))
     assert read_values(reopened, 300, 10) == values_for(300, 5)
     reopened.close()

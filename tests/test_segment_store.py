@@ -17,7 +17,7 @@ from runtime.errors import (
     SubscriptionNotFoundError,
 )
 from runtime.names import SegmentName, TopicName
-from storage.segment_log import Durability
+from storage.durability import Durability
 from storage.segment_store import SegmentStore
 from storage.topic_storage import segment_directory
 

@@ -28,7 +28,7 @@ from runtime.batch import make_batch
 from runtime.errors import UnauthenticatedError, UnauthorizedError, UnavailableSegmentsError
 from runtime.hashing import key_hash
 from runtime.names import TopicName
-from storage.segment_log import default_storage_root
+from storage.durability import default_storage_root
 from storage.topic_storage import segment_directory
 
 

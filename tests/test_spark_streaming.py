@@ -85,7 +85,17 @@ def check_key_order(rows: list[tuple[int, str, str, int, int]], from_start: bool
         last[key] = sequence
 
 
-def start(spark, topic: str, sink: Batches, checkpoint: Path, **options: str) -> Any:
+EVERY_HALF_SECOND = {"processingTime": "500 milliseconds"}
+
+
+def start(
+    spark,
+    topic: str,
+    sink: Batches,
+    checkpoint: Path,
+    trigger: dict[str, Any] = EVERY_HALF_SECOND,
+    **options: str,
+) -> Any:
     reader = spark.readStream.format("raytopics").option("topic", topic)
     for name, value in options.items():
         reader = reader.option(name, value)
@@ -93,9 +103,16 @@ def start(spark, topic: str, sink: Batches, checkpoint: Path, **options: str) ->
         reader.load()
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="500 milliseconds")
+        .trigger(**trigger)
         .start()
     )
+
+
+def run_to_end(spark, topic: str, sink: Batches, checkpoint: Path, **options: Any) -> None:
+    """A query under a trigger that stops by itself (Once, AvailableNow): it must."""
+    query = start(spark, topic, sink, checkpoint, **options)
+    assert query.awaitTermination(120), "the query did not stop by itself"
+    assert query.exception() is None
 
 
 def test_a_streaming_read_through_two_splits_and_a_merge_gets_everything_once_in_key_order(
@@ -171,29 +188,17 @@ def test_a_query_from_a_publish_time_runs_once_then_available_now_and_stops_by_i
     time.sleep(0.05)
     sent.produce(150)
 
-    def run(sink: Batches, trigger: dict[str, bool], **options: str) -> None:
-        reader = spark.readStream.format("raytopics").option("topic", topic)
-        for name, value in options.items():
-            reader = reader.option(name, value)
-        query = (
-            reader.load()
-            .writeStream.foreachBatch(sink)
-            .option("checkpointLocation", str(tmp_path / "cp"))
-            .trigger(**trigger)
-            .start()
-        )
-        assert query.awaitTermination(120), "the query did not stop by itself"
-        assert query.exception() is None
-
     once = Batches()  # everything published from `after` on, in one batch
-    run(once, {"once": True}, startingTimestamp=str(after))
+    run_to_end(spark, topic, once, tmp_path / "cp", {"once": True}, startingTimestamp=str(after))
     assert sorted(once.values()) == sorted(sent.values[100:])
     assert {batch for batch, *_ in once.rows} == {0}
 
     admin.split_segment(topic, 1)
     sent.produce(100)
     now = Batches()  # what came since, in batches of at most 40, then the query ends
-    run(now, {"availableNow": True}, maxMessagesPerTrigger="40")
+    run_to_end(
+        spark, topic, now, tmp_path / "cp", {"availableNow": True}, maxMessagesPerTrigger="40"
+    )
     assert sorted(now.values()) == sorted(sent.values[250:])
     sizes = Counter(batch for batch, *_ in now.rows)
     assert len(sizes) >= 3 and max(sizes.values()) <= 40, sizes
@@ -277,24 +282,17 @@ def test_a_query_reads_segments_that_speak_only_tls_when_it_trusts_their_ca(
         sent = Sent(topic)
         sent.produce(500)
 
-    def run(sink: Batches, ca: str, checkpoint: str) -> Any:
-        return (
-            spark.readStream.format("raytopics")
-            .option("topic", topic)
-            .option("startingOffsets", "earliest")
-            .option("caFile", ca)
-            .load()
-            .writeStream.foreachBatch(sink)
-            .option("checkpointLocation", str(tmp_path / checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-
     trusted, rogue = Batches(), Batches()
-    query = run(trusted, pki["ca"], "trusted")
-    assert query.awaitTermination(120) and query.exception() is None
+    available_now = {"availableNow": True}
+    run_to_end(
+        spark, topic, trusted, tmp_path / "trusted", available_now,
+        startingOffsets="earliest", caFile=pki["ca"],
+    )  # fmt: skip
     assert sorted(trusted.values()) == sorted(sent.values)
-    refused = run(rogue, pki["rogue_ca"], "rogue")
+    refused = start(
+        spark, topic, rogue, tmp_path / "rogue", available_now,
+        startingOffsets="earliest", caFile=pki["rogue_ca"],
+    )  # fmt: skip
     with pytest.raises(Exception, match=r"tls_error.*not trusted"):
         refused.awaitTermination(120)
     assert rogue.values() == []

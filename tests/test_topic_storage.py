@@ -17,7 +17,7 @@ from runtime.errors import (
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 from runtime.recovery import plan_recovery
-from storage.segment_log import Durability
+from storage.durability import Durability
 from storage.segment_store import SealedBy, SegmentStore, stored_states
 from storage.topic_storage import (
     TopicIdentity,

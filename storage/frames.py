@@ -1,0 +1,144 @@
+"""The on-disk frame of a segment log: one self-checking record of one append.
+
+Each append is one frame (header + Arrow IPC payload) written with a single
+``write`` call, which makes a crash leave at most one torn frame, at the tail of
+the last chunk; recovery (``scan_frames``) stops at the first frame that is torn,
+corrupt or out of sequence.
+
+Frame layout (little endian)::
+
+    magic      4s   b"RTSL"
+    crc32c     u32  CRC-32C (Castagnoli, as Kafka's record batches) of every byte after
+                    this field (header + payload); hardware-accelerated, so checking a
+                    100 KB batch costs microseconds, not the ~80 us of zlib's CRC-32
+    type       u8   BATCH or TERMINATION
+    payload    u32  payload length in bytes
+    base       i64  offset of the first record
+    count      u32  number of records
+    publish    i64  publish time, ms since the epoch
+    sequence   i64  producer sequence, -1 if none
+    pid_len    u16  length of the producer id
+    producer   pid_len bytes of UTF-8, empty if none
+    payload    Arrow IPC stream of one record batch
+
+The CRC sits right after the magic so that it also covers the frame type and the
+lengths: a flipped bit anywhere in a frame is detected.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from typing import BinaryIO, NamedTuple
+
+from fastcrc import crc32
+
+from runtime.errors import InvalidArgumentError
+
+MAGIC = b"RTSL"
+FRAME_BATCH = 1
+FRAME_TERMINATION = 2
+
+PREFIX = struct.Struct("<4sI")
+BODY = struct.Struct("<BIqIqqH")
+HEADER_SIZE = PREFIX.size + BODY.size
+MAX_PAYLOAD = (1 << 32) - 1
+MAX_PRODUCER_ID = (1 << 16) - 1
+
+
+class Frame(NamedTuple):
+    """The header fields of one frame, as written or as recovered. A named tuple: every
+    append makes one, and a frozen dataclass costs several times as much to build."""
+
+    frame_type: int
+    base_offset: int
+    count: int
+    publish_time_ms: int
+    producer_id: str | None
+    sequence: int | None
+
+    @property
+    def producer_bytes(self) -> bytes:
+        return self.producer_id.encode() if self.producer_id is not None else b""
+
+    def length(self, payload_length: int) -> int:
+        return HEADER_SIZE + len(self.producer_bytes) + payload_length
+
+
+# A frame ready to write: its header, its payload, and the fields it was encoded from.
+Encoded = tuple[bytes, bytes | memoryview, Frame]
+
+
+def encode_frame(frame: Frame, payload: bytes | memoryview) -> Encoded:
+    """(header, payload, frame): the frame as written, in two pieces, and its fields."""
+    if len(payload) > MAX_PAYLOAD:
+        raise InvalidArgumentError(f"batch too large: {len(payload)} bytes serialized")
+    producer = frame.producer_bytes
+    checked = (
+        BODY.pack(
+            frame.frame_type,
+            len(payload),
+            frame.base_offset,
+            frame.count,
+            frame.publish_time_ms,
+            -1 if frame.sequence is None else frame.sequence,
+            len(producer),
+        )
+        + producer
+    )
+    return PREFIX.pack(MAGIC, checksum(checked, payload)) + checked, payload, frame
+
+
+def checksum(head: bytes | memoryview, rest: bytes | memoryview) -> int:
+    """A frame's CRC-32C over ``head`` then ``rest``: one function for writing and
+    checking. fastcrc's "iscsi" (carry-less multiply) takes ~1 µs per 100 KB here,
+    the crc32c package's SSE4.2 loop 3.4 µs; both give the same value."""
+    return crc32.iscsi(rest, crc32.iscsi(head))
+
+
+def scan_frames(file: BinaryIO, expected_offset: int) -> Iterator[tuple[Frame, int]]:
+    """Yield the valid frames of a chunk (with their payload length) in order,
+    stopping at the first torn, corrupt or out-of-sequence one."""
+    file_size = os.fstat(file.fileno()).st_size
+    while True:
+        decoded = _read_frame(file, file_size, expected_offset)
+        if decoded is None:
+            return
+        expected_offset += decoded[0].count
+        yield decoded
+
+
+def _read_frame(file: BinaryIO, file_size: int, expected_offset: int) -> tuple[Frame, int] | None:
+    """The next frame if it is complete, checksum-valid and in sequence, else None."""
+    header = file.read(HEADER_SIZE)
+    if len(header) < HEADER_SIZE:
+        return None
+    magic, crc = PREFIX.unpack_from(header)
+    frame_type, payload_length, base, count, publish, sequence, pid_length = BODY.unpack_from(
+        header, PREFIX.size
+    )
+    # A torn length field can claim gigabytes: check it against the file before reading.
+    rest_length = pid_length + payload_length
+    if magic != MAGIC or file.tell() + rest_length > file_size:
+        return None
+    rest = file.read(rest_length)
+    if checksum(header[PREFIX.size :], rest) != crc:
+        return None
+    if base != expected_offset or not _plausible(frame_type, count):
+        return None
+    frame = Frame(
+        frame_type=frame_type,
+        base_offset=base,
+        count=count,
+        publish_time_ms=publish,
+        producer_id=rest[:pid_length].decode() if pid_length else None,
+        sequence=None if sequence < 0 else sequence,
+    )
+    return frame, payload_length
+
+
+def _plausible(frame_type: int, count: int) -> bool:
+    return (frame_type == FRAME_BATCH and count > 0) or (
+        frame_type == FRAME_TERMINATION and count == 0
+    )

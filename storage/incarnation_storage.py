@@ -1,0 +1,78 @@
+"""The storage of one topic incarnation, as its owners lay it out, open it and remove
+it: the seam between the segments and where their bytes live.
+
+Everything that creates, opens or deletes a segment's storage goes through this
+class: the controller's fleet lays out new segments before metadata names them
+and removes ended ones, and a segment actor opens its own. Callers name segments,
+never directories, so a second place for segment data (an object-store tier)
+changes this module, not theirs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.layout import SegmentInfo
+from runtime.names import SegmentName, TopicName
+from storage.durability import Durability
+from storage.segment_store import SegmentStore
+from storage.topic_storage import delete_storage, incarnation_directory, segment_directory
+
+
+class IncarnationStorage:
+    """Segments' storage of ``topic``'s incarnation ``incarnation`` under ``root``."""
+
+    def __init__(
+        self, root: Path, topic: TopicName, incarnation: str, durability: Durability
+    ) -> None:
+        self.root, self.topic, self.incarnation = Path(root), topic, incarnation
+        self.durability = durability
+
+    def lay_out(
+        self,
+        name: SegmentName,
+        info: SegmentInfo,
+        subscriptions: list[str],
+        epoch: int,
+        *,
+        in_layout: bool = True,
+    ) -> None:
+        """A new segment's storage, identity and fence first, every cursor at Earliest."""
+        store = self.open(name, create=True, info=info, in_layout=in_layout)
+        try:
+            store.check_epoch(epoch)
+            for subscription in subscriptions:
+                store.create_subscription(subscription, "earliest", epoch)
+        finally:
+            store.close()
+
+    def open(
+        self,
+        name: SegmentName,
+        *,
+        create: bool = False,
+        info: SegmentInfo | None = None,
+        in_layout: bool = True,
+        ack_timeout_s: float = 30.0,
+        background_sync: bool = False,
+    ) -> SegmentStore:
+        """The segment's storage; only ``create`` may make it (``SegmentStore``)."""
+        return SegmentStore(
+            name,
+            self.root,
+            self.durability,
+            incarnation=self.incarnation,
+            create=create,
+            info=info,
+            in_layout=in_layout,
+            ack_timeout_s=ack_timeout_s,
+            background_sync=background_sync,
+        )
+
+    def delete_segment(self, name: SegmentName) -> None:
+        """Remove a segment's storage, whether or not an actor still has it open."""
+        delete_storage(segment_directory(self.root, name, self.incarnation))
+
+    def delete(self) -> None:
+        """Remove what is left of the incarnation (its ``topic.json``, empty parents)."""
+        delete_storage(incarnation_directory(self.root, self.topic, self.incarnation))

@@ -1,0 +1,209 @@
+"""Sealed segment logs in an object store (``storage.tier``), without Ray: against a
+``file://`` directory and a real S3 API server on loopback (moto in server mode),
+through ``pyarrow.fs``. What is read back from the tier is exactly what the log
+serves; nothing is committed unless the upload matches the log; a crash before the
+commit leaves nothing a reader would take for a segment; unusable tiers are refused
+with the store's reason.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyarrow import fs as pafs
+
+from runtime.batch import make_batch
+from runtime.errors import InvalidArgumentError, UnavailableError
+from storage.durability import Durability
+from storage.segment_log import SegmentLog
+from storage.segment_store import to_delivery
+from storage.tier import (
+    MANIFEST_FILE,
+    ROW_GROUP_RECORDS,
+    TieredSegment,
+    check_reachable,
+    delete_tiered,
+    offload,
+    open_tier,
+    read_manifest,
+)
+
+FAST = Durability("none")
+MOTO = Path(sys.executable).with_name("moto_server")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server on loopback, with one bucket."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "moto did not start"
+                time.sleep(0.1)
+        endpoint = f"127.0.0.1:{port}"
+        filesystem, _ = open_tier(_s3_uri(endpoint, "tier") + "&allow_bucket_creation=true")
+        filesystem.create_dir("tier")
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _s3_uri(endpoint: str, path: str) -> str:
+    return f"s3://testing:testing@{path}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+
+
+@pytest.fixture(params=["file", "s3"])
+def tier(request, tmp_path: Path) -> tuple[pafs.FileSystem, str]:
+    if request.param == "file":
+        return open_tier(f"file://{tmp_path / 'tier'}")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    return open_tier(_s3_uri(endpoint, f"tier/{tmp_path.name}"))
+
+
+def sealed_log(directory: Path, batches: int = 40, per_batch: int = 4_000) -> SegmentLog:
+    """A terminated log of keyed records with properties from two producers, some
+    batches unsequenced, the oldest dropped by retention, over several row groups."""
+    log = SegmentLog(directory, durability=FAST, max_chunk_bytes=1 << 20)
+    offset = 0
+    for number in range(batches):
+        values = [f"value-{offset + i}".encode() * 3 for i in range(per_batch)]
+        keys = [f"k{(offset + i) % 97}" for i in range(per_batch)]
+        properties = [{"n": str(offset + i)} if i % 5 == 0 else None for i in range(per_batch)]
+        producer = None if number % 3 == 0 else f"p{number % 2}"
+        sequence = None if producer is None else number
+        log.append(make_batch(values, keys, properties), producer, sequence)
+        offset += per_batch
+        time.sleep(0.002)  # distinct publish times
+    log.retain(None, None, None)
+    log.truncate_head(8_000)
+    log.terminate()
+    return log
+
+
+def test_a_tiered_segment_reads_exactly_as_its_log(tmp_path: Path, tier) -> None:
+    filesystem, base = tier
+    log = sealed_log(tmp_path / "log")
+    directory = f"{base}/t/ns/x/inc/0"
+    manifest = offload(log, filesystem, directory)
+    assert (manifest.start_offset, manifest.end_offset) == (log.start_offset, log.end_offset)
+    assert manifest.records == log.end_offset - log.start_offset
+    assert len(manifest.row_groups) > 1 and manifest.row_groups[0][1] == ROW_GROUP_RECORDS
+
+    tiered = TieredSegment(filesystem, directory)
+    for offset, count in [
+        (log.start_offset, 10),
+        (log.start_offset, 100_000),
+        (ROW_GROUP_RECORDS - 3, 7),  # across a row group's end
+        (log.end_offset - 5, 50),
+        (50_001, 1),
+    ]:
+        want, got = log.read(offset, count), tiered.read(offset, count)
+        assert to_delivery(got).equals(to_delivery(want)), (offset, count)
+        assert [(b.producer_id, b.sequence) for b in got] == [
+            (b.producer_id, b.sequence) for b in want
+        ]
+    assert tiered.read(log.end_offset, 10) == []
+    with pytest.raises(InvalidArgumentError, match="below the start offset"):
+        tiered.read(log.start_offset - 1, 1)
+    for entry in log.read(log.start_offset, 10**6)[::7]:
+        for time_ms in (
+            entry.publish_time_ms - 1,
+            entry.publish_time_ms,
+            entry.publish_time_ms + 1,
+        ):
+            assert tiered.offset_at_time(time_ms) == log.offset_at_time(time_ms), time_ms
+    assert tiered.offset_at_time(0) == log.start_offset
+    assert tiered.offset_at_time(2**62) == log.end_offset
+
+    # Spark and any engine read the records file as it is
+    with filesystem.open_input_file(f"{directory}/records.parquet") as file:
+        assert pq.read_table(file, columns=["offset"]).num_rows == manifest.records
+    delete_tiered(filesystem, directory)
+    assert read_manifest(filesystem, directory) is None
+    log.close()
+
+
+def test_only_a_sealed_intact_log_is_committed(tmp_path: Path, tier) -> None:
+    filesystem, base = tier
+    open_log = SegmentLog(tmp_path / "open", durability=FAST)
+    open_log.append(make_batch([b"x"]))
+    with pytest.raises(InvalidArgumentError, match="not sealed"):
+        offload(open_log, filesystem, f"{base}/open")
+    open_log.close()
+
+    log = sealed_log(tmp_path / "damaged", batches=6, per_batch=1_000)
+    chunk = sorted((tmp_path / "damaged").glob("*.log"))[0]
+    with open(chunk, "r+b") as file:  # a flipped byte inside the first frame's payload
+        file.seek(200)
+        byte = file.read(1)
+        file.seek(200)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(UnavailableError, match="fails its checksums"):
+        offload(log, filesystem, f"{base}/damaged")
+    assert read_manifest(filesystem, f"{base}/damaged") is None
+    log.close()
+
+
+def test_a_crash_before_the_commit_leaves_no_segment_and_offloading_again_commits(
+    tmp_path: Path, tier
+) -> None:
+    filesystem, base = tier
+    log = sealed_log(tmp_path / "log", batches=5, per_batch=1_000)
+    directory = f"{base}/crashed"
+    offload(log, filesystem, directory)
+    filesystem.delete_file(f"{directory}/{MANIFEST_FILE}")  # as if the crash came just before
+    assert read_manifest(filesystem, directory) is None
+    with pytest.raises(UnavailableError, match="manifest is missing"):
+        TieredSegment(filesystem, directory)
+    offload(log, filesystem, directory)  # the next owner finishes the move
+    tiered = TieredSegment(filesystem, directory)
+    want = log.read(log.start_offset, 10**6)
+    assert to_delivery(tiered.read(log.start_offset, 10**6)).equals(to_delivery(want))
+    log.close()
+
+
+def test_unusable_tiers_are_refused_with_the_reason(tmp_path: Path, s3_endpoint: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="cannot be used") as refused:
+        open_tier(_s3_uri(s3_endpoint, "tier/x") + "&secret_key=hush&no_such_option=1")
+    assert "testing" not in str(refused.value) and "hush" not in str(refused.value)
+    assert "no_such_option" in str(refused.value)
+    with pytest.raises(InvalidArgumentError, match="cannot be used"):
+        open_tier("nosuch://bucket/prefix")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    filesystem, base = open_tier(f"file://{blocker}/tier")
+    with pytest.raises(UnavailableError, match="not usable"):
+        check_reachable(filesystem, base)
+    closed = _free_port()
+    filesystem, base = open_tier(_s3_uri(f"127.0.0.1:{closed}", "tier/x"))
+    with pytest.raises(UnavailableError, match="not usable"):
+        check_reachable(filesystem, base)
+    filesystem, base = open_tier(_s3_uri(s3_endpoint, "no-such-bucket/x"))
+    with pytest.raises(UnavailableError, match="not usable"):
+        check_reachable(filesystem, base)
+    filesystem, base = open_tier(_s3_uri(s3_endpoint, "tier/usable"))
+    check_reachable(filesystem, base)
