@@ -135,7 +135,7 @@ class AdminService(StreamOperations):
 
     async def get_policy(self, topic: str, *, credential: str | None = None) -> dict[str, Any]:
         name = self._allowed(credential, Permission.LOOKUP, topic)
-        return (self._record(name).policy or TopicPolicy()).to_dict()
+        return (self._record(name).policy or TopicPolicy()).shown()
 
     async def get_namespace_limits(
         self, namespace: str, *, credential: str | None = None

@@ -70,6 +70,7 @@ from runtime.operations import (
 from runtime.policy import TopicPolicy
 from runtime.recovery import plan_recovery
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from runtime.tiering import TIER_URIS_ENV, check_allowed
 from storage.catalog import (
     Catalog,
     SubscriptionMetadata,
@@ -79,6 +80,7 @@ from storage.catalog import (
 )
 from storage.durability import Durability, default_storage_root
 from storage.segment_store import SealedBy, stored_states
+from storage.tier import check_tier
 from storage.topic_storage import (
     SubscriptionSettings,
     TopicIdentity,
@@ -302,12 +304,15 @@ class ScalableTopicController:
         """Replace the topic's policy (validated first, so nothing is half-applied)."""
         self._check(credential)
         parsed = TopicPolicy.parse(policy)
+        if parsed.tiering is not None:  # a tier not allowed or not usable: refused now
+            check_allowed(parsed.tiering.uri, os.environ.get(TIER_URIS_ENV))
+            await asyncio.to_thread(check_tier, parsed.tiering.uri)
         async with self._lock:
             await self._recover()
             self._write_identity(
                 self._update_record(lambda r: r.model_copy(update={"policy": parsed}))
             )
-        return parsed.to_dict()
+        return parsed.shown()
 
     async def _change_layout(
         self, request_id: str | None, plan: Callable[[SegmentLayout, str], PendingOperation]

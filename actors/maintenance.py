@@ -1,4 +1,4 @@
-"""The controller's background loop: metrics, automatic scaling and retention.
+"""The controller's background loop: metrics, automatic scaling, retention, tiering.
 
 Each round reads the topic record and every segment's stats once, then
 publishes gauges, asks ``runtime.autoscale`` whether to split or merge, and
@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import ray
 from ray.exceptions import RayActorError
 
 from actors.guard import guard
+from actors.tiering import TierMover
 from runtime.autoscale import Decision, LoadTracker, decide
 from runtime.config import env_float
 from runtime.errors import (
@@ -46,6 +49,7 @@ class TopicMaintenance:
         self._active_ids: frozenset[int] = frozenset()
         self._last_change: float | None = None
         self.held_back: dict[str, Any] | None = None
+        self._tier = TierMover(controller.topic, controller.metrics)
 
     def start(self) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(self._run_forever())
@@ -74,7 +78,14 @@ class TopicMaintenance:
             await self._retain(record.layout, stats, policy.retention)
         if policy.autoscale is not None:
             await self._autoscale(record.layout, stats, policy.autoscale)
+        if policy.tiering is not None:
+            self._tier.round(record.layout, stats, policy.tiering, self._handle_of(record.layout))
         return policy
+
+    def _handle_of(self, layout: SegmentLayout) -> Callable[[int], ray.actor.ActorHandle | None]:
+        """A segment's running actor for the mover; None when it runs nowhere now."""
+        fleet, topic = self._ctl.fleet, self._ctl.topic
+        return lambda segment_id: fleet.watched(layout.get(segment_id).name(topic))
 
     async def _observe(self) -> tuple[TopicRecord, dict[int, dict[str, Any]]] | None:
         """The record and the stats of every segment that answers; None without a topic
@@ -130,6 +141,8 @@ class TopicMaintenance:
                 backlog[name] = backlog.get(name, 0) + cursor["backlog"]
         for name, total in backlog.items():
             metrics.subscription(name, total, len(catalog.consumers(topic, name)))
+        tiered = sum(1 for st in stats.values() if st.get("tiered"))
+        metrics.storage(len(stats) - tiered, tiered)
 
     async def _retain(
         self, layout: SegmentLayout, stats: dict[int, dict[str, Any]], retention: RetentionPolicy
@@ -199,6 +212,6 @@ def _interval(policy: TopicPolicy) -> float:
     without a policy only refreshes its gauges, at a relaxed pace."""
     if policy.autoscale is not None:
         return min(1.0, policy.autoscale.window_s / 4)
-    if policy.retention is not None:
+    if policy.retention is not None or policy.tiering is not None:
         return 1.0
     return env_float(INTERVAL_ENV, DEFAULT_INTERVAL_S)

@@ -42,6 +42,8 @@ class _Metrics:
     leader_epoch: Gauge
     rejected: Counter
     held_back: Counter
+    tier_failures: Counter
+    tiered: Gauge
 
 
 @functools.cache
@@ -91,6 +93,16 @@ def _metrics() -> _Metrics:
             "autoscale_held_back_total",
             "Splits or merges the autoscale policy wanted but could not start",
             ("topic", "kind", "code"),
+        ),
+        tier_failures=counter(
+            "tier_offload_failures_total",
+            "Moves of a sealed segment to the tier that failed (retried later)",
+            ("topic", "code"),
+        ),
+        tiered=gauge(
+            "segments_by_storage",
+            "Segments by where their records are: local disk or the tier",
+            ("topic", "storage"),
         ),
     )
 
@@ -172,6 +184,14 @@ class ControllerMetrics:
 
     def held_back(self, kind: str, code: str) -> None:
         _metrics().held_back.inc(1, {"topic": self._topic, "kind": kind, "code": code})
+
+    def storage(self, local: int, tiered: int) -> None:
+        gauge = _metrics().tiered
+        gauge.set(local, {"topic": self._topic, "storage": "local"})
+        gauge.set(tiered, {"topic": self._topic, "storage": "tier"})
+
+    def tier_failed(self, code: str) -> None:
+        _metrics().tier_failures.inc(1, {"topic": self._topic, "code": code})
 
 
 def record_rejected(topic: str, component: str, code: str) -> None:

@@ -50,6 +50,7 @@ from storage.cursors import Position
 from storage.durability import Durability, default_storage_root
 from storage.incarnation_storage import IncarnationStorage
 from storage.segment_store import SealedBy
+from storage.tier import open_tier, tier_directory
 from storage.topic_storage import new_incarnation
 
 MAX_READ_RECORDS = 100_000
@@ -96,6 +97,8 @@ class SegmentActor:
         self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
         self._metrics = SegmentMetrics(self._name)
+        self._offloading = asyncio.Lock()
+        self._tier_error: dict[str, Any] | None = None  # the last failed move to the tier
         # The authority on sizes, following the operator's changes within seconds.
         limits = LiveLimits(Catalog(), self._namespace)
         self._appender = SegmentAppender(
@@ -302,7 +305,28 @@ class SegmentActor:
     async def stats(self, *, credential: str | None = None) -> dict[str, Any]:
         self._check(credential, Permission.ADMIN)
         self._metrics.flush()  # asked every maintenance round: quiet segments report too
-        return self._store.stats()
+        stats = self._store.stats()
+        if self._tier_error is not None:
+            stats["tierError"] = self._tier_error
+        return stats
+
+    async def offload(self, uri: str, *, credential: str | None = None) -> None:
+        """Move this sealed segment's records to the tier at ``uri`` and serve them from
+        there: copied and checked in a worker thread while the local log serves, then
+        switched to at once on the actor's loop (``SegmentStore.use_tier``)."""
+        self._check(credential, Permission.ADMIN)
+        async with self._offloading:
+            if self._store.tiered:
+                return
+            _, base = open_tier(uri)
+            directory = tier_directory(base, self._name, self._store.incarnation)
+            try:
+                tiered = await asyncio.to_thread(self._store.copy_to_tier, uri, directory)
+            except ScalableTopicsError as err:
+                self._tier_error = {**err.to_dict(), "atMs": time.time_ns() // 1_000_000}
+                raise
+            self._store.use_tier(uri, directory, tiered)
+            self._tier_error = None
 
     # --- internals ---------------------------------------------------------------
 

@@ -118,6 +118,8 @@ def _aggregate(
             "state": info.state.value,
             "hashRange": {"start": info.hash_range.start, "end": info.hash_range.end},
             **{k: st[k] for k in ("records", "sizeBytes", "endOffset", "terminated")},
+            "tiered": st.get("tiered", False),
+            **({"tierError": st["tierError"]} if "tierError" in st else {}),
             "subscriptions": st["subscriptions"],
         }
         for sub, cursor in st["subscriptions"].items():
@@ -131,6 +133,7 @@ def _aggregate(
         "sealedSegments": len(layout.all_segments) - len(layout.active_segments),
         "records": sum(s["records"] for s in stats),
         "sizeBytes": sum(s["sizeBytes"] for s in stats),
+        "tieredBytes": sum(s["sizeBytes"] for s in stats if s.get("tiered")),
         "segments": per_segment,
         "subscriptions": {
             sub: {**subscriptions.get(sub, {"state": "UNKNOWN", "consumers": 0}), "backlog": total}

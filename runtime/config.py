@@ -17,6 +17,7 @@ from runtime.capacity import MEMORY_ENV
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV
 from runtime.rest import REST_TIMEOUT_ENV
+from runtime.tiering import TIER_URIS_ENV
 from runtime.tls import TLS_ENV_VARS
 
 DEFAULT_NAMESPACE = "scalable-topics"
@@ -36,6 +37,7 @@ ACTOR_SETTINGS = (
     GC_FREEZE_ENV,
     MEMORY_ENV,
     REST_TIMEOUT_ENV,
+    TIER_URIS_ENV,
     *LIMIT_ENV_VARS,
     *TLS_ENV_VARS,
 )

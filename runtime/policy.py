@@ -1,4 +1,4 @@
-"""A topic's operating policy: automatic scaling and retention.
+"""A topic's operating policy: automatic scaling, retention and tiering.
 
 Stored inside the topic record (``policy``), so it changes through the same
 fenced compare-and-swap as the layout and a restarted controller finds it
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from runtime.errors import InconsistentRequestError, InvalidArgumentError
 from runtime.json_int import JsonInt, json_int
 from runtime.layout import MAX_SEGMENTS
+from runtime.uris import redacted
 
 
 class _Model(BaseModel):
@@ -87,9 +88,25 @@ class RetentionPolicy(_Model):
     )  # fmt: skip
 
 
+class TieringPolicy(_Model):
+    """Sealed segments move to an object store once sealed for ``after_s`` seconds, and are
+    served from there (``storage.tier``). Credentials belong in the cluster's environment
+    (``AWS_ACCESS_KEY_ID``…); any put in the URI are hidden wherever it is shown."""
+
+    uri: str = Field(
+        min_length=1, max_length=2048,
+        description="a pyarrow.fs URI: file:///path or s3://bucket/prefix?endpoint_override=…",
+    )  # fmt: skip
+    after_s: float = Field(
+        default=60.0, alias="afterS", ge=0, le=10 * 365 * 86400,
+        description="seconds a segment stays sealed on local disk before it moves",
+    )  # fmt: skip
+
+
 class TopicPolicy(_Model):
     autoscale: AutoscalePolicy | None = None
     retention: RetentionPolicy | None = None
+    tiering: TieringPolicy | None = None
 
     @classmethod
     def parse(cls, data: Any) -> TopicPolicy:
@@ -110,3 +127,10 @@ class TopicPolicy(_Model):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, mode="json")
+
+    def shown(self) -> dict[str, Any]:
+        """``to_dict`` as answered to callers: a tier URI's credentials hidden."""
+        shown = self.to_dict()
+        if self.tiering is not None:
+            shown["tiering"]["uri"] = redacted(self.tiering.uri)
+        return shown

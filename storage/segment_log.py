@@ -95,6 +95,7 @@ class SegmentLog:
         self._start_offset = 0
         self._end_offset = 0
         self._terminated = False
+        self._terminated_at_ms: int | None = None
         self._last_publish_time_ms: int | None = None
         self._dirty = False
         self._last_sync = time.monotonic()
@@ -137,6 +138,11 @@ class SegmentLog:
         return self._terminated
 
     @property
+    def terminated_at_ms(self) -> int | None:
+        """When the log was sealed (its termination frame's time); None while it is not."""
+        return self._terminated_at_ms
+
+    @property
     def last_publish_time_ms(self) -> int | None:
         return self._last_publish_time_ms
 
@@ -146,6 +152,11 @@ class SegmentLog:
         with self._lock:
             found = self._index.first_published(self._start_offset, time_ms)
             return self._end_offset if found is None else found
+
+    def last_sequences(self) -> dict[str, int]:
+        """Every producer's highest stored sequence (what a tiered copy answers later)."""
+        with self._lock:
+            return {pid: window.last_sequence for pid, window in self._producers.items()}
 
     def last_sequence(self, producer_id: str) -> int:
         """Highest sequence stored for ``producer_id``; -1 when it never appended here."""
@@ -261,7 +272,7 @@ class SegmentLog:
             self._write([encode_frame(frame, b"")])
             self._release_preallocation()
             self._fsync()
-            self._terminated = True
+            self._terminated, self._terminated_at_ms = True, frame.publish_time_ms
 
     def sync(self) -> None:
         """Flush appended data to disk; meant for a timer under the ``interval`` policy,
@@ -594,7 +605,7 @@ class SegmentLog:
             for frame, payload_length in scan_frames(file, self._end_offset):
                 length = frame.length(payload_length)
                 if frame.frame_type == FRAME_TERMINATION:
-                    self._terminated = True
+                    self._terminated, self._terminated_at_ms = True, frame.publish_time_ms
                 else:
                     self._indexed(
                         IndexEntry.of(frame, base_offset, chunk.size, payload_length, length)

@@ -28,11 +28,13 @@ from runtime.errors import (
 from runtime.layout import HashRange, SegmentInfo
 from runtime.names import SegmentName
 from runtime.recovery import StoredSegmentState
+from runtime.uris import redacted
 from storage.appends import Append, AppendResult, StoredBatch
 from storage.cursors import CursorStore, Position, stored_subscriptions
 from storage.durability import Durability
 from storage.files import atomic_write
 from storage.segment_log import SegmentLog
+from storage.tier import TieredSegment, delete_tiered, offload, open_tier
 from storage.topic_storage import (
     SegmentIdentity,
     StoredIncarnation,
@@ -42,6 +44,7 @@ from storage.topic_storage import (
 )
 
 FENCE_FILE = "fence.json"
+TIERED_FILE = "tiered.json"  # where the segment's records went, once it moved to the tier
 
 
 class SegmentStore:
@@ -70,7 +73,8 @@ class SegmentStore:
         self.incarnation = incarnation
         self.directory = segment_directory(root, name, incarnation)
         self._identity = read_segment_identity(self.directory)
-        if not create and (self._identity is None or not (self.directory / "log").is_dir()):
+        stored = (self.directory / "log").is_dir() or (self.directory / TIERED_FILE).exists()
+        if not create and (self._identity is None or not stored):
             raise UnavailableError(
                 f"storage of {name} (incarnation {incarnation}) is missing at "
                 f"{self.directory}: refusing to serve an empty segment in its place"
@@ -84,12 +88,7 @@ class SegmentStore:
             )
             write_segment_identity(self.directory, self._identity)
         self._check_identity(self._identity)
-        self.log = SegmentLog(
-            self.directory / "log",
-            durability=durability,
-            segment_id=name.segment_id,
-            background_sync=background_sync,
-        )
+        self.log: SegmentLog | TieredSegment = self._open_log(durability, background_sync)
         self.cursors = CursorStore(self.directory, fsync=durability.policy == "fsync")
         self._fence_path = self.directory / FENCE_FILE
         self._fence = self._load_fence()
@@ -167,10 +166,47 @@ class SegmentStore:
         return self.log.retain(oldest_publish_ms, max_bytes, keep_from)
 
     def delete(self, epoch: int | None) -> None:
+        """Remove the segment: its tiered copy first (the local record of it goes last,
+        so a crash in between leaves something that still says where the copy is)."""
         self.check_epoch(epoch)
         self.log.close()
+        if isinstance(self.log, TieredSegment):
+            delete_tiered(*self._tier_location())
         shutil.rmtree(self.directory, ignore_errors=True)
         self._deleted = True
+
+    # --- tiering -------------------------------------------------------------------
+
+    @property
+    def tiered(self) -> bool:
+        return isinstance(self.log, TieredSegment)
+
+    def copy_to_tier(self, uri: str, directory: str) -> TieredSegment:
+        """Copy the sealed log to ``directory`` of the tier at ``uri`` and commit it there
+        (``storage.tier.offload``); the local log keeps serving meanwhile. Thread-safe:
+        meant for a worker thread, then ``use_tier`` on the owner's."""
+        self._check_alive()
+        if isinstance(self.log, TieredSegment):
+            return self.log
+        filesystem, _ = open_tier(uri)
+        try:
+            offload(self.log, filesystem, directory)
+            return TieredSegment(filesystem, directory)
+        except OSError as err:  # the store is down, full, or refuses the credentials
+            raise UnavailableError(
+                f"{self.name}: moving to the tier {redacted(uri)} failed: {err}"
+            ) from None
+
+    def use_tier(self, uri: str, directory: str, tiered: TieredSegment) -> None:
+        """Serve from the committed tiered copy and drop the local log: the record of where
+        the copy is goes to disk first, so a crash after it reopens the tiered copy."""
+        self._check_alive()
+        if isinstance(self.log, TieredSegment):
+            return
+        record = {"uri": uri, "directory": directory}
+        atomic_write(self.directory / TIERED_FILE, json.dumps(record).encode())
+        local, self.log = self.log, tiered
+        local.delete()
 
     # --- subscriptions -------------------------------------------------------------
 
@@ -249,6 +285,8 @@ class SegmentStore:
             "records": end - self.log.start_offset,
             "sizeBytes": self.log.size_bytes,
             "lastPublishTimeMs": self.log.last_publish_time_ms,
+            "sealedAtMs": self.log.terminated_at_ms,
+            "tiered": self.tiered,
             "fenceEpoch": self._fence,
             "subscriptions": subs,
         }
@@ -258,6 +296,27 @@ class SegmentStore:
             self.log.close()
 
     # --- internals ---------------------------------------------------------------
+
+    def _open_log(
+        self, durability: Durability, background_sync: bool
+    ) -> SegmentLog | TieredSegment:
+        """The tiered copy when the segment moved to the tier (a local log a crash left
+        behind is removed), else the local log."""
+        if (self.directory / TIERED_FILE).exists():
+            tiered = TieredSegment(*self._tier_location())
+            shutil.rmtree(self.directory / "log", ignore_errors=True)
+            return tiered
+        return SegmentLog(
+            self.directory / "log",
+            durability=durability,
+            segment_id=self.name.segment_id,
+            background_sync=background_sync,
+        )
+
+    def _tier_location(self) -> tuple[Any, str]:
+        record = json.loads((self.directory / TIERED_FILE).read_bytes())
+        filesystem, _ = open_tier(record["uri"])
+        return filesystem, record["directory"]
 
     def _dispatcher(self, subscription: str) -> QueueDispatcher:
         dispatcher = self._dispatchers.get(subscription)

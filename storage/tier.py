@@ -24,10 +24,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
-import re
 import time
-from collections.abc import Iterator
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,8 +35,15 @@ from pyarrow import fs as pafs
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.batch import BATCH_SCHEMA, DELIVERY_SCHEMA
-from runtime.errors import InvalidArgumentError, UnavailableError
-from storage.appends import StoredBatch
+from runtime.errors import (
+    InvalidArgumentError,
+    ScalableTopicsError,
+    SegmentTerminated,
+    UnavailableError,
+)
+from runtime.names import SegmentName
+from runtime.uris import redacted
+from storage.appends import Append, AppendResult, StoredBatch
 from storage.segment_log import SegmentLog
 
 TIER_FORMAT = 1
@@ -45,8 +51,6 @@ RECORDS_FILE = "records.parquet"
 MANIFEST_FILE = "manifest.json"
 ROW_GROUP_RECORDS = 65_536
 _READ_STEP = 10_000  # records per local read while offloading
-# query parameters of a URI that hold credentials, hidden wherever the URI is shown
-_SECRET = re.compile(r"(?i)secret|key|token|password|session")
 
 TIER_SCHEMA = pa.schema(
     [
@@ -70,6 +74,9 @@ class TierManifest(BaseModel):
     size_bytes: int = Field(alias="sizeBytes")
     # (first offset, record count, last publish time) of each row group, in order
     row_groups: list[tuple[int, int, int]] = Field(alias="rowGroups")
+    # each producer's highest stored sequence, as the log answered ``last_sequence``
+    last_sequences: dict[str, int] = Field(default_factory=dict, alias="lastSequences")
+    sealed_at_ms: int | None = Field(default=None, alias="sealedAtMs")
     written_at_ms: int = Field(alias="writtenAtMs")
 
 
@@ -82,19 +89,6 @@ def open_tier(uri: str) -> tuple[pafs.FileSystem, str]:
         reason = str(err).replace(uri, redacted(uri))
         raise InvalidArgumentError(f"tier URI {redacted(uri)!r} cannot be used: {reason}") from None
     return filesystem, path.rstrip("/")
-
-
-def redacted(uri: str) -> str:
-    """``uri`` fit for errors, logs and stats: credentials in it replaced by ``***``."""
-    parts = urlsplit(uri)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = "&".join(
-        f"{name}=***" if _SECRET.search(name) else f"{name}={value}"
-        for name, value in parse_qsl(parts.query, keep_blank_values=True)
-    )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def check_reachable(filesystem: pafs.FileSystem, base: str) -> None:
@@ -111,6 +105,25 @@ def check_reachable(filesystem: pafs.FileSystem, base: str) -> None:
         filesystem.delete_file(probe)
     except OSError as err:
         raise UnavailableError(f"tier {base!r} is not usable: {err}") from None
+
+
+def check_tier(uri: str) -> None:
+    """Refuse (``InvalidArgumentError``, with the store's reason) a tier URI that cannot be
+    parsed or reached, denies writes, or refuses the credentials: checked when a tiering
+    policy is set, so a bad one is refused then rather than failing every offload."""
+    filesystem, base = open_tier(uri)
+    try:
+        check_reachable(filesystem, base)
+    except UnavailableError as err:
+        raise InvalidArgumentError(f"tiering.uri {redacted(uri)!r}: {err.message}") from None
+
+
+def tier_directory(base: str, name: SegmentName, incarnation: str) -> str:
+    """Where a segment's tiered copy lives under the tier's ``base``: the same
+    tenant/namespace/topic/incarnation/segment path as its local storage."""
+    topic = name.topic
+    parts = (topic.tenant, topic.namespace, topic.topic, incarnation, name.descriptor)
+    return "/".join((base, *parts))
 
 
 def offload(log: SegmentLog, filesystem: pafs.FileSystem, directory: str) -> TierManifest:
@@ -155,16 +168,21 @@ def delete_tiered(filesystem: pafs.FileSystem, directory: str) -> None:
 
 
 class TieredSegment:
-    """Reads of a tiered segment, as ``SegmentLog`` answers them."""
+    """A tiered segment, read as its sealed ``SegmentLog`` was: the same reads, seeks and
+    answers to a producer, from the object store. Appends are refused as a sealed log
+    refuses them, a retried one with the offsets it got the first time."""
+
+    terminated = True
 
     def __init__(self, filesystem: pafs.FileSystem, directory: str) -> None:
         manifest = read_manifest(filesystem, directory)
         if manifest is None:
             raise UnavailableError(f"no tiered segment at {directory}: its manifest is missing")
-        self.manifest = manifest
+        self.manifest, self.directory = manifest, directory
         self._file = pq.ParquetFile(filesystem.open_input_file(f"{directory}/{RECORDS_FILE}"))
         self._firsts = [first for first, _, _ in manifest.row_groups]
         self._last_times = [last for _, _, last in manifest.row_groups]
+        self._stored_sequences: dict[tuple[str, int], AppendResult] | None = None
 
     @property
     def start_offset(self) -> int:
@@ -173,6 +191,21 @@ class TieredSegment:
     @property
     def end_offset(self) -> int:
         return self.manifest.end_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return self.manifest.size_bytes
+
+    @property
+    def last_publish_time_ms(self) -> int | None:
+        return self._last_times[-1] if self._last_times else None
+
+    @property
+    def terminated_at_ms(self) -> int | None:
+        return self.manifest.sealed_at_ms
+
+    def last_sequence(self, producer_id: str) -> int:
+        return self.manifest.last_sequences.get(producer_id, -1)
 
     def read(self, offset: int, max_records: int) -> list[StoredBatch]:
         """Up to ``max_records`` records from ``offset``, one ``StoredBatch`` per stored
@@ -200,6 +233,58 @@ class TieredSegment:
         times = self._file.read_row_group(group, columns=["publish_time"]).column(0)
         stamps = times.cast(pa.int64()).to_numpy()
         return self._firsts[group] + int(np.searchsorted(stamps, time_ms, side="left"))
+
+    def append(
+        self,
+        batch: pa.RecordBatch,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+        *,
+        payload: bytes | memoryview | None = None,
+    ) -> AppendResult:
+        (outcome,) = self.append_all([Append(batch, producer_id, sequence, payload)])
+        if isinstance(outcome, ScalableTopicsError):
+            raise outcome
+        return outcome
+
+    def append_all(self, appends: Sequence[Append]) -> list[AppendResult | ScalableTopicsError]:
+        """A retried ``(producer, sequence)`` gets its original offsets; anything else is
+        refused with ``SegmentTerminated``, so its producer routes it to the children."""
+        outcomes: list[AppendResult | ScalableTopicsError] = []
+        for append in appends:
+            found = None
+            if append.producer_id is not None and append.sequence is not None:
+                found = self._sequences().get((append.producer_id, append.sequence))
+            outcomes.append(
+                found
+                or SegmentTerminated(
+                    f"append refused: segment {self.manifest.segment} is sealed (and tiered); "
+                    "route the message to its children"
+                )
+            )
+        return outcomes
+
+    def retain(self, *_: Any, **__: Any) -> int:
+        """A sealed segment is retained whole (pruned), never from its head."""
+        return self.start_offset
+
+    def sync(self) -> None:
+        """Nothing to flush: the tier was written and checked once."""
+
+    def close(self) -> None:
+        """Nothing held open but the reader, which the garbage collector closes."""
+
+    def _sequences(self) -> dict[tuple[str, int], AppendResult]:
+        """Where each sequenced batch went, read once from the file when first needed."""
+        if self._stored_sequences is None:
+            columns = self._file.read(columns=["offset", "producer_id", "sequence"])
+            found: dict[tuple[str, int], AppendResult] = {}
+            for batch in _stored_runs_of(columns):
+                if batch[1] is not None and batch[2] is not None:
+                    base, count = batch[0], batch[3]
+                    found[(batch[1], batch[2])] = AppendResult(base, count, duplicate=True)
+            self._stored_sequences = found
+        return self._stored_sequences
 
 
 # --- internals -------------------------------------------------------------------------
@@ -267,6 +352,8 @@ def _check_upload(log: SegmentLog, filesystem: pafs.FileSystem, path: str) -> Ti
         raise UnavailableError(f"the tiered copy at {path} holds {records} records, not all")
     return TierManifest(
         segment=str(log.directory),
+        last_sequences=log.last_sequences(),
+        sealed_at_ms=log.terminated_at_ms,
         start_offset=log.start_offset,
         end_offset=log.end_offset,
         records=records,
@@ -274,6 +361,21 @@ def _check_upload(log: SegmentLog, filesystem: pafs.FileSystem, path: str) -> Ti
         row_groups=groups,
         written_at_ms=time.time_ns() // 1_000_000,
     )
+
+
+def _stored_runs_of(table: pa.Table) -> Iterator[tuple[int, str | None, int | None, int]]:
+    """(first offset, producer, sequence, records) of each run of one producer sequence."""
+    offsets = table.column("offset").to_pylist()
+    producers = table.column("producer_id").to_pylist()
+    sequences = table.column("sequence").to_pylist()
+    begin = 0
+    for i in range(1, len(offsets) + 1):
+        if i == len(offsets) or (producers[i], sequences[i]) != (
+            producers[begin],
+            sequences[begin],
+        ):
+            yield offsets[begin], producers[begin], sequences[begin], i - begin
+            begin = i
 
 
 def _stored_runs(table: pa.Table) -> Iterator[StoredBatch]:

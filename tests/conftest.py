@@ -17,6 +17,10 @@ import ray
 _STORAGE = tempfile.mkdtemp(prefix="raytopics-test-")
 os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", _STORAGE)
 os.environ.setdefault("RAYTOPICS_NAMESPACE", f"raytopics-test-{uuid.uuid4().hex[:8]}")
+# Tiers the tests may use: one scratch directory, and the bucket of the S3 server a test
+# starts (a fuzzer's made-up tier URIs are refused, never written to).
+TIER_ROOT = tempfile.mkdtemp(prefix="raytopics-tiers-")
+os.environ.setdefault("RAYTOPICS_TIER_URIS", f"file://{TIER_ROOT}/,s3://tier/")
 
 
 @pytest.fixture(scope="session")

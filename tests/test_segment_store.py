@@ -302,9 +302,12 @@ def test_stats_keys_and_values(store: SegmentStore) -> None:
         "records",
         "sizeBytes",
         "lastPublishTimeMs",
+        "sealedAtMs",
+        "tiered",
         "fenceEpoch",
         "subscriptions",
     }
+    assert (stats["sealedAtMs"], stats["tiered"]) == (None, False)
     assert stats["segment"] == str(NAME)
     assert stats["segmentId"] == 7
     assert stats["terminated"] is False
@@ -313,3 +316,64 @@ def test_stats_keys_and_values(store: SegmentStore) -> None:
     assert abs(stats["lastPublishTimeMs"] - time.time() * 1000) < 60_000
     assert stats["fenceEpoch"] == 2
     assert stats["subscriptions"] == {"s": {"backlog": 3, "markDelete": 2}}
+
+
+# --- tiering -----------------------------------------------------------------------
+
+
+def test_a_sealed_segment_moves_to_the_tier_and_serves_from_there(tmp_path: Path) -> None:
+    """Copied and committed while the local log serves; then the local log goes and the
+    tiered copy answers reads, cursors, producers' retries and a reopen; deleting the
+    segment deletes its tiered copy."""
+    store = open_store(tmp_path / "root")
+    store.append(batch_of(0, 30), "p", 0)
+    store.append(batch_of(30, 20), "p", 1)
+    store.create_subscription("s", "earliest", 2)
+    store.ack_cumulative("s", 10)
+    with pytest.raises(InvalidArgumentError, match="not sealed"):
+        store.copy_to_tier(f"file://{tmp_path / 'tier'}", "t/7")
+    store.terminate(2)
+    before = store.read(0, 100)
+    uri, directory = f"file://{tmp_path / 'tier'}", str(tmp_path / "tier" / "t" / "7")
+    tiered = store.copy_to_tier(uri, directory)
+    assert not store.tiered and store.read(0, 100).equals(before)  # still the local log
+    store.use_tier(uri, directory, tiered)
+    local = segment_directory(tmp_path / "root", NAME, INCARNATION)
+    assert store.tiered and not (local / "log").exists()
+    assert store.read(0, 100).equals(before) and store.read(45, 100).num_rows == 5
+    assert store.position("s") == 11 and not store.drained("s")
+    store.ack_cumulative("s", 49)
+    assert store.drained("s")
+    assert store.append(batch_of(30, 20), "p", 1).base_offset == 30  # a retry: its offsets
+    with pytest.raises(SegmentTerminated):
+        store.append(batch_of(50, 1), "p", 2)
+    stats = store.stats()
+    assert (stats["tiered"], stats["records"], stats["terminated"]) == (True, 50, True)
+    assert stats["sealedAtMs"] is not None
+    store.close()
+
+    reopened = open_store(tmp_path / "root", create=False)
+    assert reopened.tiered and reopened.read(0, 100).equals(before)
+    assert reopened.position("s") == 50
+    reopened.delete(3)
+    assert not Path(directory).exists() or not any(Path(directory).iterdir())
+
+
+def test_a_crash_on_either_side_of_the_switch_leaves_one_readable_copy(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "root")
+    store.append(batch_of(0, 40), None, None)
+    store.terminate(1)
+    before = store.read(0, 100)
+    uri, directory = f"file://{tmp_path / 'tier'}", str(tmp_path / "tier" / "x")
+    tiered = store.copy_to_tier(uri, directory)  # committed there, not yet used here: a crash
+    store.close()
+    reopened = open_store(tmp_path / "root", create=False)
+    assert not reopened.tiered and reopened.read(0, 100).equals(before)
+    reopened.use_tier(uri, directory, tiered)
+    reopened.close()
+    local = segment_directory(tmp_path / "root", NAME, INCARNATION)
+    (local / "log").mkdir()  # as if the crash came after the record, before the removal
+    again = open_store(tmp_path / "root", create=False)
+    assert again.tiered and not (local / "log").exists()
+    assert again.read(0, 100).equals(before)
+    again.close()

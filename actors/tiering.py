@@ -1,0 +1,70 @@
+"""The controller's mover of sealed segments to the topic's tier.
+
+Each maintenance round hands it the layout and every segment's stats; it asks the
+segments that are due (``runtime.tiering``) to move themselves (``offload`` on the
+segment actor, which copies, checks, commits and then drops its local log), one
+call per segment in the background, since a move takes as long as its upload. A
+failed move is retried after a growing delay, counted in metrics and shown in the
+segment's stats (``tierError``); the local copy serves all along.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+
+from actors.guard import guard
+from actors.metrics import ControllerMetrics
+from runtime.errors import ScalableTopicsError
+from runtime.layout import SegmentLayout
+from runtime.names import TopicName
+from runtime.policy import TieringPolicy
+from runtime.tiering import due_for_tier, retry_delay_s
+
+log = logging.getLogger(__name__)
+
+
+class TierMover:
+    def __init__(self, topic: TopicName, metrics: ControllerMetrics) -> None:
+        self._topic, self._metrics = topic, metrics
+        self._moving: dict[int, asyncio.Task] = {}
+        self._failures: dict[int, tuple[int, float]] = {}  # id → (failures, retry at)
+
+    def round(
+        self,
+        layout: SegmentLayout,
+        stats: Mapping[int, Mapping[str, Any]],
+        policy: TieringPolicy,
+        handle_of: Callable[[int], ray.actor.ActorHandle | None],
+    ) -> None:
+        """Start the moves that are due and not running or waiting for a retry."""
+        now = time.monotonic()
+        for segment_id in due_for_tier(layout, stats, policy.after_s, time.time_ns() // 10**6):
+            if segment_id in self._moving or self._failures.get(segment_id, (0, 0.0))[1] > now:
+                continue
+            handle = handle_of(segment_id)
+            if handle is not None:
+                move = asyncio.get_running_loop().create_task(
+                    self._move(segment_id, handle, policy.uri)
+                )
+                self._moving[segment_id] = move
+
+    async def _move(self, segment_id: int, handle: ray.actor.ActorHandle, uri: str) -> None:
+        try:
+            await handle.offload.remote(uri, credential=guard().internal_token())
+            self._failures.pop(segment_id, None)
+        except Exception as err:  # the store may be down: retry later, keep serving locally
+            failures = self._failures.get(segment_id, (0, 0.0))[0] + 1
+            delay = retry_delay_s(failures)
+            self._failures[segment_id] = (failures, time.monotonic() + delay)
+            code = err.code if isinstance(err, ScalableTopicsError) else "unavailable"
+            self._metrics.tier_failed(code)
+            log.warning("%s: moving segment %d to the tier failed (%d in a row, next in %.0fs): %s",
+                        self._topic, segment_id, failures, delay, err)  # fmt: skip
+        finally:
+            self._moving.pop(segment_id, None)

@@ -1,0 +1,134 @@
+"""Tiered topics on real segments: a topic whose policy names a tier (a ``file://``
+directory, or a real S3 API server on loopback) is produced to, split twice and
+merged once; its sealed segments move to the tier and their local logs go; a new
+subscription from Earliest then receives everything, each key in order, parents
+before children, read from the tier. Tiers the operator does not allow, and tiers
+that cannot be used, are refused when the policy is set, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from conftest import TIER_ROOT
+from test_tier import (
+    _s3_uri,
+    s3_endpoint,  # noqa: F401  (a fixture)
+)
+
+from clients import Producer, ScalableTopicsAdmin, StreamConsumer
+from runtime.errors import InvalidArgumentError
+from runtime.names import TopicName
+from storage.tier import open_tier, read_manifest, tier_directory
+from storage.topic_storage import segment_directory
+
+
+def produce(topic: str, sent: list[tuple[str, int]], count: dict[str, int], n: int) -> None:
+    with Producer(topic) as producer:
+        for i in range(n):
+            key = f"k{i % 31}"
+            producer.send(f"{key}:{count[key]}".encode(), key=key)
+            sent.append((key, count[key]))
+            count[key] += 1
+
+
+def wait_tiered(admin: ScalableTopicsAdmin, topic: str, timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = admin.get_stats(topic)
+        sealed = [s for s in stats["segments"].values() if s["state"] == "SEALED"]
+        if sealed and all(s["tiered"] for s in sealed):
+            return stats
+        assert time.monotonic() < deadline, stats["segments"]
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("store", ["file", "s3"])
+def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
+    admin: ScalableTopicsAdmin, unique: str, tmp_path: Path, store: str, request
+) -> None:
+    topic = f"topic://tier/ns/{store}-{unique}"
+    if store == "file":
+        uri = f"file://{TIER_ROOT}/{unique}"
+    else:
+        uri = _s3_uri(request.getfixturevalue("s3_endpoint"), f"tier/{unique}")
+    admin.create_scalable_topic(topic, 2)
+    admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0}})
+    sent: list[tuple[str, int]] = []
+    count: dict[str, int] = defaultdict(int)
+    produce(topic, sent, count, 400)
+    admin.split_segment(topic, 0)
+    produce(topic, sent, count, 400)
+    admin.split_segment(topic, 1)
+    produce(topic, sent, count, 400)
+    active = sorted(
+        admin.get_layout(topic).active_segments.values(), key=lambda s: s.hash_range.start
+    )
+    admin.merge_segments(topic, active[0].segment_id, active[1].segment_id)
+    produce(topic, sent, count, 400)
+
+    stats = wait_tiered(admin, topic)
+    assert stats["tieredBytes"] > 0 and "tierError" not in str(stats)
+    name, layout = TopicName.parse(topic), admin.get_layout(topic)
+    filesystem, base = open_tier(uri)
+    root = Path(os.environ["RAYTOPICS_STORAGE_ROOT"])
+    for info in layout.all_segments.values():
+        segment = info.name(name)
+        local = segment_directory(root, segment, stats["incarnation"]) / "log"
+        manifest = read_manifest(filesystem, tier_directory(base, segment, stats["incarnation"]))
+        if info.is_active:
+            assert local.is_dir() and manifest is None
+        else:
+            assert not local.exists(), f"segment {info.segment_id} kept its local log"
+            assert manifest is not None and manifest.records > 0
+
+    admin.create_subscription(topic, "late", "earliest")
+    consumer = StreamConsumer(topic, "late", "c")
+    received: list[tuple[str, int]] = []
+    deadline = time.monotonic() + 60
+    while len(received) < len(sent) and time.monotonic() < deadline:
+        batch = consumer.receive_batch(500, timeout=2)
+        received += [(m.key, int(m.value.decode().split(":")[1])) for m in batch]
+        if batch:
+            consumer.acknowledge_cumulative(batch)
+    consumer.close()
+    assert sorted(received) == sorted(sent) and len(received) == len(sent) == 1600
+    last: dict[str, int] = {}
+    for key, sequence in received:
+        assert last.get(key, -1) == sequence - 1, (key, sequence)
+        last[key] = sequence
+    admin.delete_scalable_topic(topic)
+    sealed = [i for i in layout.all_segments.values() if not i.is_active]
+    for info in sealed:  # deleting the topic deletes its tiered copies too
+        directory = tier_directory(base, info.name(name), stats["incarnation"])
+        assert read_manifest(filesystem, directory) is None
+
+
+def test_tiers_not_allowed_or_not_usable_are_refused_when_the_policy_is_set(
+    admin: ScalableTopicsAdmin,
+    unique: str,
+    s3_endpoint: str,  # noqa: F811
+) -> None:
+    topic = f"topic://tier/ns/refused-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    blocker = Path(TIER_ROOT) / f"a-file-{unique}"
+    blocker.write_text("a file where the tier's directory would be")
+    for uri, reason in [
+        ("file:///etc/raytopics", "outside the tiers this cluster allows"),
+        (f"file://{TIER_ROOT}/../etc/x", "must not contain '..'"),
+        ("nosuch://bucket", "outside the tiers"),
+        (_s3_uri(s3_endpoint, "other-bucket/x"), "outside the tiers"),
+        (f"file://{blocker}/tier", "not usable"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=reason) as refused:
+            admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0}})
+        assert "testing:testing" not in str(refused.value)  # credentials are never echoed
+    assert admin.get_policy(topic)["tiering"] is None
+    shown = admin.set_policy(topic, {"tiering": {"uri": _s3_uri(s3_endpoint, "tier/ok")}})
+    assert shown["tiering"]["uri"].startswith("s3://***@tier/ok")
+    assert shown["tiering"]["afterS"] == 60
+    admin.delete_scalable_topic(topic)
