@@ -122,7 +122,10 @@ class SegmentStore:
         self, batch: pa.RecordBatch, producer_id: str | None, sequence: int | None
     ) -> AppendResult:
         self._check_alive()
-        return self.log.append(batch, producer_id=producer_id, sequence=sequence)
+        (outcome,) = self.log.append_all([Append(batch, producer_id, sequence)])
+        if isinstance(outcome, ScalableTopicsError):
+            raise outcome
+        return outcome
 
     def append_all(self, appends: Sequence[Append]) -> list[AppendResult | ScalableTopicsError]:
         self._check_alive()

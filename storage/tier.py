@@ -234,19 +234,6 @@ class TieredSegment:
         stamps = times.cast(pa.int64()).to_numpy()
         return self._firsts[group] + int(np.searchsorted(stamps, time_ms, side="left"))
 
-    def append(
-        self,
-        batch: pa.RecordBatch,
-        producer_id: str | None = None,
-        sequence: int | None = None,
-        *,
-        payload: bytes | memoryview | None = None,
-    ) -> AppendResult:
-        (outcome,) = self.append_all([Append(batch, producer_id, sequence, payload)])
-        if isinstance(outcome, ScalableTopicsError):
-            raise outcome
-        return outcome
-
     def append_all(self, appends: Sequence[Append]) -> list[AppendResult | ScalableTopicsError]:
         """A retried ``(producer, sequence)`` gets its original offsets; anything else is
         refused with ``SegmentTerminated``, so its producer routes it to the children."""

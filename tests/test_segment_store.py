@@ -345,6 +345,7 @@ def test_a_sealed_segment_moves_to_the_tier_and_serves_from_there(tmp_path: Path
     store.ack_cumulative("s", 49)
     assert store.drained("s")
     assert store.append(batch_of(30, 20), "p", 1).base_offset == 30  # a retry: its offsets
+    assert (store.log.last_sequence("p"), store.log.last_sequence("q")) == (1, -1)
     with pytest.raises(SegmentTerminated):
         store.append(batch_of(50, 1), "p", 2)
     stats = store.stats()
