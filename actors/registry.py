@@ -60,10 +60,27 @@ def alive_actor_names(prefix: str) -> set[str]:
     """Names of our namespace's actors starting with ``prefix`` whose process is up and
     constructed (Ray's ``ALIVE``): an actor that is registered but still waiting for a
     node, booting, or restarting is not among them. One read of Ray's actor table."""
+    return {name for name, state in _actor_table(prefix, "ALIVE") if state == _ALIVE}
+
+
+def gone_for_good(name: str) -> bool:
+    """Whether Ray's actor table has our actor ``name`` dead and none of that name alive,
+    starting or restarting: killed without restart, or out of restarts. A name that was
+    never registered yet is not gone (its actor may be about to start)."""
+    states = {state for found, state in _actor_table(name, None) if found == name}
+    return bool(states) and states <= {_DEAD}
+
+
+_ALIVE = gcs_pb2.ActorTableData.ActorState.Value("ALIVE")
+_DEAD = gcs_pb2.ActorTableData.ActorState.Value("DEAD")
+
+
+def _actor_table(prefix: str, state: str | None) -> list[tuple[str, int]]:
+    """(name, state) of our namespace's actors whose name starts with ``prefix``."""
     namespace = ray_namespace()
     accessor = ray_state.state._connect_and_get_accessor()
-    return {
-        entry.name
-        for entry in map(gcs_pb2.ActorTableData.FromString, accessor.get_actor_table(None, "ALIVE"))
+    return [
+        (entry.name, entry.state)
+        for entry in map(gcs_pb2.ActorTableData.FromString, accessor.get_actor_table(None, state))
         if entry.ray_namespace == namespace and entry.name.startswith(prefix)
-    }
+    ]

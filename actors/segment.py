@@ -33,7 +33,7 @@ from actors.capacity import segment_memory
 from actors.data_plane import DataPlaneServer
 from actors.guard import guard
 from actors.metrics import SegmentMetrics
-from actors.registry import get_or_start, lookup
+from actors.registry import get_or_start, gone_for_good, lookup
 from runtime import tls, wire
 from runtime.auth import Permission
 from runtime.batch import ipc_parts
@@ -426,7 +426,7 @@ def segment_actor(
 
 
 async def find_segment_actor(
-    name: SegmentName, timeout_s: float | None = None
+    name: SegmentName, timeout_s: float | None = None, *, unless_dead: bool = False
 ) -> ray.actor.ActorHandle:
     """The segment's running actor, waiting while it is not registered yet.
 
@@ -435,8 +435,18 @@ async def find_segment_actor(
     dies in between leaves it to its next incarnation), so a client may be a
     moment early. ``SegmentNotFoundError`` once ``timeout_s`` has passed: the
     segment was deleted, or nobody brought its actor back (``LOOKUP_WAIT_S`` by default).
+    ``unless_dead``: at once when Ray's actor table says the actor died for good (a
+    planner that can go on without the segment need not wait for what will not come).
     """
     timeout_s = LOOKUP_WAIT_S if timeout_s is None else timeout_s
+    if unless_dead:
+        try:
+            return segment_actor(name)
+        except ValueError:
+            if await asyncio.to_thread(gone_for_good, name.actor_name):
+                raise SegmentNotFoundError(
+                    f"{name}'s actor died and Ray will not restart it"
+                ) from None
     deadline = time.monotonic() + timeout_s
     delay = 0.01
     while True:

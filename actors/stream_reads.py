@@ -177,7 +177,9 @@ async def _offsets(
     missing = [s for s, answer in zip(ids, answers, strict=True) if answer is None]
     if missing and required:
         raise UnavailableSegmentsError(
-            f"{name}: segments {missing} did not answer within {SEGMENT_TIMEOUT_S:g}s", missing
+            f"{name}: segments {missing} did not answer (their actors died for good, or "
+            f"none ran within {SEGMENT_TIMEOUT_S:g}s)",
+            missing,
         )
     return {s: a for s, a in zip(ids, answers, strict=True) if a is not None}
 
@@ -186,7 +188,9 @@ async def _offsets_of(
     name: TopicName, layout: SegmentLayout, segment_id: int
 ) -> SegmentOffsets | None:
     async def ask() -> SegmentOffsets:
-        handle = await find_segment_actor(layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S)
+        handle = await find_segment_actor(
+            layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S, unless_dead=True
+        )
         status = await call(handle.position.remote(credential=guard().internal_token()))
         return SegmentOffsets(status["startOffset"], status["endOffset"])
 
@@ -201,7 +205,9 @@ async def _offsets_at_time(name: TopicName, layout: SegmentLayout, time_ms: int)
     that ended before it starts at its end, so it is finished at the first batch."""
 
     async def ask(segment_id: int) -> int:
-        handle = await find_segment_actor(layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S)
+        handle = await find_segment_actor(
+            layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S, unless_dead=True
+        )
         answer = handle.offset_at_time.remote(time_ms, credential=guard().internal_token())
         return await call(answer)
 
@@ -211,6 +217,8 @@ async def _offsets_at_time(name: TopicName, layout: SegmentLayout, time_ms: int)
 
 
 async def _endpoint(name: TopicName, layout: SegmentLayout, segment_id: int) -> dict[str, Any]:
-    handle = await find_segment_actor(layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S)
+    handle = await find_segment_actor(
+        layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S, unless_dead=True
+    )
     endpoint = await call(handle.data_endpoint.remote(credential=guard().internal_token()))
     return {"host": endpoint.host, "port": endpoint.port, "tls": endpoint.tls}
