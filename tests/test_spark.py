@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from conftest import TIER_ROOT
 
 from actors.segment import segment_actor
 from clients import Checkpoint, Producer, ScalableTopicsAdmin
@@ -73,9 +74,16 @@ def per_key(df) -> dict[str, tuple[int, int]]:
     return {r.key: (r.n, r.total) for r in rows.collect()}
 
 
-def test_read_after_splits_and_merges_returns_every_record_once(admin, spark, unique) -> None:
-    topic = f"topic://spark/read/dag-{unique}"
+@pytest.mark.parametrize("storage", ["local", "tiered"])
+def test_read_after_splits_and_merges_returns_every_record_once(
+    admin, spark, unique, storage: str
+) -> None:
+    """``tiered``: the sealed segments are read from the topic's tier (a ``file://`` one)."""
+    topic = f"topic://spark/read/dag-{storage}-{unique}"
     admin.create_scalable_topic(topic, num_segments=2)
+    if storage == "tiered":
+        tier = {"uri": f"file://{TIER_ROOT}/spark-{unique}", "afterS": 0}
+        admin.set_policy(topic, {"tiering": tier})
     sent: dict[str, list[int]] = defaultdict(list)
     with Producer(topic) as producer:
         merge_into(sent, send(producer, 0, 4_000))
@@ -87,6 +95,11 @@ def test_read_after_splits_and_merges_returns_every_record_once(admin, spark, un
         merge_into(sent, send(producer, 12_000, 4_000))
     layout = admin.get_layout(topic)
     assert len(layout.all_segments) == 7
+    if storage == "tiered":
+        deadline = time.monotonic() + 60
+        while sum(s["tiered"] for s in admin.get_stats(topic)["segments"].values()) < 3:
+            assert time.monotonic() < deadline, admin.get_stats(topic)["segments"]
+            time.sleep(0.5)
 
     df = read_topic(spark, topic)
     assert df.missing_segments == ()
