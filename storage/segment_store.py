@@ -8,6 +8,7 @@ deliveries are tracked until acked) is testable without Ray.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -42,6 +43,8 @@ from storage.topic_storage import (
     segment_directory,
     write_segment_identity,
 )
+
+logger = logging.getLogger(__name__)
 
 FENCE_FILE = "fence.json"
 TIERED_FILE = "tiered.json"  # where the segment's records went, once it moved to the tier
@@ -170,11 +173,16 @@ class SegmentStore:
 
     def delete(self, epoch: int | None) -> None:
         """Remove the segment: its tiered copy first (the local record of it goes last,
-        so a crash in between leaves something that still says where the copy is)."""
+        so a crash in between leaves something that still says where the copy is). An
+        object store that is down does not stop a deletion: its objects are left, said
+        in the log, since the topic's metadata may already be gone."""
         self.check_epoch(epoch)
         self.log.close()
         if isinstance(self.log, TieredSegment):
-            delete_tiered(*self._tier_location())
+            try:
+                delete_tiered(*self._tier_location())
+            except OSError as err:
+                logger.warning("%s: its tiered copy was not deleted, left: %s", self.name, err)
         shutil.rmtree(self.directory, ignore_errors=True)
         self._deleted = True
 

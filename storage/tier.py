@@ -251,6 +251,9 @@ class TieredSegment:
             )
         return outcomes
 
+    def terminate(self) -> None:
+        """Already sealed for good (a resumed split or merge seals again: nothing to do)."""
+
     def retain(self, *_: Any, **__: Any) -> int:
         """A sealed segment is retained whole (pruned), never from its head."""
         return self.start_offset

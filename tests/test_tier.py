@@ -55,14 +55,7 @@ def s3_endpoint() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, "moto did not start"
-                time.sleep(0.1)
+        wait_until_listening(port, server)
         endpoint = f"127.0.0.1:{port}"
         filesystem, _ = open_tier(_s3_uri(endpoint, "tier") + "&allow_bucket_creation=true")
         filesystem.create_dir("tier")
@@ -70,6 +63,18 @@ def s3_endpoint() -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+def wait_until_listening(port: int, server: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            alive = server is None or server.poll() is None
+            assert time.monotonic() < deadline and alive, "the S3 server did not start"
+            time.sleep(0.1)
 
 
 def _s3_uri(endpoint: str, path: str) -> str:
