@@ -8,7 +8,6 @@ deliveries are tracked until acked) is testable without Ray.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -35,7 +34,15 @@ from storage.cursors import CursorStore, Position, stored_subscriptions
 from storage.durability import Durability
 from storage.files import atomic_write
 from storage.segment_log import SegmentLog
-from storage.tier import TieredSegment, delete_tiered, offload, open_tier
+from storage.tier import (
+    TIERED_RECORD,
+    TieredSegment,
+    delete_tiered_copies,
+    offload,
+    open_tier,
+    record_tiered,
+    tiered_location,
+)
 from storage.topic_storage import (
     SegmentIdentity,
     StoredIncarnation,
@@ -44,10 +51,7 @@ from storage.topic_storage import (
     write_segment_identity,
 )
 
-logger = logging.getLogger(__name__)
-
 FENCE_FILE = "fence.json"
-TIERED_FILE = "tiered.json"  # where the segment's records went, once it moved to the tier
 
 
 class SegmentStore:
@@ -76,7 +80,7 @@ class SegmentStore:
         self.incarnation = incarnation
         self.directory = segment_directory(root, name, incarnation)
         self._identity = read_segment_identity(self.directory)
-        stored = (self.directory / "log").is_dir() or (self.directory / TIERED_FILE).exists()
+        stored = (self.directory / "log").is_dir() or (self.directory / TIERED_RECORD).exists()
         if not create and (self._identity is None or not stored):
             raise UnavailableError(
                 f"storage of {name} (incarnation {incarnation}) is missing at "
@@ -174,15 +178,11 @@ class SegmentStore:
     def delete(self, epoch: int | None) -> None:
         """Remove the segment: its tiered copy first (the local record of it goes last,
         so a crash in between leaves something that still says where the copy is). An
-        object store that is down does not stop a deletion: its objects are left, said
-        in the log, since the topic's metadata may already be gone."""
+        object store that is down does not stop a deletion (``delete_tiered_copies``),
+        since the topic's metadata may already be gone."""
         self.check_epoch(epoch)
         self.log.close()
-        if isinstance(self.log, TieredSegment):
-            try:
-                delete_tiered(*self._tier_location())
-            except OSError as err:
-                logger.warning("%s: its tiered copy was not deleted, left: %s", self.name, err)
+        delete_tiered_copies(self.directory)
         shutil.rmtree(self.directory, ignore_errors=True)
         self._deleted = True
 
@@ -214,8 +214,7 @@ class SegmentStore:
         self._check_alive()
         if isinstance(self.log, TieredSegment):
             return
-        record = {"uri": uri, "directory": directory}
-        atomic_write(self.directory / TIERED_FILE, json.dumps(record).encode())
+        record_tiered(self.directory, uri, directory)
         local, self.log = self.log, tiered
         local.delete()
 
@@ -313,8 +312,9 @@ class SegmentStore:
     ) -> SegmentLog | TieredSegment:
         """The tiered copy when the segment moved to the tier (a local log a crash left
         behind is removed), else the local log."""
-        if (self.directory / TIERED_FILE).exists():
-            tiered = TieredSegment(*self._tier_location())
+        location = tiered_location(self.directory)
+        if location is not None:
+            tiered = TieredSegment(*location)
             shutil.rmtree(self.directory / "log", ignore_errors=True)
             return tiered
         return SegmentLog(
@@ -323,11 +323,6 @@ class SegmentStore:
             segment_id=self.name.segment_id,
             background_sync=background_sync,
         )
-
-    def _tier_location(self) -> tuple[Any, str]:
-        record = json.loads((self.directory / TIERED_FILE).read_bytes())
-        filesystem, _ = open_tier(record["uri"])
-        return filesystem, record["directory"]
 
     def _dispatcher(self, subscription: str) -> QueueDispatcher:
         dispatcher = self._dispatchers.get(subscription)

@@ -24,8 +24,10 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,11 +46,16 @@ from runtime.errors import (
 from runtime.names import SegmentName
 from runtime.uris import redacted
 from storage.appends import Append, AppendResult, StoredBatch
+from storage.files import atomic_write
 from storage.segment_log import SegmentLog
+
+logger = logging.getLogger(__name__)
 
 TIER_FORMAT = 1
 RECORDS_FILE = "records.parquet"
 MANIFEST_FILE = "manifest.json"
+# In a segment's local directory, once its records moved: where they went.
+TIERED_RECORD = "tiered.json"
 ROW_GROUP_RECORDS = 65_536
 _READ_STEP = 10_000  # records per local read while offloading
 
@@ -156,6 +163,36 @@ def read_manifest(filesystem: pafs.FileSystem, directory: str) -> TierManifest |
     except FileNotFoundError:
         return None
     return TierManifest.model_validate(json.loads(raw))
+
+
+def record_tiered(segment_directory: Path, uri: str, directory: str) -> None:
+    """Note in a segment's local directory where its records went (durably: a crash
+    after this reopens the tiered copy)."""
+    record = {"uri": uri, "directory": directory}
+    atomic_write(segment_directory / TIERED_RECORD, json.dumps(record).encode())
+
+
+def tiered_location(segment_directory: Path) -> tuple[pafs.FileSystem, str] | None:
+    """The tier and directory a segment's records moved to; None while they are local."""
+    try:
+        record = json.loads((segment_directory / TIERED_RECORD).read_bytes())
+    except FileNotFoundError:
+        return None
+    filesystem, _ = open_tier(record["uri"])
+    return filesystem, record["directory"]
+
+
+def delete_tiered_copies(directory: Path) -> None:
+    """Delete the tiered copy of every segment stored under ``directory`` (a segment's,
+    an incarnation's or a topic's), before its local storage goes. A store that is down
+    does not stop it: those objects are left, and said in the log."""
+    for record in directory.rglob(TIERED_RECORD):
+        try:
+            location = tiered_location(record.parent)
+            if location is not None:
+                delete_tiered(*location)
+        except (OSError, ScalableTopicsError) as err:
+            logger.warning("the tiered copy of %s was not deleted, left: %s", record.parent, err)
 
 
 def delete_tiered(filesystem: pafs.FileSystem, directory: str) -> None:

@@ -43,6 +43,7 @@ from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName, is_valid_part
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.files import atomic_write
+from storage.tier import delete_tiered_copies
 
 TOPIC_FILE = "topic.json"
 SEGMENT_FILE = "segment.json"
@@ -285,7 +286,9 @@ def written_at(epoch_ms: int | None) -> str:
 
 
 def delete_storage(directory: Path) -> None:
-    """Remove one incarnation's (or a legacy topic's) storage, then prune empty parents."""
+    """Remove one incarnation's (or a legacy topic's, or a segment's) storage, tiered
+    copies first, then prune empty parents."""
+    delete_tiered_copies(directory)
     shutil.rmtree(directory, ignore_errors=True)
     for parent in list(directory.parents)[:3]:
         with contextlib.suppress(OSError):

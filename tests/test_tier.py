@@ -33,7 +33,10 @@ from storage.tier import (
     offload,
     open_tier,
     read_manifest,
+    record_tiered,
+    tiered_location,
 )
+from storage.topic_storage import delete_storage
 
 FAST = Durability("none")
 MOTO = Path(sys.executable).with_name("moto_server")
@@ -208,3 +211,21 @@ def test_unusable_tiers_are_refused_with_the_reason(tmp_path: Path, s3_endpoint:
         check_reachable(filesystem, base)
     filesystem, base = open_tier(_s3_uri(s3_endpoint, "tier/usable"))
     check_reachable(filesystem, base)
+
+
+def test_removing_local_storage_removes_the_tiered_copies_it_points_to(tmp_path: Path) -> None:
+    """However a segment's storage goes (a prune while its actor is down, a topic's
+    incarnation, the storage check's clean-up), its tiered copy goes first."""
+    filesystem, base = open_tier(f"file://{tmp_path / 'tier'}")
+    incarnation = tmp_path / "root" / "t" / "ns" / "x" / "inc"
+    for number in range(2):
+        segment = incarnation / f"segment-{number}"
+        log = sealed_log(segment / "log", batches=2, per_batch=100)
+        directory = f"{base}/seg-{number}"
+        offload(log, filesystem, directory)
+        log.close()
+        record_tiered(segment, f"file://{tmp_path / 'tier'}", directory)
+        assert tiered_location(segment) is not None
+    delete_storage(incarnation)
+    assert not incarnation.exists()
+    assert [read_manifest(filesystem, f"{base}/seg-{n}") for n in range(2)] == [None, None]
