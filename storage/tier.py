@@ -11,8 +11,9 @@ copy, never neither, and offloading again simply overwrites what a crash left.
 Before the manifest goes up, the local log is checked against its own frame
 checksums and the uploaded file is read back and compared with it record by
 record: the local copy may then be removed. Parquet, not the log's own frames,
-because engines read it as it is: Spark scans the file directly, by row group,
-with no segment process involved.
+so that engines can read a tiered segment as it is (a Parquet scan, by row group,
+with no segment process involved); today every read still goes through the
+segment (``TieredSegment``).
 
 Any ``pyarrow.fs`` URI works: ``file:///…`` and ``s3://bucket/prefix`` (with
 ``endpoint_override``, ``scheme``, credentials… as URI query parameters, as
