@@ -108,9 +108,11 @@ def start(
     )
 
 
-def run_to_end(spark, topic: str, sink: Batches, checkpoint: Path, **options: Any) -> None:
+def run_to_end(
+    spark, topic: str, sink: Batches, checkpoint: Path, trigger: dict[str, Any], **options: str
+) -> None:
     """A query under a trigger that stops by itself (Once, AvailableNow): it must."""
-    query = start(spark, topic, sink, checkpoint, **options)
+    query = start(spark, topic, sink, checkpoint, trigger, **options)
     assert query.awaitTermination(120), "the query did not stop by itself"
     assert query.exception() is None
 
