@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 from pydantic import BaseModel, ConfigDict, Field
@@ -305,7 +306,7 @@ class TieredSegment:
     def _sequences(self) -> dict[tuple[str, int], AppendResult]:
         """Where each sequenced batch went, read once from the file when first needed."""
         if self._stored_sequences is None:
-            columns = self._file.read(columns=["offset", "producer_id", "sequence"])
+            columns = self._file.read(columns=["offset", "publish_time", "producer_id", "sequence"])
             found: dict[tuple[str, int], AppendResult] = {}
             for batch in _stored_runs_of(columns):
                 if batch[1] is not None and batch[2] is not None:
@@ -355,8 +356,8 @@ def _as_tier_table(batch: StoredBatch) -> pa.Table:
             DELIVERY_SCHEMA.field("publish_time").type
         )
     )
-    columns.append(pa.array([batch.producer_id] * n, pa.string()))
-    columns.append(pa.array([batch.sequence] * n, pa.int64()))
+    columns.append(pa.repeat(pa.scalar(batch.producer_id, pa.string()), n))
+    columns.append(pa.repeat(pa.scalar(batch.sequence, pa.int64()), n))
     return pa.Table.from_arrays(columns, schema=TIER_SCHEMA)
 
 
@@ -391,46 +392,54 @@ def _check_upload(log: SegmentLog, filesystem: pafs.FileSystem, path: str) -> Ti
     )
 
 
+def _run_starts(table: pa.Table, names: Sequence[str]) -> np.ndarray:
+    """Row positions where any of the columns ``names`` changes (0 first): the starts of
+    the stored batches, found by Arrow kernels, not a Python loop over records."""
+    changed = np.zeros(max(table.num_rows - 1, 0), dtype=bool)
+    for name in names:
+        column = table.column(name)
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.int64())
+        column = pc.fill_null(column, "" if pa.types.is_string(column.type) else -1)
+        differs = pc.not_equal(column.slice(1), column.slice(0, len(column) - 1))
+        changed |= differs.to_numpy(zero_copy_only=False).astype(bool)
+    return np.concatenate([[0], np.flatnonzero(changed) + 1]).astype(np.int64)
+
+
 def _stored_runs_of(table: pa.Table) -> Iterator[tuple[int, str | None, int | None, int]]:
     """(first offset, producer, sequence, records) of each run of one producer sequence."""
-    offsets = table.column("offset").to_pylist()
-    producers = table.column("producer_id").to_pylist()
-    sequences = table.column("sequence").to_pylist()
-    begin = 0
-    for i in range(1, len(offsets) + 1):
-        if i == len(offsets) or (producers[i], sequences[i]) != (
-            producers[begin],
-            sequences[begin],
-        ):
-            yield offsets[begin], producers[begin], sequences[begin], i - begin
-            begin = i
+    for begin, end, first in _runs(table, ("producer_id", "sequence")):
+        yield first["offset"], first["producer_id"], first["sequence"], end - begin
+
+
+def _runs(table: pa.Table, names: Sequence[str]) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """(begin, end, first row's offset, publish time in ms, producer and sequence) of each
+    run of rows alike in the columns ``names``."""
+    if table.num_rows == 0:
+        return
+    starts = _run_starts(table, names)
+    heads = pa.table(
+        {
+            "offset": table.column("offset"),
+            "publish_ms": table.column("publish_time").cast(pa.int64()),
+            "producer_id": table.column("producer_id"),
+            "sequence": table.column("sequence"),
+        }
+    ).take(pa.array(starts))
+    ends = [*starts[1:].tolist(), table.num_rows]
+    yield from zip(starts.tolist(), ends, heads.to_pylist(), strict=True)
 
 
 def _stored_runs(table: pa.Table) -> Iterator[StoredBatch]:
     """Split rows into runs of one stored batch (publish time, producer, sequence)."""
-    if table.num_rows == 0:
-        return
-    times = table.column("publish_time").cast(pa.int64()).to_numpy()
-    keys = list(
-        zip(
-            times.tolist(),
-            table.column("producer_id").to_pylist(),
-            table.column("sequence").to_pylist(),
-            strict=True,
-        )
-    )
-    starts = [0] + [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]]
     records = pa.Table.from_arrays(
         [table.column(name) for name in BATCH_SCHEMA.names], schema=BATCH_SCHEMA
     )
-    offsets = table.column("offset")
-    for begin, end in zip(starts, [*starts[1:], len(keys)], strict=True):
-        publish, producer, sequence = keys[begin]
-        chunk = records.slice(begin, end - begin).combine_chunks()
+    for begin, end, first in _runs(table, ("publish_time", "producer_id", "sequence")):
         yield StoredBatch(
-            base_offset=offsets[begin].as_py(),
-            publish_time_ms=publish,
-            producer_id=producer,
-            sequence=sequence,
-            records=chunk.to_batches()[0],
+            base_offset=first["offset"],
+            publish_time_ms=first["publish_ms"],
+            producer_id=first["producer_id"],
+            sequence=first["sequence"],
+            records=records.slice(begin, end - begin).combine_chunks().to_batches()[0],
         )

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from test_tier import MOTO, _free_port, _s3_uri, wait_until_listening
+from test_tier import _s3_uri, s3_server
 
 from runtime.batch import DELIVERY_SCHEMA, make_batch
 from runtime.errors import (
@@ -21,7 +20,6 @@ from runtime.errors import (
 from runtime.names import SegmentName, TopicName
 from storage.durability import Durability
 from storage.segment_store import SegmentStore
-from storage.tier import open_tier
 from storage.topic_storage import segment_directory
 
 NAME: SegmentName = TopicName("acme", "prod", "orders").segment(7, 0x0000, 0x7FFF)
@@ -386,24 +384,11 @@ def test_a_crash_on_either_side_of_the_switch_leaves_one_readable_copy(tmp_path:
 
 def test_a_tiered_segment_is_deleted_even_while_its_object_store_is_down(tmp_path: Path) -> None:
     """The topic's metadata may already be gone: the deletion goes on, the objects stay."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        endpoint = f"127.0.0.1:{port}"
-        wait_until_listening(port)
-        filesystem, _ = open_tier(_s3_uri(endpoint, "tier") + "&allow_bucket_creation=true")
-        filesystem.create_dir("tier")
+    with s3_server() as endpoint:
         store = open_store(tmp_path / "root")
         store.append(batch_of(0, 10), None, None)
         store.terminate(1)
         uri = _s3_uri(endpoint, "tier/down")
         store.use_tier(uri, "tier/down/7", store.copy_to_tier(uri, "tier/down/7"))
-    finally:
-        server.terminate()
-        server.wait(10)
     store.delete(2)
     assert not segment_directory(tmp_path / "root", NAME, INCARNATION).exists()

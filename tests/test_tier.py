@@ -8,6 +8,7 @@ with the store's reason.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -48,9 +49,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """A moto S3 server on loopback, with one bucket."""
+@contextlib.contextmanager
+def s3_server() -> Iterator[str]:
+    """A moto S3 server on loopback with a bucket ``tier``; its endpoint. Stopped on exit."""
     port = _free_port()
     server = subprocess.Popen(
         [str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
@@ -66,6 +67,12 @@ def s3_endpoint() -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with s3_server() as endpoint:
+        yield endpoint
 
 
 def wait_until_listening(port: int, server: subprocess.Popen | None = None) -> None:
