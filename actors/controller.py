@@ -123,6 +123,19 @@ class ScalableTopicController:
         self._check(credential, Permission.LOOKUP)
         return await self._ready()
 
+    async def wake_segment(self, segment_id: int, *, credential: str | None = None) -> bool:
+        """Start the actor of a tiered segment of the layout whose process exited while
+        idle (``SegmentFleet.wake``); False when the segment does not hibernate."""
+        self._check(credential, Permission.LOOKUP)
+        record = self._read_record()
+        info = record.layout.all_segments.get(segment_id)
+        if info is None:
+            return False
+        if record.incarnation != self.fleet.incarnation:
+            await self._ready()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.fleet.wake, info.name(self.topic))
+
     async def _ready(self) -> dict[str, Any]:
         async with self._lock:
             await self._recover()
@@ -246,7 +259,8 @@ class ScalableTopicController:
             await self._recover()
             layout = self._read_record().layout
             for segment in layout.all_segments.values():  # sealed ones serve their backlog
-                self.fleet.handle(segment.name(self.topic))
+                if self.fleet.storage().tiered(segment.segment_id) is None:
+                    self.fleet.handle(segment.name(self.topic))
             self._write_identity()
         return {
             "topic": str(self.topic),
@@ -468,12 +482,7 @@ class ScalableTopicController:
         names = self._all_names()
         if meta.state == "CREATING":
             await asyncio.gather(
-                *(
-                    self.fleet.handle(n).create_subscription.remote(
-                        name, meta.position, self.epoch, credential=guard().internal_token()
-                    )
-                    for n in names
-                )
+                *(self.fleet.create_subscription(n, name, meta.position, self.epoch) for n in names)
             )
             self.catalog.update_subscription(self.topic, name, _in_state("ACTIVE"))
             coordinator_actor(self.topic, name)
@@ -481,12 +490,7 @@ class ScalableTopicController:
         else:
             await self._stop_coordinator(name)
             await asyncio.gather(
-                *(
-                    self.fleet.handle(n).delete_subscription.remote(
-                        name, self.epoch, credential=guard().internal_token()
-                    )
-                    for n in names
-                )
+                *(self.fleet.delete_subscription(n, name, self.epoch) for n in names)
             )
             self.catalog.delete_subscription(self.topic, name)
             self._write_identity()

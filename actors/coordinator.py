@@ -26,7 +26,7 @@ import ray
 from actors.dag_watch import DagWatch
 from actors.guard import guard
 from actors.registry import get_or_start
-from actors.segment import segment_actor
+from actors.segment import find_segment_actor
 from runtime.auth import Permission
 from runtime.config import apply_settings
 from runtime.coordination import GroupState
@@ -260,8 +260,9 @@ class SubscriptionCoordinator:
         if info is None or info.is_active:
             raise ConflictError(f"segment {segment_id} is not sealed: it cannot be finished")
         rng = info.hash_range
-        handle = segment_actor(self.topic.segment(segment_id, rng.start, rng.end))
         credential = self._guard.internal_token()
+        segment = self.topic.segment(segment_id, rng.start, rng.end)
+        handle = await find_segment_actor(segment, credential=credential)  # it may hibernate
         if self.meta.kind == "subscription":
             status = await handle.position.remote(self.subscription, credential=credential)
             done, detail = status["drained"], f"cursor at {status['position']}"

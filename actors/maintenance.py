@@ -32,6 +32,9 @@ from runtime.errors import (
 from runtime.layout import SegmentLayout
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
 from runtime.retention import SealedSegmentState, prunable
+from runtime.tiering import idle_tiered
+from storage.segment_store import hibernated_stats
+from storage.tier_records import TieredRecord
 
 if TYPE_CHECKING:
     from actors.controller import ScalableTopicController
@@ -50,6 +53,10 @@ class TopicMaintenance:
         self._last_change: float | None = None
         self.held_back: dict[str, Any] | None = None
         self._tier = TierMover(controller.topic, controller.metrics)
+        # Tiered segments' records, read once each: a hibernating segment cannot change
+        # its own, and the fleet says when it changed one (``records_changed``).
+        self._records: dict[int, TieredRecord] = {}
+        self._records_changed = -1
 
     def start(self) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(self._run_forever())
@@ -79,7 +86,12 @@ class TopicMaintenance:
         if policy.autoscale is not None:
             await self._autoscale(record.layout, stats, policy.autoscale)
         if policy.tiering is not None:
-            self._tier.round(record.layout, stats, policy.tiering, self._handle_of(record.layout))
+            hibernate = self._hibernate(record.layout)
+            for segment_id in idle_tiered(stats, policy.tiering.idle_s):
+                hibernate(segment_id)
+            self._tier.round(
+                record.layout, stats, policy.tiering, self._handle_of(record.layout), hibernate
+            )
         return policy
 
     def _handle_of(self, layout: SegmentLayout) -> Callable[[int], ray.actor.ActorHandle | None]:
@@ -87,15 +99,36 @@ class TopicMaintenance:
         fleet, topic = self._ctl.fleet, self._ctl.topic
         return lambda segment_id: fleet.watched(layout.get(segment_id).name(topic))
 
+    def _hibernate(self, layout: SegmentLayout) -> Callable[[int], None]:
+        """End a tiered segment's actor (moved, or idle for the policy's ``idleS``)."""
+        fleet, topic = self._ctl.fleet, self._ctl.topic
+
+        def hibernate(segment_id: int) -> None:
+            log.info("%s: segment %d is tiered and idle: its actor exits", topic, segment_id)
+            fleet.hibernate(layout.get(segment_id).name(topic))
+            self._records.pop(segment_id, None)  # its cursors may have moved meanwhile
+
+        return hibernate
+
     async def _observe(self) -> tuple[TopicRecord, dict[int, dict[str, Any]]] | None:
-        """The record and the stats of every segment that answers; None without a topic
-        (or while an operation is in progress: its layout is about to change)."""
+        """The record and the stats of every segment that answers, hibernating ones' from
+        their records; None without a topic (or while an operation is in progress: its
+        layout is about to change)."""
         ctl = self._ctl
         record = ctl.catalog.topic(ctl.topic)
         if record is None or record.pending_operation is not None:
             return None
         names = {s.segment_id: s.name(ctl.topic) for s in record.layout.all_segments.values()}
-        handles = {i: h for i, n in names.items() if (h := ctl.fleet.watched(n)) is not None}
+        tiered = set(ctl.fleet.storage().records.segment_ids())
+        handles = {}
+        for segment_id, name in names.items():
+            if ctl.fleet.hibernating(name):
+                continue
+            handle = ctl.fleet.watched(name)
+            if handle is not None:
+                handles[segment_id] = handle
+            elif segment_id in tiered:
+                ctl.fleet.found_hibernating(name)
         found = await asyncio.gather(
             *(h.stats.remote(credential=guard().internal_token()) for h in handles.values()),
             return_exceptions=True,
@@ -104,9 +137,27 @@ class TopicMaintenance:
         for segment_id, st in zip(handles, found, strict=True):
             if isinstance(st, dict):
                 stats[segment_id] = st
+                self._records.pop(segment_id, None)  # awake: its record may change
             elif isinstance(st, RayActorError):
                 ctl.fleet.forget(names[segment_id])  # look it up afresh next round
+        for segment_id in tiered & names.keys() - handles.keys():
+            if ctl.fleet.hibernating(names[segment_id]):
+                stored = self._record(segment_id)
+                if stored is not None:
+                    stats[segment_id] = hibernated_stats(names[segment_id], stored)
         return record, stats
+
+    def _record(self, segment_id: int) -> TieredRecord | None:
+        fleet = self._ctl.fleet
+        if fleet.records_changed != self._records_changed:
+            self._records.clear()
+            self._records_changed = fleet.records_changed
+        if segment_id not in self._records:
+            stored = fleet.storage().tiered(segment_id)
+            if stored is None:
+                return None
+            self._records[segment_id] = stored
+        return self._records[segment_id]
 
     async def _retain_active(self, layout: SegmentLayout, retention: RetentionPolicy) -> None:
         """Time and size retention of the active segments (whole batches from the head)."""

@@ -24,6 +24,7 @@ from actors.registry import alive_actor_names
 from runtime.names import TopicName
 from runtime.readiness import MAX_LISTED
 from storage.catalog import Catalog
+from storage.tier_records import TierRecords
 
 POLL_S = 0.2
 
@@ -31,12 +32,15 @@ POLL_S = 0.2
 def topic_readiness(catalog: Catalog, name: TopicName) -> dict[str, Any]:
     """``{"state": "ready"|"starting", "segments", "running", "notRunning": [ids]}``
     (``TopicNotFoundError`` if the topic does not exist)."""
-    layout = catalog.require_topic(name).layout
+    record = catalog.require_topic(name)
+    layout = record.layout
     alive = alive_actor_names(f"segment:{name.short}/")
+    # A tiered segment's actor runs only while readers use it, and starts on demand.
+    on_demand = set(TierRecords(catalog.store, name, record.incarnation).segment_ids())
     waiting = [
         info.segment_id
         for info in layout.all_segments.values()
-        if info.name(name).actor_name not in alive
+        if info.name(name).actor_name not in alive and info.segment_id not in on_demand
     ]
     return {
         "topic": str(name),

@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import ray
+from ray.exceptions import RayActorError
 
 from actors.appender import SegmentAppender
 from actors.capacity import segment_memory
@@ -45,6 +46,7 @@ from runtime.errors import (
 )
 from runtime.limits import LiveLimits
 from runtime.names import SegmentName
+from runtime.remote import call
 from storage.catalog import Catalog
 from storage.cursors import Position
 from storage.durability import Durability, default_storage_root
@@ -99,6 +101,7 @@ class SegmentActor:
         self._metrics = SegmentMetrics(self._name)
         self._offloading = asyncio.Lock()
         self._tier_error: dict[str, Any] | None = None  # the last failed move to the tier
+        self._last_used = time.monotonic()  # a reader's or writer's last call: idle since
         # The authority on sizes, following the operator's changes within seconds.
         limits = LiveLimits(Catalog(), self._namespace)
         self._appender = SegmentAppender(
@@ -306,6 +309,7 @@ class SegmentActor:
         self._check(credential, Permission.ADMIN)
         self._metrics.flush()  # asked every maintenance round: quiet segments report too
         stats = self._store.stats()
+        stats["idleS"] = round(time.monotonic() - self._last_used, 3)
         if self._tier_error is not None:
             stats["tierError"] = self._tier_error
         return stats
@@ -331,6 +335,8 @@ class SegmentActor:
     # --- internals ---------------------------------------------------------------
 
     def _check(self, credential: str | None, permission: Permission) -> None:
+        if permission is not Permission.ADMIN:
+            self._last_used = time.monotonic()
         try:
             self._guard.check(credential, permission, self._namespace)
         except ScalableTopicsError as err:
@@ -364,6 +370,7 @@ class SegmentActor:
         """The read of a Ray call and of the data plane alike (not the actor method
         itself: Ray wraps those for tracing)."""
         max_records = min(max_records, MAX_READ_RECORDS)
+        self._last_used = time.monotonic()
         if wait_s > 0 and max_records > 0 and self._store.waits_at(offset):
             await self._wait(min(wait_s, MAX_READ_WAIT_S))  # nothing yet: read once woken
         batch = self._store.read(offset, max_records)
@@ -426,27 +433,34 @@ def segment_actor(
 
 
 async def find_segment_actor(
-    name: SegmentName, timeout_s: float | None = None, *, unless_dead: bool = False
+    name: SegmentName,
+    timeout_s: float | None = None,
+    *,
+    unless_dead: bool = False,
+    credential: str | None = None,
 ) -> ray.actor.ActorHandle:
-    """The segment's running actor, waiting while it is not registered yet.
+    """The segment's running actor, started again if it hibernates, waiting while it is not
+    registered yet.
 
     Clients learn of a segment from the layout, and the controller registers a
     new segment's actor only around the layout commit (and a controller that
     dies in between leaves it to its next incarnation), so a client may be a
-    moment early. ``SegmentNotFoundError`` once ``timeout_s`` has passed: the
-    segment was deleted, or nobody brought its actor back (``LOOKUP_WAIT_S`` by default).
-    ``unless_dead``: at once when Ray's actor table says the actor died for good (a
-    planner that can go on without the segment need not wait for what will not come).
+    moment early. A tiered segment's actor exits when idle; its controller starts
+    it again when asked (``credential`` needs ``lookup``). ``SegmentNotFoundError``
+    once ``timeout_s`` has passed: the segment was deleted, or nobody brought its
+    actor back (``LOOKUP_WAIT_S`` by default). ``unless_dead``: at once when Ray's
+    actor table says the actor died for good and it does not hibernate (a planner
+    that can go on without the segment need not wait for what will not come).
     """
     timeout_s = LOOKUP_WAIT_S if timeout_s is None else timeout_s
-    if unless_dead:
-        try:
-            return segment_actor(name)
-        except ValueError:
-            if await asyncio.to_thread(gone_for_good, name.actor_name):
-                raise SegmentNotFoundError(
-                    f"{name}'s actor died and Ray will not restart it"
-                ) from None
+    try:
+        return segment_actor(name)
+    except ValueError:
+        pass
+    if await _wake(name, credential):
+        unless_dead = False  # its controller is starting it
+    if unless_dead and await asyncio.to_thread(gone_for_good, name.actor_name):
+        raise SegmentNotFoundError(f"{name}'s actor died and Ray will not restart it")
     deadline = time.monotonic() + timeout_s
     delay = 0.01
     while True:
@@ -459,3 +473,17 @@ async def find_segment_actor(
                 ) from None
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.5)
+
+
+async def _wake(name: SegmentName, credential: str | None) -> bool:
+    """Whether the topic's controller started ``name``'s actor because it hibernates (a
+    refusal of ``credential`` is raised; no controller running: False, and the caller
+    waits as for any segment that is not registered yet)."""
+    try:
+        controller = lookup(name.topic.controller_actor_name)
+    except ValueError:
+        return False
+    try:
+        return await call(controller.wake_segment.remote(name.segment_id, credential=credential))
+    except RayActorError:
+        return False

@@ -55,11 +55,16 @@ class SegmentFleet:
         self._on_start_failure = on_start_failure
         self._watch_handles: dict[SegmentName, ray.actor.ActorHandle] = {}
         self._starting: set[asyncio.Future] = set()
+        # Bumped by every change the fleet makes to a tiered segment's record itself, so
+        # an observer caching records knows to read them again.
+        self.records_changed = 0
+        self._hibernating: set[SegmentName] = set()  # ended by ``hibernate``, not since started
 
     # --- handles -------------------------------------------------------------------------
 
     def handle(self, name: SegmentName) -> ray.actor.ActorHandle:
         """The segment's actor, started (on its existing storage) if it is not running."""
+        self._hibernating.discard(name)
         return segment_actor(
             name,
             create=True,
@@ -83,6 +88,58 @@ class SegmentFleet:
     def forget(self, name: SegmentName) -> None:
         """Look ``name`` up afresh next time (its actor died or was replaced)."""
         self._watch_handles.pop(name, None)
+
+    # --- tiered segments ------------------------------------------------------------------
+
+    def wake(self, name: SegmentName) -> bool:
+        """Start a tiered segment's actor if it hibernates (it opens from its record, on any
+        node); False when the segment is not tiered. Blocking: a GCS round trip."""
+        if self.storage().tiered(name.segment_id) is None:
+            return False
+        self.handle(name)
+        return True
+
+    def hibernate(self, name: SegmentName) -> None:
+        """End a tiered segment's actor: nothing of it is on a node, so the next reader
+        starts it again anywhere (``wake``). A call in flight fails and is retried by its
+        client, which wakes it."""
+        self.forget(name)
+        self._hibernating.add(name)
+        with contextlib.suppress(ValueError):
+            ray.kill(segment_actor(name), no_restart=True)
+
+    def hibernating(self, name: SegmentName) -> bool:
+        """Whether the fleet ended the segment's actor and nobody has started it since
+        through the fleet (observers skip looking it up: one GCS round trip saved each)."""
+        return name in self._hibernating
+
+    def found_hibernating(self, name: SegmentName) -> None:
+        """A tiered segment observed without an actor (after a controller restart)."""
+        self._hibernating.add(name)
+
+    async def create_subscription(
+        self, name: SegmentName, subscription: str, position: str, epoch: int
+    ) -> None:
+        """A subscription's cursor on the segment: in a hibernating tiered segment's record
+        (creating a subscription must not wake every tiered segment), else by its actor."""
+        if self._running(name) is None and self.storage().records.add_cursor(
+            name.segment_id, subscription, position, epoch
+        ):
+            self.records_changed += 1
+            return
+        await self.handle(name).create_subscription.remote(
+            subscription, position, epoch, credential=guard().internal_token()
+        )
+
+    async def delete_subscription(self, name: SegmentName, subscription: str, epoch: int) -> None:
+        if self._running(name) is None and self.storage().records.delete_cursor(
+            name.segment_id, subscription, epoch
+        ):
+            self.records_changed += 1
+            return
+        await self.handle(name).delete_subscription.remote(
+            subscription, epoch, credential=guard().internal_token()
+        )
 
     # --- creating -----------------------------------------------------------------------
 
@@ -194,6 +251,12 @@ class SegmentFleet:
         return IncarnationStorage(self.root, self.topic, self._current(), self.durability)
 
     # --- internals ----------------------------------------------------------------------
+
+    def _running(self, name: SegmentName) -> ray.actor.ActorHandle | None:
+        try:
+            return segment_actor(name)
+        except ValueError:
+            return None
 
     def _current(self) -> str:
         if self.incarnation is None:

@@ -189,7 +189,10 @@ async def _offsets_of(
 ) -> SegmentOffsets | None:
     async def ask() -> SegmentOffsets:
         handle = await find_segment_actor(
-            layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S, unless_dead=True
+            layout.get(segment_id).name(name),
+            SEGMENT_TIMEOUT_S,
+            unless_dead=True,
+            credential=guard().internal_token(),
         )
         status = await call(handle.position.remote(credential=guard().internal_token()))
         return SegmentOffsets(status["startOffset"], status["endOffset"])
@@ -206,7 +209,10 @@ async def _offsets_at_time(name: TopicName, layout: SegmentLayout, time_ms: int)
 
     async def ask(segment_id: int) -> int:
         handle = await find_segment_actor(
-            layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S, unless_dead=True
+            layout.get(segment_id).name(name),
+            SEGMENT_TIMEOUT_S,
+            unless_dead=True,
+            credential=guard().internal_token(),
         )
         answer = handle.offset_at_time.remote(time_ms, credential=guard().internal_token())
         return await call(answer)
@@ -218,7 +224,10 @@ async def _offsets_at_time(name: TopicName, layout: SegmentLayout, time_ms: int)
 
 async def _endpoint(name: TopicName, layout: SegmentLayout, segment_id: int) -> dict[str, Any]:
     handle = await find_segment_actor(
-        layout.get(segment_id).name(name), SEGMENT_TIMEOUT_S, unless_dead=True
+        layout.get(segment_id).name(name),
+        SEGMENT_TIMEOUT_S,
+        unless_dead=True,
+        credential=guard().internal_token(),
     )
     endpoint = await call(handle.data_endpoint.remote(credential=guard().internal_token()))
     return {"host": endpoint.host, "port": endpoint.port, "tls": endpoint.tls}

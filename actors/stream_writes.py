@@ -169,7 +169,9 @@ def _routing_hashes(records: Sequence[Record], partition: int, chunk: int) -> np
 
 
 async def _handle(name: TopicName, layout: SegmentLayout, segment_id: int) -> Any:
-    return await find_segment_actor(layout.get(segment_id).name(name))
+    return await find_segment_actor(
+        layout.get(segment_id).name(name), credential=guard().internal_token()
+    )
 
 
 def _internal() -> str | None:

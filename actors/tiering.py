@@ -2,8 +2,9 @@
 
 Each maintenance round hands it the layout and every segment's stats; it asks the
 segments that are due (``runtime.tiering``) to move themselves (``offload`` on the
-segment actor, which copies, checks, commits and then drops its local log), one
-call per segment in the background, since a move takes as long as its upload. A
+segment actor, which copies, checks, commits and then drops its local storage), one
+call per segment in the background, since a move takes as long as its upload; a
+moved segment's actor then exits (it hibernates until a reader needs it). A
 failed move is retried after a growing delay, counted in metrics and shown in the
 segment's stats (``tierError``); the local copy serves all along.
 """
@@ -41,8 +42,10 @@ class TierMover:
         stats: Mapping[int, Mapping[str, Any]],
         policy: TieringPolicy,
         handle_of: Callable[[int], ray.actor.ActorHandle | None],
+        moved: Callable[[int], None],
     ) -> None:
-        """Start the moves that are due and not running or waiting for a retry."""
+        """Start the moves that are due and not running or waiting for a retry; ``moved``
+        is told of each segment whose move committed."""
         now = time.monotonic()
         for segment_id in due_for_tier(layout, stats, policy.after_s, time.time_ns() // 10**6):
             if segment_id in self._moving or self._failures.get(segment_id, (0, 0.0))[1] > now:
@@ -50,14 +53,21 @@ class TierMover:
             handle = handle_of(segment_id)
             if handle is not None:
                 move = asyncio.get_running_loop().create_task(
-                    self._move(segment_id, handle, policy.uri)
+                    self._move(segment_id, handle, policy.uri, moved)
                 )
                 self._moving[segment_id] = move
 
-    async def _move(self, segment_id: int, handle: ray.actor.ActorHandle, uri: str) -> None:
+    async def _move(
+        self,
+        segment_id: int,
+        handle: ray.actor.ActorHandle,
+        uri: str,
+        moved: Callable[[int], None],
+    ) -> None:
         try:
             await handle.offload.remote(uri, credential=guard().internal_token())
             self._failures.pop(segment_id, None)
+            moved(segment_id)
         except Exception as err:  # the store may be down: retry later, keep serving locally
             failures = self._failures.get(segment_id, (0, 0.0))[0] + 1
             delay = retry_delay_s(failures)

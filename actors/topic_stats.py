@@ -17,13 +17,15 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from actors.controller import controller_actor
 from actors.guard import guard
 from actors.readiness import topic_readiness
-from actors.segment import find_segment_actor
+from actors.segment import find_segment_actor, segment_actor
 from runtime.errors import SegmentNotFoundError, UnavailableSegmentsError
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
 from runtime.remote import call
 from storage.catalog import Catalog
 from storage.metadata import metadata_durability
+from storage.segment_store import hibernated_stats
+from storage.tier_records import TierRecords, tier_records
 
 _UNANSWERED = (
     SegmentNotFoundError,  # no such actor (yet)
@@ -39,8 +41,9 @@ async def topic_stats(catalog: Catalog, name: TopicName, timeout_s: float) -> di
     """The stats document of ``name`` (``TopicNotFoundError`` if it does not exist)."""
     record = catalog.require_topic(name)
     segments = list(record.layout.all_segments.values())
+    records = tier_records(name, record.incarnation)
     stats, autoscale = await asyncio.gather(
-        asyncio.gather(*(_segment_stats(s.name(name), timeout_s) for s in segments)),
+        asyncio.gather(*(_segment_stats(s.name(name), records, timeout_s) for s in segments)),
         _autoscale_status(name, timeout_s),
     )
     missing = [s.segment_id for s, st in zip(segments, stats, strict=True) if st is None]
@@ -70,10 +73,19 @@ def _starting(readiness: dict[str, Any]) -> str:
     )
 
 
-async def _segment_stats(name: SegmentName, timeout_s: float) -> dict[str, Any] | None:
-    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``."""
+async def _segment_stats(
+    name: SegmentName, records: TierRecords, timeout_s: float
+) -> dict[str, Any] | None:
+    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``; a tiered
+    segment whose actor hibernates answers from its record (asking must not wake it)."""
 
     async def ask() -> dict[str, Any]:
+        try:
+            segment_actor(name)
+        except ValueError:
+            stored = await asyncio.to_thread(records.get, name.segment_id)
+            if stored is not None:
+                return hibernated_stats(name, stored)
         handle = await find_segment_actor(name, timeout_s)  # a new one may be registering
         return await call(handle.stats.remote(credential=guard().internal_token()))
 
@@ -119,6 +131,7 @@ def _aggregate(
             "hashRange": {"start": info.hash_range.start, "end": info.hash_range.end},
             **{k: st[k] for k in ("records", "sizeBytes", "endOffset", "terminated")},
             "tiered": st.get("tiered", False),
+            "hibernating": st.get("hibernating", False),
             **({"tierError": st["tierError"]} if "tierError" in st else {}),
             "subscriptions": st["subscriptions"],
         }
@@ -134,6 +147,7 @@ def _aggregate(
         "records": sum(s["records"] for s in stats),
         "sizeBytes": sum(s["sizeBytes"] for s in stats),
         "tieredBytes": sum(s["sizeBytes"] for s in stats if s.get("tiered")),
+        "hibernatingSegments": sum(1 for s in stats if s.get("hibernating")),
         "segments": per_segment,
         "subscriptions": {
             sub: {**subscriptions.get(sub, {"state": "UNKNOWN", "consumers": 0}), "backlog": total}

@@ -219,7 +219,7 @@ class GroupConsumerCore:
         for segment_id, spec in wanted.items():
             if segment_id not in self.readers and segment_id not in self.finished:
                 name = SegmentName.parse(spec["segmentTopic"])
-                handle = await find_segment_actor(name)
+                handle = await find_segment_actor(name, credential=self.credential)
                 position = await self._start_position(handle, name, spec.get("startPosition"))
                 reader = _Reader(name, handle, position, self.credential)
                 self.readers[segment_id] = reader

@@ -321,7 +321,9 @@ class _SegmentSender:
 
     async def _append(self, sequence: int, chunk: _Chunk, deadline: float) -> int:
         """One append over the configured transport; returns the base offset."""
-        self.handle = self.handle or await find_segment_actor(self.name)  # after a failure
+        self.handle = self.handle or await find_segment_actor(
+            self.name, credential=self.core.credential
+        )  # after a failure
         producer_id = self.core.producer_id
         if self.core.config.transport == "ray":
             ref = self.handle.append.remote(
@@ -345,7 +347,7 @@ class _SegmentSender:
         own could overtake one another on the data plane, and a frame that overtook
         its predecessor waits for it, parked in front of it."""
         try:
-            self.handle = await find_segment_actor(self.name)
+            self.handle = await find_segment_actor(self.name, credential=self.core.credential)
         except Exception as err:  # noqa: BLE001 - queued sends must fail, never hang
             queued, self.queue = list(self.queue), deque()
             for chunk in queued:

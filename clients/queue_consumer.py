@@ -96,7 +96,9 @@ class _QueueCore:
 
     async def _pull(self, segment_id: int, name: SegmentName) -> None:
         try:
-            handle = self.handles[segment_id] = await find_segment_actor(name)
+            handle = self.handles[segment_id] = await find_segment_actor(
+                name, credential=self.credential
+            )
         except SegmentNotFoundError:
             return  # deleted (retention pruned it, or the topic is going): nothing to pull
         while not self.closed:

@@ -74,7 +74,7 @@ from ray.exceptions import (
 )
 
 from actors.dag_watch import fetch_layout
-from actors.segment import MAX_READ_RECORDS, segment_actor
+from actors.segment import MAX_READ_RECORDS, find_segment_actor, segment_actor
 from clients._ray import background_loop
 from clients.checkpoint_consumer import Checkpoint
 from clients.producer import Producer
@@ -82,7 +82,12 @@ from runtime.auth import Permission, client_credential
 from runtime.batch import PROPERTIES_TYPE
 from runtime.config import env_float
 from runtime.connect import connect
-from runtime.errors import InvalidArgumentError, ScalableTopicsError, UnavailableSegmentsError
+from runtime.errors import (
+    InvalidArgumentError,
+    ScalableTopicsError,
+    SegmentNotFoundError,
+    UnavailableSegmentsError,
+)
 from runtime.hashing import key_hashes
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
@@ -298,14 +303,14 @@ async def _probe(
 ) -> dict[str, Any] | None:
     """The end offset (and the subscription's cursor) of a running actor; None when it did
     not answer by ``deadline``. Looks the actor up again after each failure, never creates
-    it."""
+    it (a hibernating tiered segment's is started by its controller)."""
     while True:
         remaining = deadline - time.monotonic()
         try:
-            handle = segment_actor(segment)
+            handle = await find_segment_actor(segment, max(remaining, 0.001), credential=credential)
             status = handle.position.remote(subscription, credential=credential)
             return await asyncio.wait_for(call(status), max(remaining, 0.001))
-        except (ValueError, TimeoutError, *_RESTART_ERRORS):
+        except (SegmentNotFoundError, TimeoutError, *_RESTART_ERRORS):
             if time.monotonic() + _RETRY_PAUSE_S >= deadline:
                 return None
             await asyncio.sleep(_RETRY_PAUSE_S)

@@ -90,7 +90,8 @@ class RetentionPolicy(_Model):
 
 class TieringPolicy(_Model):
     """Sealed segments move to an object store once sealed for ``after_s`` seconds, and are
-    served from there (``storage.tier``). Credentials belong in the cluster's environment
+    served from there (``storage.tier``) by a process started when a reader needs one and
+    stopped after ``idle_s`` unused. Credentials belong in the cluster's environment
     (``AWS_ACCESS_KEY_ID``…); any put in the URI are hidden wherever it is shown."""
 
     uri: str = Field(
@@ -100,6 +101,11 @@ class TieringPolicy(_Model):
     after_s: float = Field(
         default=60.0, alias="afterS", ge=0, le=10 * 365 * 86400,
         description="seconds a segment stays sealed on local disk before it moves",
+    )  # fmt: skip
+    idle_s: float = Field(
+        default=60.0, alias="idleS", ge=0, le=86400,
+        description="seconds a tiered segment woken by a reader stays up unused before "
+        "its process exits again (it is started again on demand)",
     )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import re
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from runtime.errors import InvalidArgumentError, SubscriptionNotFoundError
 from storage.files import atomic_write, fsync_directory
@@ -148,8 +148,22 @@ class Cursor:
             del ranges[:first_kept]
 
 
-class CursorStore:
-    """All cursors of one segment, each persisted as ``cursors/{name}.json``.
+class CursorBackend(Protocol):
+    """Where a segment's cursors persist: its directory, or the metadata record of a
+    tiered segment (``storage.tier_records``)."""
+
+    def load(self) -> Iterator[Cursor]: ...
+
+    def save(self, cursor: Cursor, *, create: bool) -> bool:
+        """Persist ``cursor``; without ``create`` only over one still stored (returns
+        whether it was: a subscription deleted by another writer stays deleted)."""
+        ...
+
+    def remove(self, name: str) -> None: ...
+
+
+class CursorFiles:
+    """Each cursor as ``cursors/{name}.json`` in the segment's directory.
 
     One small file per cursor means an ack rewrites only its own subscription's
     state, and the write-to-temp + rename makes every update all-or-nothing
@@ -159,9 +173,50 @@ class CursorStore:
     def __init__(self, directory: Path, *, fsync: bool) -> None:
         self._directory = Path(directory) / "cursors"
         self._fsync = fsync
-        self._lock = threading.Lock()
         self._directory.mkdir(parents=True, exist_ok=True)
-        self._cursors: dict[str, Cursor] = dict(self._load())
+
+    def load(self) -> Iterator[Cursor]:
+        for path in self._directory.iterdir():
+            if path.name.endswith(".tmp"):
+                path.unlink()  # an update interrupted before its rename; the old file stands
+            elif path.name.endswith(_SUFFIX):
+                yield Cursor.from_dict(json.loads(path.read_bytes()))
+
+    def save(self, cursor: Cursor, *, create: bool) -> bool:
+        data = json.dumps(cursor.to_dict(), separators=(",", ":")).encode()
+        atomic_write(self._path(cursor.name), data, fsync=self._fsync)
+        return True  # the segment's own actor is the only writer of its files
+
+    def remove(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)
+        if self._fsync:
+            fsync_directory(self._directory)
+
+    def _path(self, name: str) -> Path:
+        return self._directory / f"{name}{_SUFFIX}"
+
+
+class CursorStore:
+    """All cursors of one segment, in memory and persisted on every change.
+
+    Who calls: the segment's store, for its actor (acks, subscriptions). What it
+    affects: the backend's copy, before the call returns.
+    """
+
+    def __init__(
+        self,
+        directory: Path | None = None,
+        *,
+        fsync: bool = False,
+        backend: CursorBackend | None = None,
+    ) -> None:
+        if backend is None:
+            if directory is None:
+                raise ValueError("a cursor store needs a directory or a backend")
+            backend = CursorFiles(directory, fsync=fsync)
+        self._backend = backend
+        self._lock = threading.Lock()
+        self._cursors: dict[str, Cursor] = {c.name: c for c in backend.load()}
 
     def create(self, name: str, position: Position, start_offset: int, end_offset: int) -> Cursor:
         """Create a cursor at the first or the next offset; an existing cursor is kept
@@ -178,7 +233,7 @@ class CursorStore:
             if cursor is None:
                 mark = start_offset if position == "earliest" else end_offset
                 cursor = Cursor(name, mark)
-                self._persist(cursor)
+                self._backend.save(cursor, create=True)
                 self._cursors[name] = cursor
             return cursor.copy()
 
@@ -191,13 +246,16 @@ class CursorStore:
         with self._lock:
             return sorted(self._cursors)
 
+    def snapshot(self) -> list[Cursor]:
+        """Copies of every cursor (what a move to the tier carries over)."""
+        with self._lock:
+            return [c.copy() for c in self._cursors.values()]
+
     def delete(self, name: str) -> None:
         validate_subscription_name(name)
         with self._lock:
             self._cursors.pop(name, None)
-            self._path(name).unlink(missing_ok=True)
-            if self._fsync:
-                fsync_directory(self._directory)
+            self._backend.remove(name)
 
     def ack_cumulative(self, name: str, offset: int) -> None:
         with self._lock:
@@ -214,23 +272,18 @@ class CursorStore:
     def _live(self, name: str) -> Cursor:
         cursor = self._cursors.get(name)
         if cursor is None:
+            # Another writer (the controller, for a tiered segment) may have added it.
+            for stored in self._backend.load():
+                self._cursors.setdefault(stored.name, stored)
+            cursor = self._cursors.get(name)
+        if cursor is None:
             raise SubscriptionNotFoundError(f"subscription {name!r} does not exist")
         return cursor
 
-    def _path(self, name: str) -> Path:
-        return self._directory / f"{name}{_SUFFIX}"
-
     def _persist(self, cursor: Cursor) -> None:
-        data = json.dumps(cursor.to_dict(), separators=(",", ":")).encode()
-        atomic_write(self._path(cursor.name), data, fsync=self._fsync)
-
-    def _load(self) -> Iterator[tuple[str, Cursor]]:
-        for path in self._directory.iterdir():
-            if path.name.endswith(".tmp"):
-                path.unlink()  # an update interrupted before its rename; the old file stands
-            elif path.name.endswith(_SUFFIX):
-                cursor = Cursor.from_dict(json.loads(path.read_bytes()))
-                yield cursor.name, cursor
+        if not self._backend.save(cursor, create=False):
+            self._cursors.pop(cursor.name, None)
+            raise SubscriptionNotFoundError(f"subscription {cursor.name!r} was deleted")
 
 
 def stored_subscriptions(segment_directory: Path) -> list[str]:

@@ -4,8 +4,9 @@ it: the seam between the segments and where their bytes live.
 Everything that creates, opens or deletes a segment's storage goes through this
 class: the controller's fleet lays out new segments before metadata names them
 and removes ended ones, and a segment actor opens its own. Callers name segments,
-never directories, so a second place for segment data (an object-store tier)
-changes this module, not theirs.
+never directories: a segment's bytes are in a local directory until they move to
+an object-store tier, after which the segment is its record in the metadata store
+(``storage.tier_records``) and its files in the tier, and callers do not change.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
 from storage.durability import Durability
 from storage.segment_store import SegmentStore
+from storage.tier_records import TieredRecord, TierRecords, delete_tiered_segment, tier_records
 from storage.topic_storage import delete_storage, incarnation_directory, segment_directory
 
 
@@ -23,10 +25,18 @@ class IncarnationStorage:
     """Segments' storage of ``topic``'s incarnation ``incarnation`` under ``root``."""
 
     def __init__(
-        self, root: Path, topic: TopicName, incarnation: str, durability: Durability
+        self,
+        root: Path,
+        topic: TopicName,
+        incarnation: str,
+        durability: Durability,
+        records: TierRecords | None = None,
     ) -> None:
+        """``records``: where tiered segments' records are (this cluster's metadata store
+        when not given)."""
         self.root, self.topic, self.incarnation = Path(root), topic, incarnation
         self.durability = durability
+        self.records = records or tier_records(topic, incarnation)
 
     def lay_out(
         self,
@@ -67,12 +77,22 @@ class IncarnationStorage:
             in_layout=in_layout,
             ack_timeout_s=ack_timeout_s,
             background_sync=background_sync,
+            records=self.records,
         )
 
     def delete_segment(self, name: SegmentName) -> None:
-        """Remove a segment's storage, whether or not an actor still has it open."""
+        """Remove a segment's storage, tiered or local, whether or not an actor still has
+        it open."""
+        delete_tiered_segment(self.records, name.segment_id)
         delete_storage(segment_directory(self.root, name, self.incarnation))
 
+    def tiered(self, segment_id: int) -> TieredRecord | None:
+        """The segment's record if it moved to the tier (``None``: its storage is local)."""
+        return self.records.get(segment_id)
+
     def delete(self) -> None:
-        """Remove what is left of the incarnation (its ``topic.json``, empty parents)."""
+        """Remove what is left of the incarnation (tiered segments no layout names any
+        more, its ``topic.json``, empty parents)."""
+        for segment_id in self.records.segment_ids():
+            delete_tiered_segment(self.records, segment_id)
         delete_storage(incarnation_directory(self.root, self.topic, self.incarnation))

@@ -30,7 +30,7 @@ from runtime.names import SegmentName
 from runtime.recovery import StoredSegmentState
 from runtime.uris import redacted
 from storage.appends import Append, AppendResult, StoredBatch
-from storage.cursors import CursorStore, Position, stored_subscriptions
+from storage.cursors import Cursor, CursorStore, Position, stored_subscriptions
 from storage.durability import Durability
 from storage.files import atomic_write
 from storage.segment_log import SegmentLog
@@ -40,8 +40,13 @@ from storage.tier import (
     delete_tiered_copies,
     offload,
     open_tier,
-    record_tiered,
     tiered_location,
+)
+from storage.tier_records import (
+    RecordedCursors,
+    TieredRecord,
+    TierRecords,
+    delete_tiered_segment,
 )
 from storage.topic_storage import (
     SegmentIdentity,
@@ -67,9 +72,11 @@ class SegmentStore:
         in_layout: bool = True,
         ack_timeout_s: float = 30.0,
         background_sync: bool = False,
+        records: TierRecords | None = None,
     ) -> None:
         """Open the storage of segment ``name`` of topic incarnation ``incarnation``;
         only ``create`` may make it, recording ``info`` (its place in the DAG) beside it.
+        A segment moved to the tier opens from its record in ``records`` (on any node).
 
         A segment whose directory has vanished must fail loudly: re-creating
         it empty would let reads silently return less data than was written.
@@ -79,8 +86,16 @@ class SegmentStore:
         self.name = name
         self.incarnation = incarnation
         self.directory = segment_directory(root, name, incarnation)
+        self._records = records
+        self._ack_timeout_s = ack_timeout_s
+        self._dispatchers: dict[str, QueueDispatcher] = {}
+        self._deleted = False
+        record = self._tiered_record()
+        if record is not None:
+            self._open_tiered(record)
+            return
         self._identity = read_segment_identity(self.directory)
-        stored = (self.directory / "log").is_dir() or (self.directory / TIERED_RECORD).exists()
+        stored = (self.directory / "log").is_dir()
         if not create and (self._identity is None or not stored):
             raise UnavailableError(
                 f"storage of {name} (incarnation {incarnation}) is missing at "
@@ -95,13 +110,14 @@ class SegmentStore:
             )
             write_segment_identity(self.directory, self._identity)
         self._check_identity(self._identity)
-        self.log: SegmentLog | TieredSegment = self._open_log(durability, background_sync)
+        self.log: SegmentLog | TieredSegment = SegmentLog(
+            self.directory / "log",
+            durability=durability,
+            segment_id=self.name.segment_id,
+            background_sync=background_sync,
+        )
         self.cursors = CursorStore(self.directory, fsync=durability.policy == "fsync")
-        self._fence_path = self.directory / FENCE_FILE
-        self._fence = self._load_fence()
-        self._ack_timeout_s = ack_timeout_s
-        self._dispatchers: dict[str, QueueDispatcher] = {}
-        self._deleted = False
+        self._fence = stored_fence_epoch(self.directory)
 
     # --- fencing ---------------------------------------------------------------
 
@@ -117,7 +133,11 @@ class SegmentStore:
             )
         if epoch > self._fence:
             self._fence = epoch
-            atomic_write(self._fence_path, json.dumps({"fenceEpoch": epoch}).encode())
+            if self._records is not None and self.tiered:
+                self._records.save_fence(self.name.segment_id, epoch)
+            else:
+                fence = json.dumps({"fenceEpoch": epoch}).encode()
+                atomic_write(self.directory / FENCE_FILE, fence)
 
     @property
     def fence_epoch(self) -> int:
@@ -176,12 +196,13 @@ class SegmentStore:
         return self.log.retain(oldest_publish_ms, max_bytes, keep_from)
 
     def delete(self, epoch: int | None) -> None:
-        """Remove the segment: its tiered copy first (the local record of it goes last,
-        so a crash in between leaves something that still says where the copy is). An
-        object store that is down does not stop a deletion (``delete_tiered_copies``),
-        since the topic's metadata may already be gone."""
+        """Remove the segment: its tiered copy first, its record after it (so a crash in
+        between leaves something that still says where the copy is). An object store
+        that is down does not stop a deletion (``delete_tiered_segment``)."""
         self.check_epoch(epoch)
         self.log.close()
+        if self._records is not None:
+            delete_tiered_segment(self._records, self.name.segment_id)
         delete_tiered_copies(self.directory)
         shutil.rmtree(self.directory, ignore_errors=True)
         self._deleted = True
@@ -209,14 +230,33 @@ class SegmentStore:
             ) from None
 
     def use_tier(self, uri: str, directory: str, tiered: TieredSegment) -> None:
-        """Serve from the committed tiered copy and drop the local log: the record of where
-        the copy is goes to disk first, so a crash after it reopens the tiered copy."""
+        """Serve from the committed tiered copy and drop every local file: the segment's
+        record (``storage.tier_records``), with its cursors and fence as they are now,
+        is written first and is the commit, so a crash after it reopens the tiered copy.
+        Call on the thread that acknowledges, so no ack falls between snapshot and switch."""
         self._check_alive()
         if isinstance(self.log, TieredSegment):
             return
-        record_tiered(self.directory, uri, directory)
+        if self._records is None:
+            raise UnavailableError(f"{self.name}: no metadata store to record the move in")
+        record = TieredRecord(
+            uri=uri,
+            directory=directory,
+            info=self.identity.info,
+            fence_epoch=self._fence,
+            cursors={c.name: c.to_dict() for c in self.cursors.snapshot()},
+            start_offset=tiered.start_offset,
+            end_offset=tiered.end_offset,
+            size_bytes=tiered.size_bytes,
+            last_publish_time_ms=tiered.last_publish_time_ms,
+            sealed_at_ms=tiered.terminated_at_ms,
+            tiered_at_ms=time.time_ns() // 1_000_000,
+        )
+        self._records.commit(self.name.segment_id, record)
         local, self.log = self.log, tiered
-        local.delete()
+        self.cursors = CursorStore(backend=RecordedCursors(self._records, self.name.segment_id))
+        local.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     # --- subscriptions -------------------------------------------------------------
 
@@ -275,27 +315,21 @@ class SegmentStore:
 
     def stats(self) -> dict[str, Any]:
         self._check_alive()
-        end = self.log.end_offset
-        subs = {}
-        for name in self.cursors.names():
-            cursor = self.cursors.get(name)
-            entry: dict[str, Any] = {
-                "backlog": cursor.backlog(end) - cursor.backlog(self.log.start_offset),
-                "markDelete": cursor.mark_delete,
-            }
-            if name in self._dispatchers:
-                entry["inFlight"] = self._dispatchers[name].in_flight
-            subs[name] = entry
+        log = self.log
+        subs = subscription_stats(self.cursors.snapshot(), log.start_offset, log.end_offset)
+        for name, dispatcher in self._dispatchers.items():
+            if name in subs:
+                subs[name]["inFlight"] = dispatcher.in_flight
         return {
             "segment": str(self.name),
             "segmentId": self.name.segment_id,
-            "terminated": self.log.terminated,
-            "startOffset": self.log.start_offset,
-            "endOffset": end,
-            "records": end - self.log.start_offset,
-            "sizeBytes": self.log.size_bytes,
-            "lastPublishTimeMs": self.log.last_publish_time_ms,
-            "sealedAtMs": self.log.terminated_at_ms,
+            "terminated": log.terminated,
+            "startOffset": log.start_offset,
+            "endOffset": log.end_offset,
+            "records": log.end_offset - log.start_offset,
+            "sizeBytes": log.size_bytes,
+            "lastPublishTimeMs": log.last_publish_time_ms,
+            "sealedAtMs": log.terminated_at_ms,
             "tiered": self.tiered,
             "fenceEpoch": self._fence,
             "subscriptions": subs,
@@ -307,22 +341,52 @@ class SegmentStore:
 
     # --- internals ---------------------------------------------------------------
 
-    def _open_log(
-        self, durability: Durability, background_sync: bool
-    ) -> SegmentLog | TieredSegment:
-        """The tiered copy when the segment moved to the tier (a local log a crash left
-        behind is removed), else the local log."""
+    def _tiered_record(self) -> TieredRecord | None:
+        """The segment's record when it moved to the tier; a local copy a crash left
+        after the move's commit is removed. A segment moved before records existed
+        (its local ``tiered.json``) is recorded now, from what its directory holds."""
+        if self._records is None:
+            return None
+        record = self._records.get(self.name.segment_id)
+        if record is None:
+            record = self._record_legacy_move()
+        if record is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return record
+
+    def _record_legacy_move(self) -> TieredRecord | None:
         location = tiered_location(self.directory)
-        if location is not None:
-            tiered = TieredSegment(*location)
-            shutil.rmtree(self.directory / "log", ignore_errors=True)
-            return tiered
-        return SegmentLog(
-            self.directory / "log",
-            durability=durability,
-            segment_id=self.name.segment_id,
-            background_sync=background_sync,
+        identity = read_segment_identity(self.directory)
+        if location is None or identity is None or self._records is None:
+            return None
+        tiered = TieredSegment(*location)
+        uri = json.loads((self.directory / TIERED_RECORD).read_bytes())["uri"]
+        record = TieredRecord(
+            uri=uri,
+            directory=tiered.directory,
+            info=identity.info,
+            fence_epoch=stored_fence_epoch(self.directory),
+            cursors={c.name: c.to_dict() for c in CursorStore(self.directory).snapshot()},
+            start_offset=tiered.start_offset,
+            end_offset=tiered.end_offset,
+            size_bytes=tiered.size_bytes,
+            last_publish_time_ms=tiered.last_publish_time_ms,
+            sealed_at_ms=tiered.terminated_at_ms,
+            tiered_at_ms=tiered.manifest.written_at_ms,
         )
+        self._records.commit(self.name.segment_id, record)
+        return record
+
+    def _open_tiered(self, record: TieredRecord) -> None:
+        self._identity = SegmentIdentity(
+            topic=str(self.name.topic), incarnation=self.incarnation, info=record.info
+        )
+        self._check_identity(self._identity)
+        filesystem, _ = open_tier(record.uri)
+        self.log = TieredSegment(filesystem, record.directory)
+        assert self._records is not None
+        self.cursors = CursorStore(backend=RecordedCursors(self._records, self.name.segment_id))
+        self._fence = record.fence_epoch
 
     def _dispatcher(self, subscription: str) -> QueueDispatcher:
         dispatcher = self._dispatchers.get(subscription)
@@ -341,9 +405,6 @@ class SegmentStore:
     def _check_alive(self) -> None:
         if self._deleted:
             raise SegmentNotFoundError(f"{self.name} has been deleted")
-
-    def _load_fence(self) -> int:
-        return stored_fence_epoch(self.directory)
 
     def _check_identity(self, identity: SegmentIdentity) -> None:
         expected = (str(self.name.topic), self.incarnation, self.name.segment_id)
@@ -405,6 +466,40 @@ def stored_fence_epoch(directory: Path) -> int:
         return int(json.loads((Path(directory) / FENCE_FILE).read_bytes())["fenceEpoch"])
     except (FileNotFoundError, NotADirectoryError):
         return 0
+
+
+def hibernated_stats(name: SegmentName, record: TieredRecord) -> dict[str, Any]:
+    """The stats of a tiered segment with no running actor, as its store would give
+    them, from its record alone (observing a segment must not wake it)."""
+    cursors = [Cursor.from_dict(c) for c in record.cursors.values()]
+    return {
+        "segment": str(name),
+        "segmentId": name.segment_id,
+        "terminated": True,
+        "startOffset": record.start_offset,
+        "endOffset": record.end_offset,
+        "records": record.end_offset - record.start_offset,
+        "sizeBytes": record.size_bytes,
+        "lastPublishTimeMs": record.last_publish_time_ms,
+        "sealedAtMs": record.sealed_at_ms,
+        "tiered": True,
+        "hibernating": True,
+        "fenceEpoch": record.fence_epoch,
+        "subscriptions": subscription_stats(cursors, record.start_offset, record.end_offset),
+    }
+
+
+def subscription_stats(
+    cursors: Iterable[Cursor], start_offset: int, end_offset: int
+) -> dict[str, dict[str, Any]]:
+    """Each subscription's backlog (unacknowledged records still stored) and position."""
+    return {
+        c.name: {
+            "backlog": c.backlog(end_offset) - c.backlog(start_offset),
+            "markDelete": c.mark_delete,
+        }
+        for c in sorted(cursors, key=lambda c: c.name)
+    }
 
 
 def to_delivery(stored: list[StoredBatch]) -> pa.RecordBatch:

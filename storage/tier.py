@@ -13,7 +13,8 @@ checksums and the uploaded file is read back and compared with it record by
 record: the local copy may then be removed. Parquet, not the log's own frames,
 so that engines can read a tiered segment as it is (a Parquet scan, by row group,
 with no segment process involved); today every read still goes through the
-segment (``TieredSegment``).
+segment (``TieredSegment``). Where a segment's copy is, and everything else about
+it once its local storage is gone, is its record in metadata (``storage.tier_records``).
 
 Any ``pyarrow.fs`` URI works: ``file:///…`` and ``s3://bucket/prefix`` (with
 ``endpoint_override``, ``scheme``, credentials… as URI query parameters, as
@@ -48,7 +49,6 @@ from runtime.errors import (
 from runtime.names import SegmentName
 from runtime.uris import redacted
 from storage.appends import Append, AppendResult, StoredBatch
-from storage.files import atomic_write
 from storage.segment_log import SegmentLog
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,9 @@ logger = logging.getLogger(__name__)
 TIER_FORMAT = 1
 RECORDS_FILE = "records.parquet"
 MANIFEST_FILE = "manifest.json"
-# In a segment's local directory, once its records moved: where they went.
+# In a segment's local directory, where a previous version noted where its records
+# went (now the segment's record in metadata, ``storage.tier_records``, says so):
+# read to carry such a segment over, and to delete its copy with its storage.
 TIERED_RECORD = "tiered.json"
 ROW_GROUP_RECORDS = 65_536
 _READ_STEP = 10_000  # records per local read while offloading
@@ -165,13 +167,6 @@ def read_manifest(filesystem: pafs.FileSystem, directory: str) -> TierManifest |
     except FileNotFoundError:
         return None
     return TierManifest.model_validate(json.loads(raw))
-
-
-def record_tiered(segment_directory: Path, uri: str, directory: str) -> None:
-    """Note in a segment's local directory where its records went (durably: a crash
-    after this reopens the tiered copy)."""
-    record = {"uri": uri, "directory": directory}
-    atomic_write(segment_directory / TIERED_RECORD, json.dumps(record).encode())
 
 
 def tiered_location(segment_directory: Path) -> tuple[pafs.FileSystem, str] | None:

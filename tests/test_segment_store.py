@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 
@@ -19,7 +21,10 @@ from runtime.errors import (
 )
 from runtime.names import SegmentName, TopicName
 from storage.durability import Durability
-from storage.segment_store import SegmentStore
+from storage.metadata import MetadataStore
+from storage.segment_store import SegmentStore, hibernated_stats
+from storage.tier import TIERED_RECORD
+from storage.tier_records import TierRecords
 from storage.topic_storage import segment_directory
 
 NAME: SegmentName = TopicName("acme", "prod", "orders").segment(7, 0x0000, 0x7FFF)
@@ -27,7 +32,7 @@ FAST = Durability("none")
 INCARNATION = "20261125T000000Z-0123abcd"
 
 
-def open_store(root: Path, **kwargs: float) -> SegmentStore:
+def open_store(root: Path, **kwargs: object) -> SegmentStore:
     options = {"create": True, "incarnation": INCARNATION, **kwargs}
     return SegmentStore(NAME, root, FAST, **options)  # type: ignore[arg-type]
 
@@ -322,11 +327,20 @@ def test_stats_keys_and_values(store: SegmentStore) -> None:
 # --- tiering -----------------------------------------------------------------------
 
 
-def test_a_sealed_segment_moves_to_the_tier_and_serves_from_there(tmp_path: Path) -> None:
-    """Copied and committed while the local log serves; then the local log goes and the
-    tiered copy answers reads, cursors, producers' retries and a reopen; deleting the
-    segment deletes its tiered copy."""
-    store = open_store(tmp_path / "root")
+@pytest.fixture
+def records(ray_cluster, unique: str) -> TierRecords:
+    """Tiered segments' records in the real metadata store (GCS KV), in a namespace of
+    the test's own."""
+    return TierRecords(MetadataStore(f"test-tier-{unique}"), NAME.topic, INCARNATION)
+
+
+def test_a_sealed_segment_moves_to_the_tier_and_serves_from_there(
+    tmp_path: Path, records: TierRecords
+) -> None:
+    """Copied and committed while the local log serves; then every local file goes and the
+    tiered copy answers reads, cursors, producers' retries and a reopen from its record
+    alone; deleting the segment deletes its tiered copy and its record."""
+    store = open_store(tmp_path / "root", records=records)
     store.append(batch_of(0, 30), "p", 0)
     store.append(batch_of(30, 20), "p", 1)
     store.create_subscription("s", "earliest", 2)
@@ -338,57 +352,127 @@ def test_a_sealed_segment_moves_to_the_tier_and_serves_from_there(tmp_path: Path
     uri, directory = f"file://{tmp_path / 'tier'}", str(tmp_path / "tier" / "t" / "7")
     tiered = store.copy_to_tier(uri, directory)
     assert not store.tiered and store.read(0, 100).equals(before)  # still the local log
+    assert records.get(NAME.segment_id) is None
     store.use_tier(uri, directory, tiered)
     local = segment_directory(tmp_path / "root", NAME, INCARNATION)
-    assert store.tiered and not (local / "log").exists()
+    assert store.tiered and not local.exists()
     assert store.read(0, 100).equals(before) and store.read(45, 100).num_rows == 5
     assert store.position("s") == 11 and not store.drained("s")
     store.ack_cumulative("s", 49)
     assert store.drained("s")
+    assert records.get(NAME.segment_id).cursors["s"]["mark_delete"] == 50  # type: ignore[union-attr]
     assert store.append(batch_of(30, 20), "p", 1).base_offset == 30  # a retry: its offsets
     assert (store.log.last_sequence("p"), store.log.last_sequence("q")) == (1, -1)
     with pytest.raises(SegmentTerminated):
         store.append(batch_of(50, 1), "p", 2)
     assert store.terminate(2) == 50  # a resumed operation seals again
+    store.check_epoch(3)
     stats = store.stats()
     assert (stats["tiered"], stats["records"], stats["terminated"]) == (True, 50, True)
-    assert stats["sealedAtMs"] is not None
+    assert stats["sealedAtMs"] is not None and stats["fenceEpoch"] == 3
     store.close()
 
-    reopened = open_store(tmp_path / "root", create=False)
+    # Another node: a storage root that never held the segment.
+    reopened = open_store(tmp_path / "elsewhere", create=False, records=records)
     assert reopened.tiered and reopened.read(0, 100).equals(before)
-    assert reopened.position("s") == 50
+    assert reopened.position("s") == 50 and reopened.fence_epoch == 3
+    with pytest.raises(StaleEpochError):
+        reopened.check_epoch(2)
     reopened.delete(3)
+    assert records.get(NAME.segment_id) is None
     assert not Path(directory).exists() or not any(Path(directory).iterdir())
 
 
-def test_a_crash_on_either_side_of_the_switch_leaves_one_readable_copy(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "root")
+def test_a_hibernating_segment_s_stats_and_subscriptions_need_no_store(
+    tmp_path: Path, records: TierRecords
+) -> None:
+    """What the controller sees and changes of a tiered segment with no actor: the same
+    stats as the store gives; a subscription added or removed in the record is what an
+    open store then serves; a controller older than the fence is refused."""
+    store = open_store(tmp_path / "root", records=records)
+    store.append(batch_of(0, 20), None, None)
+    store.create_subscription("s", "earliest", 1)
+    store.ack_cumulative("s", 4)
+    store.terminate(1)
+    uri, directory = f"file://{tmp_path / 'tier'}", str(tmp_path / "tier" / "h")
+    store.use_tier(uri, directory, store.copy_to_tier(uri, directory))
+    record = records.get(NAME.segment_id)
+    assert record is not None
+    expected = {k: v for k, v in store.stats().items() if k != "hibernating"}
+    from_record = hibernated_stats(NAME, record)
+    assert from_record.pop("hibernating") is True and from_record == expected
+    assert from_record["subscriptions"]["s"] == {"backlog": 15, "markDelete": 5}
+
+    assert records.add_cursor(NAME.segment_id, "late", "earliest", 2)
+    assert records.add_cursor(NAME.segment_id, "tail", "latest", 2)
+    assert store.position("late") == 0 and store.position("tail") == 20  # found on a miss
+    store.ack_cumulative("late", 9)
+    assert records.add_cursor(NAME.segment_id, "late", "earliest", 2)  # kept as it is
+    assert store.position("late") == 10
+    assert records.delete_cursor(NAME.segment_id, "late", 2)
+    with pytest.raises(SubscriptionNotFoundError):
+        store.ack_cumulative("late", 12)  # deleted by the controller meanwhile
+    with pytest.raises(StaleEpochError):
+        records.add_cursor(NAME.segment_id, "x", "earliest", 1)
+    assert not records.add_cursor(99, "x", "earliest", 2)  # not a tiered segment
+    store.close()
+
+
+def test_a_segment_moved_before_records_existed_is_recorded_when_opened(
+    tmp_path: Path, records: TierRecords
+) -> None:
+    """Storage a previous version left: the local ``tiered.json`` and cursors become the
+    record, and the local files go."""
+    store = open_store(tmp_path / "root")  # no records: the previous version's way
+    store.append(batch_of(0, 12), None, None)
+    store.create_subscription("s", "earliest", 4)
+    store.ack_cumulative("s", 2)
+    store.terminate(4)
+    uri, directory = f"file://{tmp_path / 'tier'}", str(tmp_path / "tier" / "old")
+    store.copy_to_tier(uri, directory)
+    store.close()
+    local = segment_directory(tmp_path / "root", NAME, INCARNATION)
+    (local / TIERED_RECORD).write_text(json.dumps({"uri": uri, "directory": directory}))
+    shutil.rmtree(local / "log")
+    reopened = open_store(tmp_path / "root", create=False, records=records)
+    assert reopened.tiered and not local.exists()
+    assert reopened.position("s") == 3 and reopened.fence_epoch == 4
+    assert reopened.read(0, 100).num_rows == 12
+    reopened.close()
+
+
+def test_a_crash_on_either_side_of_the_switch_leaves_one_readable_copy(
+    tmp_path: Path, records: TierRecords
+) -> None:
+    store = open_store(tmp_path / "root", records=records)
     store.append(batch_of(0, 40), None, None)
     store.terminate(1)
     before = store.read(0, 100)
     uri, directory = f"file://{tmp_path / 'tier'}", str(tmp_path / "tier" / "x")
-    tiered = store.copy_to_tier(uri, directory)  # committed there, not yet used here: a crash
+    tiered = store.copy_to_tier(uri, directory)  # committed there, not yet recorded: a crash
     store.close()
-    reopened = open_store(tmp_path / "root", create=False)
+    reopened = open_store(tmp_path / "root", create=False, records=records)
     assert not reopened.tiered and reopened.read(0, 100).equals(before)
     reopened.use_tier(uri, directory, tiered)
     reopened.close()
     local = segment_directory(tmp_path / "root", NAME, INCARNATION)
-    (local / "log").mkdir()  # as if the crash came after the record, before the removal
-    again = open_store(tmp_path / "root", create=False)
-    assert again.tiered and not (local / "log").exists()
+    (local / "log").mkdir(parents=True)  # as if the crash came after the record, before removal
+    again = open_store(tmp_path / "root", create=False, records=records)
+    assert again.tiered and not local.exists()
     assert again.read(0, 100).equals(before)
     again.close()
 
 
-def test_a_tiered_segment_is_deleted_even_while_its_object_store_is_down(tmp_path: Path) -> None:
-    """The topic's metadata may already be gone: the deletion goes on, the objects stay."""
+def test_a_tiered_segment_is_deleted_even_while_its_object_store_is_down(
+    tmp_path: Path, records: TierRecords
+) -> None:
+    """The deletion goes on, the objects stay (and the log says so)."""
     with s3_server() as endpoint:
-        store = open_store(tmp_path / "root")
+        store = open_store(tmp_path / "root", records=records)
         store.append(batch_of(0, 10), None, None)
         store.terminate(1)
         uri = _s3_uri(endpoint, "tier/down")
         store.use_tier(uri, "tier/down/7", store.copy_to_tier(uri, "tier/down/7"))
     store.delete(2)
     assert not segment_directory(tmp_path / "root", NAME, INCARNATION).exists()
+    assert records.get(NAME.segment_id) is None

@@ -9,6 +9,7 @@ with the store's reason.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 import sys
@@ -28,13 +29,13 @@ from storage.segment_store import to_delivery
 from storage.tier import (
     MANIFEST_FILE,
     ROW_GROUP_RECORDS,
+    TIERED_RECORD,
     TieredSegment,
     check_reachable,
     delete_tiered,
     offload,
     open_tier,
     read_manifest,
-    record_tiered,
     tiered_location,
 )
 from storage.topic_storage import delete_storage
@@ -221,8 +222,9 @@ def test_unusable_tiers_are_refused_with_the_reason(tmp_path: Path, s3_endpoint:
 
 
 def test_removing_local_storage_removes_the_tiered_copies_it_points_to(tmp_path: Path) -> None:
-    """However a segment's storage goes (a prune while its actor is down, a topic's
-    incarnation, the storage check's clean-up), its tiered copy goes first."""
+    """Storage a previous version left, with a local note of where its records went:
+    however it goes (a prune, a topic's incarnation, the storage check's clean-up), its
+    tiered copy goes first."""
     filesystem, base = open_tier(f"file://{tmp_path / 'tier'}")
     incarnation = tmp_path / "root" / "t" / "ns" / "x" / "inc"
     for number in range(2):
@@ -231,7 +233,8 @@ def test_removing_local_storage_removes_the_tiered_copies_it_points_to(tmp_path:
         directory = f"{base}/seg-{number}"
         offload(log, filesystem, directory)
         log.close()
-        record_tiered(segment, f"file://{tmp_path / 'tier'}", directory)
+        legacy = {"uri": f"file://{tmp_path / 'tier'}", "directory": directory}
+        (segment / TIERED_RECORD).write_text(json.dumps(legacy))  # a previous version's note
         assert tiered_location(segment) is not None
     delete_storage(incarnation)
     assert not incarnation.exists()

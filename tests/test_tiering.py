@@ -20,6 +20,7 @@ from test_tier import (
     s3_endpoint,  # noqa: F401  (a fixture)
 )
 
+from actors.registry import alive_actor_names
 from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
@@ -36,15 +37,24 @@ def produce(topic: str, sent: list[tuple[str, int]], count: dict[str, int], n: i
             count[key] += 1
 
 
-def wait_tiered(admin: ScalableTopicsAdmin, topic: str, timeout_s: float = 60) -> dict:
+def wait_hibernating(admin: ScalableTopicsAdmin, topic: str, timeout_s: float = 60) -> dict:
+    """The stats once every sealed segment is tiered and its actor has exited."""
     deadline = time.monotonic() + timeout_s
     while True:
         stats = admin.get_stats(topic)
         sealed = [s for s in stats["segments"].values() if s["state"] == "SEALED"]
-        if sealed and all(s["tiered"] for s in sealed):
+        if sealed and all(s["tiered"] and s["hibernating"] for s in sealed):
             return stats
         assert time.monotonic() < deadline, stats["segments"]
         time.sleep(0.5)
+
+
+def running_segments(admin: ScalableTopicsAdmin, topic: str) -> set[int]:
+    """Ids of the topic's segments whose actor is alive, from Ray's own actor table."""
+    name = TopicName.parse(topic)
+    alive = alive_actor_names(f"segment:{name.short}/")
+    segments = admin.get_layout(topic).all_segments.values()
+    return {info.segment_id for info in segments if info.name(name).actor_name in alive}
 
 
 @pytest.mark.parametrize("store", ["file", "s3"])
@@ -57,7 +67,7 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
     else:
         uri = _s3_uri(request.getfixturevalue("s3_endpoint"), f"tier/{unique}")
     admin.create_scalable_topic(topic, 2)
-    admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0}})
+    admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 2}})
     sent: list[tuple[str, int]] = []
     count: dict[str, int] = defaultdict(int)
     produce(topic, sent, count, 400)
@@ -71,20 +81,24 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
     admin.merge_segments(topic, active[0].segment_id, active[1].segment_id)
     produce(topic, sent, count, 400)
 
-    stats = wait_tiered(admin, topic)
+    stats = wait_hibernating(admin, topic)
     assert stats["tieredBytes"] > 0 and "tierError" not in str(stats)
     name, layout = TopicName.parse(topic), admin.get_layout(topic)
+    sealed_ids = {i for i, info in layout.all_segments.items() if not info.is_active}
+    assert len(sealed_ids) == 4 and stats["hibernatingSegments"] == 4
+    assert running_segments(admin, topic) == set(layout.active_segments)  # sealed ones: no process
     filesystem, base = open_tier(uri)
     root = Path(os.environ["RAYTOPICS_STORAGE_ROOT"])
     for info in layout.all_segments.values():
         segment = info.name(name)
-        local = segment_directory(root, segment, stats["incarnation"]) / "log"
+        local = segment_directory(root, segment, stats["incarnation"])
         manifest = read_manifest(filesystem, tier_directory(base, segment, stats["incarnation"]))
         if info.is_active:
-            assert local.is_dir() and manifest is None
+            assert (local / "log").is_dir() and manifest is None
         else:
-            assert not local.exists(), f"segment {info.segment_id} kept its local log"
+            assert not local.exists(), f"segment {info.segment_id} kept local files"
             assert manifest is not None and manifest.records > 0
+    assert sum(s["records"] for s in stats["segments"].values()) == 1600
 
     admin.create_subscription(topic, "late", "earliest")
     consumer = StreamConsumer(topic, "late", "c")
@@ -101,6 +115,14 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
     for key, sequence in received:
         assert last.get(key, -1) == sequence - 1, (key, sequence)
         last[key] = sequence
+    # The reader woke the sealed segments; unused for idleS they exit again, with the
+    # subscription's acknowledgements kept in their records.
+    stats = wait_hibernating(admin, topic, 30)
+    assert all(
+        stats["segments"][str(i)]["subscriptions"]["late"]["backlog"] == 0 for i in sealed_ids
+    )
+    assert stats["subscriptions"]["late"]["backlog"] == 0
+    assert running_segments(admin, topic) == set(layout.active_segments)
     admin.delete_scalable_topic(topic)
     sealed = [i for i in layout.all_segments.values() if not i.is_active]
     for info in sealed:  # deleting the topic deletes its tiered copies too
