@@ -262,10 +262,10 @@ def test_a_failed_segment_lookup_fails_its_sends_instead_of_hanging(admin, uniqu
 
     real_lookup, failing = clients.producer.find_segment_actor, [True]
 
-    async def flaky_lookup(name, timeout_s=None):
+    async def flaky_lookup(name, timeout_s=None, **options):
         if failing[0]:
             raise RuntimeError("GCS unreachable")
-        return await real_lookup(name, timeout_s)
+        return await real_lookup(name, timeout_s, **options)
 
     monkeypatch.setattr(clients.producer, "find_segment_actor", flaky_lookup)
     topic = f"topic://lost/ns/lookup-{unique}"

@@ -8,13 +8,17 @@ that cannot be used, are refused when the policy is set, with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import ray
 from conftest import TIER_ROOT
+from pyarrow import fs as pafs
 from test_tier import (
     _s3_uri,
     s3_endpoint,  # noqa: F401  (a fixture)
@@ -22,9 +26,12 @@ from test_tier import (
 
 from actors.registry import alive_actor_names
 from clients import Producer, ScalableTopicsAdmin, StreamConsumer
+from runtime.config import ray_namespace
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
+from storage.catalog import Catalog
 from storage.tier import open_tier, read_manifest, tier_directory
+from storage.tier_records import TierRecords
 from storage.topic_storage import segment_directory
 
 
@@ -153,4 +160,111 @@ def test_tiers_not_allowed_or_not_usable_are_refused_when_the_policy_is_set(
     shown = admin.set_policy(topic, {"tiering": {"uri": _s3_uri(s3_endpoint, "tier/ok")}})
     assert shown["tiering"]["uri"].startswith("s3://***@tier/ok")
     assert shown["tiering"]["afterS"] == 60
+    admin.delete_scalable_topic(topic)
+
+
+def produce_bulk(topic: str, count: dict[str, int], n: int) -> None:
+    """``n`` keyed ``key:seq`` messages, padded to ~100 bytes, in bulk batches."""
+    with Producer(topic) as producer:
+        for start in range(0, n, 10_000):
+            keys, values = [], []
+            for i in range(start, min(start + 10_000, n)):
+                key = f"k{i % 31}"
+                values.append(f"{key}:{count[key]}:".encode().ljust(100, b"."))
+                keys.append(key)
+                count[key] += 1
+            producer.send_batch(values, keys).result(timeout=120)
+
+
+class OffloadKiller:
+    """Kills, while the moves to the tier run, each chosen segment's actor at the step of
+    its move named for it, and the controller at the first step of one more segment's,
+    and records which step each kill saw (Ray restarts them all)."""
+
+    def __init__(
+        self, topic: str, incarnation: str, uri: str, plan: dict[int, tuple[str, str]]
+    ) -> None:
+        name, self.plan = TopicName.parse(topic), dict(plan)
+        layout = Catalog().require_topic(name).layout
+        self.names = {i: layout.get(i).name(name) for i in plan}
+        self.controller = name.controller_actor_name
+        self.records = TierRecords(Catalog().store, name, incarnation)
+        self.filesystem, base = open_tier(uri)
+        self.directories = {i: tier_directory(base, n, incarnation) for i, n in self.names.items()}
+        self.seen: dict[int, str] = {}
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _reached(self, segment_id: int, step: str) -> bool:
+        directory = self.directories[segment_id]
+        if step == "recorded":
+            return self.records.get(segment_id) is not None
+        found = self.filesystem.get_file_info(f"{directory}/{step}")
+        return found.type != pafs.FileType.NotFound
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 120
+        while self.plan and time.monotonic() < deadline:
+            for segment_id, (step, victim) in list(self.plan.items()):
+                if self._reached(segment_id, step):
+                    actor = self.controller if victim == "controller" else None
+                    actor = actor or self.names[segment_id].actor_name
+                    with contextlib.suppress(ValueError):
+                        ray.kill(ray.get_actor(actor, namespace=ray_namespace()), no_restart=False)
+                    self.seen[segment_id] = f"{victim} killed at {step}"
+                    del self.plan[segment_id]
+            time.sleep(0.002)
+
+
+def test_a_move_to_the_tier_killed_at_any_step_leaves_every_record_readable_once(
+    admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """Segment actors killed while their records upload, once the tier's copy is committed
+    (its manifest), and once the segment's record is; the controller killed while another
+    upload runs. Ray restarts them; the moves finish (retried, or found done); a new
+    subscription from Earliest then reads every record exactly once, each key in order."""
+    topic = f"topic://tier/ns/crash-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    count: dict[str, int] = defaultdict(int)
+    produce_bulk(topic, count, 120_000)
+    admin.split_segment(topic, 0)
+    produce_bulk(topic, count, 120_000)
+    admin.split_segment(topic, 1)
+    admin.split_segment(topic, 2)
+    produce_bulk(topic, count, 60_000)
+    admin.split_segment(topic, 3)
+    uri = f"file://{TIER_ROOT}/crash-{unique}"
+    plan = {
+        0: ("records.parquet", "segment"),
+        1: ("manifest.json", "segment"),
+        2: ("recorded", "segment"),
+        3: ("records.parquet", "controller"),
+    }
+    killer = OffloadKiller(topic, admin.get_stats(topic)["incarnation"], uri, plan)
+    killer.thread.start()
+    admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 600}})
+    killer.thread.join(130)
+    assert len(killer.seen) == 4, killer.seen
+    stats = wait_hibernating(admin, topic, 120)
+    assert "tierError" not in str(stats), stats
+    total = sum(count.values())
+    assert sum(s["records"] for s in stats["segments"].values()) == total
+
+    admin.create_subscription(topic, "after", "earliest")
+    consumer = StreamConsumer(topic, "after", "c")
+    received: list[tuple[str, int]] = []
+    deadline = time.monotonic() + 120
+    while len(received) < total and time.monotonic() < deadline:
+        batch = consumer.receive_batch(10_000, timeout=2)
+        for message in batch:
+            key, seq, _ = message.value.decode().split(":")
+            received.append((key, int(seq)))
+        if batch:
+            consumer.acknowledge_cumulative(batch)
+    consumer.close()
+    expected = sorted((key, seq) for key, n in count.items() for seq in range(n))
+    assert len(received) == total and sorted(received) == expected
+    last: dict[str, int] = {}
+    for key, seq in received:
+        assert last.get(key, -1) == seq - 1, (key, seq)
+        last[key] = seq
     admin.delete_scalable_topic(topic)
