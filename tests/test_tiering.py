@@ -241,9 +241,11 @@ def test_a_move_to_the_tier_killed_at_any_step_leaves_every_record_readable_once
     }
     killer = OffloadKiller(topic, admin.get_stats(topic)["incarnation"], uri, plan)
     killer.thread.start()
-    admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 600}})
+    # idleS: a segment whose controller died before it could end its actor exits once idle
+    admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 2}})
     killer.thread.join(130)
     assert len(killer.seen) == 4, killer.seen
+    print(killer.seen)
     stats = wait_hibernating(admin, topic, 120)
     assert "tierError" not in str(stats), stats
     total = sum(count.values())
