@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -51,19 +52,24 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def s3_server() -> Iterator[str]:
-    """A moto S3 server on loopback with a bucket ``tier``; its endpoint. Stopped on exit."""
+def s3_server(*, enforce_auth: bool = False) -> Iterator[str]:
+    """A moto S3 server on loopback with a bucket ``tier``; its endpoint. Stopped on exit.
+    ``enforce_auth``: every request must carry credentials the server issued (none are:
+    whatever a client presents is refused), and no bucket is made."""
     port = _free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"} if enforce_auth else None
     server = subprocess.Popen(
         [str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
     )
     try:
         wait_until_listening(port, server)
         endpoint = f"127.0.0.1:{port}"
-        filesystem, _ = open_tier(_s3_uri(endpoint, "tier") + "&allow_bucket_creation=true")
-        filesystem.create_dir("tier")
+        if not enforce_auth:
+            filesystem, _ = open_tier(_s3_uri(endpoint, "tier") + "&allow_bucket_creation=true")
+            filesystem.create_dir("tier")
         yield endpoint
     finally:
         server.terminate()

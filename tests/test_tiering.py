@@ -22,6 +22,7 @@ from pyarrow import fs as pafs
 from test_tier import (
     _s3_uri,
     s3_endpoint,  # noqa: F401  (a fixture)
+    s3_server,
 )
 
 from actors.registry import alive_actor_names
@@ -130,11 +131,20 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
     )
     assert stats["subscriptions"]["late"]["backlog"] == 0
     assert running_segments(admin, topic) == set(layout.active_segments)
+
+    # Retention prunes the drained, hibernating segments: their tiered copies and
+    # records go, without waking them.
+    tiering = {"uri": uri, "afterS": 0, "idleS": 2}
+    admin.set_policy(topic, {"tiering": tiering, "retention": {"timeS": 0}})
+    deadline = time.monotonic() + 60
+    while set(admin.get_layout(topic).all_segments) & sealed_ids:
+        assert time.monotonic() < deadline, admin.get_layout(topic).all_segments.keys()
+        time.sleep(0.5)
+    records = TierRecords(Catalog().store, name, stats["incarnation"])
+    for segment_id in sealed_ids:
+        directory = tier_directory(base, layout.get(segment_id).name(name), stats["incarnation"])
+        assert read_manifest(filesystem, directory) is None and records.get(segment_id) is None
     admin.delete_scalable_topic(topic)
-    sealed = [i for i in layout.all_segments.values() if not i.is_active]
-    for info in sealed:  # deleting the topic deletes its tiered copies too
-        directory = tier_directory(base, info.name(name), stats["incarnation"])
-        assert read_manifest(filesystem, directory) is None
 
 
 def test_tiers_not_allowed_or_not_usable_are_refused_when_the_policy_is_set(
@@ -156,6 +166,11 @@ def test_tiers_not_allowed_or_not_usable_are_refused_when_the_policy_is_set(
         with pytest.raises(InvalidArgumentError, match=reason) as refused:
             admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0}})
         assert "testing:testing" not in str(refused.value)  # credentials are never echoed
+    with (
+        s3_server(enforce_auth=True) as guarded,  # a store that refuses our credentials
+        pytest.raises(InvalidArgumentError, match="not usable.*ACCESS_DENIED"),
+    ):
+        admin.set_policy(topic, {"tiering": {"uri": _s3_uri(guarded, "tier/x")}})
     assert admin.get_policy(topic)["tiering"] is None
     shown = admin.set_policy(topic, {"tiering": {"uri": _s3_uri(s3_endpoint, "tier/ok")}})
     assert shown["tiering"]["uri"].startswith("s3://***@tier/ok")
@@ -269,4 +284,7 @@ def test_a_move_to_the_tier_killed_at_any_step_leaves_every_record_readable_once
     for key, seq in received:
         assert last.get(key, -1) == seq - 1, (key, seq)
         last[key] = seq
-    admin.delete_scalable_topic(topic)
+    admin.delete_scalable_topic(topic)  # its tiered copies and records go with it
+    for segment_id, directory in killer.directories.items():
+        assert read_manifest(killer.filesystem, directory) is None
+        assert killer.records.get(segment_id) is None
