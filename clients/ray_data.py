@@ -1,6 +1,6 @@
 """Ray Data on topics: a Dataset from a topic's snapshot, and a Datasink into a topic.
 
-Reading plans exactly as ``read_topic`` does (``clients.spark.plan_read``): one
+Reading plans exactly as ``read_topic`` does (``clients.read_plan.plan_read``): one
 read task per offset range of the DAG, each reading its segment straight into
 Arrow, and the same completeness rules (no silent partial results). Writing
 runs one producer per write task, routing by key like every producer; a write
@@ -21,7 +21,7 @@ from ray.data.block import Block, BlockAccessor, BlockMetadata
 from ray.data.datasource import Datasource, ReadTask, WriteResult
 
 from clients.producer import Producer
-from clients.spark import (
+from clients.read_plan import (
     DEFAULT_ROWS_PER_PARTITION,
     OUTPUT_SCHEMA,
     ROW_BYTES_ESTIMATE,

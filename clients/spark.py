@@ -2,30 +2,10 @@
 side, sharing the planning, is ``clients.ray_data``).
 
 Reads
-    ``read_topic`` / ``read_topic_dataset`` plan a *snapshot*: one read of the
-    layout says which segments exist, and each of them is asked for its end
-    offset once, so the result is fixed when the call returns however long
-    Spark takes to run it (re-evaluating the DataFrame re-reads the same
-    immutable offset ranges). A segment created by a split after that layout
-    read is not part of the snapshot, and its sealed parent is read to its
-    final end, so every record is read exactly once and every key's records
-    form a prefix of its history. Each offset range is read straight from its
-    segment actor as Arrow batches, by Ray Data read tasks or by Spark tasks
-    on the executors (Ray actors themselves), never through the driver.
-
-Completeness (DESIGN.md, seed 002 "no silent partial results")
-    Every segment the layout lists must be served. A listed segment whose
-    actor cannot be reached within ``unavailable_timeout_s`` (dead and not
-    restarting, or restarting too slowly) makes the read raise
-    ``UnavailableSegmentsError`` naming every such segment; one that was pruned
-    from the layout meanwhile is no longer required. Reading never creates a
-    segment actor: a recreated actor over lost storage would serve an empty
-    log as if it were the data. A segment that answers with fewer records
-    than its snapshot end also raises, while the read runs.
-    ``allow_partial=True`` returns what can be served, warns
-    (``PartialReadWarning``) and records the missing ids on the result as
-    ``result.missing_segments`` (an empty tuple on a complete read);
-    ``result.read_plan`` is the whole plan.
+    ``read_topic`` plans a snapshot (``clients.read_plan``) and reads it on the
+    executors: each range straight from its segment actor, a tiered segment's
+    straight from the tier's Parquet files (a Spark file scan), never through the
+    driver.
 
 Writes
     ``write_topic`` runs a ``Producer`` in each Spark partition over Arrow
@@ -51,54 +31,54 @@ Credentials
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-import time
 import uuid
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import ray
-from ray.exceptions import (
-    ActorDiedError,
-    ActorUnavailableError,
-    GetTimeoutError,
-    RayActorError,
-    RayTaskError,
-)
 
-from actors.dag_watch import fetch_layout
-from actors.segment import MAX_READ_RECORDS, find_segment_actor, segment_actor
-from clients._ray import background_loop
-from clients.checkpoint_consumer import Checkpoint
 from clients.producer import Producer
+from clients.read_plan import (
+    DEFAULT_ROWS_PER_PARTITION,
+    DEFAULT_UNAVAILABLE_TIMEOUT_S,
+    OUTPUT_SCHEMA,
+    ROW_BYTES_ESTIMATE,
+    Bound,
+    PartialReadWarning,
+    ReadPlan,
+    SegmentRange,
+    TierFile,
+    annotate,
+    checked_layout,
+    plan_read,
+    read_range,
+)
 from runtime.auth import Permission, client_credential
-from runtime.batch import PROPERTIES_TYPE
-from runtime.config import env_float
 from runtime.connect import connect
 from runtime.errors import (
     InvalidArgumentError,
-    ScalableTopicsError,
-    SegmentNotFoundError,
-    UnavailableSegmentsError,
 )
-from runtime.hashing import key_hashes
-from runtime.layout import SegmentInfo, SegmentLayout
-from runtime.names import SegmentName, TopicName
-from runtime.remote import call
+from runtime.layout import SegmentLayout
+from runtime.names import TopicName
 from storage.catalog import Catalog
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
+    "DEFAULT_ROWS_PER_PARTITION",
+    "DEFAULT_UNAVAILABLE_TIMEOUT_S",
     "OUTPUT_SCHEMA",
+    "ROW_BYTES_ESTIMATE",
+    "Bound",
+    "annotate",
+    "read_range",
     "SPARK_SCHEMA",
     "PartialReadWarning",
     "ReadPlan",
@@ -110,29 +90,10 @@ __all__ = [
     "write_topic",
 ]
 
-# How long a listed segment may stay unreachable (restarting) before a read gives up on it.
-DEFAULT_UNAVAILABLE_TIMEOUT_S = env_float("RAYTOPICS_UNAVAILABLE_TIMEOUT_S", 20.0)
-# Rows per read task / Spark partition: big enough to amortize a task, small enough
-# that a large segment is read by several executors at once.
-DEFAULT_ROWS_PER_PARTITION = 1_000_000
 # Rows per producer batch written by one Spark task (fixed, so retries re-chunk alike).
 DEFAULT_WRITE_CHUNK_ROWS = 50_000
 _WRITE_CHUNKS_IN_FLIGHT = 8
-_RETRY_PAUSE_S = 0.2
-ROW_BYTES_ESTIMATE = 160  # ~100 B value plus key, offset, time, hash
-_RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError, GetTimeoutError)
 
-OUTPUT_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("value", pa.binary()),
-        ("hash", pa.int32()),
-        ("segment_id", pa.int64()),
-        ("offset", pa.int64()),
-        ("publish_time", pa.timestamp("us", tz="UTC")),
-        ("properties", PROPERTIES_TYPE),
-    ]
-)
 SPARK_SCHEMA = (
     "key string, value binary, hash int, segment_id long, offset long, "
     "publish_time timestamp, properties map<string,string>"
@@ -146,313 +107,6 @@ _WRITE_SUMMARY_ARROW = pa.schema(
         ("exactly_once", pa.bool_()),
     ]
 )
-
-Bound = Literal["earliest", "latest"] | Checkpoint
-
-
-class PartialReadWarning(UserWarning):
-    """A read asked for ``allow_partial=True`` and some listed segments were not served."""
-
-
-# --- the plan -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SegmentRange:
-    """Offsets ``[start, end)`` of one segment: the unit of one read task / Spark partition."""
-
-    segment: str
-    segment_id: int
-    start: int
-    end: int
-
-    @property
-    def rows(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class ReadPlan:
-    """What a snapshot read covers, fixed before any record is read."""
-
-    topic: str
-    epoch: int
-    ranges: tuple[SegmentRange, ...]
-    missing_segments: tuple[int, ...] = ()
-    unavailable_timeout_s: float = DEFAULT_UNAVAILABLE_TIMEOUT_S
-
-    @property
-    def rows(self) -> int:
-        return sum(r.rows for r in self.ranges)
-
-
-@dataclass(frozen=True)
-class _Wanted:
-    """A segment the snapshot must read, with the bounds known before probing it."""
-
-    info: SegmentInfo
-    start: int
-    end: int | None  # None: up to the end offset the probe reports
-
-
-def plan_read(
-    topic: str,
-    *,
-    start: Bound = "earliest",
-    end: Bound = "latest",
-    subscription: str | None = None,
-    allow_partial: bool = False,
-    unavailable_timeout_s: float | None = None,
-    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
-    token: str | None = None,
-) -> ReadPlan:
-    """Fix the snapshot: one layout read, then every needed segment probed concurrently.
-
-    Raises ``UnavailableSegmentsError`` naming every listed segment that did not
-    answer, unless ``allow_partial``; then they are in ``missing_segments``. The
-    ``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume``.
-    """
-    credential = client_credential(token)
-    name = TopicName.parse(topic)
-    _check_bounds(name, start, end, subscription, rows_per_partition)
-    timeout_s = float(
-        DEFAULT_UNAVAILABLE_TIMEOUT_S if unavailable_timeout_s is None else unavailable_timeout_s
-    )
-    connect()
-    layout = _layout(name, credential, Permission.CONSUME)
-    wanted = _wanted_segments(layout.all_segments.values(), start, end)
-    probes = background_loop().run(_probe_all(name, wanted, subscription, timeout_s, credential))
-    silent = [w.info.segment_id for w, p in zip(wanted, probes, strict=True) if p is None]
-    missing = _still_listed(name, silent, credential)
-    if missing and not allow_partial:
-        raise UnavailableSegmentsError(
-            f"{name}: segments {missing} are listed in the layout (epoch {layout.epoch}) but "
-            f"no segment actor served them within {timeout_s:g}s; pass allow_partial=True "
-            "to read the others",
-            missing,
-        )
-    ranges = [
-        piece
-        for w, probe in zip(wanted, probes, strict=True)
-        if probe is not None
-        for piece in _split(_range_of(name, w, probe, subscription), rows_per_partition)
-    ]
-    return ReadPlan(str(name), layout.epoch, tuple(ranges), tuple(missing), timeout_s)
-
-
-def _check_bounds(
-    name: TopicName, start: Any, end: Any, subscription: str | None, rows_per_partition: int
-) -> None:
-    for label, bound, word in (("start", start, "earliest"), ("end", end, "latest")):
-        if isinstance(bound, Checkpoint):
-            if bound.topic != str(name):
-                raise InvalidArgumentError(f"{label} checkpoint is for {bound.topic}, not {name}")
-        elif bound != word:
-            raise InvalidArgumentError(f"{label} must be {word!r} or a Checkpoint, got {bound!r}")
-    if subscription is not None and start != "earliest":
-        raise InvalidArgumentError("pass either subscription= or start=, not both")
-    if rows_per_partition < 1:
-        raise InvalidArgumentError(f"rows_per_partition must be positive: {rows_per_partition}")
-
-
-def _wanted_segments(segments: Iterable[SegmentInfo], start: Bound, end: Bound) -> list[_Wanted]:
-    """Segments with something to read between the bounds, parents before children.
-
-    A start checkpoint's finished segments are done; an end checkpoint reads its
-    in-progress segments up to its positions, its finished ones to their end,
-    and nothing of segments it had not reached.
-    """
-    wanted = []
-    for info in sorted(segments, key=lambda s: s.segment_id):  # ids grow down the DAG
-        sid = info.segment_id
-        if isinstance(start, Checkpoint) and sid in start.finished:
-            continue
-        first = start.positions.get(sid, 0) if isinstance(start, Checkpoint) else 0
-        last: int | None = None
-        if isinstance(end, Checkpoint):
-            if sid in end.positions:
-                last = end.positions[sid]
-            elif sid not in end.finished:
-                continue
-        if last is None or last > first:
-            wanted.append(_Wanted(info, first, last))
-    return wanted
-
-
-def _layout(name: TopicName, credential: str | None, purpose: Permission) -> SegmentLayout:
-    """The topic's layout from the DAG watch (checked there for ``purpose``)."""
-    return background_loop().run(fetch_layout(name, credential, purpose))
-
-
-async def _probe_all(
-    name: TopicName,
-    wanted: list[_Wanted],
-    subscription: str | None,
-    timeout_s: float,
-    credential: str | None,
-) -> list[dict[str, Any] | None]:
-    deadline = time.monotonic() + timeout_s
-    probes = (
-        _probe(_segment_name(name, w.info), subscription, deadline, credential) for w in wanted
-    )
-    return list(await asyncio.gather(*probes))
-
-
-async def _probe(
-    segment: SegmentName, subscription: str | None, deadline: float, credential: str | None
-) -> dict[str, Any] | None:
-    """The end offset (and the subscription's cursor) of a running actor; None when it did
-    not answer by ``deadline``. Looks the actor up again after each failure, never creates
-    it (a hibernating tiered segment's is started by its controller)."""
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            handle = await find_segment_actor(segment, max(remaining, 0.001), credential=credential)
-            status = handle.position.remote(subscription, credential=credential)
-            return await asyncio.wait_for(call(status), max(remaining, 0.001))
-        except (SegmentNotFoundError, TimeoutError, *_RESTART_ERRORS):
-            if time.monotonic() + _RETRY_PAUSE_S >= deadline:
-                return None
-            await asyncio.sleep(_RETRY_PAUSE_S)
-
-
-def _still_listed(name: TopicName, missing: list[int], credential: str | None) -> list[int]:
-    """Of the segments that did not answer, those the layout still lists: a segment pruned
-    by retention while we probed it is no longer part of the topic, hence not required."""
-    if not missing:
-        return []
-    current = _layout(name, credential, Permission.CONSUME).all_segments
-    return sorted(sid for sid in missing if sid in current)
-
-
-def _range_of(
-    name: TopicName, wanted: _Wanted, probe: dict[str, Any], subscription: str | None
-) -> SegmentRange:
-    first = probe["position"] if subscription is not None else wanted.start
-    last = probe["endOffset"] if wanted.end is None else wanted.end
-    return SegmentRange(str(_segment_name(name, wanted.info)), wanted.info.segment_id, first, last)
-
-
-def _split(whole: SegmentRange, rows: int) -> list[SegmentRange]:
-    return [
-        SegmentRange(whole.segment, whole.segment_id, lo, min(lo + rows, whole.end))
-        for lo in range(whole.start, whole.end, rows)
-    ]
-
-
-def _segment_name(name: TopicName, info: SegmentInfo) -> SegmentName:
-    return name.segment(info.segment_id, info.hash_range.start, info.hash_range.end)
-
-
-# --- reading one range ---------------------------------------------------------------------
-
-
-def read_range(
-    piece: SegmentRange, timeout_s: float, credential: str | None = None
-) -> Iterator[pa.RecordBatch]:
-    """The records of ``piece`` as ``OUTPUT_SCHEMA`` batches, one actor read in flight ahead
-    (each read presents ``credential``).
-
-    Rides out a restart of the segment actor for up to ``timeout_s`` per outage;
-    raises ``UnavailableSegmentsError`` when it does not come back, or when the
-    segment has no records where the snapshot saw some (its storage was lost).
-    Records below the segment's start offset were dropped by retention on purpose
-    and are skipped, as every reader skips them.
-    """
-    segment = SegmentName.parse(piece.segment)
-    reader = _RangeReader(segment, piece, timeout_s, credential)
-    offset = piece.start
-    pending = reader.request(offset)
-    while offset < piece.end:
-        batch = reader.receive(pending, offset)
-        if batch.num_rows == 0:
-            return  # retention dropped the rest of this range
-        offset = batch.column("offset")[batch.num_rows - 1].as_py() + 1
-        if offset < piece.end:
-            pending = reader.request(offset)  # let the actor read on while we convert
-        yield _with_derived_columns(batch, piece.segment_id)
-
-
-class _RangeReader:
-    """Actor calls for one range, with bounded waits through actor restarts."""
-
-    def __init__(
-        self, segment: SegmentName, piece: SegmentRange, timeout_s: float, credential: str | None
-    ) -> None:
-        self.segment = segment
-        self.piece = piece
-        self.timeout_s = timeout_s
-        self.credential = credential
-        self.handle: Any = None
-
-    def request(self, offset: int) -> ray.ObjectRef | None:
-        try:
-            self.handle = self.handle or segment_actor(self.segment)
-        except ValueError:
-            return None  # receive() waits for the actor to come back
-        count = min(MAX_READ_RECORDS, self.piece.end - offset)
-        return self.handle.read.remote(offset, count, credential=self.credential)
-
-    def receive(self, pending: ray.ObjectRef | None, offset: int) -> pa.RecordBatch:
-        """Records from ``offset`` (or from the start offset, if retention passed it) up to
-        the range's end; empty only when retention dropped everything up to the end."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                if pending is None:
-                    raise ValueError("no actor")
-                batch = ray.get(pending, timeout=max(deadline - time.monotonic(), 0.001))
-            except RayTaskError as err:  # the segment's own error (a refusal, say): as itself
-                if isinstance(err.cause, ScalableTopicsError):
-                    raise err.cause from None
-                raise
-            except (ValueError, *_RESTART_ERRORS) as err:
-                self.handle = None
-                if time.monotonic() + _RETRY_PAUSE_S >= deadline:
-                    why = f"did not answer within {self.timeout_s:g}s: {err}"
-                    raise self._unavailable(why) from None
-                time.sleep(_RETRY_PAUSE_S)
-                pending = self.request(offset)
-                continue
-            if batch.num_rows == 0:
-                raise self._unavailable(
-                    f"returned no records at offset {offset}, but the snapshot saw records "
-                    f"up to {self.piece.end}: its storage was lost or replaced"
-                )
-            return _trim(batch, self.piece.end)
-
-    def _unavailable(self, why: str) -> UnavailableSegmentsError:
-        return UnavailableSegmentsError(
-            f"segment {self.piece.segment_id} ({self.segment}) {why}", [self.piece.segment_id]
-        )
-
-
-def _trim(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:
-    offsets = batch.column("offset").to_numpy()
-    keep = int(np.searchsorted(offsets, end))
-    return batch if keep == batch.num_rows else batch.slice(0, keep)
-
-
-def _with_derived_columns(batch: pa.RecordBatch, segment_id: int) -> pa.RecordBatch:
-    """Add the routing hash and the segment id; timestamps in microseconds, as Spark's."""
-    keys = batch.column("key")
-    hashes = key_hashes(keys)
-    hash_column = pa.array(hashes, type=pa.int32(), mask=hashes < 0)
-    segment_column = pa.array(np.full(batch.num_rows, segment_id, dtype=np.int64))
-    publish_time = batch.column("publish_time").cast(OUTPUT_SCHEMA.field("publish_time").type)
-    return pa.RecordBatch.from_arrays(
-        [
-            keys,
-            batch.column("value"),
-            hash_column,
-            segment_column,
-            batch.column("offset"),
-            publish_time,
-            batch.column("properties"),
-        ],
-        schema=OUTPUT_SCHEMA,
-    )
-
 
 # --- Spark --------------------------------------------------------------------------------
 
@@ -500,7 +154,9 @@ def read_topic(
 
 
 def _plan_to_spark(spark: SparkSession, plan: ReadPlan, credential: str | None) -> DataFrame:
-    """One Spark partition per range; each runs ``read_range`` in a Python worker.
+    """The ranges of tiered segments in a local tier as one Parquet scan of their files
+    (``_scan_tier_files``); every other range as a Spark partition running ``read_range``
+    in a Python worker.
 
     Not ``read_topic_dataset(...).to_spark(spark)``: RayDP converts Ray blocks
     through pandas, which fails on the ``properties`` map column and costs a
@@ -511,13 +167,61 @@ def _plan_to_spark(spark: SparkSession, plan: ReadPlan, credential: str | None) 
     process boundary less. The ranges (and the credential) travel in the task closure;
     ``spark.range`` just numbers the partitions.
     """
-    if not plan.ranges:
+    scanned = [r for r in plan.ranges if _scannable(r)]
+    others = tuple(r for r in plan.ranges if not _scannable(r))
+    frames = []
+    if others:
+        reader = functools.partial(
+            _spark_read_partition, _cluster(), plan.unavailable_timeout_s, others, credential
+        )
+        count = len(others)
+        frames.append(spark.range(0, count, 1, count).mapInArrow(reader, SPARK_SCHEMA))
+    if scanned:
+        frames.append(_scan_tier_files(spark, scanned))
+    if not frames:
         return spark.createDataFrame([], SPARK_SCHEMA)
-    count = len(plan.ranges)
-    reader = functools.partial(
-        _spark_read_partition, _cluster(), plan.unavailable_timeout_s, plan.ranges, credential
-    )
-    return spark.range(0, count, 1, count).mapInArrow(reader, SPARK_SCHEMA)
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def _scannable(piece: SegmentRange) -> bool:
+    """A range Spark reads as a file scan: of a tiered segment, in a file whose columns are
+    what a read returns (format 2), in a tier Spark reaches as files (``file://``, a
+    path every executor sees on a multi-node cluster); others go through ``read_range``,
+    which reads any ``pyarrow`` tier."""
+    tier = piece.tier
+    return tier is not None and tier.format >= 2 and tier.uri.startswith("file://")
+
+
+def _scan_tier_files(spark: SparkSession, pieces: list[SegmentRange]) -> DataFrame:
+    """One Parquet scan of the tiered files, keeping each segment's planned offsets (a
+    whole file needs no offset filter, so Spark reads it as ``spark.read.parquet`` would)."""
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own idiom
+
+    spans: dict[int, list[tuple[int, int]]] = {}
+    files: dict[int, TierFile] = {}
+    for piece in sorted(pieces, key=lambda p: (p.segment_id, p.start)):
+        assert piece.tier is not None
+        files[piece.segment_id] = piece.tier
+        runs = spans.setdefault(piece.segment_id, [])
+        if runs and runs[-1][1] == piece.start:
+            runs[-1] = (runs[-1][0], piece.end)
+        else:
+            runs.append((piece.start, piece.end))
+    whole = [i for i, runs in spans.items() if runs == [(files[i].start, files[i].end)]]
+    keep = F.col("segment_id").isin(whole) if whole else F.lit(False)
+    for segment_id, runs in spans.items():
+        if segment_id not in whole:
+            for lo, hi in runs:
+                span = (F.col("offset") >= lo) & (F.col("offset") < hi)
+                keep = keep | ((F.col("segment_id") == segment_id) & span)
+    frame = spark.read.parquet(*sorted(f"file://{t.path}" for t in files.values()))
+    if len(whole) < len(spans):
+        frame = frame.where(keep)
+    return frame.select(*(F.col(name).cast(kind) for name, kind in _SPARK_COLUMNS))
+
+
+# Each column of ``SPARK_SCHEMA`` with its Spark type, as a tier file's scan selects it.
+_SPARK_COLUMNS = [column.strip().split(" ", 1) for column in SPARK_SCHEMA.split(",")]
 
 
 def _spark_read_partition(
@@ -552,20 +256,6 @@ def _warm_partition(
     _join_ray(cluster)
     for seed in seeds:
         yield pa.RecordBatch.from_pydict({"ready": [True] * seed.num_rows})
-
-
-def annotate(result: Any, plan: ReadPlan) -> Any:
-    """Record what was read on the result itself, and say so loudly when it is partial."""
-    result.missing_segments = plan.missing_segments
-    result.read_plan = plan
-    if plan.missing_segments:
-        warnings.warn(
-            f"{plan.topic}: partial read, segments {list(plan.missing_segments)} are missing "
-            "(allow_partial=True); see .missing_segments",
-            PartialReadWarning,
-            stacklevel=3,
-        )
-    return result
 
 
 # --- writing ------------------------------------------------------------------------------
@@ -630,7 +320,7 @@ def write_topic(
         _cluster(),
         str(name),
         uuid.uuid4().hex,
-        _layout(name, credential, Permission.PRODUCE).epoch,
+        checked_layout(name, credential, Permission.PRODUCE).epoch,
         chunk_rows,
         dict(producer_config or {}),
         credential,
@@ -684,7 +374,7 @@ def _spark_write_partition(
 
 
 def _job_layout(job: _WriteJob) -> SegmentLayout:
-    return _layout(TopicName.parse(job.topic), job.credential, Permission.PRODUCE)
+    return checked_layout(TopicName.parse(job.topic), job.credential, Permission.PRODUCE)
 
 
 def _first_attempt(job: _WriteJob, partition: int) -> bool:

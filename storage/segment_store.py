@@ -222,7 +222,7 @@ class SegmentStore:
             return self.log
         filesystem, _ = open_tier(uri)
         try:
-            offload(self.log, filesystem, directory)
+            offload(self.log, filesystem, directory, segment_id=self.name.segment_id)
             return TieredSegment(filesystem, directory)
         except OSError as err:  # the store is down, full, or refuses the credentials
             raise UnavailableError(
@@ -242,6 +242,7 @@ class SegmentStore:
         record = TieredRecord(
             uri=uri,
             directory=directory,
+            tier_format=tiered.manifest.format,
             info=self.identity.info,
             fence_epoch=self._fence,
             cursors={c.name: c.to_dict() for c in self.cursors.snapshot()},
@@ -364,6 +365,7 @@ class SegmentStore:
         record = TieredRecord(
             uri=uri,
             directory=tiered.directory,
+            tier_format=tiered.manifest.format,
             info=identity.info,
             fence_epoch=stored_fence_epoch(self.directory),
             cursors={c.name: c.to_dict() for c in CursorStore(self.directory).snapshot()},

@@ -46,6 +46,7 @@ from runtime.errors import (
     SegmentTerminated,
     UnavailableError,
 )
+from runtime.hashing import key_hashes
 from runtime.names import SegmentName
 from runtime.uris import redacted
 from storage.appends import Append, AppendResult, StoredBatch
@@ -53,7 +54,7 @@ from storage.segment_log import SegmentLog
 
 logger = logging.getLogger(__name__)
 
-TIER_FORMAT = 1
+TIER_FORMAT = 2  # 2: each record's routing hash and segment id, for engines' scans
 RECORDS_FILE = "records.parquet"
 MANIFEST_FILE = "manifest.json"
 # In a segment's local directory, where a previous version noted where its records
@@ -68,8 +69,14 @@ TIER_SCHEMA = pa.schema(
         *DELIVERY_SCHEMA,
         ("producer_id", pa.string()),
         ("sequence", pa.int64()),
+        # What a snapshot read returns beside the delivery columns (``clients.read_plan``),
+        # so an engine scans the file as it is: a record's routing hash, its segment.
+        ("hash", pa.int32()),
+        ("segment_id", pa.int64()),
     ]
 )
+# What a read of the tiered segment needs (a file of format 1 has nothing else).
+_READ_COLUMNS = [*DELIVERY_SCHEMA.names, "producer_id", "sequence"]
 
 
 class TierManifest(BaseModel):
@@ -137,8 +144,11 @@ def tier_directory(base: str, name: SegmentName, incarnation: str) -> str:
     return "/".join((base, *parts))
 
 
-def offload(log: SegmentLog, filesystem: pafs.FileSystem, directory: str) -> TierManifest:
-    """Copy a terminated ``log`` to ``directory`` of the tier and commit it (its manifest).
+def offload(
+    log: SegmentLog, filesystem: pafs.FileSystem, directory: str, *, segment_id: int
+) -> TierManifest:
+    """Copy the terminated ``log`` of segment ``segment_id`` to ``directory`` of the tier
+    and commit it (its manifest).
 
     The log's frames are checked first and the uploaded records are compared with
     them after: a mismatch raises ``UnavailableError`` and commits nothing.
@@ -150,10 +160,10 @@ def offload(log: SegmentLog, filesystem: pafs.FileSystem, directory: str) -> Tie
     path = f"{directory}/{RECORDS_FILE}"
     with filesystem.open_output_stream(path) as out:
         writer = pq.ParquetWriter(out, TIER_SCHEMA, compression="zstd")
-        for table in _row_groups(log):
+        for table in _row_groups(log, segment_id):
             writer.write_table(table, row_group_size=ROW_GROUP_RECORDS)
         writer.close()
-    manifest = _check_upload(log, filesystem, path)
+    manifest = _check_upload(log, filesystem, path, segment_id)
     with filesystem.open_output_stream(f"{directory}/{MANIFEST_FILE}") as out:
         out.write(manifest.model_dump_json(by_alias=True).encode())
     return manifest
@@ -255,7 +265,7 @@ class TieredSegment:
             return []
         first = bisect.bisect_right(self._firsts, offset) - 1
         last = bisect.bisect_left(self._firsts, offset + max_records)
-        table = self._file.read_row_groups(list(range(first, last)))
+        table = self._file.read_row_groups(list(range(first, last)), columns=_READ_COLUMNS)
         skip = offset - self._firsts[first]
         return list(_stored_runs(table.slice(skip, max_records)))
 
@@ -314,12 +324,12 @@ class TieredSegment:
 # --- internals -------------------------------------------------------------------------
 
 
-def _row_groups(log: SegmentLog) -> Iterator[pa.Table]:
+def _row_groups(log: SegmentLog, segment_id: int) -> Iterator[pa.Table]:
     """The log's records as tables of at most a row group each."""
     pending: list[pa.Table] = []
     size = 0
     for batch in _stored(log):
-        table = _as_tier_table(batch)
+        table = _as_tier_table(batch, segment_id)
         pending.append(table)
         size += table.num_rows
         if size >= ROW_GROUP_RECORDS:
@@ -341,7 +351,7 @@ def _stored(log: SegmentLog) -> Iterator[StoredBatch]:
         offset = last.base_offset + last.records.num_rows
 
 
-def _as_tier_table(batch: StoredBatch) -> pa.Table:
+def _as_tier_table(batch: StoredBatch, segment_id: int) -> pa.Table:
     n = batch.records.num_rows
     records = batch.records
     columns = [records.column(name) for name in BATCH_SCHEMA.names]
@@ -353,13 +363,18 @@ def _as_tier_table(batch: StoredBatch) -> pa.Table:
     )
     columns.append(pa.repeat(pa.scalar(batch.producer_id, pa.string()), n))
     columns.append(pa.repeat(pa.scalar(batch.sequence, pa.int64()), n))
+    hashes = key_hashes(records.column("key"))
+    columns.append(pa.array(hashes, type=pa.int32(), mask=hashes < 0))
+    columns.append(pa.repeat(pa.scalar(segment_id, pa.int64()), n))
     return pa.Table.from_arrays(columns, schema=TIER_SCHEMA)
 
 
-def _check_upload(log: SegmentLog, filesystem: pafs.FileSystem, path: str) -> TierManifest:
+def _check_upload(
+    log: SegmentLog, filesystem: pafs.FileSystem, path: str, segment_id: int
+) -> TierManifest:
     """Read the uploaded file back and compare it with the log, row group by row group."""
     uploaded = pq.ParquetFile(filesystem.open_input_file(path))
-    expected = _row_groups(log)
+    expected = _row_groups(log, segment_id)
     groups: list[tuple[int, int, int]] = []
     for index in range(uploaded.num_row_groups):
         got = uploaded.read_row_group(index)

@@ -45,6 +45,7 @@ class TieredRecord(BaseModel):
 
     uri: str  # the tier, as the policy named it (credentials included: never shown)
     directory: str  # the segment's directory in that tier
+    tier_format: int = Field(default=1, alias="format")  # ``storage.tier.TIER_FORMAT`` written
     info: SegmentInfo
     fence_epoch: int = Field(default=0, alias="fenceEpoch")
     # subscription → ``Cursor.to_dict()``

@@ -6,6 +6,7 @@ module: starting Spark costs far more than any test here.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 from collections import Counter, defaultdict
@@ -15,7 +16,8 @@ import pytest
 import ray
 from conftest import TIER_ROOT
 
-from actors.segment import segment_actor
+from actors.registry import alive_actor_names
+from actors.segment import find_segment_actor, segment_actor
 from clients import Checkpoint, Producer, ScalableTopicsAdmin
 from clients.ray_data import read_topic_dataset
 from clients.spark import (
@@ -78,11 +80,13 @@ def per_key(df) -> dict[str, tuple[int, int]]:
 def test_read_after_splits_and_merges_returns_every_record_once(
     admin, spark, unique, storage: str
 ) -> None:
-    """``tiered``: the sealed segments are read from the topic's tier (a ``file://`` one)."""
+    """``tiered``: the sealed segments are read from the topic's tier (a ``file://`` one)
+    by a Parquet scan, and by Ray Data from the files too, without waking them."""
     topic = f"topic://spark/read/dag-{storage}-{unique}"
     admin.create_scalable_topic(topic, num_segments=2)
+    admin.create_subscription(topic, "audit")
     if storage == "tiered":
-        tier = {"uri": f"file://{TIER_ROOT}/spark-{unique}", "afterS": 0}
+        tier = {"uri": f"file://{TIER_ROOT}/spark-{unique}", "afterS": 0, "idleS": 1}
         admin.set_policy(topic, {"tiering": tier})
     sent: dict[str, list[int]] = defaultdict(list)
     with Producer(topic) as producer:
@@ -96,10 +100,7 @@ def test_read_after_splits_and_merges_returns_every_record_once(
     layout = admin.get_layout(topic)
     assert len(layout.all_segments) == 7
     if storage == "tiered":
-        deadline = time.monotonic() + 60
-        while sum(s["tiered"] for s in admin.get_stats(topic)["segments"].values()) < 3:
-            assert time.monotonic() < deadline, admin.get_stats(topic)["segments"]
-            time.sleep(0.5)
+        wait_hibernating(admin, topic, 4)
 
     df = read_topic(spark, topic)
     assert df.missing_segments == ()
@@ -123,7 +124,36 @@ def test_read_after_splits_and_merges_returns_every_record_once(
     for key, values in sent.items():  # parents before children, offsets in order
         in_order = sorted(by_key[key], key=lambda r: (r.segment_id, r.offset))
         assert [r.value_num for r in in_order] == values
+
+    # From a subscription's cursors: segment 0 (tiered or not) acknowledged up to 999.
+    name = TopicName.parse(topic)
+    first = layout.all_segments[0]
+    segment = name.segment(0, first.hash_range.start, first.hash_range.end)
+    handle = asyncio.run(find_segment_actor(segment))  # wakes it if it hibernates
+    ray.get(handle.ack_cumulative.remote("audit", 999))
+    if storage == "tiered":
+        wait_hibernating(admin, topic, 4)
+    after = read_topic(spark, topic, subscription="audit")
+    assert after.count() == 15_000
+    assert after.where("segment_id = 0 and offset < 1000").count() == 0
+    assert read_topic_dataset(topic, rows_per_partition=3_000).count() == 16_000
+    if storage == "tiered":
+        plan = after.read_plan
+        assert {r.segment_id for r in plan.ranges if r.tier is not None} == {0, 1, 3, 4}
+        alive = alive_actor_names(f"segment:{name.short}/")
+        woken = [i for i, s in layout.all_segments.items() if s.name(name).actor_name in alive]
+        assert sorted(woken) == sorted(layout.active_segments)  # reading woke none
     admin.delete_scalable_topic(topic)
+
+
+def wait_hibernating(admin, topic: str, sealed: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        segments = admin.get_stats(topic)["segments"].values()
+        if sum(s["hibernating"] for s in segments) == sealed:
+            return
+        assert time.monotonic() < deadline, segments
+        time.sleep(0.5)
 
 
 def test_ray_dataset_and_bounds(admin, unique) -> None:

@@ -130,7 +130,7 @@ def test_a_tiered_segment_reads_exactly_as_its_log(tmp_path: Path, tier) -> None
     filesystem, base = tier
     log = sealed_log(tmp_path / "log")
     directory = f"{base}/t/ns/x/inc/0"
-    manifest = offload(log, filesystem, directory)
+    manifest = offload(log, filesystem, directory, segment_id=7)
     assert (manifest.start_offset, manifest.end_offset) == (log.start_offset, log.end_offset)
     assert manifest.records == log.end_offset - log.start_offset
     assert len(manifest.row_groups) > 1 and manifest.row_groups[0][1] == ROW_GROUP_RECORDS
@@ -174,7 +174,7 @@ def test_only_a_sealed_intact_log_is_committed(tmp_path: Path, tier) -> None:
     open_log = SegmentLog(tmp_path / "open", durability=FAST)
     open_log.append(make_batch([b"x"]))
     with pytest.raises(InvalidArgumentError, match="not sealed"):
-        offload(open_log, filesystem, f"{base}/open")
+        offload(open_log, filesystem, f"{base}/open", segment_id=7)
     open_log.close()
 
     log = sealed_log(tmp_path / "damaged", batches=6, per_batch=1_000)
@@ -185,7 +185,7 @@ def test_only_a_sealed_intact_log_is_committed(tmp_path: Path, tier) -> None:
         file.seek(200)
         file.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(UnavailableError, match="fails its checksums"):
-        offload(log, filesystem, f"{base}/damaged")
+        offload(log, filesystem, f"{base}/damaged", segment_id=7)
     assert read_manifest(filesystem, f"{base}/damaged") is None
     log.close()
 
@@ -196,12 +196,12 @@ def test_a_crash_before_the_commit_leaves_no_segment_and_offloading_again_commit
     filesystem, base = tier
     log = sealed_log(tmp_path / "log", batches=5, per_batch=1_000)
     directory = f"{base}/crashed"
-    offload(log, filesystem, directory)
+    offload(log, filesystem, directory, segment_id=7)
     filesystem.delete_file(f"{directory}/{MANIFEST_FILE}")  # as if the crash came just before
     assert read_manifest(filesystem, directory) is None
     with pytest.raises(UnavailableError, match="manifest is missing"):
         TieredSegment(filesystem, directory)
-    offload(log, filesystem, directory)  # the next owner finishes the move
+    offload(log, filesystem, directory, segment_id=7)  # the next owner finishes the move
     tiered = TieredSegment(filesystem, directory)
     want = log.read(log.start_offset, 10**6)
     assert to_delivery(tiered.read(log.start_offset, 10**6)).equals(to_delivery(want))
@@ -237,7 +237,7 @@ def test_removing_local_storage_removes_the_tiered_copies_it_points_to(tmp_path:
         segment = incarnation / f"segment-{number}"
         log = sealed_log(segment / "log", batches=2, per_batch=100)
         directory = f"{base}/seg-{number}"
-        offload(log, filesystem, directory)
+        offload(log, filesystem, directory, segment_id=7)
         log.close()
         legacy = {"uri": f"file://{tmp_path / 'tier'}", "directory": directory}
         (segment / TIERED_RECORD).write_text(json.dumps(legacy))  # a previous version's note
