@@ -8,9 +8,15 @@ materialize every column (``write.format("noop")``; a ``count()`` would let
 Parquet skip the data), after one untimed pass of each. Rows per second per run;
 the best and the median go in the JSON.
 
-    .venv/bin/python bench/spark_read.py [--records 5000000] [--runs 3]
+With ``--tiered`` every segment is split once the records are in, so all of them are
+in sealed segments, and the topic's tiering policy (a ``file://`` tier, ``afterS`` 0)
+moves those to the tier; once every one hibernates, ``read_topic`` reads them as a
+Parquet scan of the tier's files, against the same ceiling.
 
-Writes bench/results/spark_read.json. Needs Java 17 (Spark on Ray via RayDP).
+    .venv/bin/python bench/spark_read.py [--records 5000000] [--runs 3] [--tiered]
+
+Writes bench/results/spark_read.json (``spark_read_tiered.json`` with ``--tiered``).
+Needs Java 17 (Spark on Ray via RayDP).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 RESULTS = Path(__file__).parent / "results" / "spark_read.json"
+TIERED_RESULTS = Path(__file__).parent / "results" / "spark_read_tiered.json"
 VALUE_BYTES = 100
 DISTINCT_KEYS = 100_000
 PRODUCE_CHUNK = 100_000
@@ -42,9 +49,13 @@ def main() -> None:
     parser.add_argument("--segments", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--executor-cores", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--tiered", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.out = args.out or (TIERED_RESULTS if args.tiered else RESULTS)
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    if args.tiered:
+        os.environ["RAYTOPICS_TIER_URIS"] = f"file://{scratch / 'tier'}/"
     os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", str(scratch / "segments"))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("RAYTOPICS_DURABILITY", "none")  # ingest speed is not measured here
@@ -60,6 +71,8 @@ def main() -> None:
     admin.create_scalable_topic(topic, args.segments)
     try:
         produce_seconds = produce(topic, args.records)
+        if args.tiered:
+            move_all_to_tier(admin, topic, f"file://{scratch / 'tier'}/read")
         spark = spark_session("bench-spark-read", executor_cores=args.executor_cores)
         parquet = str(scratch / "parquet")
         read_topic(spark, topic).write.mode("overwrite").parquet(parquet)
@@ -94,6 +107,23 @@ def produce(topic: str, records: int) -> float:
             producer.send_batch(value_array, keys)
         producer.flush()
     return time.perf_counter() - started
+
+
+def move_all_to_tier(admin: Any, topic: str, uri: str) -> None:
+    """Seal every segment (a split each) and wait until the tier holds them all and their
+    actors have exited."""
+    for segment_id in sorted(admin.get_layout(topic).active_segments):
+        admin.split_segment(topic, segment_id)
+    admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 1}})
+    deadline = time.monotonic() + 600
+    while True:
+        segments = admin.get_stats(topic)["segments"].values()
+        sealed = [s for s in segments if s["state"] == "SEALED"]
+        if all(s["hibernating"] for s in sealed):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"segments not tiered after 10 minutes: {sealed}")
+        time.sleep(1)
 
 
 def measure(spark: Any, topic: str, parquet: str, records: int, runs: int) -> dict[str, list]:
@@ -144,7 +174,8 @@ def summarize(
             "best": round(best["read_topic"] / best["parquet"], 3),
             "median": round(median["read_topic"] / median["parquet"], 3),
         },
-        "target_ratio": 0.5,
+        "tiered": args.tiered,
+        "target_ratio": 1.0 if args.tiered else 0.5,
     }
 
 

@@ -1,11 +1,11 @@
 """Ray Data on topics: a Dataset from a topic's snapshot, and a Datasink into a topic.
 
 Reading plans exactly as ``read_topic`` does (``clients.read_plan.plan_read``): one
-read task per offset range of the DAG, each reading its segment straight into
-Arrow, and the same completeness rules (no silent partial results). Writing
-runs one producer per write task, routing by key like every producer; a write
-task that Ray retries may store its rows again (at-least-once), which
-``write_topic`` (Spark) and the streaming sink do not.
+read task per offset range of the DAG, each reading its segment (or a tiered
+segment's file in the tier) straight into Arrow, and the same completeness rules
+(no silent partial results). Writing runs one producer per write task, routing by
+key like every producer; a write task that Ray retries may store its rows again
+(at-least-once), which ``write_topic`` (Spark) and the streaming sink do not.
 """
 
 from __future__ import annotations

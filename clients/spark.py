@@ -129,7 +129,8 @@ def read_topic(
     ``subscription``: start each segment at that subscription's cursor instead.
     The snapshot is planned now (see ``plan_read``); each Spark partition reads
     one offset range straight from its segment actor into Arrow batches
-    (``read_range``), run by the executors, which are Ray actors.
+    (``read_range``), run by the executors, which are Ray actors, and the files
+    of segments in a ``file://`` tier are one Parquet scan (``_scan_tier_files``).
 
     Raises ``UnavailableSegmentsError`` naming every listed segment that cannot
     be served; with ``allow_partial=True`` warns instead and the DataFrame's
@@ -221,7 +222,15 @@ def _scan_tier_files(spark: SparkSession, pieces: list[SegmentRange]) -> DataFra
 
 
 # Each column of ``SPARK_SCHEMA`` with its Spark type, as a tier file's scan selects it.
-_SPARK_COLUMNS = [column.strip().split(" ", 1) for column in SPARK_SCHEMA.split(",")]
+_SPARK_COLUMNS = [
+    ("key", "string"),
+    ("value", "binary"),
+    ("hash", "int"),
+    ("segment_id", "long"),
+    ("offset", "long"),
+    ("publish_time", "timestamp"),
+    ("properties", "map<string,string>"),
+]
 
 
 def _spark_read_partition(
