@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 import ray
 from conftest import TIER_ROOT
+from test_tier import (
+    _s3_uri,
+    s3_endpoint,  # noqa: F401  (a fixture)
+)
 
 from actors.registry import alive_actor_names
 from actors.segment import find_segment_actor, segment_actor
@@ -76,18 +80,22 @@ def per_key(df) -> dict[str, tuple[int, int]]:
     return {r.key: (r.n, r.total) for r in rows.collect()}
 
 
-@pytest.mark.parametrize("storage", ["local", "tiered"])
+@pytest.mark.parametrize("storage", ["local", "tiered", "tiered-s3"])
 def test_read_after_splits_and_merges_returns_every_record_once(
-    admin, spark, unique, storage: str
+    admin, spark, unique, storage: str, request
 ) -> None:
     """``tiered``: the sealed segments are read from the topic's tier (a ``file://`` one)
-    by a Parquet scan, and by Ray Data from the files too, without waking them."""
+    by a Parquet scan, and by Ray Data from the files too, without waking them;
+    ``tiered-s3``: from an S3 server on loopback, by the tasks with ``pyarrow``."""
     topic = f"topic://spark/read/dag-{storage}-{unique}"
     admin.create_scalable_topic(topic, num_segments=2)
     admin.create_subscription(topic, "audit")
     if storage == "tiered":
         tier = {"uri": f"file://{TIER_ROOT}/spark-{unique}", "afterS": 0, "idleS": 1}
         admin.set_policy(topic, {"tiering": tier})
+    elif storage == "tiered-s3":
+        uri = _s3_uri(request.getfixturevalue("s3_endpoint"), f"tier/spark-{unique}")
+        admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 1}})
     sent: dict[str, list[int]] = defaultdict(list)
     with Producer(topic) as producer:
         merge_into(sent, send(producer, 0, 4_000))
@@ -99,7 +107,7 @@ def test_read_after_splits_and_merges_returns_every_record_once(
         merge_into(sent, send(producer, 12_000, 4_000))
     layout = admin.get_layout(topic)
     assert len(layout.all_segments) == 7
-    if storage == "tiered":
+    if storage != "local":
         wait_hibernating(admin, topic, 4)
 
     df = read_topic(spark, topic)
@@ -131,13 +139,13 @@ def test_read_after_splits_and_merges_returns_every_record_once(
     segment = name.segment(0, first.hash_range.start, first.hash_range.end)
     handle = asyncio.run(find_segment_actor(segment))  # wakes it if it hibernates
     ray.get(handle.ack_cumulative.remote("audit", 999))
-    if storage == "tiered":
+    if storage != "local":
         wait_hibernating(admin, topic, 4)
     after = read_topic(spark, topic, subscription="audit")
     assert after.count() == 15_000
     assert after.where("segment_id = 0 and offset < 1000").count() == 0
     assert read_topic_dataset(topic, rows_per_partition=3_000).count() == 16_000
-    if storage == "tiered":
+    if storage != "local":
         plan = after.read_plan
         assert {r.segment_id for r in plan.ranges if r.tier is not None} == {0, 1, 3, 4}
         alive = alive_actor_names(f"segment:{name.short}/")
