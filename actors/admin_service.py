@@ -42,6 +42,7 @@ from actors.readiness import await_readiness
 from actors.registry import get_or_start
 from actors.storage_tasks import scan_storage, storage_report
 from actors.stream_service import StreamOperations
+from actors.tiering import check_policy_tier
 from actors.topic_stats import topic_stats
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, apply_settings
@@ -325,6 +326,24 @@ class AdminService(StreamOperations):
         _check_flag("force", force)
         self._record(segment.topic)
         await self._control(segment.topic, restart_timeout_s, "delete_segment", str(segment), force)
+
+    # --- namespace default policy ---------------------------------------------------------
+
+    async def get_namespace_policy(
+        self, namespace: str, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        self._namespace_allowed(credential, Permission.LOOKUP, namespace)
+        return (self._catalog.namespace_policy(namespace) or TopicPolicy()).shown()
+
+    async def set_namespace_policy(
+        self, namespace: str, policy: dict[str, Any], *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """Replace the namespace's default policy (validated, its tier checked, first)."""
+        self._namespace_allowed(credential, Permission.ADMIN, namespace)
+        parsed = TopicPolicy.parse(policy)
+        await check_policy_tier(parsed)
+        self._catalog.set_namespace_policy(namespace, parsed)
+        return parsed.shown()
 
     # --- limits -------------------------------------------------------------------------
 

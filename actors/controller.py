@@ -46,6 +46,7 @@ from actors.metrics import ControllerMetrics
 from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
 from actors.segment_fleet import SegmentFleet
+from actors.tiering import check_policy_tier
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_namespace
 from runtime.errors import (
@@ -70,7 +71,6 @@ from runtime.operations import (
 from runtime.policy import TopicPolicy
 from runtime.recovery import plan_recovery
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
-from runtime.tiering import TIER_URIS_ENV, check_allowed
 from storage.catalog import (
     Catalog,
     SubscriptionMetadata,
@@ -80,7 +80,6 @@ from storage.catalog import (
 )
 from storage.durability import Durability, default_storage_root
 from storage.segment_store import SealedBy, stored_states
-from storage.tier import check_tier
 from storage.topic_storage import (
     SubscriptionSettings,
     TopicIdentity,
@@ -318,9 +317,7 @@ class ScalableTopicController:
         """Replace the topic's policy (validated first, so nothing is half-applied)."""
         self._check(credential)
         parsed = TopicPolicy.parse(policy)
-        if parsed.tiering is not None:  # a tier not allowed or not usable: refused now
-            check_allowed(parsed.tiering.uri, os.environ.get(TIER_URIS_ENV))
-            await asyncio.to_thread(check_tier, parsed.tiering.uri)
+        await check_policy_tier(parsed)
         async with self._lock:
             await self._recover()
             self._write_identity(

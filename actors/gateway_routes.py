@@ -56,6 +56,7 @@ from runtime.rest import (
     LIMITS_PATH,
     MERGE_PATH,
     NAMESPACE_PATH,
+    NAMESPACE_POLICY_PATH,
     ORPHANED_STORAGE_PATH,
     POLICY_PATH,
     RECOVER_PATH,
@@ -330,6 +331,19 @@ ROUTES: tuple[Route, ...] = (
         "DELETE", SEGMENT_PATH, "deleteSegment", "Delete a segment topic (low level)",
         lambda c, p: c("delete_segment", p.segment, p.query.force),
         status=204, query=DeleteSegmentQuery, errors=_MUTATION_ERRORS, tag="segments",
+    ),
+    Route(
+        "GET", NAMESPACE_POLICY_PATH, "getNamespacePolicy",
+        "The policy a namespace's topics follow where their own policy sets nothing",
+        lambda c, p: c("get_namespace_policy", p.namespace), returns=TopicPolicy,
+        errors=(400, 503), tag="policy", permission=Permission.LOOKUP,
+    ),
+    Route(
+        "PUT", NAMESPACE_POLICY_PATH, "setNamespacePolicy",
+        "Replace a namespace's default policy (each part applies where a topic sets none)",
+        lambda c, p: c("set_namespace_policy", p.namespace, p.body.to_dict()),
+        body=TopicPolicy, body_required=True, returns=TopicPolicy, errors=(400, 409, 503),
+        tag="policy",
     ),
     Route(
         "GET", LIMITS_PATH, "getNamespaceLimits",

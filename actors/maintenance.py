@@ -79,7 +79,9 @@ class TopicMaintenance:
         if observed is None:
             return TopicPolicy()
         record, stats = observed
-        policy = record.policy or TopicPolicy()
+        ctl = self._ctl
+        default = ctl.catalog.namespace_policy(ctl.topic.namespace_path)
+        policy = (record.policy or TopicPolicy()).over(default)
         self._publish(record.layout, stats)
         if policy.retention is not None:
             await self._retain(record.layout, stats, policy.retention)

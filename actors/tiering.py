@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,10 +25,20 @@ from actors.metrics import ControllerMetrics
 from runtime.errors import ScalableTopicsError
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
-from runtime.policy import TieringPolicy
-from runtime.tiering import due_for_tier, retry_delay_s
+from runtime.policy import TieringPolicy, TopicPolicy
+from runtime.tiering import TIER_URIS_ENV, check_allowed, due_for_tier, retry_delay_s
+from storage.tier import check_tier
 
 log = logging.getLogger(__name__)
+
+
+async def check_policy_tier(policy: TopicPolicy) -> None:
+    """Refuse a policy whose tier this cluster does not allow (``RAYTOPICS_TIER_URIS``) or
+    cannot use (unreachable, not writable, credentials refused): when it is set, with
+    the reason, rather than in every move later."""
+    if policy.tiering is not None:
+        check_allowed(policy.tiering.uri, os.environ.get(TIER_URIS_ENV))
+        await asyncio.to_thread(check_tier, policy.tiering.uri)
 
 
 class TierMover:

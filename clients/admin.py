@@ -162,6 +162,20 @@ class ScalableTopicsAdmin:
     async def delete_segment_async(self, segment_topic: str, force: bool = False) -> None:
         await self._control("delete_segment", segment_topic, force)
 
+    # --- namespace default policy ---------------------------------------------------------
+
+    async def get_namespace_policy_async(self, namespace: str) -> dict[str, Any]:
+        """The policy ``tenant/namespace``'s topics follow where their own sets nothing."""
+        return await self._call("get_namespace_policy", namespace)
+
+    async def set_namespace_policy_async(
+        self, namespace: str, policy: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Replace the namespace's default policy; each of its parts (``autoscale``,
+        ``retention``, ``tiering``) applies to every topic of the namespace whose own
+        policy leaves that part unset. Returns it as stored."""
+        return await self._call("set_namespace_policy", namespace, policy)
+
     # --- limits -------------------------------------------------------------------------
 
     async def get_namespace_limits_async(self, namespace: str) -> dict[str, int]:

@@ -42,6 +42,7 @@ examples:
   raytopics policy set public/default/orders \
     '{"autoscale": {"targetMsgsPerS": 5000, "minSegments": 2, "maxSegments": 16}}'
   raytopics policy show public/default/orders
+  raytopics policy set-default public/default '{"tiering": {"uri": "s3://bucket/t"}}'
   raytopics delete public/default/orders
   raytopics storage check                      # storage no metadata names (--delete removes it)
   raytopics recover public/default/orders      # rebuild lost metadata from storage
@@ -154,6 +155,15 @@ def _policy_show(admin: Any, args: argparse.Namespace) -> str:
 def _policy_set(admin: Any, args: argparse.Namespace) -> str:
     stored = admin.set_policy(args.topic, args.policy)
     return f"policy of {args.topic} is now\n{json.dumps(stored, indent=2)}"
+
+
+def _policy_show_default(admin: Any, args: argparse.Namespace) -> str:
+    return json.dumps(admin.get_namespace_policy(args.namespace_path), indent=2)
+
+
+def _policy_set_default(admin: Any, args: argparse.Namespace) -> str:
+    stored = admin.set_namespace_policy(args.namespace_path, args.policy)
+    return f"default policy of {args.namespace_path} is now\n{json.dumps(stored, indent=2)}"
 
 
 def _storage_check(admin: Any, args: argparse.Namespace) -> str:
@@ -544,13 +554,30 @@ def build_parser() -> argparse.ArgumentParser:
     auth_show.add_argument("--json", action="store_true", help="print the status as JSON")
     _command(auth_commands, "disable", _auth_disable, "turn authentication off")
 
-    policy = commands.add_parser("policy", help="show or set a topic's autoscale/retention policy")
+    policy = commands.add_parser(
+        "policy", help="show or set a topic's (or a namespace's default) autoscale, retention "
+        "and tiering policy",
+    )  # fmt: skip
     policy_commands = policy.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
     _command(policy_commands, "show", _policy_show, "print the policy as JSON", topic=True)
     policy_set = _command(policy_commands, "set", _policy_set, "replace the policy", topic=True)
     policy_set.add_argument(
         "policy", type=_json_object, metavar="JSON",
         help='e.g. {"autoscale": {"targetMsgsPerS": 5000}, "retention": {"timeS": 86400}}',
+    )  # fmt: skip
+    show_default = _command(
+        policy_commands, "show-default", _policy_show_default,
+        "print a namespace's default policy (what its topics follow where theirs sets nothing)",
+    )  # fmt: skip
+    show_default.add_argument("namespace_path", metavar="TENANT/NS")
+    set_default = _command(
+        policy_commands, "set-default", _policy_set_default,
+        "replace a namespace's default policy",
+    )  # fmt: skip
+    set_default.add_argument("namespace_path", metavar="TENANT/NS")
+    set_default.add_argument(
+        "policy", type=_json_object, metavar="JSON",
+        help='e.g. {"tiering": {"uri": "s3://bucket/topics", "afterS": 300}}',
     )  # fmt: skip
     return parser
 

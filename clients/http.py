@@ -40,6 +40,7 @@ from runtime.rest import (
     LIMITS_PATH,
     MERGE_PATH,
     NAMESPACE_PATH,
+    NAMESPACE_POLICY_PATH,
     ORPHANED_STORAGE_PATH,
     POLICY_PATH,
     RECOVER_PATH,
@@ -198,6 +199,19 @@ class AdminHttpClient:
     async def delete_segment_async(self, segment_topic: str, force: bool = False) -> None:
         params = {"force": "true" if force else "false"}
         await self._call("DELETE", _segment_path(SEGMENT_PATH, segment_topic), params=params)
+
+    # --- namespace default policy ---------------------------------------------------------
+
+    async def get_namespace_policy_async(self, namespace: str) -> dict[str, Any]:
+        return await self._call("GET", _namespace_path(NAMESPACE_POLICY_PATH, namespace))
+
+    async def set_namespace_policy_async(
+        self, namespace: str, policy: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Replace the namespace's default policy; returns it as stored."""
+        TopicPolicy.parse(policy)
+        path = _namespace_path(NAMESPACE_POLICY_PATH, namespace)
+        return await self._call("PUT", path, body=policy)
 
     # --- limits -------------------------------------------------------------------------
 

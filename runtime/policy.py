@@ -134,6 +134,19 @@ class TopicPolicy(_Model):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, mode="json")
 
+    def over(self, default: TopicPolicy | None) -> TopicPolicy:
+        """This policy, with ``default``'s part (its namespace's) wherever it sets none:
+        a topic's own autoscale, retention or tiering wins as a whole, never merged."""
+        if default is None:
+            return self
+        return self.model_copy(
+            update={
+                "autoscale": self.autoscale or default.autoscale,
+                "retention": self.retention or default.retention,
+                "tiering": self.tiering or default.tiering,
+            }
+        )
+
     def shown(self) -> dict[str, Any]:
         """``to_dict`` as answered to callers: a tier URI's credentials hidden."""
         shown = self.to_dict()

@@ -33,6 +33,8 @@ SEGMENT_PATH = SEGMENTS + "/{tenant}/{namespace}/{topic}/{descriptor}"
 TERMINATE_PATH = SEGMENT_PATH + "/terminate"
 # not under NAMESPACE_PATH, where "limits" would be read as a topic name
 LIMITS_PATH = LIMITS + "/{tenant}/{namespace}"
+# the policy a namespace's topics follow where their own sets nothing
+NAMESPACE_POLICY_PATH = "/admin/v2/namespace-policies/{tenant}/{namespace}"
 POLICY_PATH = TOPIC_PATH + "/policy"
 RECOVER_PATH = TOPIC_PATH + "/recover"
 STORAGE_PATH = "/admin/v2/storage"

@@ -13,7 +13,9 @@ path                                                                record
 ``/topics/{t}/{ns}/{topic}/controller``                             ``LeaderRecord``
 ``/topics/{t}/{ns}/{topic}/subscriptions/{sub}``                    ``SubscriptionMetadata``
 ``/topics/{t}/{ns}/{topic}/subscriptions/{sub}/consumers/{name}``   ``ConsumerRegistration``
+``/topics/{t}/{ns}/{topic}/tiered/{incarnation}/{segmentId}``       ``TieredRecord``
 ``/limits/{tenant}/{namespace}``                                    limit overrides (object)
+``/policies/{tenant}/{namespace}``                                  default ``TopicPolicy``
 ``/auth/policy``                                                    ``AuthRecord``
 ``/auth/internal``                                                  the cluster's own token
 ``/spark-writes/{writeId}/{partition}``                             claim of a Spark task
@@ -209,6 +211,7 @@ class LeaderRecord(BaseModel):
 
 _TOPICS = "/topics"
 _LIMITS = "/limits"
+_POLICIES = "/policies"
 _SPARK_WRITES = "/spark-writes"
 _AUTH_POLICY = "/auth/policy"
 _INTERNAL_TOKEN = "/auth/internal"
@@ -241,6 +244,17 @@ def _consumers_path(topic: TopicName, subscription: str) -> str:
 
 def _consumer_path(topic: TopicName, subscription: str, consumer: str) -> str:
     return f"{_consumers_path(topic, subscription)}/{validate_part('consumer name', consumer)}"
+
+
+def tiered_segments_path(topic: TopicName, incarnation: str) -> str:
+    """Where the records of a topic incarnation's tiered segments live (one per segment
+    id, ``storage.tier_records``), under the topic so they go with it."""
+    return f"{topic_path(topic)}/tiered/{incarnation}"
+
+
+def _policy_path(namespace: str) -> str:
+    tenant, name = parse_namespace(namespace)
+    return f"{_POLICIES}/{tenant}/{name}"
 
 
 def _limits_path(namespace: str) -> str:
@@ -455,6 +469,27 @@ class Catalog:
     def delete_registration(self, topic: TopicName, subscription: str, consumer: str) -> None:
         with contextlib.suppress(KeyNotFoundError):
             self.store.delete(_consumer_path(topic, subscription, consumer))
+
+    # --- namespace default policy ---------------------------------------------------------
+
+    def namespace_policy(self, namespace: str) -> TopicPolicy | None:
+        """What a namespace's topics follow where their own policy says nothing."""
+        found = self.store.get(_policy_path(namespace))
+        return TopicPolicy.model_validate_json(found.value) if found is not None else None
+
+    def set_namespace_policy(self, namespace: str, policy: TopicPolicy) -> None:
+        path, value = _policy_path(namespace), policy.model_dump_json(by_alias=True).encode()
+        for _ in range(100):  # created, or replaced over whatever version is there
+            found = self.store.get(path)
+            try:
+                if found is None:
+                    self.store.put_if_absent(path, value)
+                else:
+                    self.store.compare_and_swap(path, found.version, value)
+                return
+            except (AlreadyExistsError, BadVersion):
+                continue
+        raise BadVersion(f"{path}: gave up after 100 contended writes")
 
     # --- namespace limits ----------------------------------------------------------------
 

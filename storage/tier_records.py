@@ -30,7 +30,7 @@ from runtime.errors import KeyNotFoundError, ScalableTopicsError, StaleEpochErro
 from runtime.layout import SegmentInfo
 from runtime.names import TopicName
 from runtime.uris import redacted
-from storage.catalog import Catalog, topic_path
+from storage.catalog import Catalog, tiered_segments_path
 from storage.cursors import Cursor
 from storage.metadata import MetadataStore
 from storage.tier import delete_tiered, open_tier
@@ -65,16 +65,12 @@ class TieredRecord(BaseModel):
         return cls.model_validate_json(raw)
 
 
-def _records_path(topic: TopicName, incarnation: str) -> str:
-    return f"{topic_path(topic)}/tiered/{incarnation}"
-
-
 class TierRecords:
     """The tiered segments' records of one topic incarnation."""
 
     def __init__(self, store: MetadataStore, topic: TopicName, incarnation: str) -> None:
         self.store, self.topic, self.incarnation = store, topic, incarnation
-        self._base = _records_path(topic, incarnation)
+        self._base = tiered_segments_path(topic, incarnation)
 
     def get(self, segment_id: int) -> TieredRecord | None:
         found = self.store.get(self._path(segment_id))

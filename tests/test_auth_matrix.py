@@ -122,6 +122,8 @@ OPS: tuple[Op, ...] = (
        "get_policy", ("{topic}",)),
     Op("limits", "lookup", 200, "GET", "/admin/v2/limits/{ns}", None,
        "get_namespace_limits", ("{ns}",)),
+    Op("ns-policy", "lookup", 200, "GET", "/admin/v2/namespace-policies/{ns}", None,
+       "get_namespace_policy", ("{ns}",)),
     Op("status", "lookup", 200, "GET", "/admin/v2/scalable/{ns}/{base}/status", None,
        "get_status", ("{topic}",)),
     # what Spark's streaming source and sink call (the Python client has no method of its
@@ -152,6 +154,9 @@ OPS: tuple[Op, ...] = (
     Op("set-limits", "admin", 200, "PUT", "/admin/v2/limits/{ns}",
        {"max_topics_per_namespace": 10000}, "set_namespace_limits", ("{ns}",),
        {"max_topics_per_namespace": 10000}),
+    # an empty default (every part unset): allowed, it changes no topic of the namespace
+    Op("set-ns-policy", "admin", 200, "PUT", "/admin/v2/namespace-policies/{ns}", {},
+       "set_namespace_policy", ("{ns}", {})),
     Op("create-segment", "admin", 404, "PUT", SEG, {}, "create_segment", (NEVER_SEGMENT,)),
     Op("terminate-segment", "admin", 404, "POST", SEG + "/terminate", None,
        "terminate_segment", (NEVER_SEGMENT,)),

@@ -12,6 +12,7 @@ from test_gateway import gateway, http  # noqa: F401  (gateway is a fixture)
 from actors.gateway_routes import openapi_document
 from clients import AdminHttpClient
 from runtime.errors import InconsistentRequestError, TopicNotFoundError
+from runtime.policy import TopicPolicy
 
 POLICY = {
     "autoscale": {"targetMsgsPerS": 500, "minSegments": 2, "maxSegments": 8, "cooldownS": 30},
@@ -68,3 +69,15 @@ def test_cli(admin, cli_env, unique) -> None:  # noqa: F811
     err = raytopics(cli_env, "policy", "set", topic, '{"retention": {"timeS": -1}}', code=1)
     assert err.startswith("error: invalid topic policy: retention.timeS")
     admin.delete_scalable_topic(f"topic://{topic}")
+
+
+def test_a_namespace_default_fills_only_the_parts_a_topic_leaves_unset() -> None:
+    default = TopicPolicy.parse(
+        {"retention": {"timeS": 60}, "tiering": {"uri": "s3://b/ns", "afterS": 5}}
+    )
+    own = TopicPolicy.parse({"tiering": {"uri": "file:///t", "afterS": 1}})
+    merged = own.over(default)
+    assert merged.tiering == own.tiering  # a part set by the topic wins whole
+    assert merged.retention == default.retention and merged.autoscale is None
+    assert TopicPolicy().over(default) == default
+    assert own.over(None) is own

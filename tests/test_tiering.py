@@ -288,3 +288,32 @@ def test_a_move_to_the_tier_killed_at_any_step_leaves_every_record_readable_once
     for segment_id, directory in killer.directories.items():
         assert read_manifest(killer.filesystem, directory) is None
         assert killer.records.get(segment_id) is None
+
+
+def test_a_namespace_default_tiers_the_topics_that_set_no_tiering_of_their_own(
+    admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    namespace = f"tier/defaults-{unique}"
+    default_uri, own_uri = f"file://{TIER_ROOT}/ns-{unique}", f"file://{TIER_ROOT}/own-{unique}"
+    with pytest.raises(InvalidArgumentError, match="outside the tiers"):
+        admin.set_namespace_policy(namespace, {"tiering": {"uri": "file:///etc/raytopics"}})
+    default = {"tiering": {"uri": default_uri, "afterS": 0, "idleS": 1}}
+    assert admin.set_namespace_policy(namespace, default)["tiering"]["uri"] == default_uri
+    plain, own = f"topic://{namespace}/plain", f"topic://{namespace}/own"
+    for topic in (plain, own):
+        admin.create_scalable_topic(topic, 1)
+    admin.set_policy(own, {"tiering": {"uri": own_uri, "afterS": 0, "idleS": 1}})
+    for topic in (plain, own):
+        produce(topic, [], defaultdict(int), 200)
+        admin.split_segment(topic, 0)
+    for topic, uri in ((plain, default_uri), (own, own_uri)):
+        stats = wait_hibernating(admin, topic)
+        filesystem, base = open_tier(uri)
+        segment = admin.get_layout(topic).get(0).name(TopicName.parse(topic))
+        manifest = read_manifest(filesystem, tier_directory(base, segment, stats["incarnation"]))
+        assert manifest is not None and manifest.records == 200, topic
+    assert admin.get_policy(plain)["tiering"] is None  # the topic's own policy is unchanged
+    assert admin.get_namespace_policy(namespace)["tiering"]["uri"] == default_uri
+    for topic in (plain, own):
+        admin.delete_scalable_topic(topic)
+    assert admin.set_namespace_policy(namespace, {})["tiering"] is None
