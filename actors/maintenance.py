@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 INTERVAL_ENV = "RAYTOPICS_MAINTENANCE_INTERVAL_S"
 DEFAULT_INTERVAL_S = 5.0
+# A segment that does not answer in time (restarting, or ending) sits the round out.
+STATS_WAIT_S = 5.0
 
 
 class TopicMaintenance:
@@ -132,7 +134,10 @@ class TopicMaintenance:
             elif segment_id in tiered:
                 ctl.fleet.found_hibernating(name)
         found = await asyncio.gather(
-            *(h.stats.remote(credential=guard().internal_token()) for h in handles.values()),
+            *(
+                asyncio.wait_for(h.stats.remote(credential=guard().internal_token()), STATS_WAIT_S)
+                for h in handles.values()
+            ),
             return_exceptions=True,
         )
         stats = {}

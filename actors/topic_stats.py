@@ -27,6 +27,9 @@ from storage.metadata import metadata_durability
 from storage.segment_store import hibernated_stats
 from storage.tier_records import TierRecords, tier_records
 
+# How long a tiered segment's running actor may take to answer before its record does
+# (an actor being ended for idleness may not answer at all).
+ENDING_ACTOR_WAIT_S = 2.0
 _UNANSWERED = (
     SegmentNotFoundError,  # no such actor (yet)
     TimeoutError,
@@ -42,8 +45,14 @@ async def topic_stats(catalog: Catalog, name: TopicName, timeout_s: float) -> di
     record = catalog.require_topic(name)
     segments = list(record.layout.all_segments.values())
     records = tier_records(name, record.incarnation)
+    tiered = set(await asyncio.to_thread(records.segment_ids))
     stats, autoscale = await asyncio.gather(
-        asyncio.gather(*(_segment_stats(s.name(name), records, timeout_s) for s in segments)),
+        asyncio.gather(
+            *(
+                _segment_stats(s.name(name), records, s.segment_id in tiered, timeout_s)
+                for s in segments
+            )
+        ),
         _autoscale_status(name, timeout_s),
     )
     missing = [s.segment_id for s, st in zip(segments, stats, strict=True) if st is None]
@@ -74,20 +83,33 @@ def _starting(readiness: dict[str, Any]) -> str:
 
 
 async def _segment_stats(
-    name: SegmentName, records: TierRecords, timeout_s: float
+    name: SegmentName, records: TierRecords, tiered: bool, timeout_s: float
 ) -> dict[str, Any] | None:
-    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``; a tiered
-    segment whose actor hibernates answers from its record (asking must not wake it)."""
+    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``. A
+    ``tiered`` segment whose actor hibernates, or is ending, answers from its record
+    (asking must not wake it, nor wait for an actor on its way out)."""
+
+    async def from_record() -> dict[str, Any] | None:
+        stored = await asyncio.to_thread(records.get, name.segment_id)
+        return hibernated_stats(name, stored) if stored is not None else None
 
     async def ask() -> dict[str, Any]:
+        credential = guard().internal_token()
         try:
-            segment_actor(name)
+            handle = segment_actor(name)
         except ValueError:
-            stored = await asyncio.to_thread(records.get, name.segment_id)
-            if stored is not None:
-                return hibernated_stats(name, stored)
-        handle = await find_segment_actor(name, timeout_s)  # a new one may be registering
-        return await call(handle.stats.remote(credential=guard().internal_token()))
+            if tiered and (answer := await from_record()) is not None:
+                return answer
+            handle = await find_segment_actor(name, timeout_s, credential=credential)
+        answer = call(handle.stats.remote(credential=credential))
+        if not tiered:
+            return await answer
+        try:
+            return await asyncio.wait_for(answer, min(timeout_s, ENDING_ACTOR_WAIT_S))
+        except _UNANSWERED:
+            if (stored := await from_record()) is not None:
+                return stored
+            raise
 
     try:
         return await asyncio.wait_for(ask(), timeout=timeout_s)
