@@ -35,20 +35,6 @@ Tiered segments
     by a Parquet scan in Spark or with ``pyarrow`` elsewhere, with no segment actor
     involved. The cluster still authorizes the read (the plan's layout read needs
     ``consume``); the files are then read with the reader's own access to the tier.
-
-Completeness (DESIGN.md, seed 002 "no silent partial results")
-    Every segment the layout lists must be served. A listed segment whose
-    actor cannot be reached within ``unavailable_timeout_s`` (dead and not
-    restarting, or restarting too slowly) makes the read raise
-    ``UnavailableSegmentsError`` naming every such segment; one that was pruned
-    from the layout meanwhile is no longer required. Reading never creates a
-    segment actor: a recreated actor over lost storage would serve an empty
-    log as if it were the data. A segment that answers with fewer records
-    than its snapshot end also raises, while the read runs.
-    ``allow_partial=True`` returns what can be served, warns
-    (``PartialReadWarning``) and records the missing ids on the result as
-    ``result.missing_segments`` (an empty tuple on a complete read);
-    ``result.read_plan`` is the whole plan.
 """
 
 from __future__ import annotations

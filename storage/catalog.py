@@ -453,18 +453,8 @@ class Catalog:
     ) -> None:
         """Create or replace (the coordinator is the only writer of its subscription's)."""
         path = _consumer_path(topic, subscription, registration.consumer_name)
-        value = registration.model_dump_json(by_alias=True).encode()
-        for _ in range(100):
-            found = self.store.get(path)
-            try:
-                if found is None:
-                    self.store.put_if_absent(path, value)
-                else:
-                    self.store.compare_and_swap(path, found.version, value)
-                return
-            except (AlreadyExistsError, BadVersion, KeyNotFoundError):
-                continue
-        raise ConflictError(f"could not store the registration at {path}: constant contention")
+        if not self._replace(path, registration.model_dump_json(by_alias=True).encode()):
+            raise ConflictError(f"could not store the registration at {path}: constant contention")
 
     def delete_registration(self, topic: TopicName, subscription: str, consumer: str) -> None:
         with contextlib.suppress(KeyNotFoundError):
@@ -478,18 +468,9 @@ class Catalog:
         return TopicPolicy.model_validate_json(found.value) if found is not None else None
 
     def set_namespace_policy(self, namespace: str, policy: TopicPolicy) -> None:
-        path, value = _policy_path(namespace), policy.model_dump_json(by_alias=True).encode()
-        for _ in range(100):  # created, or replaced over whatever version is there
-            found = self.store.get(path)
-            try:
-                if found is None:
-                    self.store.put_if_absent(path, value)
-                else:
-                    self.store.compare_and_swap(path, found.version, value)
-                return
-            except (AlreadyExistsError, BadVersion):
-                continue
-        raise BadVersion(f"{path}: gave up after 100 contended writes")
+        path = _policy_path(namespace)
+        if not self._replace(path, policy.model_dump_json(by_alias=True).encode()):
+            raise ConflictError(f"could not store the policy at {path}: constant contention")
 
     # --- namespace limits ----------------------------------------------------------------
 
@@ -608,6 +589,21 @@ class Catalog:
         if expected is None:
             return self.store.put_if_absent(path, write.to_bytes())
         return self.store.compare_and_swap(path, expected, write.to_bytes())
+
+    def _replace(self, path: str, value: bytes) -> bool:
+        """Create ``path`` or replace whatever version is there with ``value`` (a record
+        with one writer, or whose last writer wins); False after constant contention."""
+        for _ in range(100):
+            found = self.store.get(path)
+            try:
+                if found is None:
+                    self.store.put_if_absent(path, value)
+                else:
+                    self.store.compare_and_swap(path, found.version, value)
+                return True
+            except (AlreadyExistsError, BadVersion, KeyNotFoundError):
+                continue
+        return False
 
 
 def fenced(
