@@ -24,6 +24,7 @@ from runtime.errors import (
     InconsistentRequestError,
     InvalidArgumentError,
     SegmentNotFoundError,
+    UnavailableError,
     UnavailableSegmentsError,
 )
 from runtime.layout import SegmentLayout
@@ -36,7 +37,10 @@ from runtime.stream_plan import (
     next_position,
     ranges_between,
 )
+from runtime.uris import redacted
 from storage.catalog import Catalog, TopicRecord
+from storage.tier import TieredSegment, open_tier
+from storage.tier_records import TieredRecord, tier_records
 
 SEGMENT_TIMEOUT_S = 10.0
 
@@ -57,11 +61,11 @@ async def stream_initial(
     # From the earliest, a segment that does not answer now starts at 0: whether the
     # query may go on without it is failOnDataLoss's call, at its first batch.
     earliest = starting == "earliest"
-    offsets = await _offsets(name, record.layout, required=not earliest)
+    offsets = await _offsets(name, record, required=not earliest)
     if earliest:
         offsets = {s: offsets.get(s, SegmentOffsets(0, 0)) for s in record.layout.all_segments}
     if starting_time_ms is not None:
-        chosen: str | dict[int, int] = await _offsets_at_time(name, record.layout, starting_time_ms)
+        chosen: str | dict[int, int] = await _offsets_at_time(name, record, starting_time_ms)
     elif starting is None or isinstance(starting, str):
         chosen = starting or "latest"
     else:
@@ -81,7 +85,7 @@ async def stream_latest(
     record = catalog.require_topic(name)
     first = _position(name, record, start)
     last = _position(name, record, until) if until is not None else None
-    offsets = await _offsets(name, record.layout, required=False, skip=first.finished)
+    offsets = await _offsets(name, record, required=False, skip=first.finished)
     plan = next_position(
         first,
         record.layout,
@@ -102,7 +106,7 @@ async def stream_ranges(
 ) -> dict[str, Any]:
     record = catalog.require_topic(name)
     first, last = _position(name, record, start), _position(name, record, end)
-    offsets = await _offsets(name, record.layout, required=False, skip=first.finished)
+    offsets = await _offsets(name, record, required=False, skip=first.finished)
     ranges = ranges_between(first, last, offsets)
     gone = [r.segment_id for r in ranges if r.segment_id not in record.layout.all_segments]
     warnings = []
@@ -167,13 +171,18 @@ def _by_id(starting: Mapping[str, int]) -> dict[int, int]:
 
 
 async def _offsets(
-    name: TopicName, layout: SegmentLayout, *, required: bool, skip: Collection[int] = ()
+    name: TopicName, record: TopicRecord, *, required: bool, skip: Collection[int] = ()
 ) -> dict[int, SegmentOffsets]:
     """Each segment's retained start and end (but those in ``skip``, already read to their
     end); one that does not answer is left out (the planner decides what that means),
-    or, when ``required``, refused here."""
+    or, when ``required``, refused here. A tiered segment's come from its record: asking
+    must not wake it."""
+    layout = record.layout
     ids = [s for s in layout.all_segments if s not in skip]
-    answers = await asyncio.gather(*(_offsets_of(name, layout, s) for s in ids))
+    tiered = await _tiered(name, record, ids)
+    answers = await asyncio.gather(
+        *(_recorded(tiered[s]) if s in tiered else _offsets_of(name, layout, s) for s in ids)
+    )
     missing = [s for s, answer in zip(ids, answers, strict=True) if answer is None]
     if missing and required:
         raise UnavailableSegmentsError(
@@ -182,6 +191,20 @@ async def _offsets(
             missing,
         )
     return {s: a for s, a in zip(ids, answers, strict=True) if a is not None}
+
+
+async def _tiered(
+    name: TopicName, record: TopicRecord, ids: Collection[int]
+) -> dict[int, TieredRecord]:
+    """The records of those of ``ids`` that are tiered (one listing, then one read each)."""
+    records = tier_records(name, record.incarnation)
+    found = set(await asyncio.to_thread(records.segment_ids)) & set(ids)
+    read = await asyncio.gather(*(asyncio.to_thread(records.get, s) for s in found))
+    return {s: r for s, r in zip(found, read, strict=True) if r is not None}
+
+
+async def _recorded(record: TieredRecord) -> SegmentOffsets:
+    return SegmentOffsets(record.start_offset, record.end_offset)
 
 
 async def _offsets_of(
@@ -203,11 +226,16 @@ async def _offsets_of(
         return None
 
 
-async def _offsets_at_time(name: TopicName, layout: SegmentLayout, time_ms: int) -> dict[int, int]:
+async def _offsets_at_time(name: TopicName, record: TopicRecord, time_ms: int) -> dict[int, int]:
     """Each segment's first offset published at or after ``time_ms``: a sealed segment
-    that ended before it starts at its end, so it is finished at the first batch."""
+    that ended before it starts at its end, so it is finished at the first batch. A
+    tiered segment's is sought in its file (its row groups' last times first)."""
+    layout = record.layout
+    tiered = await _tiered(name, record, list(layout.all_segments))
 
     async def ask(segment_id: int) -> int:
+        if segment_id in tiered:
+            return await asyncio.to_thread(_offset_in_tier, tiered[segment_id], time_ms)
         handle = await find_segment_actor(
             layout.get(segment_id).name(name),
             SEGMENT_TIMEOUT_S,
@@ -220,6 +248,18 @@ async def _offsets_at_time(name: TopicName, layout: SegmentLayout, time_ms: int)
     ids = list(layout.all_segments)
     found = await asyncio.gather(*(ask(s) for s in ids))
     return dict(zip(ids, found, strict=True))
+
+
+def _offset_in_tier(record: TieredRecord, time_ms: int) -> int:
+    try:
+        filesystem, _ = open_tier(record.uri)
+        return TieredSegment(filesystem, record.directory).offset_at_time(time_ms)
+    except (OSError, UnavailableError) as err:
+        segment_id = record.info.segment_id
+        reason = str(err).replace(record.uri, redacted(record.uri))
+        raise UnavailableSegmentsError(
+            f"segment {segment_id}'s tier could not be read: {reason}", [segment_id]
+        ) from None
 
 
 async def _endpoint(name: TopicName, layout: SegmentLayout, segment_id: int) -> dict[str, Any]:
