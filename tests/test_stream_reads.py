@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 import ray
+from conftest import TIER_ROOT
 from test_gateway import http
 
 from actors.gateway import start_gateway, stop_gateway
+from actors.registry import alive_actor_names
 from actors.segment import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from runtime.batch import make_batch
@@ -297,4 +299,36 @@ def test_a_query_can_start_at_a_publish_time(
     both = {"startingTimestampMs": middle, "startingOffsets": "earliest"}
     status, refused = http(gateway, "POST", f"{base}/stream/initial", both)
     assert (status, refused["error"]) == (409, "inconsistent") and "exclude" in refused["message"]
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_query_plans_over_hibernating_tiered_segments_without_waking_them(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """Offsets and a publish time's positions of a tiered segment come from its record and
+    its file in the tier: starting a query does not start its actor."""
+    topic = f"topic://{TENANT}/{NAMESPACE}/tiered-{unique}"
+    base = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}/tiered-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    tier = {"uri": f"file://{TIER_ROOT}/stream-{unique}", "afterS": 0, "idleS": 1}
+    admin.set_policy(topic, {"tiering": tier})
+    with Producer(topic) as producer:
+        producer.send_batch([b"a"] * 50).result()
+    time.sleep(0.05)
+    middle = int(time.time() * 1000)
+    time.sleep(0.05)
+    with Producer(topic) as producer:
+        producer.send_batch([b"b"] * 30).result()
+    admin.split_segment(topic, 0)
+    deadline = time.monotonic() + 60
+    while not admin.get_stats(topic)["segments"]["0"]["hibernating"]:
+        assert time.monotonic() < deadline, admin.get_stats(topic)["segments"]["0"]
+        time.sleep(0.5)
+    status, at_time = http(gateway, "POST", f"{base}/stream/initial", {"startingTimestampMs": middle})
+    assert status == 200 and at_time["position"]["next"]["0"] == 50, at_time
+    status, earliest = http(gateway, "POST", f"{base}/stream/initial", {"startingOffsets": "earliest"})
+    assert status == 200 and earliest["position"]["next"]["0"] == 0, earliest
+    name = TopicName.parse(topic)
+    sealed = admin.get_layout(topic).get(0).name(name)
+    assert sealed.actor_name not in alive_actor_names(f"segment:{name.short}/")
     admin.delete_scalable_topic(topic)
