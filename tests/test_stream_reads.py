@@ -324,9 +324,10 @@ def test_a_query_plans_over_hibernating_tiered_segments_without_waking_them(
     while not admin.get_stats(topic)["segments"]["0"]["hibernating"]:
         assert time.monotonic() < deadline, admin.get_stats(topic)["segments"]["0"]
         time.sleep(0.5)
-    status, at_time = http(gateway, "POST", f"{base}/stream/initial", {"startingTimestampMs": middle})
+    initial = f"{base}/stream/initial"
+    status, at_time = http(gateway, "POST", initial, {"startingTimestampMs": middle})
     assert status == 200 and at_time["position"]["next"]["0"] == 50, at_time
-    status, earliest = http(gateway, "POST", f"{base}/stream/initial", {"startingOffsets": "earliest"})
+    status, earliest = http(gateway, "POST", initial, {"startingOffsets": "earliest"})
     assert status == 200 and earliest["position"]["next"]["0"] == 0, earliest
     name = TopicName.parse(topic)
     sealed = admin.get_layout(topic).get(0).name(name)
