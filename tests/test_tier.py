@@ -52,11 +52,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def s3_server(*, enforce_auth: bool = False) -> Iterator[str]:
-    """A moto S3 server on loopback with a bucket ``tier``; its endpoint. Stopped on exit.
-    ``enforce_auth``: every request must carry credentials the server issued (none are:
-    whatever a client presents is refused), and no bucket is made."""
-    port = _free_port()
+def s3_server(*, enforce_auth: bool = False, port: int | None = None) -> Iterator[str]:
+    """A moto S3 server on loopback (on ``port``, else a free one) with a bucket ``tier``;
+    its endpoint. Stopped on exit, and everything it held is gone then. ``enforce_auth``:
+    every request must carry credentials the server issued (none are: whatever a client
+    presents is refused), and no bucket is made."""
+    port = port or _free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"} if enforce_auth else None
     server = subprocess.Popen(
         [str(MOTO), "-H", "127.0.0.1", "-p", str(port)],

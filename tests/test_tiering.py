@@ -19,6 +19,7 @@ import pytest
 import ray
 from conftest import TIER_ROOT
 from pyarrow import fs as pafs
+from test_metrics import scrape, total
 from test_tier import (
     _s3_uri,
     s3_endpoint,  # noqa: F401  (a fixture)
@@ -30,6 +31,7 @@ from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 from runtime.config import ray_namespace
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
+from runtime.tiering import retry_delay_s
 from storage.catalog import Catalog
 from storage.tier import open_tier, read_manifest, tier_directory
 from storage.tier_records import TierRecords
@@ -317,3 +319,53 @@ def test_a_namespace_default_tiers_the_topics_that_set_no_tiering_of_their_own(
     for topic in (plain, own):
         admin.delete_scalable_topic(topic)
     assert admin.set_namespace_policy(namespace, {})["tiering"] is None
+
+
+def test_an_object_store_that_goes_down_is_retried_and_the_local_copy_serves_meanwhile(
+    admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """The store was up when the policy was set, then goes away: each move fails, is
+    retried ever later (``tierError`` in the stats, ``tier_offload_failures_total``), the
+    sealed segment keeps serving from its local log; once the store is back the move
+    completes and the segment hibernates, every record still there once."""
+    assert [retry_delay_s(n) for n in (1, 2, 3, 10)] == [5.0, 10.0, 20.0, 300.0]
+    topic = f"topic://tier/ns/down-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    with s3_server() as endpoint:
+        uri = _s3_uri(endpoint, f"tier/down-{unique}")
+        admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 1}})
+    sent: list[tuple[str, int]] = []
+    count: dict[str, int] = defaultdict(int)
+    produce(topic, sent, count, 300)
+    admin.split_segment(topic, 0)
+    deadline = time.monotonic() + 60
+    while "tierError" not in (sealed := admin.get_stats(topic)["segments"]["0"]):
+        assert time.monotonic() < deadline, sealed
+        time.sleep(0.5)
+    assert not sealed["tiered"] and sealed["tierError"]["code"] == "unavailable", sealed
+    assert "***" in sealed["tierError"]["message"] and "testing:testing" not in str(sealed)
+    deadline = time.monotonic() + 60
+    while not (failures := total(scrape(), "tier_offload_failures_total", topic=topic)):
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    assert failures >= 1
+
+    def read_all(subscription: str) -> list[tuple[str, int]]:
+        admin.create_subscription(topic, subscription, "earliest")
+        consumer = StreamConsumer(topic, subscription, "c")
+        received: list[tuple[str, int]] = []
+        deadline = time.monotonic() + 60
+        while len(received) < len(sent) and time.monotonic() < deadline:
+            batch = consumer.receive_batch(500, timeout=2)
+            received += [(m.key, int(m.value.decode().split(":")[1])) for m in batch]
+            if batch:
+                consumer.acknowledge_cumulative(batch)
+        consumer.close()
+        return received
+
+    assert sorted(read_all("while-down")) == sorted(sent)  # from the local log
+    with s3_server(port=int(endpoint.rsplit(":", 1)[1])):
+        stats = wait_hibernating(admin, topic, 90)  # retried after its back-off
+        assert "tierError" not in str(stats["segments"]["0"])
+        assert sorted(read_all("after")) == sorted(sent)  # from the tier
+        admin.delete_scalable_topic(topic)
