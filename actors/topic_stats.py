@@ -27,8 +27,8 @@ from storage.metadata import metadata_durability
 from storage.segment_store import hibernated_stats
 from storage.tier_records import TierRecords, tier_records
 
-# How long a tiered segment's running actor may take to answer before its record does
-# (an actor being ended for idleness may not answer at all).
+# How often a segment's record is looked for while its actor does not answer (one being
+# ended may not answer at all).
 ENDING_ACTOR_WAIT_S = 2.0
 _UNANSWERED = (
     SegmentNotFoundError,  # no such actor (yet)
@@ -85,9 +85,11 @@ def _starting(readiness: dict[str, Any]) -> str:
 async def _segment_stats(
     name: SegmentName, records: TierRecords, tiered: bool, timeout_s: float
 ) -> dict[str, Any] | None:
-    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``. A
-    ``tiered`` segment whose actor hibernates, or is ending, answers from its record
-    (asking must not wake it, nor wait for an actor on its way out)."""
+    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``. A tiered
+    segment whose actor hibernates answers from its record (asking must not wake it); so
+    does one whose actor is ending meanwhile (a move to the tier that just committed, an
+    idle actor stopped), since a call to an actor on its way out may hang until Ray
+    gives up on it: while no answer comes, the record is looked for every few seconds."""
 
     async def from_record() -> dict[str, Any] | None:
         stored = await asyncio.to_thread(records.get, name.segment_id)
@@ -98,18 +100,21 @@ async def _segment_stats(
         try:
             handle = segment_actor(name)
         except ValueError:
-            if tiered and (answer := await from_record()) is not None:
-                return answer
-            handle = await find_segment_actor(name, timeout_s, credential=credential)
-        answer = call(handle.stats.remote(credential=credential))
-        if not tiered:
-            return await answer
-        try:
-            return await asyncio.wait_for(answer, min(timeout_s, ENDING_ACTOR_WAIT_S))
-        except _UNANSWERED:
-            if (stored := await from_record()) is not None:
+            if tiered and (stored := await from_record()) is not None:
                 return stored
-            raise
+            handle = await find_segment_actor(name, timeout_s, credential=credential)
+        answer = asyncio.ensure_future(call(handle.stats.remote(credential=credential)))
+        try:
+            while True:
+                done, _ = await asyncio.wait({answer}, timeout=ENDING_ACTOR_WAIT_S)
+                if done and answer.exception() is None:
+                    return answer.result()
+                if (stored := await from_record()) is not None:
+                    return stored
+                if done:
+                    return answer.result()  # raises the actor's error
+        finally:
+            answer.cancel()
 
     try:
         return await asyncio.wait_for(ask(), timeout=timeout_s)

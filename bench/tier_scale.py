@@ -75,6 +75,14 @@ def sample(admin: Any, topic: str, prefix: str, started: float, changes: int) ->
     }
 
 
+def timed_stats(admin: Any, topic: str) -> float:
+    """Seconds one ``get_stats`` of the whole DAG takes (hibernating segments answer from
+    their records)."""
+    started = time.perf_counter()
+    admin.get_stats(topic)
+    return round(time.perf_counter() - started, 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--segments", type=int, default=1000)
@@ -127,6 +135,7 @@ def main() -> None:
         if all(s["hibernating"] for s in sealed) or time.monotonic() > deadline:
             break
         time.sleep(2)
+    stats_s = timed_stats(admin, topic)
     final = sample(admin, topic, prefix, started, changes)
     per_process = final["segmentProcessesRssMiB"] / max(final["segmentProcesses"], 1)
     result = {
@@ -144,6 +153,7 @@ def main() -> None:
         "tieredBytes": stats["tieredBytes"],
         "changes": changes,
         "buildSeconds": round(build_s, 1),
+        "getStatsSeconds": stats_s,
         "samples": samples + [final],
     }
     RESULTS.parent.mkdir(exist_ok=True)
