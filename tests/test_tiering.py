@@ -342,7 +342,7 @@ def test_an_object_store_that_goes_down_is_retried_and_the_local_copy_serves_mea
     while "tierError" not in (sealed := admin.get_stats(topic)["segments"]["0"]):
         assert time.monotonic() < deadline, sealed
         time.sleep(0.5)
-    assert not sealed["tiered"] and sealed["tierError"]["code"] == "unavailable", sealed
+    assert not sealed["tiered"] and sealed["tierError"]["error"] == "unavailable", sealed
     assert "***" in sealed["tierError"]["message"] and "testing:testing" not in str(sealed)
     deadline = time.monotonic() + 60
     while not (failures := total(scrape(), "tier_offload_failures_total", topic=topic)):
