@@ -62,6 +62,7 @@ MANIFEST_FILE = "manifest.json"
 # read to carry such a segment over, and to delete its copy with its storage.
 TIERED_RECORD = "tiered.json"
 ROW_GROUP_RECORDS = 65_536
+TIER_COMPRESSION = "snappy"  # Spark's own default: its scans of the tier run at its speed
 _READ_STEP = 10_000  # records per local read while offloading
 
 TIER_SCHEMA = pa.schema(
@@ -159,7 +160,7 @@ def offload(
     filesystem.create_dir(directory, recursive=True)
     path = f"{directory}/{RECORDS_FILE}"
     with filesystem.open_output_stream(path) as out:
-        writer = pq.ParquetWriter(out, TIER_SCHEMA, compression="zstd")
+        writer = pq.ParquetWriter(out, TIER_SCHEMA, compression=TIER_COMPRESSION)
         for table in _row_groups(log, segment_id):
             writer.write_table(table, row_group_size=ROW_GROUP_RECORDS)
         writer.close()
