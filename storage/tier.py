@@ -11,10 +11,11 @@ copy, never neither, and offloading again simply overwrites what a crash left.
 Before the manifest goes up, the local log is checked against its own frame
 checksums and the uploaded file is read back and compared with it record by
 record: the local copy may then be removed. Parquet, not the log's own frames,
-so that engines can read a tiered segment as it is (a Parquet scan, by row group,
-with no segment process involved); today every read still goes through the
-segment (``TieredSegment``). Where a segment's copy is, and everything else about
-it once its local storage is gone, is its record in metadata (``storage.tier_records``).
+so that engines read a tiered segment as it is: Spark's snapshot reads scan the
+files (``clients.read_plan``), with no segment process involved; consumers read
+through the segment (``TieredSegment``). Where a segment's copy is, and everything
+else about it once its local storage is gone, is its record in metadata
+(``storage.tier_records``).
 
 Any ``pyarrow.fs`` URI works: ``file:///…`` and ``s3://bucket/prefix`` (with
 ``endpoint_override``, ``scheme``, credentials… as URI query parameters, as
