@@ -201,6 +201,14 @@ class InsufficientCapacityError(ConflictError):
     code = "insufficient_capacity"
 
 
+class TierRefusedError(ConflictError):
+    """A policy's tier this cluster does not allow (``RAYTOPICS_TIER_URIS``) or cannot use
+    (unreachable, not writable, credentials refused): the request is well formed, the
+    cluster's configuration or its object store says no."""
+
+    code = "tier_refused"
+
+
 class UnrecoverableStorageError(ConflictError):
     """What a topic's storage holds does not make a layout metadata could be rebuilt from."""
 

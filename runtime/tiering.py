@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from runtime.errors import InvalidArgumentError
+from runtime.errors import TierRefusedError
 from runtime.layout import SegmentLayout
 from runtime.uris import redacted
 
@@ -24,20 +24,20 @@ MAX_RETRY_S = 300.0
 
 
 def check_allowed(uri: str, allowed: str | None) -> None:
-    """Refuse (``InvalidArgumentError``) a tier ``uri`` outside the operator's ``allowed``
+    """Refuse (``TierRefusedError``) a tier ``uri`` outside the operator's ``allowed``
     prefixes (``RAYTOPICS_TIER_URIS``, comma-separated), or any at all without them."""
     prefixes = [prefix.strip() for prefix in (allowed or "").split(",") if prefix.strip()]
     if not prefixes:
-        raise InvalidArgumentError(
+        raise TierRefusedError(
             f"tiering is off on this cluster: its operator lists the object stores topics may "
             f"use in {TIER_URIS_ENV} (comma-separated URI prefixes, e.g. s3://bucket/topics/)"
         )
     parts = urlsplit(uri)
     if ".." in parts.path.split("/"):
-        raise InvalidArgumentError(f"tiering.uri {redacted(uri)!r} must not contain '..'")
+        raise TierRefusedError(f"tiering.uri {redacted(uri)!r} must not contain '..'")
     plain = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}{parts.path}"
     if not any(plain.startswith(prefix) for prefix in prefixes):
-        raise InvalidArgumentError(
+        raise TierRefusedError(
             f"tiering.uri {redacted(uri)!r} is outside the tiers this cluster allows: "
             f"{', '.join(prefixes)} ({TIER_URIS_ENV})"
         )

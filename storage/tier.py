@@ -45,6 +45,7 @@ from runtime.errors import (
     InvalidArgumentError,
     ScalableTopicsError,
     SegmentTerminated,
+    TierRefusedError,
     UnavailableError,
 )
 from runtime.hashing import key_hashes
@@ -131,14 +132,15 @@ def check_reachable(filesystem: pafs.FileSystem, base: str) -> None:
 
 
 def check_tier(uri: str) -> None:
-    """Refuse (``InvalidArgumentError``, with the store's reason) a tier URI that cannot be
-    parsed or reached, denies writes, or refuses the credentials: checked when a tiering
-    policy is set, so a bad one is refused then rather than failing every offload."""
+    """Refuse a tier URI that cannot be parsed (``InvalidArgumentError``), or reached,
+    denies writes or refuses the credentials (``TierRefusedError``, with the store's
+    reason): checked when a tiering policy is set, so a bad one is refused then rather
+    than failing every offload."""
     filesystem, base = open_tier(uri)
     try:
         check_reachable(filesystem, base)
     except UnavailableError as err:
-        raise InvalidArgumentError(f"tiering.uri {redacted(uri)!r}: {err.message}") from None
+        raise TierRefusedError(f"tiering.uri {redacted(uri)!r}: {err.message}") from None
 
 
 def tier_directory(base: str, name: SegmentName, incarnation: str) -> str:

@@ -29,7 +29,7 @@ from test_tier import (
 from actors.registry import alive_actor_names
 from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 from runtime.config import ray_namespace
-from runtime.errors import InvalidArgumentError
+from runtime.errors import TierRefusedError
 from runtime.names import TopicName
 from runtime.tiering import retry_delay_s
 from storage.catalog import Catalog
@@ -127,7 +127,7 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
         last[key] = sequence
     # The reader woke the sealed segments; unused for idleS they exit again, with the
     # subscription's acknowledgements kept in their records.
-    stats = wait_hibernating(admin, topic, 30)
+    stats = wait_hibernating(admin, topic, 90)
     assert all(
         stats["segments"][str(i)]["subscriptions"]["late"]["backlog"] == 0 for i in sealed_ids
     )
@@ -165,12 +165,12 @@ def test_tiers_not_allowed_or_not_usable_are_refused_when_the_policy_is_set(
         (_s3_uri(s3_endpoint, "other-bucket/x"), "outside the tiers"),
         (f"file://{blocker}/tier", "not usable"),
     ]:
-        with pytest.raises(InvalidArgumentError, match=reason) as refused:
+        with pytest.raises(TierRefusedError, match=reason) as refused:
             admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0}})
         assert "testing:testing" not in str(refused.value)  # credentials are never echoed
     with (
         s3_server(enforce_auth=True) as guarded,  # a store that refuses our credentials
-        pytest.raises(InvalidArgumentError, match="not usable.*ACCESS_DENIED"),
+        pytest.raises(TierRefusedError, match="not usable.*ACCESS_DENIED"),
     ):
         admin.set_policy(topic, {"tiering": {"uri": _s3_uri(guarded, "tier/x")}})
     assert admin.get_policy(topic)["tiering"] is None
@@ -297,7 +297,7 @@ def test_a_namespace_default_tiers_the_topics_that_set_no_tiering_of_their_own(
 ) -> None:
     namespace = f"tier/defaults-{unique}"
     default_uri, own_uri = f"file://{TIER_ROOT}/ns-{unique}", f"file://{TIER_ROOT}/own-{unique}"
-    with pytest.raises(InvalidArgumentError, match="outside the tiers"):
+    with pytest.raises(TierRefusedError, match="outside the tiers"):
         admin.set_namespace_policy(namespace, {"tiering": {"uri": "file:///etc/raytopics"}})
     default = {"tiering": {"uri": default_uri, "afterS": 0, "idleS": 1}}
     assert admin.set_namespace_policy(namespace, default)["tiering"]["uri"] == default_uri
