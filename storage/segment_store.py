@@ -90,7 +90,7 @@ class SegmentStore:
         self._ack_timeout_s = ack_timeout_s
         self._dispatchers: dict[str, QueueDispatcher] = {}
         self._deleted = False
-        record = self._tiered_record()
+        record = None if create else self._tiered_record()  # a new segment has none
         if record is not None:
             self._open_tiered(record)
             return

@@ -277,12 +277,8 @@ def test_a_sink_write_is_stored_once_when_its_segments_merge_between_a_crash_and
     admin.delete_scalable_topic(topic)
 
 
-def test_a_query_can_start_at_a_publish_time(
-    gateway: str, admin: ScalableTopicsAdmin, unique: str
-) -> None:
-    topic = f"topic://{TENANT}/{NAMESPACE}/time-{unique}"
-    base = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}/time-{unique}"
-    admin.create_scalable_topic(topic, 1)
+def publish_around_a_time(topic: str) -> int:
+    """50 records, then a publish time (ms), then 30 more after it; returns the time."""
     with Producer(topic) as producer:
         producer.send_batch([b"a"] * 50).result()
     time.sleep(0.05)
@@ -290,6 +286,16 @@ def test_a_query_can_start_at_a_publish_time(
     time.sleep(0.05)
     with Producer(topic) as producer:
         producer.send_batch([b"b"] * 30).result()
+    return middle
+
+
+def test_a_query_can_start_at_a_publish_time(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/time-{unique}"
+    base = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}/time-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    middle = publish_around_a_time(topic)
     status, first = http(gateway, "POST", f"{base}/stream/initial", {"startingTimestampMs": middle})
     assert status == 200 and first["position"]["next"] == {"0": 50}, first
     later = middle + 3_600_000  # nothing yet: at the end
@@ -312,13 +318,7 @@ def test_a_query_plans_over_hibernating_tiered_segments_without_waking_them(
     admin.create_scalable_topic(topic, 1)
     tier = {"uri": f"file://{TIER_ROOT}/stream-{unique}", "afterS": 0, "idleS": 1}
     admin.set_policy(topic, {"tiering": tier})
-    with Producer(topic) as producer:
-        producer.send_batch([b"a"] * 50).result()
-    time.sleep(0.05)
-    middle = int(time.time() * 1000)
-    time.sleep(0.05)
-    with Producer(topic) as producer:
-        producer.send_batch([b"b"] * 30).result()
+    middle = publish_around_a_time(topic)
     admin.split_segment(topic, 0)
     deadline = time.monotonic() + 60
     while not admin.get_stats(topic)["segments"]["0"]["hibernating"]:

@@ -47,6 +47,24 @@ def produce(topic: str, sent: list[tuple[str, int]], count: dict[str, int], n: i
             count[key] += 1
 
 
+def read_all(
+    admin: ScalableTopicsAdmin, topic: str, subscription: str, expected: int, batch: int = 500
+) -> list[tuple[str, int]]:
+    """(key, sequence) of every ``key:sequence[:…]`` message a new subscription from
+    Earliest receives, in the order received, until ``expected`` came (or 120 s)."""
+    admin.create_subscription(topic, subscription, "earliest")
+    consumer = StreamConsumer(topic, subscription, "c")
+    received: list[tuple[str, int]] = []
+    deadline = time.monotonic() + 120
+    while len(received) < expected and time.monotonic() < deadline:
+        messages = consumer.receive_batch(batch, timeout=2)
+        received += [(m.key, int(m.value.decode().split(":")[1])) for m in messages]
+        if messages:
+            consumer.acknowledge_cumulative(messages)
+    consumer.close()
+    return received
+
+
 def wait_hibernating(admin: ScalableTopicsAdmin, topic: str, timeout_s: float = 60) -> dict:
     """The stats once every sealed segment is tiered and its actor has exited."""
     deadline = time.monotonic() + timeout_s
@@ -110,16 +128,7 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
             assert manifest is not None and manifest.records > 0
     assert sum(s["records"] for s in stats["segments"].values()) == 1600
 
-    admin.create_subscription(topic, "late", "earliest")
-    consumer = StreamConsumer(topic, "late", "c")
-    received: list[tuple[str, int]] = []
-    deadline = time.monotonic() + 60
-    while len(received) < len(sent) and time.monotonic() < deadline:
-        batch = consumer.receive_batch(500, timeout=2)
-        received += [(m.key, int(m.value.decode().split(":")[1])) for m in batch]
-        if batch:
-            consumer.acknowledge_cumulative(batch)
-    consumer.close()
+    received = read_all(admin, topic, "late", len(sent))
     assert sorted(received) == sorted(sent) and len(received) == len(sent) == 1600
     last: dict[str, int] = {}
     for key, sequence in received:
@@ -268,18 +277,7 @@ def test_a_move_to_the_tier_killed_at_any_step_leaves_every_record_readable_once
     total = sum(count.values())
     assert sum(s["records"] for s in stats["segments"].values()) == total
 
-    admin.create_subscription(topic, "after", "earliest")
-    consumer = StreamConsumer(topic, "after", "c")
-    received: list[tuple[str, int]] = []
-    deadline = time.monotonic() + 120
-    while len(received) < total and time.monotonic() < deadline:
-        batch = consumer.receive_batch(10_000, timeout=2)
-        for message in batch:
-            key, seq, _ = message.value.decode().split(":")
-            received.append((key, int(seq)))
-        if batch:
-            consumer.acknowledge_cumulative(batch)
-    consumer.close()
+    received = read_all(admin, topic, "after", total, batch=10_000)
     expected = sorted((key, seq) for key, n in count.items() for seq in range(n))
     assert len(received) == total and sorted(received) == expected
     last: dict[str, int] = {}
@@ -350,22 +348,10 @@ def test_an_object_store_that_goes_down_is_retried_and_the_local_copy_serves_mea
         time.sleep(1)
     assert failures >= 1
 
-    def read_all(subscription: str) -> list[tuple[str, int]]:
-        admin.create_subscription(topic, subscription, "earliest")
-        consumer = StreamConsumer(topic, subscription, "c")
-        received: list[tuple[str, int]] = []
-        deadline = time.monotonic() + 60
-        while len(received) < len(sent) and time.monotonic() < deadline:
-            batch = consumer.receive_batch(500, timeout=2)
-            received += [(m.key, int(m.value.decode().split(":")[1])) for m in batch]
-            if batch:
-                consumer.acknowledge_cumulative(batch)
-        consumer.close()
-        return received
-
-    assert sorted(read_all("while-down")) == sorted(sent)  # from the local log
+    while_down = read_all(admin, topic, "while-down", len(sent))
+    assert sorted(while_down) == sorted(sent)  # from the local log
     with s3_server(port=int(endpoint.rsplit(":", 1)[1])):
         stats = wait_hibernating(admin, topic, 90)  # retried after its back-off
         assert "tierError" not in str(stats["segments"]["0"])
-        assert sorted(read_all("after")) == sorted(sent)  # from the tier
+        assert sorted(read_all(admin, topic, "after", len(sent))) == sorted(sent)  # from the tier
         admin.delete_scalable_topic(topic)
