@@ -38,6 +38,7 @@ from actors.auth_admin import EVERY_NAMESPACE, load_policy, policy_status
 from actors.capacity import check_capacity
 from actors.controller import controller_actor
 from actors.guard import guard
+from actors.node_disks import check_recoverable
 from actors.readiness import await_readiness
 from actors.registry import get_or_start
 from actors.storage_tasks import scan_storage, storage_report
@@ -391,6 +392,7 @@ class AdminService(StreamOperations):
                 f"invalid incarnation {incarnation!r}: expected an id such as "
                 "20261125T130241Z-3f9a1c2b (raytopics storage check lists them)"
             )
+        check_recoverable(name)
         if self._catalog.topic_exists(name):
             raise TopicAlreadyExistsError(
                 f"topic {name} has live metadata: recover rebuilds only a topic whose "

@@ -43,6 +43,7 @@ from actors.dag_watch import dag_watch_actor
 from actors.guard import guard
 from actors.maintenance import TopicMaintenance
 from actors.metrics import ControllerMetrics
+from actors.node_disks import check_recoverable
 from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
 from actors.segment_fleet import SegmentFleet
@@ -213,6 +214,7 @@ class ScalableTopicController:
         """
         self._check(credential)
         async with self._lock:
+            check_recoverable(self.topic)
             if self.catalog.topic_exists(self.topic):
                 raise TopicAlreadyExistsError(
                     f"{self.topic} has live metadata: recover rebuilds only a topic whose "
@@ -436,7 +438,7 @@ class ScalableTopicController:
         await asyncio.gather(
             *(self.fleet.destroy(s.name(self.topic), self.epoch) for s in segments)
         )
-        self.fleet.delete_incarnation()
+        await self.fleet.delete_incarnation()
         self.catalog.delete_topic(self.topic)
 
     # --- subscriptions ---------------------------------------------------------------

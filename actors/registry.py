@@ -7,6 +7,7 @@ from typing import Any
 import ray
 from ray._private import state as ray_state
 from ray.core.generated import gcs_pb2
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from runtime.config import actor_settings, ray_namespace
 from runtime.names import TopicName
@@ -25,6 +26,7 @@ def get_or_start(
     topic: TopicName | None = None,
     memory: int | None = None,
     settings: dict[str, str] | None = None,
+    node: str | None = None,
 ) -> ray.actor.ActorHandle:
     """The actor called ``name``, started detached with ``args`` if it is not running.
 
@@ -33,7 +35,8 @@ def get_or_start(
     settings among them), on a node that has the resources the placement of
     ``topic``'s namespace (``runtime.placement``) asks for, and the ``memory``
     (bytes) it declares, so Ray's scheduler counts it against the node's.
-    ``settings`` replace this process's (``runtime.config.actor_settings``).
+    ``settings`` replace this process's (``runtime.config.actor_settings``). ``node``:
+    that Ray node only, restarts included (hard node affinity).
     """
     resources = actor_resources(topic, placement_from_env())
     return actor_class.options(
@@ -43,6 +46,7 @@ def get_or_start(
         get_if_exists=True,
         **({"resources": resources} if resources else {}),
         **({"memory": memory} if memory else {}),
+        **({"scheduling_strategy": on_node(node)} if node else {}),
     ).remote(*args, settings=actor_settings() if settings is None else settings)
 
 
@@ -84,3 +88,8 @@ def _actor_table(prefix: str, state: str | None) -> list[tuple[str, int]]:
         for entry in map(gcs_pb2.ActorTableData.FromString, accessor.get_actor_table(None, state))
         if entry.ray_namespace == namespace and entry.name.startswith(prefix)
     ]
+
+
+def on_node(node: str) -> NodeAffinitySchedulingStrategy:
+    """Run there or not at all: a segment's files are on that node's disk only."""
+    return NodeAffinitySchedulingStrategy(node_id=node, soft=False)

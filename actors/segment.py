@@ -49,7 +49,12 @@ from runtime.names import SegmentName
 from runtime.remote import call
 from storage.catalog import Catalog
 from storage.cursors import Position
-from storage.durability import Durability, default_storage_root
+from storage.durability import (
+    Durability,
+    default_storage_root,
+    node_storage_root,
+    storage_scope,
+)
 from storage.incarnation_storage import IncarnationStorage
 from storage.segment_store import SealedBy
 from storage.tier import open_tier, tier_directory
@@ -81,8 +86,11 @@ class SegmentActor:
         # Only a first start may create storage: a restart (or a re-created actor)
         # whose storage is gone must fail, not serve an empty log in its place.
         create = initialize and not ray.get_runtime_context().was_current_actor_reconstructed
+        # With a disk per node, the segment is on this node's own (the controller pinned
+        # the actor here); else on the root every node shares.
+        root = node_storage_root(storage_root) if storage_scope() == "node" else storage_root
         storage = IncarnationStorage(
-            Path(storage_root), self._name.topic, incarnation, Durability(**durability)
+            Path(root), self._name.topic, incarnation, Durability(**durability)
         )
         self._store = storage.open(
             self._name,
@@ -410,8 +418,10 @@ def segment_actor(
     durability: Durability | None = None,
     initialize: bool = False,
     incarnation: str | None = None,
+    node: str | None = None,
 ) -> ray.actor.ActorHandle:
-    """Handle to a segment's actor; with ``create`` it is started if missing.
+    """Handle to a segment's actor; with ``create`` it is started if missing (on Ray node
+    ``node`` only, when given: the one whose disk has the segment).
 
     A started actor opens the existing storage of topic incarnation
     ``incarnation``; ``initialize`` lets a brand-new segment create it (the
@@ -428,7 +438,12 @@ def segment_actor(
     root = str(storage_root or default_storage_root())
     args = (str(name), root, asdict(durability), initialize, incarnation)
     return get_or_start(
-        SegmentActor, name.actor_name, *args, topic=name.topic, memory=segment_memory()
+        SegmentActor,
+        name.actor_name,
+        *args,
+        topic=name.topic,
+        memory=segment_memory(),
+        node=node,
     )
 
 

@@ -22,13 +22,17 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors.guard import guard
+from actors.node_disks import NodeDisks
 from actors.registry import lookup, named_actors
 from actors.segment import segment_actor
 from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
-from storage.durability import Durability
+from runtime.placement import choose_disk
+from storage.catalog import Catalog
+from storage.durability import Durability, node_storage_root, storage_scope
 from storage.incarnation_storage import IncarnationStorage
+from storage.placements import SegmentPlacements
 from storage.segment_store import SealedBy
 from storage.topic_storage import StoredIncarnation, TopicIdentity, scan, write_topic_identity
 
@@ -49,7 +53,12 @@ class SegmentFleet:
         on_start_failure: Callable[[], None],
     ) -> None:
         self.topic = topic
-        self.root = Path(storage_root)
+        self.cluster_root = Path(storage_root)  # what the segments' actors are given
+        # With a disk per node, each segment is on one node's disk (``actors.node_disks``);
+        # what the controller keeps itself (``topic.json``) goes to its own node's.
+        self.disks = NodeDisks(topic, self.cluster_root, durability)
+        self.node_local = storage_scope() == "node"
+        self.root = node_storage_root(storage_root) if self.node_local else self.cluster_root
         self.durability = durability
         self.incarnation: str | None = None
         self._on_start_failure = on_start_failure
@@ -59,18 +68,28 @@ class SegmentFleet:
         # an observer caching records knows to read them again.
         self.records_changed = 0
         self._hibernating: set[SegmentName] = set()  # ended by ``hibernate``, not since started
+        self._placing = asyncio.Lock()
 
     # --- handles -------------------------------------------------------------------------
 
     def handle(self, name: SegmentName) -> ray.actor.ActorHandle:
-        """The segment's actor, started (on its existing storage) if it is not running."""
+        """The segment's actor, started (on its existing storage) if it is not running: on
+        the node whose disk has it, when every node keeps its own (``UnavailableError``
+        while no live node has that disk). Blocking: GCS round trips."""
         self._hibernating.discard(name)
+        node = None
+        if self.node_local:
+            running = self._running(name)
+            if running is not None:
+                return running
+            node = self._node_of(name)
         return segment_actor(
             name,
             create=True,
-            storage_root=str(self.root),
+            storage_root=str(self.cluster_root),
             durability=self.durability,
             incarnation=self._current(),
+            node=node,
         )
 
     def watched(self, name: SegmentName) -> ray.actor.ActorHandle | None:
@@ -107,6 +126,8 @@ class SegmentFleet:
         self._hibernating.add(name)
         with contextlib.suppress(ValueError):
             ray.kill(segment_actor(name), no_restart=True)
+        if self.node_local:  # its files left the node's disk with the move
+            self.placements().drop(name.segment_id)
 
     def hibernating(self, name: SegmentName) -> bool:
         """Whether the fleet ended the segment's actor and nobody has started it since
@@ -163,6 +184,12 @@ class SegmentFleet:
         for another incarnation is stopped first.
         """
         handle = await self._own_actor(name)
+        if handle is None and self.node_local:
+            node = await self._place(name, info)
+            await self.disks.lay_out(
+                node, self._current(), name, info, subscriptions, epoch, in_layout
+            )
+            return
         if handle is None:
             self.storage().lay_out(name, info, subscriptions, epoch, in_layout=in_layout)
             return
@@ -206,7 +233,17 @@ class SegmentFleet:
             with contextlib.suppress(RayActorError, SegmentNotFoundError):
                 await handle.delete.remote(epoch, credential=guard().internal_token())
             ray.kill(handle, no_restart=True)
-        self.storage().delete_segment(name)
+        if not self.node_local:
+            self.storage().delete_segment(name)
+            return
+        self.storage().delete_tiered(name)
+        disk = self.placements().get(name.segment_id)
+        node = disk and await asyncio.to_thread(self.disks.node_of, disk)
+        if node:
+            await self.disks.remove(node, self._current(), name)
+        elif disk:
+            log.warning("%s: node disk %s is not in the cluster; its files stay there", name, disk)
+        self.placements().drop(name.segment_id)
 
     def leftover_segments(self) -> int:
         """How many segment actors of this topic's name run (what ``clear_leftovers``
@@ -229,9 +266,15 @@ class SegmentFleet:
                 ray.kill(lookup(name), no_restart=True)
         await _gone(names)
 
-    def delete_incarnation(self) -> None:
-        """Remove what is left of the incarnation's directory (its ``topic.json``)."""
+    async def delete_incarnation(self) -> None:
+        """Remove what is left of the incarnation's directory (its ``topic.json``), on
+        every live node's disk when each node keeps its own."""
         self.storage().delete()
+        if self.node_local:
+            nodes = await asyncio.to_thread(self.disks.live)
+            current = self._current()
+            await asyncio.gather(*(self.disks.remove(n, current, None) for n in nodes.values()))
+            self.placements().drop_all()
 
     def delete_segment_storage(self, name: SegmentName) -> None:
         """Storage no actor serves (a recovery's discarded, never committed segment)."""
@@ -250,7 +293,47 @@ class SegmentFleet:
         """The current incarnation's storage: every layout and removal goes through it."""
         return IncarnationStorage(self.root, self.topic, self._current(), self.durability)
 
+    def placements(self) -> SegmentPlacements:
+        """Which node disk holds each local segment (storage scope ``node``)."""
+        return SegmentPlacements(Catalog().store, self.topic, self._current())
+
     # --- internals ----------------------------------------------------------------------
+
+    def _node_of(self, name: SegmentName) -> str | None:
+        """The node a segment's actor must run on: ``None`` (any) once tiered, or for a
+        segment laid out before each node kept its own disk."""
+        if self.storage().tiered(name.segment_id) is not None:
+            return None
+        disk = self.placements().get(name.segment_id)
+        if disk is None:
+            return None
+        node = self.disks.node_of(disk)
+        if node is None:
+            raise self.disks.unavailable(name, disk)
+        return node
+
+    async def _place(self, name: SegmentName, info: SegmentInfo) -> str:
+        """Choose the new segment's disk (one choice at a time, so a split's children see
+        each other), record it, and return the node that has it."""
+        async with self._placing:
+            placements = self.placements()
+            disk = placements.get(name.segment_id)
+            if disk is None:
+                nodes = await asyncio.to_thread(self.disks.live)
+                placed = placements.all()
+                tiered = set(self.storage().records.segment_ids())
+                load = {d: 0 for d in sorted(nodes)}
+                for segment_id, d in placed.items():
+                    if d in load and segment_id not in tiered:
+                        load[d] += 1
+                if not load:
+                    raise UnavailableError(f"{self.topic}: no live node may hold its segments")
+                avoid = {placed[p] for p in info.parent_ids if p in placed}
+                disk = placements.place(name.segment_id, choose_disk(load, avoid))
+            node = await asyncio.to_thread(self.disks.node_of, disk)
+            if node is None:
+                raise self.disks.unavailable(name, disk)
+            return node
 
     def _running(self, name: SegmentName) -> ray.actor.ActorHandle | None:
         try:

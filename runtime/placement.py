@@ -78,3 +78,15 @@ def actor_resources(topic: TopicName | None, placement: Placement) -> dict[str, 
 
 def placement_from_env() -> Placement:
     return parse_placement(os.environ.get(PLACEMENT_ENV, ""))
+
+
+def choose_disk(load: dict[str, int], avoid: set[str] | frozenset[str] = frozenset()) -> str:
+    """The node disk a new segment is laid out on when every node keeps its own (storage
+    scope ``node``). ``load``: each live candidate disk → how many of the topic's local
+    segments it holds. A disk holding none of the segment's parents (``avoid``) comes
+    first, so a split moves load off the node that grew hot, then the least loaded; ties
+    go to the first in ``load``'s order, so the choice is repeatable."""
+    if not load:
+        raise InvalidArgumentError("no node disk to lay a segment out on")
+    candidates = [disk for disk in load if disk not in avoid] or list(load)
+    return min(candidates, key=lambda disk: load[disk])

@@ -252,6 +252,12 @@ def tiered_segments_path(topic: TopicName, incarnation: str) -> str:
     return f"{topic_path(topic)}/tiered/{incarnation}"
 
 
+def placements_path(topic: TopicName, incarnation: str) -> str:
+    """Which node disk holds each local segment of a topic incarnation when every node
+    keeps its own (``storage.placements``), under the topic so it goes with it."""
+    return f"{topic_path(topic)}/placed/{incarnation}"
+
+
 def _policy_path(namespace: str) -> str:
     tenant, name = parse_namespace(namespace)
     return f"{_POLICIES}/{tenant}/{name}"

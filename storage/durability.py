@@ -14,6 +14,11 @@ import platformdirs
 from runtime.errors import InvalidArgumentError
 
 DurabilityPolicy = Literal["fsync", "interval", "none"]
+StorageScope = Literal["shared", "node"]
+STORAGE_SCOPE_ENV = "RAYTOPICS_STORAGE_SCOPE"
+# Read from the node's own environment (as ``ray start`` ran there), never passed on
+# from the program that started an actor: it is what makes one node's disk its own.
+NODE_STORAGE_ROOT_ENV = "RAYTOPICS_NODE_STORAGE_ROOT"
 
 
 def default_storage_root() -> Path:
@@ -22,6 +27,28 @@ def default_storage_root() -> Path:
     if configured:
         return Path(configured)
     return Path(platformdirs.user_data_dir("raytopics")) / "segments"
+
+
+def storage_scope() -> StorageScope:
+    """``shared``: every node sees the same storage root (one file system, NFS/EFS on
+    several nodes), so any node may open any segment. ``node``: each node keeps the
+    segments it holds on its own disk; a segment's actor runs only on that node until
+    its records move to an object-store tier, after which it opens anywhere."""
+    scope = os.environ.get(STORAGE_SCOPE_ENV) or "shared"
+    if scope not in get_args(StorageScope):
+        raise InvalidArgumentError(
+            f"{STORAGE_SCOPE_ENV} must be one of {get_args(StorageScope)}, got {scope!r}"
+        )
+    return scope  # type: ignore[return-value]
+
+
+def node_storage_root(cluster_root: Path | str | None = None) -> Path:
+    """This node's storage root: its own ``RAYTOPICS_NODE_STORAGE_ROOT`` when set, else
+    the cluster's (the same path on every machine, each on its own disk)."""
+    own = os.environ.get(NODE_STORAGE_ROOT_ENV)
+    if own:
+        return Path(own)
+    return Path(cluster_root) if cluster_root else default_storage_root()
 
 
 @dataclass(frozen=True)

@@ -83,8 +83,13 @@ class IncarnationStorage:
     def delete_segment(self, name: SegmentName) -> None:
         """Remove a segment's storage, tiered or local, whether or not an actor still has
         it open."""
-        delete_tiered_segment(self.records, name.segment_id)
+        self.delete_tiered(name)
         delete_storage(segment_directory(self.root, name, self.incarnation))
+
+    def delete_tiered(self, name: SegmentName) -> None:
+        """Remove a segment's tiered copy and record, if it has them (its local files, on
+        a node's own disk, are that node's to remove)."""
+        delete_tiered_segment(self.records, name.segment_id)
 
     def tiered(self, segment_id: int) -> TieredRecord | None:
         """The segment's record if it moved to the tier (``None``: its storage is local)."""

@@ -1,12 +1,14 @@
-"""A tiered topic on a three-node cluster loses the node that runs a sealed, offloaded
-segment's actor: nothing of the segment is lost and its reads work, because nothing of
-it is on any node (its records are in the tier, its state in the metadata store).
+"""A tiered topic on a three-node cluster whose nodes each keep segments on their own disk
+(``RAYTOPICS_STORAGE_SCOPE=node``, a separate storage root per node) loses the node that
+held its sealed, offloaded segments: nothing of them is lost and their reads work,
+because nothing of them is on any node any more (their records are in the tier, their
+state in the metadata store).
 
 The cluster runs in a subprocess (this file as a script), since this session's tests
-share another Ray. The topic's actors are pinned to two worker nodes; every node of
-this machine sees the same storage root, so the test also checks that the sealed
-segments have no local files anywhere under it: what serves them after the node is
-gone cannot have come from a disk.
+share another Ray. Each node's raylet gets its own ``RAYTOPICS_NODE_STORAGE_ROOT``. The
+topic's history is made while node A is its only node, so every segment is laid out on
+A's disk; node B then joins, and a merge and a split move the active segments to B
+(children go to a disk that holds none of their parents). A is removed, not gracefully.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ PLACEMENT = {"tier/nodes": {"topics": 1}}
 KEYS = 23
 
 
-@pytest.mark.timeout(420)
-def test_a_tiered_segment_outlives_the_node_that_ran_it(tmp_path: Path) -> None:
+@pytest.mark.timeout(540)
+def test_a_tiered_segment_outlives_the_node_whose_disk_held_it(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAYTOPICS_"))}
     env |= {
-        "RAYTOPICS_STORAGE_ROOT": str(tmp_path / "root"),
+        "RAYTOPICS_STORAGE_ROOT": str(tmp_path / "cluster"),
+        "RAYTOPICS_STORAGE_SCOPE": "node",
         "RAYTOPICS_TIER_URIS": f"file://{tmp_path / 'tier'}/",
         "RAYTOPICS_PLACEMENT": json.dumps(PLACEMENT),
         "RAY_AUTH_MODE": "disabled",
@@ -44,15 +47,24 @@ def test_a_tiered_segment_outlives_the_node_that_ran_it(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=520,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["sealed"] == 4 and result["local_files_of_sealed"] == []
-    assert result["removed_node_ran"], result  # a woken tiered segment ran there
-    assert result["before"] == result["after"] == result["sent"] == 1200
+    assert len(set(result["disks"].values())) == 3, result  # one disk per node
+    # while A was the only node, everything was laid out on its disk, and nowhere else
+    assert result["placed_with_a_only"] == ["a"], result
+    assert result["segment_dirs_off_a_with_a_only"] == [], result
+    # after B joined, the merge's and split's children went to B: A held only sealed ones
+    assert result["active_placed"] == ["b"], result
+    assert result["sealed"] == 7 and result["sealed_tiered"] == 7, result
+    assert result["segment_dirs_on_a_at_removal"] == [], result
+    assert result["local_files_of_sealed"] == [], result
+    assert result["before"] == result["after"] == result["sent"] == 1500, result
     assert result["order_violations"] == 0
-    assert result["restarted_elsewhere"], result
+    assert result["woken_restarted_elsewhere"], result
+    assert result["recover_refused"], result
+    assert result["crashed_active_back_on_b"], result
 
 
 def _produce(topic: str, count: dict[str, int], n: int) -> None:
@@ -110,77 +122,136 @@ def _wait_for(condition, timeout_s: float = 90):  # noqa: ANN001, ANN202
     return value
 
 
+def _segment_dirs(disk: Path, descriptors: set[str] | None = None) -> list[str]:
+    """Segment directories under a node's storage root (those named in ``descriptors``)."""
+    found = [p for p in disk.rglob("segment.json")]
+    return sorted(
+        str(p.parent) for p in found if descriptors is None or p.parent.name in descriptors
+    )
+
+
+def _adjacent(admin, topic: str) -> list:  # noqa: ANN001
+    return sorted(
+        admin.get_layout(topic).active_segments.values(), key=lambda s: s.hash_range.start
+    )
+
+
 def main(scratch: Path) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
     from clients import ScalableTopicsAdmin
     from runtime import connect
+    from runtime.errors import ConflictError
     from runtime.names import TopicName
+    from storage.catalog import Catalog
+    from storage.durability import NODE_STORAGE_ROOT_ENV
+    from storage.placements import SegmentPlacements, disk_id
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    nodes = [cluster.add_node(num_cpus=1, resources={"topics": 100}) for _ in range(2)]
+    disks = {node: scratch / "disks" / node for node in ("head", "a", "b", "c")}
+
+    def node_args(node: str, topics: bool = True) -> dict:
+        resources = {"resources": {"topics": 100}} if topics else {}
+        return {"num_cpus": 1, "env_vars": {NODE_STORAGE_ROOT_ENV: str(disks[node])}, **resources}
+
+    cluster = Cluster(initialize_head=True, head_node_args=node_args("head", topics=False))
+    node_a = cluster.add_node(**node_args("a"))
     cluster.wait_for_nodes()
     connect(cluster.address, namespace="tiernodes", log_to_driver=False)
     try:
         admin = ScalableTopicsAdmin()
+        name = TopicName.parse(TOPIC)
         admin.create_scalable_topic(TOPIC, 2)
         uri = f"file://{scratch / 'tier'}/events"
         admin.set_policy(TOPIC, {"tiering": {"uri": uri, "afterS": 0, "idleS": 600}})
+        incarnation = admin.get_stats(TOPIC)["incarnation"]
+        placements = SegmentPlacements(Catalog().store, name, incarnation)
         count: dict[str, int] = defaultdict(int)
         _produce(TOPIC, count, 300)
         admin.split_segment(TOPIC, 0)
         _produce(TOPIC, count, 300)
         admin.split_segment(TOPIC, 1)
         _produce(TOPIC, count, 300)
-        active = sorted(
-            admin.get_layout(TOPIC).active_segments.values(), key=lambda s: s.hash_range.start
-        )
-        admin.merge_segments(TOPIC, active[0].segment_id, active[1].segment_id)
+        first, second, *_ = _adjacent(admin, TOPIC)
+        admin.merge_segments(TOPIC, first.segment_id, second.segment_id)
+        _produce(TOPIC, count, 300)
+
+        def all_hibernating(sealed_count: int) -> bool:
+            segments = admin.get_stats(TOPIC)["segments"].values()
+            sealed = [s for s in segments if s["state"] == "SEALED"]
+            return len(sealed) == sealed_count and all(s["hibernating"] for s in sealed)
+
+        _wait_for(lambda: all_hibernating(4))
+        ids = {node: disk_id(disk) for node, disk in disks.items() if node != "c"}
+        by_disk = {disk: node for node, disk in ids.items()}
+        placed_with_a_only = sorted({by_disk[d] for d in placements.all().values()})
+        off_a = [d for node in ("head", "b") for d in _segment_dirs(disks[node])]
+
+        node_b = cluster.add_node(**node_args("b"))
+        cluster.wait_for_nodes()
+        left, middle, right = _adjacent(admin, TOPIC)
+        admin.merge_segments(TOPIC, left.segment_id, middle.segment_id)
+        admin.split_segment(TOPIC, right.segment_id)
         _produce(TOPIC, count, 300)
         sent = sum(count.values())
         expected = sorted((key, seq) for key, n in count.items() for seq in range(n))
-
-        def all_hibernating() -> bool:
-            segments = admin.get_stats(TOPIC)["segments"].values()
-            sealed = [s for s in segments if s["state"] == "SEALED"]
-            return bool(sealed) and all(s["hibernating"] for s in sealed)
-
-        _wait_for(all_hibernating)
-        name, layout = TopicName.parse(TOPIC), admin.get_layout(TOPIC)
+        _wait_for(lambda: all_hibernating(7))
+        layout = admin.get_layout(TOPIC)
+        active_placed = sorted({by_disk[placements.get(i)] for i in layout.active_segments})
         sealed = {
             i: info.name(name) for i, info in layout.all_segments.items() if not info.is_active
         }
+        stats = admin.get_stats(TOPIC)["segments"]
+        tiered = [i for i in sealed if stats[str(i)]["tiered"]]
         descriptors = {n.descriptor for n in sealed.values()}
-        local_files = [str(p) for p in (scratch / "root").rglob("*") if set(p.parts) & descriptors]
+        local_files = [d for disk in disks.values() for d in _segment_dirs(disk, descriptors)]
 
         admin.create_subscription(TOPIC, "before", "earliest")
         before = _read_all(TOPIC, "before", sent)  # wakes every sealed segment
         running = _segment_nodes(f"segment:{name.short}/")
-        woken = {
-            n.actor_name: running[n.actor_name] for n in sealed.values() if n.actor_name in running
-        }
-        victim = next(node for node in nodes if node.node_id in woken.values())
-        on_victim = sorted(a for a, node_id in woken.items() if node_id == victim.node_id)
-        cluster.remove_node(victim, allow_graceful=False)
-        cluster.add_node(num_cpus=1, resources={"topics": 100})
+        on_a = sorted(
+            n.actor_name for n in sealed.values() if running.get(n.actor_name) == node_a.node_id
+        )
+        at_removal = _segment_dirs(disks["a"])
+        cluster.remove_node(node_a, allow_graceful=False)
+        cluster.add_node(**node_args("c"))
         cluster.wait_for_nodes()
 
+        # an active segment's process dies: Ray restarts it on B, the node with its disk
+        crashed = layout.active_segments[min(layout.active_segments)].name(name).actor_name
+        ray.kill(
+            ray.get_actor(crashed, namespace=ray.get_runtime_context().namespace),
+            no_restart=False,
+        )
         admin.create_subscription(TOPIC, "after", "earliest")
         after = _read_all(TOPIC, "after", sent)
         moved = _segment_nodes(f"segment:{name.short}/")
-        restarted = all(moved.get(a) not in (None, victim.node_id) for a in on_victim)
+        restarted = all(moved.get(a) not in (None, node_a.node_id) for a in on_a)
+        crashed_on_b = moved.get(crashed) == node_b.node_id
+        try:
+            admin.recover_topic(TOPIC)
+            refused = False
+        except ConflictError as err:
+            refused = "RAYTOPICS_STORAGE_SCOPE=node" in str(err)
         print(
             json.dumps(
                 {
                     "sent": sent,
+                    "disks": ids,
+                    "placed_with_a_only": placed_with_a_only,
+                    "segment_dirs_off_a_with_a_only": off_a,
+                    "active_placed": active_placed,
                     "sealed": len(sealed),
+                    "sealed_tiered": len(tiered),
+                    "segment_dirs_on_a_at_removal": at_removal,
                     "local_files_of_sealed": local_files,
-                    "removed_node_ran": on_victim,
+                    "woken_on_a": on_a,
                     "before": len(before) if sorted(before) == expected else -1,
                     "after": len(after) if sorted(after) == expected else -1,
                     "order_violations": _order_violations(before) + _order_violations(after),
-                    "restarted_elsewhere": restarted,
+                    "woken_restarted_elsewhere": restarted,
+                    "recover_refused": refused,
+                    "crashed_active_back_on_b": crashed_on_b,
                 }
             )
         )

@@ -1,0 +1,166 @@
+"""Segments on each node's own disk (storage scope ``node``): laying a segment out on
+the node chosen for it, finding that node again, and removing what is left there.
+
+With one shared storage root the controller lays segments out itself and an actor
+opens its segment on any node. With a disk per node neither holds: a new segment is
+laid out by a task pinned to the node whose disk was chosen (``runtime.placement.
+choose_disk``), its actor is pinned there too (Ray restarts it on that node, and
+nowhere else), and its disk is recorded in the metadata store (``storage.placements``)
+so that the node is found again after any restart, Ray's included, by asking the live
+nodes which disk each has. The work runs in small tasks (pooled workers, no new
+actor process), each bound to its node with hard node affinity.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+
+from actors.registry import on_node
+from runtime.errors import ConflictError, UnavailableError
+from runtime.layout import SegmentInfo
+from runtime.names import SegmentName, TopicName
+from runtime.placement import actor_resources, placement_from_env
+from storage.catalog import Catalog
+from storage.durability import Durability, node_storage_root, storage_scope
+from storage.incarnation_storage import IncarnationStorage
+from storage.metadata import MetadataStore
+from storage.placements import disk_id
+from storage.tier_records import TierRecords
+from storage.topic_storage import delete_storage, incarnation_directory, segment_directory
+
+log = logging.getLogger(__name__)
+
+# How long a node may take to say which disk it has before it counts as not there.
+ASK_WAIT_S = 30.0
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _disk(cluster_root: str) -> str:
+    return disk_id(node_storage_root(cluster_root))
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _lay_out(
+    cluster_root: str,
+    metadata_namespace: str,
+    incarnation: str,
+    durability: dict[str, Any],
+    segment: str,
+    info: SegmentInfo,
+    subscriptions: list[str],
+    epoch: int,
+    in_layout: bool,
+) -> str:
+    root = node_storage_root(cluster_root)
+    name = SegmentName.parse(segment)
+    records = TierRecords(MetadataStore(metadata_namespace), name.topic, incarnation)
+    storage = IncarnationStorage(root, name.topic, incarnation, Durability(**durability), records)
+    storage.lay_out(name, info, subscriptions, epoch, in_layout=in_layout)
+    return disk_id(root)
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _remove(cluster_root: str, topic: str, incarnation: str, segment: str | None) -> None:
+    root = node_storage_root(cluster_root)
+    if segment is None:
+        delete_storage(incarnation_directory(root, TopicName.parse(topic), incarnation))
+    else:
+        delete_storage(segment_directory(root, SegmentName.parse(segment), incarnation))
+
+
+def check_recoverable(topic: TopicName) -> None:
+    """Recovery from storage reads every segment's files under one storage root; with a
+    disk per node they are spread over the nodes, and a scan of one would rebuild a DAG
+    with segments missing. Refused, so the metadata must be kept durable instead."""
+    if storage_scope() == "node":
+        raise ConflictError(
+            f"{topic}: recovery from storage needs every segment's files under one storage "
+            "root, and with a disk per node (RAYTOPICS_STORAGE_SCOPE=node) they are spread "
+            "over the nodes; keep the metadata durable instead (Ray's GCS on Redis)"
+        )
+
+
+class NodeDisks:
+    """The disks of the live nodes that may hold ``topic``'s segments, and the work done
+    on them. Who calls: the topic's ``SegmentFleet``, in storage scope ``node`` only."""
+
+    def __init__(self, topic: TopicName, cluster_root: Path, durability: Durability) -> None:
+        self.topic, self.cluster_root, self.durability = topic, str(cluster_root), durability
+        self._nodes: dict[str, str] = {}  # disk id → Ray node id, as last asked
+
+    def node_of(self, disk: str) -> str | None:
+        """The live node that has ``disk`` (the nodes are asked again when none is known
+        to); ``None`` when none has it now. Blocking: one task per node when asking."""
+        if disk not in self._nodes:
+            self.refresh()
+        return self._nodes.get(disk)
+
+    def live(self) -> dict[str, str]:
+        """Every live candidate node's disk → node id, asked afresh."""
+        self.refresh()
+        return dict(self._nodes)
+
+    def refresh(self) -> None:
+        asked = {
+            _disk.options(scheduling_strategy=on_node(node)).remote(self.cluster_root): node
+            for node in self._candidates()
+        }
+        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ASK_WAIT_S)
+        found = {}
+        for ref in ready:
+            try:
+                found[ray.get(ref)] = asked[ref]
+            except (RayError, GetTimeoutError) as err:
+                log.warning("%s: node %s did not say which disk it has: %s", self.topic,
+                            asked[ref], err)  # fmt: skip
+        self._nodes = found
+
+    async def lay_out(
+        self,
+        node: str,
+        incarnation: str,
+        name: SegmentName,
+        info: SegmentInfo,
+        subscriptions: list[str],
+        epoch: int,
+        in_layout: bool,
+    ) -> None:
+        await _lay_out.options(scheduling_strategy=on_node(node)).remote(
+            self.cluster_root,
+            Catalog().store.namespace,
+            incarnation,
+            asdict(self.durability),
+            str(name),
+            info,
+            subscriptions,
+            epoch,
+            in_layout,
+        )
+
+    async def remove(self, node: str, incarnation: str, name: SegmentName | None) -> None:
+        """Remove a segment's directory (or, ``name`` None, the incarnation's) on ``node``."""
+        await _remove.options(scheduling_strategy=on_node(node)).remote(
+            self.cluster_root, str(self.topic), incarnation, str(name) if name else None
+        )
+
+    def unavailable(self, name: SegmentName, disk: str) -> UnavailableError:
+        return UnavailableError(
+            f"{name}: its files are on node disk {disk}, which no live node of the cluster "
+            "has now (the node is down or gone); the segment serves again when that node is "
+            "back, and is never re-created empty elsewhere"
+        )
+
+    def _candidates(self) -> list[str]:
+        """Live nodes with the resources the topic's namespace placement asks for."""
+        wanted = actor_resources(self.topic, placement_from_env()) or {}
+        return sorted(
+            node["NodeID"]
+            for node in ray.nodes()
+            if node.get("Alive") and all(k in node.get("Resources", {}) for k in wanted)
+        )
