@@ -63,7 +63,12 @@ MANIFEST_FILE = "manifest.json"
 # went (now the segment's record in metadata, ``storage.tier_records``, says so):
 # read to carry such a segment over, and to delete its copy with its storage.
 TIERED_RECORD = "tiered.json"
-ROW_GROUP_RECORDS = 65_536
+# A row group holds whole stored batches, about this many bytes of records: an engine's
+# scan reads a row group at a time (Spark writes 128 MiB ones), and a consumer's read of
+# a woken tiered segment decodes one and keeps it for the next read. Never more than
+# ``ROW_GROUP_MAX_RECORDS`` records, so tiny records do not make huge groups.
+ROW_GROUP_BYTES = 32 * 1024 * 1024
+ROW_GROUP_MAX_RECORDS = 1_048_576
 TIER_COMPRESSION = "snappy"  # Spark's own default: its scans of the tier run at its speed
 # Columns with few distinct values; a dictionary of values, offsets or properties (nearly
 # all distinct) only costs a scan the work of giving it up.
@@ -152,7 +157,12 @@ def tier_directory(base: str, name: SegmentName, incarnation: str) -> str:
 
 
 def offload(
-    log: SegmentLog, filesystem: pafs.FileSystem, directory: str, *, segment_id: int
+    log: SegmentLog,
+    filesystem: pafs.FileSystem,
+    directory: str,
+    *,
+    segment_id: int,
+    row_group_bytes: int = ROW_GROUP_BYTES,
 ) -> TierManifest:
     """Copy the terminated ``log`` of segment ``segment_id`` to ``directory`` of the tier
     and commit it (its manifest).
@@ -169,10 +179,10 @@ def offload(
         writer = pq.ParquetWriter(
             out, TIER_SCHEMA, compression=TIER_COMPRESSION, use_dictionary=_DICTIONARY_COLUMNS
         )
-        for table in _row_groups(log, segment_id):
-            writer.write_table(table, row_group_size=ROW_GROUP_RECORDS)
+        for table in _row_groups(log, segment_id, row_group_bytes):
+            writer.write_table(table, row_group_size=table.num_rows)
         writer.close()
-    manifest = _check_upload(log, filesystem, path, segment_id)
+    manifest = _check_upload(log, filesystem, path, segment_id, row_group_bytes)
     with filesystem.open_output_stream(f"{directory}/{MANIFEST_FILE}") as out:
         out.write(manifest.model_dump_json(by_alias=True).encode())
     return manifest
@@ -236,6 +246,7 @@ class TieredSegment:
         self._firsts = [first for first, _, _ in manifest.row_groups]
         self._last_times = [last for _, _, last in manifest.row_groups]
         self._stored_sequences: dict[tuple[str, int], AppendResult] | None = None
+        self._decoded: tuple[int, pa.Table] | None = None  # ``_group``'s last
 
     @property
     def start_offset(self) -> int:
@@ -274,9 +285,17 @@ class TieredSegment:
             return []
         first = bisect.bisect_right(self._firsts, offset) - 1
         last = bisect.bisect_left(self._firsts, offset + max_records)
-        table = self._file.read_row_groups(list(range(first, last)), columns=_READ_COLUMNS)
+        groups = [self._group(group) for group in range(first, last)]
+        table = groups[0] if len(groups) == 1 else pa.concat_tables(groups)
         skip = offset - self._firsts[first]
         return list(_stored_runs(table.slice(skip, max_records)))
+
+    def _group(self, index: int) -> pa.Table:
+        """Row group ``index``, decoded; the last one is kept, since a consumer reads on
+        from where it stopped, mostly in the same group."""
+        if self._decoded is None or self._decoded[0] != index:
+            self._decoded = (index, self._file.read_row_group(index, columns=_READ_COLUMNS))
+        return self._decoded[1]
 
     def offset_at_time(self, time_ms: int) -> int:
         """The first offset published at or after ``time_ms``; the end when none was."""
@@ -333,19 +352,19 @@ class TieredSegment:
 # --- internals -------------------------------------------------------------------------
 
 
-def _row_groups(log: SegmentLog, segment_id: int) -> Iterator[pa.Table]:
-    """The log's records as tables of at most a row group each."""
+def _row_groups(log: SegmentLog, segment_id: int, group_bytes: int) -> Iterator[pa.Table]:
+    """The log's records as tables of one row group each: whole stored batches, until
+    about ``group_bytes`` or ``ROW_GROUP_MAX_RECORDS``."""
     pending: list[pa.Table] = []
-    size = 0
+    size = rows = 0
     for batch in _stored(log):
         table = _as_tier_table(batch, segment_id)
         pending.append(table)
-        size += table.num_rows
-        if size >= ROW_GROUP_RECORDS:
-            whole = pa.concat_tables(pending)
-            yield whole.slice(0, ROW_GROUP_RECORDS)
-            pending, size = [whole.slice(ROW_GROUP_RECORDS)], size - ROW_GROUP_RECORDS
-    if size:
+        size, rows = size + table.nbytes, rows + table.num_rows
+        if size >= group_bytes or rows >= ROW_GROUP_MAX_RECORDS:
+            yield pa.concat_tables(pending)
+            pending, size, rows = [], 0, 0
+    if pending:
         yield pa.concat_tables(pending)
 
 
@@ -379,11 +398,11 @@ def _as_tier_table(batch: StoredBatch, segment_id: int) -> pa.Table:
 
 
 def _check_upload(
-    log: SegmentLog, filesystem: pafs.FileSystem, path: str, segment_id: int
+    log: SegmentLog, filesystem: pafs.FileSystem, path: str, segment_id: int, group_bytes: int
 ) -> TierManifest:
     """Read the uploaded file back and compare it with the log, row group by row group."""
     uploaded = pq.ParquetFile(filesystem.open_input_file(path))
-    expected = _row_groups(log, segment_id)
+    expected = _row_groups(log, segment_id, group_bytes)
     groups: list[tuple[int, int, int]] = []
     for index in range(uploaded.num_row_groups):
         got = uploaded.read_row_group(index)

@@ -29,7 +29,6 @@ from storage.segment_log import SegmentLog
 from storage.segment_store import to_delivery
 from storage.tier import (
     MANIFEST_FILE,
-    ROW_GROUP_RECORDS,
     TIERED_RECORD,
     TieredSegment,
     check_reachable,
@@ -131,16 +130,18 @@ def test_a_tiered_segment_reads_exactly_as_its_log(tmp_path: Path, tier) -> None
     filesystem, base = tier
     log = sealed_log(tmp_path / "log")
     directory = f"{base}/t/ns/x/inc/0"
-    manifest = offload(log, filesystem, directory, segment_id=7)
+    manifest = offload(log, filesystem, directory, segment_id=7, row_group_bytes=2 << 20)
     assert (manifest.start_offset, manifest.end_offset) == (log.start_offset, log.end_offset)
     assert manifest.records == log.end_offset - log.start_offset
-    assert len(manifest.row_groups) > 1 and manifest.row_groups[0][1] == ROW_GROUP_RECORDS
+    assert len(manifest.row_groups) > 1
+    second_group = manifest.row_groups[1][0]
 
     tiered = TieredSegment(filesystem, directory)
     for offset, count in [
         (log.start_offset, 10),
         (log.start_offset, 100_000),
-        (ROW_GROUP_RECORDS - 3, 7),  # across a row group's end
+        (second_group - 3, 7),  # across a row group's end
+        (second_group - 3, 200_000),  # over several groups
         (log.end_offset - 5, 50),
         (50_001, 1),
     ]:
