@@ -215,22 +215,11 @@ def _scan_tier_files(spark: SparkSession, pieces: list[SegmentRange]) -> DataFra
             for lo, hi in runs:
                 span = (F.col("offset") >= lo) & (F.col("offset") < hi)
                 keep = keep | ((F.col("segment_id") == segment_id) & span)
-    frame = spark.read.parquet(*sorted(f"file://{t.path}" for t in files.values()))
-    if len(whole) < len(spans):
-        frame = frame.where(keep)
-    return frame.select(*(F.col(name).cast(kind) for name, kind in _SPARK_COLUMNS))
-
-
-# Each column of ``SPARK_SCHEMA`` with its Spark type, as a tier file's scan selects it.
-_SPARK_COLUMNS = [
-    ("key", "string"),
-    ("value", "binary"),
-    ("hash", "int"),
-    ("segment_id", "long"),
-    ("offset", "long"),
-    ("publish_time", "timestamp"),
-    ("properties", "map<string,string>"),
-]
+    # The schema given, not inferred: Spark would read a file's footer for it on every
+    # read_topic, and a tier file of format 2 has every column of SPARK_SCHEMA.
+    paths = sorted(f"file://{t.path}" for t in files.values())
+    frame = spark.read.schema(SPARK_SCHEMA).parquet(*paths)
+    return frame.where(keep) if len(whole) < len(spans) else frame
 
 
 def _spark_read_partition(
