@@ -29,10 +29,10 @@ from runtime.errors import (
     StaleEpochError,
     TopicNotFoundError,
 )
-from runtime.layout import SegmentLayout
+from runtime.hibernation import idle_drained, idle_tiered
+from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
 from runtime.retention import SealedSegmentState, prunable
-from runtime.tiering import idle_tiered
 from storage.segment_store import hibernated_stats
 from storage.tier_records import TieredRecord
 
@@ -59,6 +59,8 @@ class TopicMaintenance:
         # its own, and the fleet says when it changed one (``records_changed``).
         self._records: dict[int, TieredRecord] = {}
         self._records_changed = -1
+        # Sleeping segments' kept stats, read once: they change only when one wakes.
+        self._asleep: dict[int, dict[str, Any] | None] = {}
 
     def start(self) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(self._run_forever())
@@ -96,12 +98,31 @@ class TopicMaintenance:
             self._tier.round(
                 record.layout, stats, policy.tiering, self._handle_of(record.layout), hibernate
             )
+        if policy.hibernation is not None:
+            for segment_id in idle_drained(stats, policy.hibernation.idle_s):
+                self._put_to_sleep(record.layout.get(segment_id), stats[segment_id])
         return policy
 
     def _handle_of(self, layout: SegmentLayout) -> Callable[[int], ray.actor.ActorHandle | None]:
-        """A segment's running actor for the mover; None when it runs nowhere now."""
+        """A segment's actor for the mover: running, or woken if it sleeps drained (its
+        move is due); None when it runs nowhere now."""
         fleet, topic = self._ctl.fleet, self._ctl.topic
-        return lambda segment_id: fleet.watched(layout.get(segment_id).name(topic))
+
+        def handle_of(segment_id: int) -> ray.actor.ActorHandle | None:
+            name = layout.get(segment_id).name(topic)
+            if segment_id in self._asleep and fleet.wake(name):
+                self._asleep.pop(segment_id, None)
+                return fleet.handle(name)
+            return fleet.watched(name)
+
+        return handle_of
+
+    def _put_to_sleep(self, info: SegmentInfo, stats: dict[str, Any]) -> None:
+        name = info.name(self._ctl.topic)
+        log.info("%s: segment %d is sealed, drained and idle: its actor exits",
+                 self._ctl.topic, info.segment_id)  # fmt: skip
+        self._ctl.fleet.put_to_sleep(name, stats)
+        self._asleep.pop(info.segment_id, None)
 
     def _hibernate(self, layout: SegmentLayout) -> Callable[[int], None]:
         """End a tiered segment's actor (moved, or idle for the policy's ``idleS``)."""
@@ -124,6 +145,7 @@ class TopicMaintenance:
             return None
         names = {s.segment_id: s.name(ctl.topic) for s in record.layout.all_segments.values()}
         tiered = set(ctl.fleet.storage().records.segment_ids())
+        asleep = set(ctl.fleet.sleeping().segment_ids())
         handles = {}
         for segment_id, name in names.items():
             if ctl.fleet.hibernating(name):
@@ -131,7 +153,7 @@ class TopicMaintenance:
             handle = ctl.fleet.watched(name)
             if handle is not None:
                 handles[segment_id] = handle
-            elif segment_id in tiered:
+            elif segment_id in tiered or segment_id in asleep:
                 ctl.fleet.found_hibernating(name)
         found = await asyncio.gather(
             *(
@@ -145,6 +167,7 @@ class TopicMaintenance:
             if isinstance(st, dict):
                 stats[segment_id] = st
                 self._records.pop(segment_id, None)  # awake: its record may change
+                self._asleep.pop(segment_id, None)
             elif isinstance(st, RayActorError):
                 ctl.fleet.forget(names[segment_id])  # look it up afresh next round
         for segment_id in tiered & names.keys() - handles.keys():
@@ -152,6 +175,12 @@ class TopicMaintenance:
                 stored = self._record(segment_id)
                 if stored is not None:
                     stats[segment_id] = hibernated_stats(names[segment_id], stored)
+        for segment_id in asleep & names.keys() - handles.keys() - tiered:
+            if ctl.fleet.hibernating(names[segment_id]):
+                if segment_id not in self._asleep:
+                    self._asleep[segment_id] = ctl.fleet.sleeping().get(segment_id)
+                if self._asleep[segment_id] is not None:
+                    stats[segment_id] = self._asleep[segment_id]
         return record, stats
 
     def _record(self, segment_id: int) -> TieredRecord | None:

@@ -23,6 +23,7 @@ from typing import Any
 from actors.registry import alive_actor_names
 from runtime.names import TopicName
 from runtime.readiness import MAX_LISTED
+from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.tier_records import TierRecords
 
@@ -35,8 +36,10 @@ def topic_readiness(catalog: Catalog, name: TopicName) -> dict[str, Any]:
     record = catalog.require_topic(name)
     layout = record.layout
     alive = alive_actor_names(f"segment:{name.short}/")
-    # A tiered segment's actor runs only while readers use it, and starts on demand.
+    # A tiered or sleeping segment's actor runs only while readers use it, and starts on
+    # demand.
     on_demand = set(TierRecords(catalog.store, name, record.incarnation).segment_ids())
+    on_demand |= set(SleepingSegments(catalog.store, name, record.incarnation).segment_ids())
     waiting = [
         info.segment_id
         for info in layout.all_segments.values()

@@ -47,6 +47,7 @@ from runtime.errors import (
 from runtime.limits import LiveLimits
 from runtime.names import SegmentName
 from runtime.remote import call
+from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.cursors import Position
 from storage.durability import (
@@ -110,8 +111,11 @@ class SegmentActor:
         self._offloading = asyncio.Lock()
         self._tier_error: dict[str, Any] | None = None  # the last failed move to the tier
         self._last_used = time.monotonic()  # a reader's or writer's last call: idle since
+        catalog = Catalog()
+        # Stats kept while it slept no longer hold once it runs (``storage.asleep``).
+        SleepingSegments(catalog.store, self._name.topic, incarnation).woken(self._name.segment_id)
         # The authority on sizes, following the operator's changes within seconds.
-        limits = LiveLimits(Catalog(), self._namespace)
+        limits = LiveLimits(catalog, self._namespace)
         self._appender = SegmentAppender(
             self._name, self._store, limits, self._metrics, self._appended
         )

@@ -29,6 +29,7 @@ from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
 from runtime.placement import choose_disk
+from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.durability import Durability, node_storage_root, storage_scope
 from storage.incarnation_storage import IncarnationStorage
@@ -111,9 +112,11 @@ class SegmentFleet:
     # --- tiered segments ------------------------------------------------------------------
 
     def wake(self, name: SegmentName) -> bool:
-        """Start a tiered segment's actor if it hibernates (it opens from its record, on any
-        node); False when the segment is not tiered. Blocking: a GCS round trip."""
-        if self.storage().tiered(name.segment_id) is None:
+        """Start a hibernating segment's actor: a tiered one opens from its record on any
+        node, a sleeping drained one from its files. False when the segment is neither.
+        Blocking: GCS round trips."""
+        tiered = self.storage().tiered(name.segment_id) is not None
+        if not tiered and self.sleeping().get(name.segment_id) is None:
             return False
         self.handle(name)
         return True
@@ -126,8 +129,14 @@ class SegmentFleet:
         self._hibernating.add(name)
         with contextlib.suppress(ValueError):
             ray.kill(segment_actor(name), no_restart=True)
-        if self.node_local:  # its files left the node's disk with the move
-            self.placements().drop(name.segment_id)
+        if self.node_local and self.storage().tiered(name.segment_id) is not None:
+            self.placements().delete(name.segment_id)  # its files left the node's disk
+
+    def put_to_sleep(self, name: SegmentName, stats: dict) -> None:
+        """End a drained sealed segment's actor, its ``stats`` kept for observers; its files
+        stay, and the next reader starts it again where they are (``wake``)."""
+        self.sleeping().put_to_sleep(name.segment_id, stats)
+        self.hibernate(name)
 
     def hibernating(self, name: SegmentName) -> bool:
         """Whether the fleet ended the segment's actor and nobody has started it since
@@ -233,6 +242,7 @@ class SegmentFleet:
             with contextlib.suppress(RayActorError, SegmentNotFoundError):
                 await handle.delete.remote(epoch, credential=guard().internal_token())
             ray.kill(handle, no_restart=True)
+        self.sleeping().woken(name.segment_id)
         if not self.node_local:
             self.storage().delete_segment(name)
             return
@@ -243,7 +253,7 @@ class SegmentFleet:
             await self.disks.remove(node, self._current(), name)
         elif disk:
             log.warning("%s: node disk %s is not in the cluster; its files stay there", name, disk)
-        self.placements().drop(name.segment_id)
+        self.placements().delete(name.segment_id)
 
     def leftover_segments(self) -> int:
         """How many segment actors of this topic's name run (what ``clear_leftovers``
@@ -270,11 +280,12 @@ class SegmentFleet:
         """Remove what is left of the incarnation's directory (its ``topic.json``), on
         every live node's disk when each node keeps its own."""
         self.storage().delete()
+        self.sleeping().delete_all()
         if self.node_local:
             nodes = await asyncio.to_thread(self.disks.live)
             current = self._current()
             await asyncio.gather(*(self.disks.remove(n, current, None) for n in nodes.values()))
-            self.placements().drop_all()
+            self.placements().delete_all()
 
     def delete_segment_storage(self, name: SegmentName) -> None:
         """Storage no actor serves (a recovery's discarded, never committed segment)."""
@@ -292,6 +303,10 @@ class SegmentFleet:
     def storage(self) -> IncarnationStorage:
         """The current incarnation's storage: every layout and removal goes through it."""
         return IncarnationStorage(self.root, self.topic, self._current(), self.durability)
+
+    def sleeping(self) -> SleepingSegments:
+        """The drained sealed segments whose actors exited, with their last stats."""
+        return SleepingSegments(Catalog().store, self.topic, self._current())
 
     def placements(self) -> SegmentPlacements:
         """Which node disk holds each local segment (storage scope ``node``)."""

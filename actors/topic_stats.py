@@ -10,6 +10,7 @@ healthy one.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
@@ -22,6 +23,7 @@ from runtime.errors import SegmentNotFoundError, UnavailableSegmentsError
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
 from runtime.remote import call
+from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.metadata import metadata_durability
 from storage.segment_store import hibernated_stats
@@ -45,11 +47,18 @@ async def topic_stats(catalog: Catalog, name: TopicName, timeout_s: float) -> di
     record = catalog.require_topic(name)
     segments = list(record.layout.all_segments.values())
     records = tier_records(name, record.incarnation)
-    tiered = set(await asyncio.to_thread(records.segment_ids))
+    sleeping = SleepingSegments(catalog.store, name, record.incarnation)
+    on_demand = set(await asyncio.to_thread(records.segment_ids))
+    on_demand |= set(await asyncio.to_thread(sleeping.segment_ids))
     stats, autoscale = await asyncio.gather(
         asyncio.gather(
             *(
-                _segment_stats(s.name(name), records, s.segment_id in tiered, timeout_s)
+                _segment_stats(
+                    s.name(name),
+                    _kept(s.name(name), records, sleeping),
+                    s.segment_id in on_demand,
+                    timeout_s,
+                )
                 for s in segments
             )
         ),
@@ -82,25 +91,43 @@ def _starting(readiness: dict[str, Any]) -> str:
     )
 
 
+def _kept(
+    name: SegmentName, records: TierRecords, sleeping: SleepingSegments
+) -> Callable[[], dict[str, Any] | None]:
+    """The stats of ``name`` kept off its actor: a tiered segment's from its record, a
+    sleeping one's as it went to sleep; ``None`` when it has neither."""
+
+    def kept() -> dict[str, Any] | None:
+        stored = records.get(name.segment_id)
+        if stored is not None:
+            return hibernated_stats(name, stored)
+        return sleeping.get(name.segment_id)
+
+    return kept
+
+
 async def _segment_stats(
-    name: SegmentName, records: TierRecords, tiered: bool, timeout_s: float
+    name: SegmentName,
+    kept: Callable[[], dict[str, Any] | None],
+    on_demand: bool,
+    timeout_s: float,
 ) -> dict[str, Any] | None:
-    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``. A tiered
-    segment whose actor hibernates answers from its record (asking must not wake it); so
-    does one whose actor is ending meanwhile (a move to the tier that just committed, an
-    idle actor stopped), since a call to an actor on its way out may hang until Ray
-    gives up on it: while no answer comes, the record is looked for every few seconds."""
+    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``. A
+    hibernating segment (``on_demand``: tiered, or sleeping drained) answers from what is
+    ``kept`` of it (asking must not wake it); so does one whose actor is ending meanwhile
+    (a move to the tier that just committed, an idle actor stopped), since a call to an
+    actor on its way out may hang until Ray gives up on it: while no answer comes, what
+    is kept is looked for every few seconds."""
 
     async def from_record() -> dict[str, Any] | None:
-        stored = await asyncio.to_thread(records.get, name.segment_id)
-        return hibernated_stats(name, stored) if stored is not None else None
+        return await asyncio.to_thread(kept)
 
     async def ask() -> dict[str, Any]:
         credential = guard().internal_token()
         try:
             handle = segment_actor(name)
         except ValueError:
-            if tiered and (stored := await from_record()) is not None:
+            if on_demand and (stored := await from_record()) is not None:
                 return stored
             handle = await find_segment_actor(name, timeout_s, credential=credential)
         answer = asyncio.ensure_future(call(handle.stats.remote(credential=credential)))

@@ -1,4 +1,4 @@
-"""A topic's operating policy: automatic scaling, retention and tiering.
+"""A topic's operating policy: automatic scaling, retention, tiering and hibernation.
 
 Stored inside the topic record (``policy``), so it changes through the same
 fenced compare-and-swap as the layout and a restarted controller finds it
@@ -109,10 +109,24 @@ class TieringPolicy(_Model):
     )  # fmt: skip
 
 
+class HibernationPolicy(_Model):
+    """A sealed segment kept on local disk (a topic without tiering, or one not moved yet)
+    whose every subscription has acknowledged all of it and that no reader has used for
+    ``idle_s`` seconds costs no process: its actor exits, and is started again on demand
+    (a new subscription, a reader, a replay)."""
+
+    idle_s: float = Field(
+        default=300.0, alias="idleS", ge=0, le=86400,
+        description="seconds a drained sealed segment stays up unused before its process "
+        "exits (it is started again on demand)",
+    )  # fmt: skip
+
+
 class TopicPolicy(_Model):
     autoscale: AutoscalePolicy | None = None
     retention: RetentionPolicy | None = None
     tiering: TieringPolicy | None = None
+    hibernation: HibernationPolicy | None = None
 
     @classmethod
     def parse(cls, data: Any) -> TopicPolicy:
@@ -136,7 +150,8 @@ class TopicPolicy(_Model):
 
     def over(self, default: TopicPolicy | None) -> TopicPolicy:
         """This policy, with ``default``'s part (its namespace's) wherever it sets none:
-        a topic's own autoscale, retention or tiering wins as a whole, never merged."""
+        a topic's own part (autoscale, retention, tiering, hibernation) wins as a whole,
+        never merged."""
         if default is None:
             return self
         return self.model_copy(
@@ -144,6 +159,7 @@ class TopicPolicy(_Model):
                 "autoscale": self.autoscale or default.autoscale,
                 "retention": self.retention or default.retention,
                 "tiering": self.tiering or default.tiering,
+                "hibernation": self.hibernation or default.hibernation,
             }
         )
 

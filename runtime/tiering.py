@@ -59,16 +59,6 @@ def due_for_tier(
     return due
 
 
-def idle_tiered(stats: Mapping[int, Mapping[str, Any]], idle_s: float) -> list[int]:
-    """Tiered segments whose running actor no reader has used for ``idle_s`` seconds: their
-    process may exit (hibernate); the next reader starts it again."""
-    return sorted(
-        segment_id
-        for segment_id, st in stats.items()
-        if st.get("tiered") and not st.get("hibernating") and st.get("idleS", 0.0) >= idle_s
-    )
-
-
 def retry_delay_s(failures: int) -> float:
     """The wait before the next attempt after ``failures`` failed ones in a row."""
     return min(FIRST_RETRY_S * 2 ** max(failures - 1, 0), MAX_RETRY_S)

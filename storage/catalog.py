@@ -258,6 +258,12 @@ def placements_path(topic: TopicName, incarnation: str) -> str:
     return f"{topic_path(topic)}/placed/{incarnation}"
 
 
+def asleep_path(topic: TopicName, incarnation: str) -> str:
+    """The last stats of a topic incarnation's drained sealed segments whose actors exited
+    (``storage.asleep``), under the topic so they go with it."""
+    return f"{topic_path(topic)}/asleep/{incarnation}"
+
+
 def _policy_path(namespace: str) -> str:
     tenant, name = parse_namespace(namespace)
     return f"{_POLICIES}/{tenant}/{name}"

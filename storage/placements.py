@@ -15,17 +15,16 @@ placement is dropped with its local files, and it opens on any node.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 from pathlib import Path
 
-from runtime.errors import AlreadyExistsError, KeyNotFoundError
 from runtime.names import TopicName
 from storage.catalog import placements_path
 from storage.files import atomic_write
 from storage.metadata import MetadataStore
+from storage.segment_entries import SegmentEntries
 
 DISK_FILE = "disk.json"
 
@@ -52,40 +51,21 @@ def disk_id(root: Path) -> str:
     return str(json.loads(path.read_bytes())["id"])
 
 
-class SegmentPlacements:
+class SegmentPlacements(SegmentEntries):
     """The disk of each local segment of one topic incarnation (segment id → disk id)."""
 
     def __init__(self, store: MetadataStore, topic: TopicName, incarnation: str) -> None:
-        self.store = store
-        self._base = placements_path(topic, incarnation)
+        super().__init__(store, placements_path(topic, incarnation))
 
     def get(self, segment_id: int) -> str | None:
-        found = self.store.get(self._path(segment_id))
-        return found.value.decode() if found is not None else None
+        raw = self._raw(segment_id)
+        return raw.decode() if raw is not None else None
 
     def place(self, segment_id: int, disk: str) -> str:
         """Record ``disk`` for the segment unless it has one; returns the one it has (a
         resumed operation lays a segment out where its first attempt did)."""
-        with contextlib.suppress(AlreadyExistsError):
-            self.store.put_if_absent(self._path(segment_id), disk.encode())
-        found = self.get(segment_id)
-        return found if found is not None else disk
+        return self._write_first(segment_id, disk.encode()).decode()
 
     def all(self) -> dict[int, str]:
-        base = f"{self._base}/"
-        placed = {}
-        for path in self.store.list(base):
-            found = self.store.get(path)
-            if found is not None:
-                placed[int(path[len(base) :])] = found.value.decode()
-        return placed
-
-    def drop(self, segment_id: int) -> None:
-        with contextlib.suppress(KeyNotFoundError):
-            self.store.delete(self._path(segment_id))
-
-    def drop_all(self) -> None:
-        self.store.delete_tree(self._base)
-
-    def _path(self, segment_id: int) -> str:
-        return f"{self._base}/{segment_id}"
+        placed = {segment_id: self.get(segment_id) for segment_id in self.segment_ids()}
+        return {segment_id: disk for segment_id, disk in placed.items() if disk is not None}

@@ -19,7 +19,6 @@ entry, so neither overwrites the other's.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,6 +32,7 @@ from runtime.uris import redacted
 from storage.catalog import Catalog, tiered_segments_path
 from storage.cursors import Cursor
 from storage.metadata import MetadataStore
+from storage.segment_entries import SegmentEntries
 from storage.tier import delete_tiered, open_tier
 
 logger = logging.getLogger(__name__)
@@ -65,31 +65,21 @@ class TieredRecord(BaseModel):
         return cls.model_validate_json(raw)
 
 
-class TierRecords:
+class TierRecords(SegmentEntries):
     """The tiered segments' records of one topic incarnation."""
 
     def __init__(self, store: MetadataStore, topic: TopicName, incarnation: str) -> None:
-        self.store, self.topic, self.incarnation = store, topic, incarnation
-        self._base = tiered_segments_path(topic, incarnation)
+        super().__init__(store, tiered_segments_path(topic, incarnation))
+        self.topic, self.incarnation = topic, incarnation
 
     def get(self, segment_id: int) -> TieredRecord | None:
-        found = self.store.get(self._path(segment_id))
-        return TieredRecord.from_bytes(found.value) if found is not None else None
-
-    def segment_ids(self) -> list[int]:
-        """Every tiered segment of the incarnation (one listing, no record read)."""
-        base = f"{self._base}/"
-        return sorted(int(path[len(base) :]) for path in self.store.list(base))
+        raw = self._raw(segment_id)
+        return TieredRecord.from_bytes(raw) if raw is not None else None
 
     def commit(self, segment_id: int, record: TieredRecord) -> None:
         """The move's commit point: the record is written whole (replacing one a crashed
         earlier move wrote, which no reader has used since no segment opened it)."""
-        path = self._path(segment_id)
-        found = self.store.get(path)
-        if found is None:
-            self.store.put_if_absent(path, record.to_bytes())
-        else:
-            self.store.compare_and_swap(path, found.version, record.to_bytes())
+        self._write(segment_id, record.to_bytes())
 
     def save_cursor(self, segment_id: int, cursor: dict[str, Any], *, create: bool) -> bool:
         """Store one subscription's cursor; without ``create``, only over one that is there
@@ -138,10 +128,6 @@ class TierRecords:
 
         self._update(segment_id, change)
 
-    def delete(self, segment_id: int) -> None:
-        with contextlib.suppress(KeyNotFoundError):  # a repeated deletion
-            self.store.delete(self._path(segment_id))
-
     def _update(self, segment_id: int, change: Callable[[TieredRecord], TieredRecord]) -> bool:
         """Whether there was a record to change (a deleted one has nothing left to keep)."""
 
@@ -153,9 +139,6 @@ class TierRecords:
         except KeyNotFoundError:
             return False
         return True
-
-    def _path(self, segment_id: int) -> str:
-        return f"{self._base}/{segment_id}"
 
 
 class RecordedCursors:

@@ -11,10 +11,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -95,14 +95,6 @@ def _actors(prefix: str) -> dict[str, dict]:
     }
 
 
-def _wait_for(condition, timeout_s: float = 60):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
-    return value
-
-
 def main() -> None:
     """Head (1 CPU) plus one node with the pinned resource; a topic in the pinned
     namespace with a stream consumer; then its controller's process is killed."""
@@ -122,10 +114,10 @@ def main() -> None:
         admin.create_scalable_topic(topic, 2)
         admin.create_subscription(topic, "sub")
         consumer = StreamConsumer(topic, "sub", "c1")
-        pinned = _wait_for(lambda: (found := _actors("iso/pinned/")) and len(found) == 4 and found)
+        pinned = wait_for(lambda: (found := _actors("iso/pinned/")) and len(found) == 4 and found)
         controller = pinned["controller:iso/pinned/events"]
         ray.kill(ray.get_actor(controller["Name"], namespace="placement"), no_restart=False)
-        restarted = _wait_for(
+        restarted = wait_for(
             lambda: (
                 (a := _actors("iso/pinned/").get(controller["Name"]))
                 and a["Pid"] != controller["Pid"]

@@ -85,8 +85,8 @@ def test_a_segment_keeps_the_disk_it_was_first_placed_on(ray_cluster, unique: st
     assert placements.place(3, "disk-b") == "disk-a"  # a resumed operation: the same disk
     placements.place(4, "disk-b")
     assert placements.all() == {3: "disk-a", 4: "disk-b"}
-    placements.drop(3)
-    placements.drop(3)  # idempotent
+    placements.delete(3)
+    placements.delete(3)  # idempotent
     assert placements.all() == {4: "disk-b"}
-    placements.drop_all()
+    placements.delete_all()
     assert placements.all() == {}

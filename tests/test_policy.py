@@ -23,7 +23,12 @@ POLICY = {
 def test_python_admin_stores_validates_and_never_half_applies(admin, unique) -> None:
     topic = f"topic://policy/ns/t-{unique}"
     admin.create_scalable_topic(topic, 1)
-    assert admin.get_policy(topic) == {"autoscale": None, "retention": None, "tiering": None}
+    assert admin.get_policy(topic) == {
+        "autoscale": None,
+        "retention": None,
+        "tiering": None,
+        "hibernation": None,
+    }
     stored = admin.set_policy(topic, POLICY)
     assert stored["autoscale"]["targetMsgsPerS"] == 500
     assert stored["autoscale"]["scaleFactor"] == 2.0  # defaults filled in

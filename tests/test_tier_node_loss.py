@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -114,14 +115,6 @@ def _segment_nodes(prefix: str) -> dict[str, str]:
     }
 
 
-def _wait_for(condition, timeout_s: float = 90):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.3)
-    return value
-
-
 def _segment_dirs(disk: Path, descriptors: set[str] | None = None) -> list[str]:
     """Segment directories under a node's storage root (those named in ``descriptors``)."""
     found = [p for p in disk.rglob("segment.json")]
@@ -181,7 +174,7 @@ def main(scratch: Path) -> None:
             sealed = [s for s in segments if s["state"] == "SEALED"]
             return len(sealed) == sealed_count and all(s["hibernating"] for s in sealed)
 
-        _wait_for(lambda: all_hibernating(4))
+        wait_for(lambda: all_hibernating(4))
         ids = {node: disk_id(disk) for node, disk in disks.items() if node != "c"}
         by_disk = {disk: node for node, disk in ids.items()}
         placed_with_a_only = sorted({by_disk[d] for d in placements.all().values()})
@@ -195,7 +188,7 @@ def main(scratch: Path) -> None:
         _produce(TOPIC, count, 300)
         sent = sum(count.values())
         expected = sorted((key, seq) for key, n in count.items() for seq in range(n))
-        _wait_for(lambda: all_hibernating(7))
+        wait_for(lambda: all_hibernating(7))
         layout = admin.get_layout(TOPIC)
         active_placed = sorted({by_disk[placements.get(i)] for i in layout.active_segments})
         sealed = {
