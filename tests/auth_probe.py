@@ -34,6 +34,7 @@ OPERATION_TIMEOUT_S = 30.0
 
 class Probe:
     def __init__(self, request: dict[str, Any]) -> None:
+        from actors.controller import controller_actor
         from actors.coordinator import coordinator_actor
         from actors.dag_watch import dag_watch_actor
         from actors.segment import segment_actor
@@ -45,6 +46,7 @@ class Probe:
         self.segment = segment_actor(SegmentName.parse(request["segment"]))
         self.coordinator = coordinator_actor(name, request["subscription"])
         self.watch = dag_watch_actor()
+        self.controller = controller_actor(name)
         self.endpoint = tuple(request["endpoint"])
 
     # --- client paths ---------------------------------------------------------------
@@ -185,6 +187,7 @@ class Probe:
             "dagwatch.listen": lambda: watch.listen.remote(self.topic, None, 0.5, credential=c),
             "dagwatch.layout": lambda: watch.layout.remote(self.topic, credential=c),
             "dagwatch.notify": lambda: watch.notify.remote(self.topic, credential=c),
+            "controller.wake_segment": lambda: self.controller.wake_segment.remote(0, credential=c),
         }
 
     def run(self, token: str | None, operations: list[str] | None) -> dict[str, str]:

@@ -31,11 +31,13 @@ import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.controller import controller_actor
 from actors.guard import REFRESH_S, guard
+from actors.registry import alive_actor_names
 from actors.segment import segment_actor
 from clients import CheckpointConsumer, Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from runtime import wire
-from runtime.auth import AuthPolicy
+from runtime.auth import AuthPolicy, client_credential
 from runtime.batch import make_batch, serialize_batch
 from runtime.errors import UnauthenticatedError, UnauthorizedError
 from runtime.names import SegmentName, TopicName
@@ -59,7 +61,12 @@ GRANTS: dict[str, list[tuple[str, list[str]]]] = {
 }
 # What each operation of tests/auth_probe.py needs, written out by hand (the
 # permissions of README "Authentication and authorization").
-LOOKUP_OPS = {"dagwatch.listen", "dagwatch.layout", "segment.data_endpoint"}
+LOOKUP_OPS = {
+    "dagwatch.listen",
+    "dagwatch.layout",
+    "segment.data_endpoint",
+    "controller.wake_segment",  # starts only a hibernating segment of the layout
+}
 PRODUCE_OPS = {
     "Producer",
     "Producer(transport=ray)",
@@ -257,6 +264,18 @@ def test_processes_without_a_good_token_are_refused_on_every_path(topic, kv_snap
     ]
     granted = probe(topic, [{"label": "app", "token": f"$env:{TOKENS['app']}", "operations": app}])
     assert granted["app"] == dict.fromkeys(app, "ok")
+
+
+def test_waking_starts_only_a_hibernating_segment_of_the_layout(topic) -> None:
+    """``wake_segment`` is a lookup: a client may ask it, and it starts nothing that is not
+    a hibernating segment of the topic's layout."""
+    name = TopicName.parse(topic)
+    controller = controller_actor(name)
+    looker = client_credential(TOKENS["looker"])
+    alive = alive_actor_names(f"segment:{name.short}/")
+    for segment_id in (0, 1, 2, 999, -1):  # running ones, ids not in the layout
+        assert ray.get(controller.wake_segment.remote(segment_id, credential=looker)) is False
+    assert alive_actor_names(f"segment:{name.short}/") == alive
 
 
 def test_clients_fail_at_construction(topic) -> None:

@@ -54,6 +54,13 @@ ACKED = 0.4
 ACTORS_DEADLINE_S = 60.0
 RECEIVE_DEADLINE_S = 60.0
 QUIET_S = 2.0  # after the last expected message: long enough to see a duplicate
+# Topics whose sealed segments hibernate before the restart: one tiered (its sealed
+# segments are records in metadata and files in the tier), one whose drained sealed
+# segments sleep on local disk. Neither may be woken by the restart or by observing it.
+HIBERNATING = {
+    f"topic://{NAMESPACE}/archive": "tiering",
+    f"topic://{NAMESPACE}/idle": "hibernation",
+}
 
 
 @pytest.mark.timeout(300)
@@ -67,7 +74,7 @@ def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
             proc = subprocess.run(
                 [sys.executable, __file__, phase, str(out)],
                 cwd=ROOT,
-                env=head.env(namespace),
+                env=head.env(namespace) | {"RAYTOPICS_TIER_URIS": f"file://{tmp_path}/tier/"},
                 capture_output=True,
                 text=True,
                 timeout=180,
@@ -87,7 +94,7 @@ def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
     assert set(actors["alive"]) >= set().union(*expected), actors
     assert all(pid not in before["actor_pids"] for pid in actors["pids"]), "not restarted?"
 
-    assert after["topics"] == [TOPIC]
+    assert sorted(after["topics"]) == sorted([TOPIC, *HIBERNATING])
     assert after["layout"] == before["layout"]  # the split is in it: 4 + 2 segments
     assert len(after["layout"]["segments"]) == SEGMENTS + 2
     assert sorted(after["subscriptions"]) == sorted(SUBSCRIPTIONS)
@@ -122,6 +129,15 @@ def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
     assert delivery_violations(produced, other, exactly_once=True) == []
     assert len(other) == len(produced)
     assert _children_after_parents(after["received"]["other"], after["layout"]) == []
+
+    for topic, kind in HIBERNATING.items():
+        sent = [tuple(m) for m in before["hibernating"][topic]]
+        woken = after["hibernating"][topic]
+        assert woken["asleep_after_restart"] == 2, (topic, woken)  # stats woke none
+        assert woken["tiered"] == (2 if kind == "tiering" else 0), (topic, woken)
+        got = [tuple(m) for m in woken["received"]]
+        assert delivery_violations(sent, got, exactly_once=True) == [], topic
+        assert len(got) == len(sent), topic
 
 
 def _actor_names(layout: dict[str, Any], subscription: str) -> frozenset[str]:
@@ -190,6 +206,7 @@ def before(out: Path) -> None:
     from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 
     admin = ScalableTopicsAdmin()
+    hibernating = {topic: _to_hibernate(admin, topic, kind) for topic, kind in HIBERNATING.items()}
     admin.create_scalable_topic(TOPIC, SEGMENTS)
     for sub in SUBSCRIPTIONS:
         admin.create_subscription(TOPIC, sub)
@@ -246,6 +263,7 @@ def before(out: Path) -> None:
         "policy": admin.get_policy(TOPIC),
         "limits": admin.get_namespace_limits(NAMESPACE),
         "actor_pids": [a["Pid"] for a in state.actors().values() if a["State"] == "ALIVE"],
+        "hibernating": {topic: _asleep(admin, topic, sent) for topic, sent in hibernating.items()},
     }
     out.write_text(json.dumps(result))
     # No close(), no atexit: c1 stays registered, as after a crash.
@@ -304,7 +322,56 @@ def after(out: Path) -> None:
         got += _receive(consumer, 1, acknowledge=True, deadline_s=QUIET_S)  # must be none
         consumer.close()
         result["received"][sub] = [[m.key, _seq(m), m.segment_id] for m in got]
+    result["hibernating"] = {}
+    for topic in HIBERNATING:
+        segments = admin.get_stats(topic)["segments"].values()
+        expected = sum(s["records"] for s in segments)
+        admin.create_subscription(topic, "late", "earliest")
+        consumer = StreamConsumer(topic, "late", "l1")
+        got = _receive(consumer, expected, acknowledge=True, deadline_s=RECEIVE_DEADLINE_S)
+        consumer.close()
+        result["hibernating"][topic] = {
+            "asleep_after_restart": sum(1 for s in segments if s["hibernating"]),
+            "tiered": sum(1 for s in segments if s["tiered"]),
+            "received": [[m.key, _seq(m)] for m in got],
+        }
     out.write_text(json.dumps(result))
+
+
+def _to_hibernate(admin: Any, topic: str, kind: str) -> list[tuple[str, int]]:
+    """A topic whose two sealed segments will hibernate (``kind`` of policy); what was
+    sent to it, which its ``drained`` subscription acknowledges whole."""
+    from clients import Producer, StreamConsumer
+
+    admin.create_scalable_topic(topic, 2)
+    admin.create_subscription(topic, "drained", "earliest")
+    if kind == "tiering":
+        uri = f"{os.environ['RAYTOPICS_TIER_URIS']}{uuid.uuid4().hex[:8]}"
+        admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 1}})
+    else:
+        admin.set_policy(topic, {"hibernation": {"idleS": 1}})
+    keys = _keys()
+    with Producer(topic) as producer:
+        producer.send_batch([f"{k}:0".encode() for k in keys], keys=keys)
+        admin.split_segment(topic, 0)
+        admin.split_segment(topic, 1)
+        producer.send_batch([f"{k}:1".encode() for k in keys], keys=keys)
+    sent = [(k, seq) for seq in (0, 1) for k in keys]
+    consumer = StreamConsumer(topic, "drained", "d1")
+    assert len(_receive(consumer, len(sent), acknowledge=True)) == len(sent)
+    consumer.close()
+    return sent
+
+
+def _asleep(admin: Any, topic: str, sent: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Wait until the topic's two sealed segments hibernate; returns what was sent."""
+    deadline = time.monotonic() + 60
+    while True:
+        sealed = [s for s in admin.get_stats(topic)["segments"].values() if s["terminated"]]
+        if len(sealed) == 2 and all(s["hibernating"] for s in sealed):
+            return sent
+        assert time.monotonic() < deadline, sealed
+        time.sleep(0.3)
 
 
 def _receive(consumer: Any, count: int, *, acknowledge: bool, deadline_s: float = 30.0) -> list:
