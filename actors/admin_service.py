@@ -59,7 +59,7 @@ from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
 from runtime.policy import TopicPolicy
 from runtime.readiness import MAX_WAIT_S
 from runtime.remote import call
-from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition, reset_target
 from storage.catalog import Catalog, TopicRecord
 from storage.durability import default_storage_root
 from storage.topic_storage import choose_incarnation, is_incarnation
@@ -223,6 +223,21 @@ class AdminService(StreamOperations):
         validate_part("subscription", subscription)
         self._record(name)
         await self._control(name, restart_timeout_s, "delete_subscription", subscription)
+
+    async def reset_subscription(
+        self,
+        topic: str,
+        subscription: str,
+        to: object,
+        *,
+        restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        name = self._allowed(credential, Permission.CONSUME, topic)
+        validate_part("subscription", subscription)
+        reset_target(to)  # refused here, before the topic's controller is asked
+        self._record(name)
+        return await self._control(name, restart_timeout_s, "reset_subscription", subscription, to)
 
     # --- layout changes -----------------------------------------------------------------
 

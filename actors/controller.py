@@ -47,6 +47,7 @@ from actors.node_disks import check_recoverable
 from actors.registry import get_or_start, lookup
 from actors.segment import segment_actor
 from actors.segment_fleet import SegmentFleet
+from actors.subscription_reset import reset_subscription
 from actors.tiering import check_policy_tier
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_namespace
@@ -71,7 +72,7 @@ from runtime.operations import (
 )
 from runtime.policy import TopicPolicy
 from runtime.recovery import plan_recovery
-from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from runtime.subscription import DEFAULT_GRACE_S, StartPosition, reset_target
 from storage.catalog import (
     Catalog,
     SubscriptionMetadata,
@@ -472,6 +473,17 @@ class ScalableTopicController:
             await self._recover()
             self.catalog.update_subscription(self.topic, name, _in_state("DELETING"))
             await self._finish_subscription(name)
+
+    async def reset_subscription(
+        self, name: str, to: object, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """Move subscription ``name`` to ``to`` on every segment (``actors.
+        subscription_reset``): ``"earliest"``, ``"latest"`` or a publish time (ms)."""
+        self._check(credential, Permission.CONSUME)
+        target = reset_target(to)
+        async with self._lock:
+            await self._recover()
+            return await reset_subscription(self, name, target)
 
     async def _finish_subscription(self, name: str) -> None:
         """Drive a CREATING or DELETING subscription to its end state on every segment."""

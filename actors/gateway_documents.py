@@ -60,6 +60,13 @@ class CreateSubscriptionBody(Body):
     )
 
 
+class ResetSubscriptionBody(Body):
+    to: StartPosition | Annotated[int, Field(ge=946_684_800_000)] = Field(
+        description="'earliest', 'latest', or a publish time in epoch milliseconds: each "
+        "segment's cursor goes to the first message published at or after it"
+    )
+
+
 class CreateSegmentBody(Body):
     subscriptions: list[Annotated[str, Field(pattern=_PART.pattern)]] = Field(
         default_factory=list, description="subscription names to pre-create at Earliest"

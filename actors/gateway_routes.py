@@ -32,6 +32,7 @@ from actors.gateway_documents import (
     NoQuery,
     Query,
     RecoverBody,
+    ResetSubscriptionBody,
     StatusQuery,
     StreamInitialBody,
     StreamLatestBody,
@@ -53,6 +54,7 @@ from runtime.operations import CompletedOperation
 from runtime.policy import TopicPolicy
 from runtime.rest import (
     AUTH_PATH,
+    CLEAR_BACKLOG_PATH,
     LIMITS_PATH,
     MERGE_PATH,
     NAMESPACE_PATH,
@@ -60,6 +62,7 @@ from runtime.rest import (
     ORPHANED_STORAGE_PATH,
     POLICY_PATH,
     RECOVER_PATH,
+    RESET_PATH,
     SEGMENT_PATH,
     SPLIT_PATH,
     STATS_PATH,
@@ -296,6 +299,20 @@ ROUTES: tuple[Route, ...] = (
         "Delete a subscription from every segment of the topic",
         lambda c, p: c("delete_subscription", p.topic, p.path["subscription"]),
         status=204, errors=_MUTATION_ERRORS,
+    ),
+    Route(
+        "POST", RESET_PATH, "resetSubscription",
+        "Move a subscription to earliest, latest or a publish time on every segment "
+        "(409 while stream consumers are registered)",
+        lambda c, p: c("reset_subscription", p.topic, p.path["subscription"], p.body.to),
+        body=ResetSubscriptionBody, body_required=True, returns=OBJECT,
+        errors=_MUTATION_ERRORS, permission=Permission.CONSUME,
+    ),
+    Route(
+        "POST", CLEAR_BACKLOG_PATH, "clearBacklog",
+        "Acknowledge everything a subscription has not yet (a reset to latest)",
+        lambda c, p: c("reset_subscription", p.topic, p.path["subscription"], "latest"),
+        returns=OBJECT, errors=_MUTATION_ERRORS, permission=Permission.CONSUME,
     ),
     Route(
         "POST", SPLIT_PATH, "splitSegment", "Split an ACTIVE segment at its hash midpoint",

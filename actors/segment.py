@@ -47,6 +47,7 @@ from runtime.errors import (
 from runtime.limits import LiveLimits
 from runtime.names import SegmentName
 from runtime.remote import call
+from runtime.subscription import ResetTarget, reset_target
 from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.cursors import Position
@@ -263,6 +264,19 @@ class SegmentActor:
     ) -> None:
         self._check(credential, Permission.ADMIN)
         self._store.delete_subscription(name, epoch)
+
+    async def seek(
+        self,
+        subscription: str,
+        to: ResetTarget,
+        epoch: int | None = None,
+        *,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """Move a subscription's cursor (``SegmentStore.seek``); the controller's, for a
+        reset of the whole subscription."""
+        self._check(credential, Permission.ADMIN)
+        return self._store.seek(subscription, reset_target(to), epoch)
 
     async def subscriptions(self, *, credential: str | None = None) -> list[str]:
         self._check(credential, Permission.ADMIN)

@@ -25,7 +25,7 @@ from runtime.config import topic_settings
 from runtime.connect import connect
 from runtime.layout import SegmentLayout
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
-from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms
 
 
 @with_sync_twins
@@ -121,6 +121,23 @@ class ScalableTopicsAdmin:
 
     async def delete_subscription_async(self, topic: str, subscription: str) -> None:
         await self._control("delete_subscription", topic, subscription)
+
+    async def reset_subscription_async(
+        self, topic: str, subscription: str, to: ResetTo
+    ) -> dict[str, Any]:
+        """Move ``subscription`` to ``to`` on every segment of the DAG: ``"earliest"``,
+        ``"latest"``, or the first message published at or after a time (a timezone-aware
+        ``datetime``, or epoch milliseconds). Segments that end before the time count as
+        finished; parents still come before children. Refused (``ConflictError``, 409)
+        while stream consumers of the subscription are registered. Returns each
+        segment's new position, the finished segments, and ``inTheFuture`` when the time
+        is still to come (every cursor then at its segment's end)."""
+        return await self._control("reset_subscription", topic, subscription, reset_ms(to))
+
+    async def clear_backlog_async(self, topic: str, subscription: str) -> dict[str, Any]:
+        """Acknowledge everything the subscription has not yet: nothing is left to
+        receive (a reset to ``"latest"``)."""
+        return await self.reset_subscription_async(topic, subscription, "latest")
 
     # --- layout changes -----------------------------------------------------------------
 

@@ -17,11 +17,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from runtime.errors import InvalidArgumentError, ScalableTopicsError, UnavailableError
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S
-from runtime.subscription import DEFAULT_GRACE_S
+from runtime.subscription import DEFAULT_GRACE_S, ResetTo
 
 EXAMPLES = """\
 TOPIC is tenant/namespace/topic, with or without the topic:// prefix.
@@ -37,6 +38,7 @@ examples:
   raytopics merge public/default/orders 4 5
   raytopics stats public/default/orders --json
   raytopics subscriptions create public/default/orders billing --position latest
+  raytopics subscriptions reset public/default/orders billing --to 2026-11-26T10:00:00+00:00
   raytopics limits public/default --set max_message_bytes=1048576
   raytopics --url http://127.0.0.1:8080 describe public/default/orders
   raytopics policy set public/default/orders \
@@ -132,6 +134,38 @@ def _subscription_create(admin: Any, args: argparse.Namespace) -> str:
 def _subscription_delete(admin: Any, args: argparse.Namespace) -> str:
     admin.delete_subscription(args.topic, args.subscription)
     return f"deleted subscription {args.subscription} of {args.topic}"
+
+
+def _reset_to(value: str) -> ResetTo:
+    """``earliest``, ``latest``, epoch milliseconds, or an ISO 8601 time with a zone."""
+    if value in ("earliest", "latest"):
+        return value  # type: ignore[return-value]
+    if value.isdigit():
+        return int(value)
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected earliest, latest, epoch milliseconds or an ISO 8601 time "
+            "with a zone (2026-11-26T10:00:00+00:00)"
+        ) from None
+
+
+def _subscription_reset(admin: Any, args: argparse.Namespace) -> str:
+    done = admin.reset_subscription(args.topic, args.subscription, args.to)
+    finished = len(done["finishedSegments"])
+    future = (
+        " (a time still to come: every cursor at its segment's end)" if done["inTheFuture"] else ""
+    )
+    return (
+        f"reset subscription {args.subscription} of {args.topic} to {args.to}: "
+        f"{len(done['positions'])} segments, {finished} finished{future}"
+    )
+
+
+def _subscription_clear(admin: Any, args: argparse.Namespace) -> str:
+    admin.clear_backlog(args.topic, args.subscription)
+    return f"cleared the backlog of subscription {args.subscription} of {args.topic}"
 
 
 def _subscription_list(admin: Any, args: argparse.Namespace) -> str:
@@ -528,6 +562,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub_delete.add_argument("subscription", metavar="SUB")
     _command(sub_commands, "list", _subscription_list, "list subscriptions", topic=True)
+    sub_reset = _command(
+        sub_commands,
+        "reset",
+        _subscription_reset,
+        "move a subscription to earliest, latest or a publish time",
+        topic=True,
+    )
+    sub_reset.add_argument("subscription", metavar="SUB")
+    sub_reset.add_argument(
+        "--to",
+        type=_reset_to,
+        required=True,
+        metavar="WHEN",
+        help="earliest, latest, epoch milliseconds or an ISO 8601 time with a zone",
+    )
+    sub_clear = _command(
+        sub_commands,
+        "clear-backlog",
+        _subscription_clear,
+        "acknowledge everything a subscription has not yet",
+        topic=True,
+    )
+    sub_clear.add_argument("subscription", metavar="SUB")
 
     storage = commands.add_parser("storage", help="check the storage root for orphaned storage")
     storage_commands = storage.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")

@@ -54,7 +54,7 @@ from runtime.rest import (
     TERMINATE_PATH,
     TOPIC_PATH,
 )
-from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms
 from runtime.tls import CA_ENV, client_context
 
 T = TypeVar("T")
@@ -156,6 +156,15 @@ class AdminHttpClient:
 
     async def delete_subscription_async(self, topic: str, subscription: str) -> None:
         await self._call("DELETE", _subscription_path(topic, subscription))
+
+    async def reset_subscription_async(
+        self, topic: str, subscription: str, to: ResetTo
+    ) -> dict[str, Any]:
+        path = f"{_subscription_path(topic, subscription)}/reset"
+        return await self._call("POST", path, body={"to": reset_ms(to)})
+
+    async def clear_backlog_async(self, topic: str, subscription: str) -> dict[str, Any]:
+        return await self.reset_subscription_async(topic, subscription, "latest")
 
     # --- layout changes ------------------------------------------------------------------
 

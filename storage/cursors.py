@@ -257,6 +257,17 @@ class CursorStore:
             self._cursors.pop(name, None)
             self._backend.remove(name)
 
+    def move(self, name: str, offset: int) -> Cursor:
+        """Put the subscription's cursor at ``offset``: everything before it counts as
+        acknowledged, everything from it on as not (a reset: acks beyond it are gone)."""
+        _check_offset("offset", offset)
+        with self._lock:
+            self._live(name)
+            cursor = Cursor(name, offset)
+            self._cursors[name] = cursor
+            self._persist(cursor)
+            return cursor.copy()
+
     def ack_cumulative(self, name: str, offset: int) -> None:
         with self._lock:
             cursor = self._live(name)

@@ -28,6 +28,7 @@ from runtime.errors import (
 from runtime.layout import HashRange, SegmentInfo
 from runtime.names import SegmentName
 from runtime.recovery import StoredSegmentState
+from runtime.subscription import ResetTarget
 from runtime.uris import redacted
 from storage.appends import Append, AppendResult, StoredBatch
 from storage.cursors import Cursor, CursorStore, Position, stored_subscriptions
@@ -271,6 +272,24 @@ class SegmentStore:
         self.check_epoch(epoch)
         self.cursors.delete(name)
         self._dispatchers.pop(name, None)
+
+    def seek(self, subscription: str, to: ResetTarget, epoch: int | None) -> dict[str, Any]:
+        """Move ``subscription``'s cursor to the first offset (``earliest``), the end
+        (``latest``), or the first record published at or after a time (the end when
+        none was). Records handed to queue consumers and not acknowledged are forgotten:
+        delivery starts over from the cursor. Returns the new position and whether the
+        segment is finished for the subscription (sealed, nothing left after it)."""
+        self.check_epoch(epoch)
+        log = self.log
+        if to == "earliest":
+            offset = log.start_offset
+        elif to == "latest":
+            offset = log.end_offset
+        else:
+            offset = max(log.offset_at_time(to), log.start_offset)
+        self.cursors.move(subscription, offset)
+        self._dispatchers.pop(subscription, None)
+        return {"position": offset, "finished": log.terminated and offset >= log.end_offset}
 
     def subscriptions(self) -> list[str]:
         self._check_alive()

@@ -172,6 +172,7 @@ class Probe:
             "segment.delete_subscription": lambda: seg.delete_subscription.remote(
                 sub, credential=c
             ),
+            "segment.seek": lambda: seg.seek.remote(sub, "latest", credential=c),
             "segment.retain": lambda: seg.retain.remote(None, 1, credential=c),
             "segment.terminate": lambda: seg.terminate.remote(credential=c),
             "segment.delete": lambda: seg.delete.remote(credential=c),

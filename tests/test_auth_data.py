@@ -97,6 +97,7 @@ ADMIN_OPS = {
     ),
     "segment.create_subscription",
     "segment.delete_subscription",
+    "segment.seek",
     "segment.delete",
     "coordinator.shutdown",
     "dagwatch.notify",
