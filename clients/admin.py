@@ -25,7 +25,7 @@ from runtime.config import topic_settings
 from runtime.connect import connect
 from runtime.layout import SegmentLayout
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
-from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms
+from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms, time_ms
 
 
 @with_sync_twins
@@ -133,6 +133,16 @@ class ScalableTopicsAdmin:
         segment's new position, the finished segments, and ``inTheFuture`` when the time
         is still to come (every cursor then at its segment's end)."""
         return await self._control("reset_subscription", topic, subscription, reset_ms(to))
+
+    async def position_at_time_async(self, topic: str, when: ResetTo) -> dict[str, Any]:
+        """Where a reader starts to get every message published at or after ``when`` (a
+        timezone-aware ``datetime`` or epoch milliseconds) and none before:
+        ``{"next": {segment id: offset}, "finished": [segment ids]}``, the first such
+        offset of each segment (a binary search of its publish times) and the segments
+        that end before it. ``Checkpoint.at_timestamp`` builds on it. Needs ``consume``."""
+        answer = await self._call("stream_initial", topic, None, time_ms(when))
+        position = answer["position"]
+        return {"next": dict(position["next"]), "finished": list(position["finished"])}
 
     async def clear_backlog_async(self, topic: str, subscription: str) -> dict[str, Any]:
         """Acknowledge everything the subscription has not yet: nothing is left to

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from clients._group_consumer import (
@@ -40,6 +41,24 @@ class Checkpoint:
                 "positions": {str(k): v for k, v in sorted(self.positions.items())},
                 "finished": sorted(self.finished),
             }
+        )
+
+    @classmethod
+    def at_timestamp(
+        cls, topic: str, when: datetime | int, *, token: str | None = None
+    ) -> Checkpoint:
+        """Where a reader starts to receive every message published at or after ``when``
+        (a timezone-aware ``datetime``, or epoch milliseconds) and none before: in each
+        segment its first such message, and the segments that end before it finished.
+        For ``CheckpointConsumer(start=...)``; ``read_topic`` and ``read_topic_dataset``
+        take the time itself as ``start`` or ``end``. Needs ``consume``."""
+        from clients.admin import ScalableTopicsAdmin
+
+        found = ScalableTopicsAdmin(token=token).position_at_time(topic, when)
+        return cls(
+            topic=str(TopicName.parse(topic)),
+            positions={int(k): int(v) for k, v in found["next"].items()},
+            finished=tuple(sorted(int(s) for s in found["finished"])),
         )
 
     @classmethod

@@ -49,12 +49,13 @@ from runtime.rest import (
     STATS_PATH,
     STATUS_PATH,
     STORAGE_PATH,
+    STREAM_INITIAL_PATH,
     SUBSCRIPTION_PATH,
     SUBSCRIPTIONS_PATH,
     TERMINATE_PATH,
     TOPIC_PATH,
 )
-from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms
+from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms, time_ms
 from runtime.tls import CA_ENV, client_context
 
 T = TypeVar("T")
@@ -162,6 +163,12 @@ class AdminHttpClient:
     ) -> dict[str, Any]:
         path = f"{_subscription_path(topic, subscription)}/reset"
         return await self._call("POST", path, body={"to": reset_ms(to)})
+
+    async def position_at_time_async(self, topic: str, when: ResetTo) -> dict[str, Any]:
+        body = {"startingTimestampMs": time_ms(when)}
+        answer = await self._call("POST", _topic_path(STREAM_INITIAL_PATH, topic), body=body)
+        position = answer["position"]
+        return {"next": dict(position["next"]), "finished": list(position["finished"])}
 
     async def clear_backlog_async(self, topic: str, subscription: str) -> dict[str, Any]:
         return await self.reset_subscription_async(topic, subscription, "latest")

@@ -44,6 +44,7 @@ import time
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 import numpy as np
@@ -105,7 +106,7 @@ OUTPUT_SCHEMA = pa.schema(
 )
 
 
-Bound = Literal["earliest", "latest"] | Checkpoint
+Bound = Literal["earliest", "latest"] | Checkpoint | datetime | int
 
 
 class PartialReadWarning(UserWarning):
@@ -185,6 +186,7 @@ def plan_read(
     """
     credential = client_credential(token)
     name = TopicName.parse(topic)
+    start, end = (_at_time(name, bound, token) for bound in (start, end))
     _check_bounds(name, start, end, subscription, rows_per_partition)
     timeout_s = float(
         DEFAULT_UNAVAILABLE_TIMEOUT_S if unavailable_timeout_s is None else unavailable_timeout_s
@@ -219,6 +221,14 @@ def plan_read(
     return ReadPlan(str(name), layout.epoch, tuple(ranges), tuple(missing), timeout_s)
 
 
+def _at_time(name: TopicName, bound: Any, token: str | None) -> Any:
+    """A time bound (an aware ``datetime``, epoch milliseconds) as the checkpoint of the
+    first message published at or after it; any other bound as it is."""
+    if isinstance(bound, datetime) or (isinstance(bound, int) and not isinstance(bound, bool)):
+        return Checkpoint.at_timestamp(str(name), bound, token=token)
+    return bound
+
+
 def _check_bounds(
     name: TopicName, start: Any, end: Any, subscription: str | None, rows_per_partition: int
 ) -> None:
@@ -227,7 +237,10 @@ def _check_bounds(
             if bound.topic != str(name):
                 raise InvalidArgumentError(f"{label} checkpoint is for {bound.topic}, not {name}")
         elif bound != word:
-            raise InvalidArgumentError(f"{label} must be {word!r} or a Checkpoint, got {bound!r}")
+            raise InvalidArgumentError(
+                f"{label} must be {word!r}, a Checkpoint or a time (an aware datetime, epoch "
+                f"milliseconds), got {bound!r}"
+            )
     if subscription is not None and start != "earliest":
         raise InvalidArgumentError("pass either subscription= or start=, not both")
     if rows_per_partition < 1:

@@ -51,3 +51,12 @@ def reset_ms(to: ResetTo) -> ResetTarget:
             )
         return int(to.timestamp() * 1000)
     return to
+
+
+def time_ms(when: ResetTo) -> int:
+    """A moment as epoch milliseconds: an aware ``datetime``, or milliseconds checked as
+    ``reset_target`` checks them."""
+    moment = reset_target(reset_ms(when))
+    if isinstance(moment, str):
+        raise InvalidArgumentError(f"a time is needed here, not {moment!r}")
+    return moment

@@ -13,7 +13,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from test_tiering import produce as produce_keyed
 
-from clients import ScalableTopicsAdmin, StreamConsumer
+from clients import CheckpointConsumer, ScalableTopicsAdmin, StreamConsumer
+from clients.checkpoint_consumer import Checkpoint
+from clients.ray_data import read_topic_dataset
 from runtime.errors import ConflictError, InvalidArgumentError, SubscriptionNotFoundError
 from runtime.subscription import reset_ms, reset_target
 
@@ -96,6 +98,24 @@ def test_a_reset_to_a_time_replays_exactly_what_came_after_it(
     assert in_key_order(got)
     children = set(admin.get_layout(topic).get(0).child_ids)
     assert {segment for _, _, segment in got} & children, "the split's children were read"
+
+    # the same moment for readers that keep their own positions
+    start = Checkpoint.at_timestamp(topic, t1)
+    assert start.finished == () and start.positions[0] > 0  # past phase A, not finished
+    reader = CheckpointConsumer(topic, "cp", "r", start=start)
+    taken: list[tuple[str, int, int]] = []
+    deadline = time.monotonic() + 60
+    while len(taken) < len(phase_b + phase_c) and time.monotonic() < deadline:
+        batch = reader.receive_batch(500, timeout=0.5)
+        taken += [(m.key, int(m.value.decode().split(":")[1]), m.segment_id) for m in batch]
+    taken += [(m.key, 0, 0) for m in reader.receive_batch(500, timeout=2)]  # none more
+    reader.close()
+    assert sorted((k, s) for k, s, _ in taken) == sorted(phase_b + phase_c)
+    assert in_key_order(taken)
+    assert read_topic_dataset(topic, start=t1).count() == len(phase_b + phase_c)
+    assert read_topic_dataset(topic, end=t1).count() == len(phase_a)
+    later_ms = int(t1.timestamp() * 1000) + 10**9
+    assert read_topic_dataset(topic, start=later_ms).count() == 0
 
     admin.reset_subscription(topic, "s", "earliest")
     got = receive(topic, "s", len(everything))
