@@ -40,6 +40,7 @@ from runtime.auth import Permission
 from runtime.batch import ipc_parts
 from runtime.config import apply_settings, env_float
 from runtime.errors import (
+    InvalidArgumentError,
     ScalableTopicsError,
     SegmentNotFoundError,
     UnavailableError,
@@ -70,6 +71,8 @@ LOOKUP_WAIT_S = 30.0
 # another: the time a crashed consumer's messages stay stuck.
 ACK_TIMEOUT_ENV = "RAYTOPICS_ACK_TIMEOUT_S"
 DEFAULT_ACK_TIMEOUT_S = 30.0
+# The longest a negative acknowledgement may hold a message back (a day).
+MAX_REDELIVERY_DELAY_S = 86_400.0
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -192,8 +195,10 @@ class SegmentActor:
     ) -> pa.RecordBatch:
         self._check(credential, Permission.CONSUME)
         batch = self._store.queue_receive(subscription, consumer, max_records)
-        if batch.num_rows == 0 and wait_s > 0 and not self._store.log.terminated:
-            await self._wait(wait_s)
+        due_in = self._store.redelivery_due_in(subscription)
+        waits = not self._store.log.terminated or due_in is not None
+        if batch.num_rows == 0 and wait_s > 0 and waits:
+            await self._wait(wait_s if due_in is None else min(wait_s, due_in))
             batch = self._store.queue_receive(subscription, consumer, max_records)
         self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
@@ -317,11 +322,18 @@ class SegmentActor:
         subscription: str,
         offsets: list[int],
         consumer: str | None = None,
+        delay_s: float = 0.0,
         *,
         credential: str | None = None,
     ) -> None:
+        """Hand ``offsets`` back for redelivery, ``delay_s`` from now (a consumer's
+        redelivery backoff; 0: at once)."""
         self._check(credential, Permission.CONSUME)
-        self._store.negative_ack(subscription, offsets, consumer)
+        if not isinstance(delay_s, int | float) or not 0 <= delay_s <= MAX_REDELIVERY_DELAY_S:
+            raise InvalidArgumentError(
+                f"delay_s must be between 0 and {MAX_REDELIVERY_DELAY_S:g} seconds, got {delay_s!r}"
+            )
+        self._store.negative_ack(subscription, offsets, consumer, float(delay_s))
         self._wake()  # long-polling queue consumers can take the redelivery now
 
     async def consumer_left(

@@ -7,6 +7,7 @@ from clients.message import RECEIVED_SCHEMA, BatchResult, Message, MessageId
 from clients.producer import Producer
 from clients.queue_consumer import QueueConsumer
 from clients.stream_consumer import StreamConsumer
+from runtime.redelivery import DeadLetterPolicy, RedeliveryBackoff
 
 __all__ = [
     "RECEIVED_SCHEMA",
@@ -14,10 +15,12 @@ __all__ = [
     "BatchResult",
     "Checkpoint",
     "CheckpointConsumer",
+    "DeadLetterPolicy",
     "Message",
     "MessageId",
     "Producer",
     "QueueConsumer",
+    "RedeliveryBackoff",
     "ScalableTopicsAdmin",
     "StreamConsumer",
 ]

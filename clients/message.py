@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
@@ -11,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from runtime.batch import DELIVERY_SCHEMA, equal_runs, int64_array, int64_values
+from runtime.batch import DELIVERY_SCHEMA, REDELIVERIES_KEY, equal_runs, int64_array, int64_values
 from runtime.errors import InvalidArgumentError
 
 
@@ -50,6 +52,9 @@ class Message(NamedTuple):
     offset: int
     publish_time: datetime
     properties: dict[str, str]
+    # How many times a queue subscription delivered it before (stream and checkpoint
+    # consumers read in order and get each message once: always 0 there).
+    redelivery_count: int = 0
 
     @property
     def message_id(self) -> MessageId:
@@ -77,9 +82,19 @@ def messages_from_delivery(segment_id: int, batch: pa.RecordBatch) -> list[Messa
         batch.column("offset").to_pylist(),
         _publish_times(batch.column("publish_time")),
         props,
+        _redeliveries(batch),
         strict=True,
     )
     return list(map(_new_message, columns))  # no Python frame per message, unlike _make
+
+
+def _redeliveries(batch: pa.RecordBatch) -> Iterable[int]:
+    """Each row's earlier deliveries, from a queue delivery's metadata (none listed: 0)."""
+    listed = (batch.schema.metadata or {}).get(REDELIVERIES_KEY.encode())
+    if listed is None:
+        return repeat(0, batch.num_rows)
+    counts = {int(offset): n for offset, n in json.loads(listed).items()}
+    return [counts.get(offset, 0) for offset in batch.column("offset").to_pylist()]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

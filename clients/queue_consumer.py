@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -27,10 +28,12 @@ from clients._data_plane import REFUSALS
 from clients._inbox import Inbox
 from clients._ray import background_loop, freeze_what_exists
 from clients.message import Message, messages_from_delivery
+from clients.producer import Producer
 from runtime.auth import Permission, client_credential
 from runtime.errors import ClientClosedError, SegmentNotFoundError
 from runtime.layout import SegmentLayout
 from runtime.names import SegmentName, TopicName, validate_part
+from runtime.redelivery import DeadLetterPolicy, RedeliveryBackoff, dead_letter_properties
 from runtime.remote import call
 
 
@@ -150,11 +153,15 @@ class _QueueCore:
                 ack = handle.ack.remote(self.subscription, offsets, credential=self.credential)
                 await call(ack)
 
-    async def negative_ack(self, message: Message) -> None:
+    async def negative_ack(self, message: Message, delay_s: float) -> None:
         handle = self.handles.get(message.segment_id)
         if handle is not None:
             ref = handle.negative_ack.remote(
-                self.subscription, [message.offset], self.consumer, credential=self.credential
+                self.subscription,
+                [message.offset],
+                self.consumer,
+                delay_s,
+                credential=self.credential,
             )
             await call(ref)
 
@@ -169,22 +176,62 @@ class QueueConsumer:
         consumer_name: str | None = None,
         *,
         token: str | None = None,
+        dead_letter: DeadLetterPolicy | None = None,
+        negative_ack_backoff: RedeliveryBackoff | None = None,
         **config: Any,
     ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
-        namespace when the cluster has an auth policy; a refusal is raised here."""
+        namespace when the cluster has an auth policy; a refusal is raised here.
+
+        ``dead_letter``: a message delivered ``max_deliveries`` times is, on its next
+        delivery, published to the policy's topic (which must exist; ``produce`` on it)
+        with its origin in its properties, and acknowledged, instead of being returned.
+        ``negative_ack_backoff``: how long a negatively acknowledged message is held back
+        (by default it comes back at once); ``Message.redelivery_count`` says how often
+        a message was delivered before."""
         topic_name = TopicName.parse(topic)
         name = consumer_name or f"queue-{uuid.uuid4().hex[:12]}"
         credential = client_credential(token)
+        self._dead_letter = dead_letter
+        self._backoff = negative_ack_backoff
+        self._errors: dict[tuple[int, int], str] = {}  # the last error given per message
+        self._dead_letters = (
+            Producer(dead_letter.dead_letter_topic, token=token) if dead_letter else None
+        )
         self._core = _QueueCore(topic_name, subscription, name, config, credential)
         self._loop = background_loop()
         self._loop.run(self._core.start())
 
     def receive(self, timeout: float | None = None) -> Message | None:
         """The next message, or ``None`` if none arrives within ``timeout`` seconds."""
-        if self._core.closed:
-            raise ClientClosedError("consumer is closed")
-        return self._core.messages.get(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._core.closed:
+                raise ClientClosedError("consumer is closed")
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            message = self._core.messages.get(left)
+            if message is None or not self._is_dead(message):
+                return message
+            self._bury(message)
+
+    def _is_dead(self, message: Message) -> bool:
+        return self._dead_letter is not None and self._dead_letter.is_dead(message.redelivery_count)
+
+    def _bury(self, message: Message) -> None:
+        """Publish to the dead-letter topic, then acknowledge: a crash between the two
+        leaves it in both (at least once), never in neither."""
+        assert self._dead_letter is not None and self._dead_letters is not None
+        properties = dead_letter_properties(
+            message.properties,
+            str(self._core.topic),
+            self._core.subscription,
+            message.segment_id,
+            message.offset,
+            message.redelivery_count + 1,
+            self._errors.pop((message.segment_id, message.offset), None),
+        )
+        self._dead_letters.send(message.value, key=message.key, properties=properties).result()
+        self.acknowledge(message)
 
     async def receive_async(self, timeout: float | None = None) -> Message | None:
         return await asyncio.get_running_loop().run_in_executor(None, self.receive, timeout)
@@ -195,13 +242,20 @@ class QueueConsumer:
             self._core.record_ack, message.segment_id, message.offset
         )
 
-    def negative_acknowledge(self, message: Message) -> None:
-        """Hand the message back for redelivery now, to any consumer."""
-        self._loop.run(self._core.negative_ack(message))
+    def negative_acknowledge(self, message: Message, error: str | None = None) -> None:
+        """Hand the message back for redelivery to any consumer: at once, or after the
+        ``negative_ack_backoff`` for its ``redelivery_count``. ``error``: why, carried to
+        the dead-letter topic if it ends there."""
+        if error is not None:
+            self._errors[(message.segment_id, message.offset)] = str(error)
+        delay = self._backoff.delay_s(message.redelivery_count) if self._backoff else 0.0
+        self._loop.run(self._core.negative_ack(message, delay))
 
     def close(self) -> None:
         if not self._core.closed:
             self._loop.run(self._core.close())
+        if self._dead_letters is not None:
+            self._dead_letters.close()
 
     def __enter__(self) -> QueueConsumer:
         return self

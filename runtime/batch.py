@@ -284,3 +284,8 @@ _KNOWN_SCHEMAS = [
 ]
 _LONGEST_PREFIX = max(len(prefix) for prefix, _ in _KNOWN_SCHEMAS)
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+# In a queue delivery's schema metadata: JSON of offset → how many times it was
+# delivered before (only offsets delivered before are listed).
+REDELIVERIES_KEY = "raytopics.redeliveries"

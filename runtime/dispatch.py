@@ -4,9 +4,11 @@ Several queue consumers pull from the same subscription; each pull hands out
 offsets nobody else holds, so consumers naturally get different messages
 (round robin by arrival of their pulls). Handed-out offsets stay *in flight*
 until acknowledged; a negative ack, an ack timeout or a consumer leaving puts
-them back in front of the line. Nothing here is persisted: after a restart all
-unacknowledged messages are simply redelivered, which is the at-least-once
-contract of a queue subscription.
+them back in front of the line, a negative ack after a delay when the consumer asks
+for one (its redelivery backoff). Each offset's deliveries are counted, so a consumer
+knows how often a message came back (and may dead-letter it). Nothing here is
+persisted: after a restart all unacknowledged messages are simply redelivered, with
+their counts from zero, which is the at-least-once contract of a queue subscription.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class QueueDispatcher:
     _in_flight: dict[int, _InFlight] = field(default_factory=dict)
     _redeliver: list[int] = field(default_factory=list)  # min-heap of offsets
     _deadlines: deque[tuple[float, list[int]]] = field(default_factory=deque)
+    _delayed: list[tuple[float, int]] = field(default_factory=list)  # (due, offset) min-heap
+    _deliveries: dict[int, int] = field(default_factory=dict)  # unacknowledged offsets only
 
     def take(
         self,
@@ -41,6 +45,8 @@ class QueueDispatcher:
     ) -> list[int]:
         """Offsets for ``consumer``: redeliveries first (lowest offset first), then new ones."""
         self.expire(now)
+        while self._delayed and self._delayed[0][0] <= now:
+            heapq.heappush(self._redeliver, heapq.heappop(self._delayed)[1])
         taken: list[int] = []
         while self._redeliver and len(taken) < max_records:
             offset = heapq.heappop(self._redeliver)
@@ -53,6 +59,7 @@ class QueueDispatcher:
         deadline = now + self.ack_timeout_s
         for offset in taken:
             self._in_flight[offset] = _InFlight(consumer, deadline)
+            self._deliveries[offset] = self._deliveries.get(offset, 0) + 1
         if taken:
             self._deadlines.append((deadline, taken))
         return taken
@@ -60,17 +67,36 @@ class QueueDispatcher:
     def acknowledged(self, offsets: Iterable[int]) -> None:
         for offset in offsets:
             self._in_flight.pop(offset, None)
+            self._deliveries.pop(offset, None)
 
-    def negative_ack(self, offsets: Iterable[int], consumer: str | None = None) -> None:
-        """Put held offsets back in line. With ``consumer``, only that consumer's holds:
-        a nack arriving after its hold timed out and the offset went to someone else
-        must not free the new holder's offset for a third consumer."""
+    def redeliveries(self, offsets: Iterable[int]) -> list[int]:
+        """How many times each offset was handed out before its latest delivery."""
+        return [self._deliveries.get(offset, 1) - 1 for offset in offsets]
+
+    def negative_ack(
+        self,
+        offsets: Iterable[int],
+        consumer: str | None = None,
+        delay_s: float = 0.0,
+        now: float = 0.0,
+    ) -> None:
+        """Put held offsets back in line, at once or ``delay_s`` after ``now``. With
+        ``consumer``, only that consumer's holds: a nack arriving after its hold timed
+        out and the offset went to someone else must not free the new holder's offset
+        for a third consumer."""
         for offset in offsets:
             held = self._in_flight.get(offset)
             if held is None or (consumer is not None and held.consumer != consumer):
                 continue
             del self._in_flight[offset]
-            heapq.heappush(self._redeliver, offset)
+            if delay_s > 0:
+                heapq.heappush(self._delayed, (now + delay_s, offset))
+            else:
+                heapq.heappush(self._redeliver, offset)
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until the next delayed redelivery is due (``None``: none waits)."""
+        return max(self._delayed[0][0] - now, 0.0) if self._delayed else None
 
     def consumer_left(self, consumer: str) -> None:
         mine = [o for o, f in self._in_flight.items() if f.consumer == consumer]

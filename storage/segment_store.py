@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from runtime.batch import DELIVERY_SCHEMA, empty_batch, int64_array
+from runtime.batch import DELIVERY_SCHEMA, REDELIVERIES_KEY, empty_batch, int64_array
 from runtime.dispatch import QueueDispatcher
 from runtime.errors import (
     ScalableTopicsError,
@@ -313,19 +313,38 @@ class SegmentStore:
         self._dispatcher(subscription).acknowledged(offsets)
 
     def negative_ack(
-        self, subscription: str, offsets: Iterable[int], consumer: str | None = None
+        self,
+        subscription: str,
+        offsets: Iterable[int],
+        consumer: str | None = None,
+        delay_s: float = 0.0,
     ) -> None:
-        """Pass ``consumer`` so a late nack cannot free offsets another consumer now holds."""
-        self._dispatcher(subscription).negative_ack(offsets, consumer)
+        """Pass ``consumer`` so a late nack cannot free offsets another consumer now holds;
+        ``delay_s``: redeliver no sooner (the consumer's backoff)."""
+        dispatcher = self._dispatcher(subscription)
+        dispatcher.negative_ack(offsets, consumer, delay_s, time.monotonic())
+
+    def redelivery_due_in(self, subscription: str) -> float | None:
+        """Seconds until a delayed redelivery of ``subscription`` is due, if one waits."""
+        dispatcher = self._dispatchers.get(subscription)
+        return dispatcher.due_in(time.monotonic()) if dispatcher is not None else None
 
     def queue_receive(self, subscription: str, consumer: str, max_records: int) -> pa.RecordBatch:
-        """Messages no other queue consumer of this subscription currently holds."""
+        """Messages no other queue consumer of this subscription currently holds; how often
+        each was delivered before is in the batch's schema metadata (``REDELIVERIES_KEY``:
+        offset → count, for those delivered before)."""
         self._check_alive()
         cursor = self.cursors.get(subscription)
-        offsets = self._dispatcher(subscription).take(
+        dispatcher = self._dispatcher(subscription)
+        offsets = dispatcher.take(
             consumer, max_records, self.log.end_offset, cursor.is_acked, time.monotonic()
         )
-        return self._read_offsets(offsets)
+        batch = self._read_offsets(offsets)
+        counts = dispatcher.redeliveries(offsets)
+        again = {str(o): n for o, n in zip(offsets, counts, strict=True) if n}
+        if not again:
+            return batch
+        return batch.replace_schema_metadata({REDELIVERIES_KEY: json.dumps(again)})
 
     def consumer_left(self, subscription: str, consumer: str) -> None:
         if subscription in self._dispatchers:

@@ -81,6 +81,25 @@ def test_negative_ack_redelivers_lowest_first_to_anyone() -> None:
     assert dispatcher.pending_redelivery == 0
 
 
+def test_a_delayed_negative_ack_comes_back_only_when_due_and_counts_deliveries() -> None:
+    dispatcher = QueueDispatcher(ack_timeout_s=TIMEOUT)
+    never = set().__contains__
+    assert dispatcher.take("a", 3, 3, never, 0.0) == [0, 1, 2]
+    assert dispatcher.redeliveries([0, 1, 2]) == [0, 0, 0]
+    dispatcher.negative_ack([1], "a", delay_s=2.0, now=1.0)
+    dispatcher.negative_ack([2], "a")  # at once
+    assert dispatcher.due_in(1.5) == 1.5
+    assert dispatcher.take("b", 10, 3, never, 2.9) == [2]
+    assert dispatcher.take("b", 10, 3, never, 3.0) == [1]
+    assert dispatcher.due_in(3.0) is None
+    assert dispatcher.redeliveries([0, 1, 2]) == [0, 1, 1]
+    dispatcher.negative_ack([1], "b", delay_s=1.0, now=3.0)
+    assert dispatcher.take("c", 10, 3, never, 4.0) == [1]
+    assert dispatcher.redeliveries([1]) == [2]
+    dispatcher.acknowledged([1])
+    assert dispatcher.redeliveries([1]) == [0]  # acknowledged: forgotten
+
+
 def test_ack_timeout_redelivers_only_expired_holds() -> None:
     dispatcher = QueueDispatcher(ack_timeout_s=TIMEOUT)
     never = set().__contains__
