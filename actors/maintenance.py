@@ -22,6 +22,7 @@ from ray.exceptions import RayActorError
 from actors.guard import guard
 from actors.tiering import TierMover
 from runtime.autoscale import Decision, LoadTracker, decide
+from runtime.backlog import age_s, subscription_ages
 from runtime.config import env_float
 from runtime.errors import (
     ConflictError,
@@ -226,8 +227,16 @@ class TopicMaintenance:
         for st in stats.values():
             for name, cursor in st["subscriptions"].items():
                 backlog[name] = backlog.get(name, 0) + cursor["backlog"]
+        now_ms = time.time_ns() // 1_000_000
+        ages = subscription_ages(stats, now_ms)
         for name, total in backlog.items():
-            metrics.subscription(name, total, len(catalog.consumers(topic, name)))
+            consumers = len(catalog.consumers(topic, name))
+            metrics.subscription(name, total, consumers, ages.get(name, 0.0))
+        for segment_id, st in stats.items():
+            for name, cursor in st["subscriptions"].items():
+                metrics.segment_backlog_age(
+                    segment_id, name, age_s(cursor.get("oldestUnackedMs"), now_ms)
+                )
         tiered = sum(1 for st in stats.values() if st.get("tiered"))
         metrics.storage(len(stats) - tiered, tiered)
 

@@ -35,6 +35,8 @@ class _Metrics:
     bytes_out: Counter
     append_latency: Histogram
     backlog: Gauge
+    backlog_age: Gauge
+    segment_backlog_age: Gauge
     consumers: Gauge
     segments: Gauge
     operations: Counter
@@ -70,6 +72,16 @@ def _metrics() -> _Metrics:
             "Unacknowledged messages of a subscription, all segments",
             ("topic", "subscription"),
         ),  # fmt: skip
+        backlog_age=gauge(
+            "backlog_age_seconds",
+            "Age of a subscription's oldest unacknowledged message, all segments (0: none)",
+            ("topic", "subscription"),
+        ),
+        segment_backlog_age=gauge(
+            "segment_backlog_age_seconds",
+            "Age of a subscription's oldest unacknowledged message in one segment",
+            ("topic", "segment", "subscription"),
+        ),
         consumers=gauge(
             "consumers", "Registered consumers of a subscription", ("topic", "subscription")
         ),
@@ -172,10 +184,15 @@ class ControllerMetrics:
         gauge.set(active, {"topic": self._topic, "state": "ACTIVE"})
         gauge.set(sealed, {"topic": self._topic, "state": "SEALED"})
 
-    def subscription(self, name: str, backlog: int, consumers: int) -> None:
+    def subscription(self, name: str, backlog: int, consumers: int, age_s: float) -> None:
         tags = {"topic": self._topic, "subscription": name}
         _metrics().backlog.set(backlog, tags)
         _metrics().consumers.set(consumers, tags)
+        _metrics().backlog_age.set(age_s, tags)
+
+    def segment_backlog_age(self, segment_id: int, subscription: str, age_s: float) -> None:
+        tags = {"topic": self._topic, "segment": str(segment_id), "subscription": subscription}
+        _metrics().segment_backlog_age.set(age_s, tags)
 
     def operation(self, kind: str, duration_s: float) -> None:
         tags = {"topic": self._topic, "kind": kind}

@@ -10,6 +10,7 @@ healthy one.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from actors.controller import controller_actor
 from actors.guard import guard
 from actors.readiness import topic_readiness
 from actors.segment import find_segment_actor, segment_actor
+from runtime.backlog import age_s, subscription_ages
 from runtime.errors import SegmentNotFoundError, UnavailableSegmentsError
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
@@ -179,6 +181,7 @@ def _aggregate(
     subscriptions: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     per_segment, backlog = {}, dict.fromkeys(subscriptions, 0)
+    now_ms = time.time_ns() // 1_000_000
     for info, st in zip(segments, stats, strict=True):
         per_segment[str(info.segment_id)] = {
             "state": info.state.value,
@@ -187,10 +190,14 @@ def _aggregate(
             "tiered": st.get("tiered", False),
             "hibernating": st.get("hibernating", False),
             **({"tierError": st["tierError"]} if "tierError" in st else {}),
-            "subscriptions": st["subscriptions"],
+            "subscriptions": {
+                sub: {**cursor, "backlogAgeS": age_s(cursor.get("oldestUnackedMs"), now_ms)}
+                for sub, cursor in st["subscriptions"].items()
+            },
         }
         for sub, cursor in st["subscriptions"].items():
             backlog[sub] = backlog.get(sub, 0) + cursor["backlog"]
+    ages = subscription_ages(dict(enumerate(stats)), now_ms)
     return {
         "topic": str(name),
         "incarnation": incarnation,
@@ -204,7 +211,11 @@ def _aggregate(
         "hibernatingSegments": sum(1 for s in stats if s.get("hibernating")),
         "segments": per_segment,
         "subscriptions": {
-            sub: {**subscriptions.get(sub, {"state": "UNKNOWN", "consumers": 0}), "backlog": total}
+            sub: {
+                **subscriptions.get(sub, {"state": "UNKNOWN", "consumers": 0}),
+                "backlog": total,
+                "backlogAgeS": ages.get(sub, 0.0),
+            }
             for sub, total in backlog.items()
         },
     }

@@ -146,6 +146,15 @@ class SegmentLog:
     def last_publish_time_ms(self) -> int | None:
         return self._last_publish_time_ms
 
+    def publish_time_at(self, offset: int) -> int | None:
+        """When the record at ``offset`` was published (its batch's time); ``None`` when
+        no retained record has that offset."""
+        with self._lock:
+            if not self._start_offset <= offset < self._end_offset:
+                return None
+            entries = self._index.covering(offset, 1)
+            return entries[0].publish_time_ms if entries else None
+
     def offset_at_time(self, time_ms: int) -> int:
         """The first retained offset published at or after ``time_ms``, the end when none
         was: publish times never decrease along the log, so a binary search of the index."""

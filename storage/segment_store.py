@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -355,7 +355,9 @@ class SegmentStore:
     def stats(self) -> dict[str, Any]:
         self._check_alive()
         log = self.log
-        subs = subscription_stats(self.cursors.snapshot(), log.start_offset, log.end_offset)
+        subs = subscription_stats(
+            self.cursors.snapshot(), log.start_offset, log.end_offset, log.publish_time_at
+        )
         for name, dispatcher in self._dispatchers.items():
             if name in subs:
                 subs[name]["inFlight"] = dispatcher.in_flight
@@ -530,16 +532,31 @@ def hibernated_stats(name: SegmentName, record: TieredRecord) -> dict[str, Any]:
 
 
 def subscription_stats(
-    cursors: Iterable[Cursor], start_offset: int, end_offset: int
+    cursors: Iterable[Cursor],
+    start_offset: int,
+    end_offset: int,
+    publish_time_at: Callable[[int], int | None] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Each subscription's backlog (unacknowledged records still stored) and position."""
-    return {
-        c.name: {
-            "backlog": c.backlog(end_offset) - c.backlog(start_offset),
-            "markDelete": c.mark_delete,
-        }
-        for c in sorted(cursors, key=lambda c: c.name)
-    }
+    """Each subscription's backlog (unacknowledged records still stored), position, and
+    when its oldest unacknowledged record was published (``oldestUnackedMs``: ``None``
+    with no backlog, or when ``publish_time_at`` cannot tell)."""
+    found = {}
+    for c in sorted(cursors, key=lambda c: c.name):
+        backlog = c.backlog(end_offset) - c.backlog(start_offset)
+        oldest = None
+        if backlog and publish_time_at is not None:
+            oldest = publish_time_at(_first_unacked(c, start_offset))
+        found[c.name] = {"backlog": backlog, "markDelete": c.mark_delete, "oldestUnackedMs": oldest}
+    return found
+
+
+def _first_unacked(cursor: Cursor, start_offset: int) -> int:
+    """The cursor's first unacknowledged offset still stored."""
+    first = max(cursor.mark_delete, start_offset)
+    for low, high in cursor.acked_ranges:
+        if low <= first < high:
+            first = high
+    return first
 
 
 def to_delivery(stored: list[StoredBatch]) -> pa.RecordBatch:

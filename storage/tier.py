@@ -247,6 +247,7 @@ class TieredSegment:
         self._last_times = [last for _, _, last in manifest.row_groups]
         self._stored_sequences: dict[tuple[str, int], AppendResult] | None = None
         self._decoded: tuple[int, pa.Table] | None = None  # ``_group``'s last
+        self._times: tuple[int, np.ndarray] | None = None  # one row group's publish times
 
     @property
     def start_offset(self) -> int:
@@ -296,6 +297,16 @@ class TieredSegment:
         if self._decoded is None or self._decoded[0] != index:
             self._decoded = (index, self._file.read_row_group(index, columns=_READ_COLUMNS))
         return self._decoded[1]
+
+    def publish_time_at(self, offset: int) -> int | None:
+        """When the record at ``offset`` was published; ``None`` outside the segment."""
+        if not self.start_offset <= offset < self.end_offset:
+            return None
+        group = bisect.bisect_right(self._firsts, offset) - 1
+        if self._times is None or self._times[0] != group:
+            column = self._file.read_row_group(group, columns=["publish_time"]).column(0)
+            self._times = (group, column.cast(pa.int64()).to_numpy())
+        return int(self._times[1][offset - self._firsts[group]])
 
     def offset_at_time(self, time_ms: int) -> int:
         """The first offset published at or after ``time_ms``; the end when none was."""

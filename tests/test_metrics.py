@@ -96,3 +96,48 @@ def test_metrics_are_exported_with_tags_and_plausible_values(admin, unique) -> N
     assert per_segment == {"0000-7fff-0", "8000-ffff-1"}
     consumer.close()
     admin.delete_scalable_topic(topic)
+
+
+def test_backlog_age_is_the_age_of_the_oldest_unacknowledged_message(admin, unique) -> None:
+    """In stats (taken when asked) and in Prometheus, where each newly exported value is
+    within 2 s of the truth at the moment it is scraped (between exports it ages by up
+    to Ray's metrics export interval)."""
+    topic = f"topic://metrics/ns/age-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    admin.set_policy(topic, {"retention": {"timeS": 86400}})  # maintenance every second
+    admin.create_subscription(topic, "lagging")
+    admin.create_subscription(topic, "peek")
+    with Producer(topic) as producer:
+        for i in range(20):
+            producer.send(b"v", key=f"k{i}")
+    peek = StreamConsumer(topic, "peek", "p")
+    seen = []
+    while len(seen) < 20:
+        seen += peek.receive_batch(20, timeout=5)
+    peek.acknowledge_cumulative(seen)
+    peek.close()
+    oldest_ms = min(m.publish_time for m in seen).timestamp() * 1000
+    time.sleep(3)
+
+    stats = admin.get_stats(topic)
+    truth = time.time() - oldest_ms / 1000
+    assert abs(stats["subscriptions"]["lagging"]["backlogAgeS"] - truth) < 1.0
+    assert stats["subscriptions"]["peek"]["backlogAgeS"] == 0.0
+    per_segment = [s["subscriptions"]["lagging"]["backlogAgeS"] for s in stats["segments"].values()]
+    assert max(per_segment) == pytest.approx(
+        stats["subscriptions"]["lagging"]["backlogAgeS"], abs=1
+    )
+
+    fresh: list[tuple[float, float]] = []  # (exported value, truth when first scraped)
+    last = None
+    deadline = time.monotonic() + 60
+    while len(fresh) < 3 and time.monotonic() < deadline:
+        value = total(scrape(), "backlog_age_seconds", topic=topic, subscription="lagging")
+        if value is not None and value != last:
+            if last is not None:  # a new export since the previous scrape
+                fresh.append((value, time.time() - oldest_ms / 1000))
+            last = value
+        time.sleep(0.2)
+    assert len(fresh) >= 3, f"backlog_age_seconds was not exported anew: {fresh}"
+    assert all(abs(value - truth) <= 2.0 for value, truth in fresh), fresh
+    admin.delete_scalable_topic(topic)

@@ -232,7 +232,7 @@ def test_queue_receive_ack_and_negative_ack(store: SegmentStore) -> None:
     assert offsets(store.queue_receive("q", "c", 100)) == [1, 4, 5, 6, 7, 8, 9]
     store.ack("q", [1, 4, 5, 6, 7, 8, 9])
     sub = store.stats()["subscriptions"]["q"]
-    assert sub == {"backlog": 0, "markDelete": 10, "inFlight": 0}
+    assert sub == {"backlog": 0, "markDelete": 10, "inFlight": 0, "oldestUnackedMs": None}
     assert store.queue_receive("q", "a", 10).num_rows == 0
     store.append(batch_of(10, 2), None, None)
     assert offsets(store.queue_receive("q", "a", 10)) == [10, 11]
@@ -321,7 +321,11 @@ def test_stats_keys_and_values(store: SegmentStore) -> None:
     assert stats["sizeBytes"] > 0
     assert abs(stats["lastPublishTimeMs"] - time.time() * 1000) < 60_000
     assert stats["fenceEpoch"] == 2
-    assert stats["subscriptions"] == {"s": {"backlog": 3, "markDelete": 2}}
+    oldest = store.log.publish_time_at(2)  # the first unacknowledged record's time
+    assert oldest is not None and oldest <= stats["lastPublishTimeMs"]
+    assert stats["subscriptions"] == {
+        "s": {"backlog": 3, "markDelete": 2, "oldestUnackedMs": oldest}
+    }
 
 
 # --- tiering -----------------------------------------------------------------------
@@ -399,7 +403,10 @@ def test_a_hibernating_segment_s_stats_and_subscriptions_need_no_store(
     record = records.get(NAME.segment_id)
     assert record is not None
     expected = {k: v for k, v in store.stats().items() if k != "hibernating"}
+    assert expected["subscriptions"]["s"].pop("oldestUnackedMs") == store.log.publish_time_at(5)
     from_record = hibernated_stats(NAME, record)
+    # without its file, a hibernating segment cannot tell when its record 5 was published
+    assert from_record["subscriptions"]["s"].pop("oldestUnackedMs") is None
     assert from_record.pop("hibernating") is True and from_record == expected
     assert from_record["subscriptions"]["s"] == {"backlog": 15, "markDelete": 5}
 

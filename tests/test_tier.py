@@ -151,6 +151,9 @@ def test_a_tiered_segment_reads_exactly_as_its_log(tmp_path: Path, tier) -> None
             (b.producer_id, b.sequence) for b in want
         ]
     assert tiered.read(log.end_offset, 10) == []
+    for offset in (log.start_offset, second_group - 1, second_group, log.end_offset - 1):
+        assert tiered.publish_time_at(offset) == log.publish_time_at(offset) is not None
+    assert tiered.publish_time_at(log.end_offset) is log.publish_time_at(log.end_offset) is None
     with pytest.raises(InvalidArgumentError, match="below the start offset"):
         tiered.read(log.start_offset - 1, 1)
     for entry in log.read(log.start_offset, 10**6)[::7]:
