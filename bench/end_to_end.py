@@ -78,11 +78,16 @@ AUTH_SETTLE_S = 1.5
 class Workload:
     """Pre-built values and keys, so producing costs only the timestamp stamp."""
 
-    def __init__(self, batch: int, seed: int = 0) -> None:
+    def __init__(self, batch: int, seed: int = 0, values: str = "random") -> None:
         rng = np.random.default_rng(seed)
         self.batch = batch
-        # Record i: 8-byte send stamp (filled per batch), 8-byte counter, 84 random bytes.
+        # Record i: 8-byte send stamp (filled per batch), 8-byte counter, 84 random bytes
+        # (``values="json"``: 84 bytes of an event in JSON, one of 40 users', as event
+        # streams repeat themselves).
         self.template = rng.integers(0, 256, size=(batch, RECORD_BYTES), dtype=np.uint8)
+        if values == "json":
+            events = np.frombuffer(b"".join(_json_event(i) for i in range(40)), np.uint8)
+            self.template[:, 16:] = events.reshape(40, RECORD_BYTES - 16)[np.arange(batch) % 40]
         self.template[:, 8:16] = np.arange(batch, dtype="<u8").view(np.uint8).reshape(batch, 8)
         self.offsets = np.arange(0, (batch + 1) * RECORD_BYTES, RECORD_BYTES, dtype=np.int32)
         self.key_names = [f"key-{i:05d}" for i in range(KEYS)]
@@ -100,6 +105,11 @@ class Workload:
         stamp = time.time_ns()
         records[:, :8] = np.frombuffer(struct.pack("<q", stamp), dtype=np.uint8)
         return records, stamp
+
+
+def _json_event(user: int) -> bytes:
+    text = f'{{"user":"user-{user:04d}","event":"page_view","page":"/p/{user % 7}"}}'
+    return text.encode().ljust(RECORD_BYTES - 16, b" ")
 
 
 _STAMP = operator.itemgetter(slice(0, 8))
@@ -344,7 +354,7 @@ def redis_producer(
 ) -> None:
     import redis
 
-    workload = Workload(spec["batch"], seed=spec["seed"])
+    workload = Workload(spec["batch"], seed=spec["seed"], values=spec["values"])
     streams = redis_streams(n)
     key_stream = redis_key_streams(workload, n)
     names = [s.encode() for s in streams]
@@ -425,6 +435,7 @@ def producer_spec(
         "seconds": seconds,
         "rate": rate / producers if rate else None,
         "tick_records": max(1, int((rate or 0) / producers * args.tick_ms / 1000)),
+        "values": args.values,
     }
 
 
@@ -476,6 +487,9 @@ def run_redis_case(
 # --- security modes -----------------------------------------------------------------------
 
 SECURITY_MODES = ("off", "auth", "tls", "auth+tls")
+# Variants measured the same way: producers compressing appends (no security).
+COMPRESSION_MODES = ("zstd", "lz4")
+MODES = SECURITY_MODES + COMPRESSION_MODES
 TOPIC_NAMESPACE = "bench/e2e"
 
 
@@ -488,10 +502,15 @@ class ClientSecurity:
     mode: str = "off"
     token: str | None = None
     ca: str | None = None
+    compression: str | None = None
 
     def client_config(self) -> dict[str, Any]:
         """Keyword arguments for ``Producer`` / ``StreamConsumer``."""
         return {"token": self.token} if self.token is not None else {}
+
+    def producer_config(self) -> dict[str, Any]:
+        """Keyword arguments for ``Producer`` alone."""
+        return {"compression": self.compression} if self.compression else {}
 
 
 def apply_client_tls(ca: str | None) -> None:
@@ -540,7 +559,8 @@ def security(mode: str, root: Path) -> Iterator[ClientSecurity]:
     with contextlib.ExitStack() as stack:
         token = stack.enter_context(_auth_on()) if auth else None
         ca = stack.enter_context(_tls_on(root)) if encrypted else None
-        yield ClientSecurity(mode=mode, token=token, ca=ca)
+        compression = mode if mode in COMPRESSION_MODES else None
+        yield ClientSecurity(mode=mode, token=token, ca=ca, compression=compression)
 
 
 @contextlib.contextmanager
@@ -599,14 +619,15 @@ def ray_producer(topic: str, spec: dict[str, Any]) -> dict[str, Any]:
 
     from clients import Producer
 
-    workload = Workload(spec["batch"], seed=spec["seed"])
+    workload = Workload(spec["batch"], seed=spec["seed"], values=spec["values"])
     keys = pa.array(workload.key_names, type=pa.string())
     key_batches = [keys.take(pa.array(workload.keys_index(k))) for k in range(16)]
     offsets = pa.py_buffer(workload.offsets)
     futures = []
     client: ClientSecurity = spec["client"]
     apply_client_tls(client.ca)
-    with Producer(topic, **spec["producer_config"], **client.client_config()) as producer:
+    options = spec["producer_config"] | client.client_config() | client.producer_config()
+    with Producer(topic, **options) as producer:
         # Warm the path (connection, segment handles) outside the measurement.
         warm, _ = workload.stamped(1)
         producer.send_batch([warm.tobytes()], keys=["key-00000"]).result()
@@ -772,6 +793,8 @@ def run_ray_cases(
     # A fresh topic per measurement: a peak run may leave a backlog behind.
     with ray_topic(admin, n, args, client) as (topic, consumers):
         peak = run_ray_case(topic, n, consumers, args, None, args.seconds, client)
+        stored = admin.get_stats(topic)["sizeBytes"]
+        peak["stored_bytes_per_msg"] = round(stored / max(peak["sent"] + peak["warmup_sent"], 1), 1)
     print(describe(peak), flush=True)
     if args.skip_half:
         return [peak]
@@ -963,6 +986,7 @@ def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "half_p50_ms": half["latency"]["p50_ms"] if half else None,
                 "half_p99_ms": half["latency"]["p99_ms"] if half else None,
                 "cpu_us_per_msg": peak["cpu_us_per_msg"],
+                "stored_bytes_per_msg": peak.get("stored_bytes_per_msg"),
                 "e2e_vs_redis": _ratio(peak, redis, "e2e_msgs_per_s") if system == "ray" else None,
                 **_against_off(peak, off if mode != "off" else None),
             }
@@ -972,7 +996,7 @@ def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _row_order(key: tuple[str, int, str, str]) -> tuple[int, int, int, str]:
     system, n, mode, kind = key
-    return (system != "ray", n, SECURITY_MODES.index(mode), kind)
+    return (system != "ray", n, MODES.index(mode), kind)
 
 
 def _against_off(peak: dict[str, Any], off: dict[str, Any] | None) -> dict[str, float | None]:
@@ -983,6 +1007,7 @@ def _against_off(peak: dict[str, Any], off: dict[str, Any] | None) -> dict[str, 
             ("e2e", "e2e_msgs_per_s"),
             ("produce", "produce_msgs_per_s"),
             ("cpu", "cpu_us_per_msg"),
+            ("stored", "stored_bytes_per_msg"),
         )
     }
 
@@ -998,7 +1023,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     header = (
         f"{'system':<16} {'seg':>3} {'security':<8} {'produce/s':>11} {'e2e/s':>11}"
         f" {'p50 ms':>8} {'p99 ms':>8} {'half rate':>10} {'½ p50':>7} {'½ p99':>7}"
-        f" {'CPU us/msg':>10} {'vs Redis':>8} {'e2e/off':>7} {'CPU/off':>7}"
+        f" {'CPU us/msg':>10} {'vs Redis':>8} {'e2e/off':>7} {'CPU/off':>7} {'disk/off':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -1014,7 +1039,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f" {num(r['half_load_rate'], ','):>10} {num(r['half_p50_ms'], '.1f'):>7}"
             f" {num(r['half_p99_ms'], '.1f'):>7} {num(r['cpu_us_per_msg'], '.2f'):>10}"
             f" {num(r['e2e_vs_redis'], '.2f', 'x'):>8} {num(r['e2e_vs_off'], '.2f', 'x'):>7}"
-            f" {num(r['cpu_vs_off'], '.2f', 'x'):>7}"
+            f" {num(r['cpu_vs_off'], '.2f', 'x'):>7} {num(r['stored_vs_off'], '.2f', 'x'):>8}"
         )
 
 
@@ -1093,9 +1118,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--security",
         nargs="+",
-        choices=SECURITY_MODES,
+        choices=MODES,
         default=["off"],
-        help="run our measurements in each of these modes (off first, to compare against)",
+        help="run our measurements in each of these modes (off first, to compare against); "
+        "zstd and lz4: producers compress their appends, without security",
+    )
+    parser.add_argument(
+        "--values",
+        choices=("random", "json"),
+        default="random",
+        help="84 random bytes per value, or repetitive JSON events (what compression is for)",
     )
     parser.add_argument("--skip-redis", action="store_true")
     parser.add_argument("--skip-half", action="store_true")
@@ -1159,6 +1191,7 @@ def main() -> int:
             "keys": KEYS,
             "segments": args.segments,
             "security": args.security,
+            "values": args.values,
             "security_modes": "auth: a policy in the catalog, clients present a token "
             "(produce+consume on the bench's namespace), the driver an operator token; "
             "tls: the data plane over TLS (P-256 certificates made for the run, clients "

@@ -49,6 +49,7 @@ from clients.message import BatchResult, MessageId
 from runtime.auth import Permission, client_credential
 from runtime.batch import (
     batch_bytes,
+    check_compression,
     equal_runs,
     make_batch,
     message_sizes,
@@ -89,10 +90,19 @@ class ProducerConfig:
     # Segments drop a producer's resent (id, sequence): a writer that must be idempotent
     # across process restarts (a retried Spark task) reuses its id and its sequences.
     producer_id: str | None = None
+    # Arrow IPC body compression of each append ("zstd", "lz4"): stored as sent, so it
+    # shrinks the segments' disks too; readers get the records decoded.
+    compression: str | None = None
 
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "ray"):
             raise InvalidArgumentError(f"transport must be 'tcp' or 'ray', got {self.transport!r}")
+        check_compression(self.compression)
+        if self.compression is not None and self.transport == "ray":
+            raise InvalidArgumentError(
+                "compression travels with the data plane transport ('tcp'); a 'ray' "
+                "transport append is a RecordBatch the segment encodes itself"
+            )
         if self.batch_max_records < 1 or self.max_in_flight_bytes < 1 or self.window < 1:
             raise InvalidArgumentError(
                 "batch_max_records, max_in_flight_bytes and window must be positive"
@@ -332,7 +342,7 @@ class _SegmentSender:
             base, _ = await call(ref)
             return base
         channel = self._open_channel()
-        payload = serialize_batch(chunk.batch)
+        payload = serialize_batch(chunk.batch, self.core.config.compression)
         async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):  # no task
             base, _ = await channel.append(producer_id, sequence, payload)
         return base
