@@ -38,7 +38,7 @@ examples:
   raytopics merge public/default/orders 4 5
   raytopics stats public/default/orders --json
   raytopics subscriptions create public/default/orders billing --position latest
-  raytopics subscriptions reset public/default/orders billing --to 2026-11-26T10:00:00+00:00
+  raytopics subscriptions reset public/default/orders billing 2026-11-26T10:00:00+00:00
   raytopics limits public/default --set max_message_bytes=1048576
   raytopics --url http://127.0.0.1:8080 describe public/default/orders
   raytopics policy set public/default/orders \
@@ -571,9 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub_reset.add_argument("subscription", metavar="SUB")
     sub_reset.add_argument(
-        "--to",
+        "to",
         type=_reset_to,
-        required=True,
         metavar="WHEN",
         help="earliest, latest, epoch milliseconds or an ISO 8601 time with a zone",
     )

@@ -112,6 +112,18 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     assert "billing" in stats and "#4" in stats and "SUBSCRIPTION" in stats
     assert json.loads(raytopics(cli_env, "describe", topic, "--json"))["epoch"] == 2
 
+    reset = raytopics(
+        cli_env, "subscriptions", "reset", topic, "billing", "2001-09-09T01:46:40+00:00"
+    )
+    assert "reset subscription billing" in reset and "5 segments, 3 finished" in reset
+    future = raytopics(cli_env, "subscriptions", "reset", topic, "billing", "4102444800000")
+    assert "a time still to come" in future
+    assert "cleared the backlog" in raytopics(
+        cli_env, "subscriptions", "clear-backlog", topic, "billing"
+    )
+    bad_time = raytopics(cli_env, "subscriptions", "reset", topic, "billing", "soon", code=2)
+    assert "expected earliest, latest, epoch milliseconds or an ISO 8601 time" in bad_time
+
     sealed = raytopics(cli_env, "split", topic, "0", code=1)
     assert_one_error_line(sealed, "segment 0 is SEALED")
     raytopics(cli_env, "subscriptions", "delete", topic, "billing")
