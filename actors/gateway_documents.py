@@ -61,7 +61,7 @@ class CreateSubscriptionBody(Body):
 
 
 class ResetSubscriptionBody(Body):
-    to: StartPosition | Annotated[int, Field(ge=946_684_800_000)] = Field(
+    to: StartPosition | json_int(ge=946_684_800_000, le=(1 << 63) - 1) = Field(
         description="'earliest', 'latest', or a publish time in epoch milliseconds: each "
         "segment's cursor goes to the first message published at or after it"
     )

@@ -170,11 +170,13 @@ def main(scratch: Path) -> None:
         _produce(TOPIC, count, 300)
 
         def all_hibernating(sealed_count: int) -> bool:
-            segments = admin.get_stats(TOPIC)["segments"].values()
-            sealed = [s for s in segments if s["state"] == "SEALED"]
-            return len(sealed) == sealed_count and all(s["hibernating"] for s in sealed)
+            segments = admin.get_stats(TOPIC)["segments"]
+            sealed = {i: s for i, s in segments.items() if s["state"] == "SEALED"}
+            print("sealed:", {i: (s["tiered"], s["hibernating"], s.get("tierError"))
+                              for i, s in sealed.items()}, file=sys.stderr)  # fmt: skip
+            return len(sealed) == sealed_count and all(s["hibernating"] for s in sealed.values())
 
-        wait_for(lambda: all_hibernating(4))
+        wait_for(lambda: all_hibernating(4), 180)
         ids = {node: disk_id(disk) for node, disk in disks.items() if node != "c"}
         by_disk = {disk: node for node, disk in ids.items()}
         placed_with_a_only = sorted({by_disk[d] for d in placements.all().values()})
@@ -188,7 +190,7 @@ def main(scratch: Path) -> None:
         _produce(TOPIC, count, 300)
         sent = sum(count.values())
         expected = sorted((key, seq) for key, n in count.items() for seq in range(n))
-        wait_for(lambda: all_hibernating(7))
+        wait_for(lambda: all_hibernating(7), 180)
         layout = admin.get_layout(TOPIC)
         active_placed = sorted({by_disk[placements.get(i)] for i in layout.active_segments})
         sealed = {
