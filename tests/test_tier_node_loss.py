@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 TOPIC = "topic://tier/nodes/events"
 PLACEMENT = {"tier/nodes": {"topics": 1}}
 KEYS = 23
+RESULT = "node-loss result: "
 
 
 @pytest.mark.timeout(540)
@@ -51,7 +52,9 @@ def test_a_tiered_segment_outlives_the_node_whose_disk_held_it(tmp_path: Path) -
         timeout=520,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Ray's raylets may print warnings to stdout after the result: take the marked line.
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    result = json.loads(line.removeprefix(RESULT))
     assert len(set(result["disks"].values())) == 3, result  # one disk per node
     # while A was the only node, everything was laid out on its disk, and nowhere else
     assert result["placed_with_a_only"] == ["a"], result
@@ -229,7 +232,8 @@ def main(scratch: Path) -> None:
         except ConflictError as err:
             refused = "RAYTOPICS_STORAGE_SCOPE=node" in str(err)
         print(
-            json.dumps(
+            RESULT
+            + json.dumps(
                 {
                     "sent": sent,
                     "disks": ids,
