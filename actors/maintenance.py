@@ -22,7 +22,7 @@ from ray.exceptions import RayActorError
 from actors.guard import guard
 from actors.tiering import TierMover
 from runtime.autoscale import Decision, LoadTracker, decide
-from runtime.backlog import age_s, subscription_ages
+from runtime.backlog import BacklogAges
 from runtime.config import env_float
 from runtime.errors import (
     ConflictError,
@@ -46,6 +46,9 @@ INTERVAL_ENV = "RAYTOPICS_MAINTENANCE_INTERVAL_S"
 DEFAULT_INTERVAL_S = 5.0
 # A segment that does not answer in time (restarting, or ending) sits the round out.
 STATS_WAIT_S = 5.0
+# Between two exports of Ray's metrics (``metrics_report_interval_ms``), an age is
+# taken again at least twice.
+AGE_EXPORT_S = 0.4
 
 
 class TopicMaintenance:
@@ -62,11 +65,33 @@ class TopicMaintenance:
         self._records_changed = -1
         # Sleeping segments' kept stats, read once: they change only when one wakes.
         self._asleep: dict[int, dict[str, Any] | None] = {}
+        self._ages = BacklogAges()
 
     def start(self) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(self._run_forever())
 
     async def _run_forever(self) -> None:
+        ages = asyncio.get_running_loop().create_task(self._export_ages_forever())
+        try:
+            await self._rounds()
+        finally:
+            ages.cancel()
+
+    async def _export_ages_forever(self) -> None:
+        """Backlog ages grow with the clock between rounds: re-exported every
+        ``AGE_EXPORT_S`` from the last round's oldest unacknowledged times, so a scrape
+        is never a round behind."""
+        while True:
+            await asyncio.sleep(AGE_EXPORT_S)
+            self._export_ages()
+
+    def _export_ages(self) -> None:
+        now_ms = time.time_ns() // 1_000_000
+        self._ctl.metrics.backlog_ages(
+            self._ages.subscription_ages(now_ms), self._ages.segment_ages(now_ms)
+        )
+
+    async def _rounds(self) -> None:
         while True:
             policy = TopicPolicy()
             try:
@@ -227,16 +252,10 @@ class TopicMaintenance:
         for st in stats.values():
             for name, cursor in st["subscriptions"].items():
                 backlog[name] = backlog.get(name, 0) + cursor["backlog"]
-        now_ms = time.time_ns() // 1_000_000
-        ages = subscription_ages(stats, now_ms)
         for name, total in backlog.items():
-            consumers = len(catalog.consumers(topic, name))
-            metrics.subscription(name, total, consumers, ages.get(name, 0.0))
-        for segment_id, st in stats.items():
-            for name, cursor in st["subscriptions"].items():
-                metrics.segment_backlog_age(
-                    segment_id, name, age_s(cursor.get("oldestUnackedMs"), now_ms)
-                )
+            metrics.subscription(name, total, len(catalog.consumers(topic, name)))
+        self._ages.observe(stats, backlog)
+        self._export_ages()
         tiered = sum(1 for st in stats.values() if st.get("tiered"))
         metrics.storage(len(stats) - tiered, tiered)
 

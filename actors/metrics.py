@@ -184,15 +184,21 @@ class ControllerMetrics:
         gauge.set(active, {"topic": self._topic, "state": "ACTIVE"})
         gauge.set(sealed, {"topic": self._topic, "state": "SEALED"})
 
-    def subscription(self, name: str, backlog: int, consumers: int, age_s: float) -> None:
+    def subscription(self, name: str, backlog: int, consumers: int) -> None:
         tags = {"topic": self._topic, "subscription": name}
         _metrics().backlog.set(backlog, tags)
         _metrics().consumers.set(consumers, tags)
-        _metrics().backlog_age.set(age_s, tags)
 
-    def segment_backlog_age(self, segment_id: int, subscription: str, age_s: float) -> None:
-        tags = {"topic": self._topic, "segment": str(segment_id), "subscription": subscription}
-        _metrics().segment_backlog_age.set(age_s, tags)
+    def backlog_ages(
+        self, subscriptions: dict[str, float], segments: dict[tuple[int, str], float]
+    ) -> None:
+        """Ages in seconds: per subscription, and per (segment id, subscription)."""
+        m = _metrics()
+        for name, age in subscriptions.items():
+            m.backlog_age.set(age, {"topic": self._topic, "subscription": name})
+        for (segment_id, name), age in segments.items():
+            tags = {"topic": self._topic, "segment": str(segment_id), "subscription": name}
+            m.segment_backlog_age.set(age, tags)
 
     def operation(self, kind: str, duration_s: float) -> None:
         tags = {"topic": self._topic, "kind": kind}

@@ -8,7 +8,7 @@ and the controller's metrics use it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -28,3 +28,48 @@ def subscription_ages(segments: Mapping[Any, Mapping[str, Any]], now_ms: int) ->
             age = age_s(cursor.get("oldestUnackedMs"), now_ms)
             ages[name] = max(ages.get(name, 0.0), age)
     return ages
+
+
+class BacklogAges:
+    """The oldest unacknowledged publish times of the last stats round, from which the
+    ages are taken again between rounds without asking any segment: while nobody
+    acknowledges, an age grows with the clock alone. The controller's maintenance
+    observes each round's stats and re-exports the ages every fraction of a second,
+    so a Prometheus scrape at any moment sees an age at most one export old.
+
+    Who calls: ``actors.maintenance`` only (``observe`` per round, the ages per refresh).
+    """
+
+    def __init__(self) -> None:
+        self._subscriptions: dict[str, int | None] = {}
+        self._segments: dict[tuple[int, str], int] = {}
+        self._cleared: set[tuple[int, str]] = set()
+
+    def observe(self, stats: Mapping[int, Mapping[str, Any]], subscriptions: Iterable[str]) -> None:
+        """Take a round's stats (segment id → its stats) for the topic's ``subscriptions``."""
+        segments: dict[tuple[int, str], int] = {}
+        for segment_id, st in stats.items():
+            for name, cursor in st["subscriptions"].items():
+                oldest = cursor.get("oldestUnackedMs")
+                if oldest is not None:
+                    segments[(segment_id, name)] = oldest
+        self._cleared |= self._segments.keys() - segments.keys()
+        self._cleared -= segments.keys()
+        self._segments = segments
+        self._subscriptions = {name: None for name in subscriptions}
+        for (_, name), oldest in segments.items():
+            kept = self._subscriptions.get(name)
+            self._subscriptions[name] = oldest if kept is None else min(kept, oldest)
+
+    def subscription_ages(self, now_ms: int) -> dict[str, float]:
+        """Every subscription's age (0 with nothing unacknowledged)."""
+        return {name: age_s(oldest, now_ms) for name, oldest in self._subscriptions.items()}
+
+    def segment_ages(self, now_ms: int) -> dict[tuple[int, str], float]:
+        """(segment id, subscription) → age, for the pairs with a backlog, and 0 once for
+        each pair whose backlog was acknowledged since the last call (a pair with none
+        is not re-exported every time)."""
+        ages = {key: age_s(oldest, now_ms) for key, oldest in self._segments.items()}
+        ages |= dict.fromkeys(self._cleared, 0.0)
+        self._cleared = set()
+        return ages

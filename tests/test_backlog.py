@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.backlog import age_s, subscription_ages
+from runtime.backlog import BacklogAges, age_s, subscription_ages
 from storage.cursors import Cursor
 from storage.segment_store import subscription_stats
 
@@ -40,3 +40,31 @@ def test_a_subscription_is_as_old_as_its_oldest_segment() -> None:
 def test_the_topic_age_is_the_largest_segment_age(oldest: list, now_ms: int) -> None:
     segments = {i: {"subscriptions": {"s": {"oldestUnackedMs": o}}} for i, o in enumerate(oldest)}
     assert subscription_ages(segments, now_ms)["s"] == max(age_s(o, now_ms) for o in oldest)
+
+
+def test_ages_are_retaken_between_rounds_and_a_cleared_pair_is_zeroed_once() -> None:
+    ages = BacklogAges()
+    ages.observe(
+        {0: {"subscriptions": {"a": {"oldestUnackedMs": 5_000}, "b": {"oldestUnackedMs": None}}},
+         1: {"subscriptions": {"a": {"oldestUnackedMs": 8_000}}}},
+        ["a", "b", "idle"],
+    )  # fmt: skip
+    assert ages.subscription_ages(10_000) == {"a": 5.0, "b": 0.0, "idle": 0.0}
+    assert ages.subscription_ages(12_500) == {"a": 7.5, "b": 0.0, "idle": 0.0}
+    assert ages.segment_ages(12_500) == {(0, "a"): 7.5, (1, "a"): 4.5}
+    ages.observe({0: {"subscriptions": {"a": {"oldestUnackedMs": None}}},
+                  1: {"subscriptions": {"a": {"oldestUnackedMs": 8_000}}}}, ["a"])  # fmt: skip
+    assert ages.segment_ages(13_000) == {(0, "a"): 0.0, (1, "a"): 5.0}
+    assert ages.segment_ages(14_000) == {(1, "a"): 6.0}  # the zero was exported once
+    assert ages.subscription_ages(14_000) == {"a": 6.0}
+
+
+@given(
+    st.lists(st.one_of(st.none(), st.integers(0, 10**6)), min_size=1, max_size=10),
+    st.integers(0, 2 * 10**6),
+)
+def test_retaken_ages_equal_ages_taken_from_the_stats(oldest: list, now_ms: int) -> None:
+    segments = {i: {"subscriptions": {"s": {"oldestUnackedMs": o}}} for i, o in enumerate(oldest)}
+    ages = BacklogAges()
+    ages.observe(segments, ["s"])
+    assert ages.subscription_ages(now_ms) == subscription_ages(segments, now_ms)

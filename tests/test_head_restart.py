@@ -9,7 +9,8 @@ and port. Before any admin call, Ray alone must have brought the controller, the
 segments and both coordinators back; then the metadata (topic, subscriptions, the
 consumer's registration, cursors, policy, limits) must read as before, and the
 consumer must get exactly what it had not acknowledged, once each, in key order,
-parents before children. Nothing here could pass on an in-memory GCS.
+parents before children. A subscription reset to a moment before the restart owes
+exactly what came after that moment. Nothing here could pass on an in-memory GCS.
 
 The programs run as subprocesses (this file as a script: ``before``, ``actors``,
 ``after``), since a driver joins one Ray for life and this session's other tests
@@ -61,6 +62,9 @@ HIBERNATING = {
     f"topic://{NAMESPACE}/archive": "tiering",
     f"topic://{NAMESPACE}/idle": "hibernation",
 }
+# A topic written with zstd whose subscription was reset to a moment t1 between phase A
+# and phase B (then a split, phase C) before the restart: the moved cursors are state too.
+REPLAY = f"topic://{NAMESPACE}/replay"
 
 
 @pytest.mark.timeout(300)
@@ -94,7 +98,7 @@ def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
     assert set(actors["alive"]) >= set().union(*expected), actors
     assert all(pid not in before["actor_pids"] for pid in actors["pids"]), "not restarted?"
 
-    assert sorted(after["topics"]) == sorted([TOPIC, *HIBERNATING])
+    assert sorted(after["topics"]) == sorted([TOPIC, REPLAY, *HIBERNATING])
     assert after["layout"] == before["layout"]  # the split is in it: 4 + 2 segments
     assert len(after["layout"]["segments"]) == SEGMENTS + 2
     assert sorted(after["subscriptions"]) == sorted(SUBSCRIPTIONS)
@@ -138,6 +142,17 @@ def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
         got = [tuple(m) for m in woken["received"]]
         assert delivery_violations(sent, got, exactly_once=True) == [], topic
         assert len(got) == len(sent), topic
+
+    replay, replayed = before["replay"], after["replay"]
+    owed = [tuple(m) for m in replay["after_t1"]]
+    got = [(key, seq) for key, seq, _ in replayed["received"]]
+    assert replayed["backlog"] == len(owed) == replay["backlog"]
+    assert delivery_violations(owed, got, exactly_once=True) == []
+    assert len(got) == len(owed), "messages from before t1 came back"
+    assert _children_after_parents(replayed["received"], replayed["layout"]) == []
+    # The oldest unacknowledged message is phase B's first: published after t1.
+    age_bound_s = (replayed["stats_at_ms"] - replay["t1_ms"]) / 1000
+    assert 0 < replayed["backlog_age_s"] <= age_bound_s + 0.5, (replayed, replay["t1_ms"])
 
 
 def _actor_names(layout: dict[str, Any], subscription: str) -> frozenset[str]:
@@ -264,6 +279,7 @@ def before(out: Path) -> None:
         "limits": admin.get_namespace_limits(NAMESPACE),
         "actor_pids": [a["Pid"] for a in state.actors().values() if a["State"] == "ALIVE"],
         "hibernating": {topic: _asleep(admin, topic, sent) for topic, sent in hibernating.items()},
+        "replay": _reset_to_t1(admin),
     }
     out.write_text(json.dumps(result))
     # No close(), no atexit: c1 stays registered, as after a crash.
@@ -335,7 +351,41 @@ def after(out: Path) -> None:
             "tiered": sum(1 for s in segments if s["tiered"]),
             "received": [[m.key, _seq(m)] for m in got],
         }
+    consumer = StreamConsumer(REPLAY, "replay", "r1")
+    owed = admin.get_stats(REPLAY)["subscriptions"]["replay"]
+    got = _receive(consumer, owed["backlog"], acknowledge=True, deadline_s=RECEIVE_DEADLINE_S)
+    got += _receive(consumer, 1, acknowledge=True, deadline_s=QUIET_S)  # must be none
+    consumer.close()
+    result["replay"] = {
+        "backlog": owed["backlog"],
+        "backlog_age_s": owed["backlogAgeS"],
+        "stats_at_ms": time.time_ns() // 1_000_000,
+        "layout": admin.get_metadata(REPLAY),
+        "received": [[m.key, _seq(m), m.segment_id] for m in got],
+    }
     out.write_text(json.dumps(result))
+
+
+def _reset_to_t1(admin: Any) -> dict[str, Any]:
+    """Phase A, t1, phase B, a split, phase C (zstd), then the subscription is reset to
+    t1 with no consumer connected: what it owes is B and C."""
+    from clients import Producer
+
+    admin.create_scalable_topic(REPLAY, 2)
+    admin.create_subscription(REPLAY, "replay", "latest")
+    keys = _keys()
+    with Producer(REPLAY, compression="zstd") as producer:
+        producer.send_batch([f"{k}:0".encode() for k in keys], keys=keys).result()
+        time.sleep(0.05)
+        t1_ms = time.time_ns() // 1_000_000
+        time.sleep(0.05)
+        producer.send_batch([f"{k}:1".encode() for k in keys], keys=keys).result()
+        admin.split_segment(REPLAY, 0)
+        producer.send_batch([f"{k}:2".encode() for k in keys], keys=keys).result()
+    admin.reset_subscription(REPLAY, "replay", t1_ms)
+    backlog = admin.get_stats(REPLAY)["subscriptions"]["replay"]["backlog"]
+    after_t1 = [(k, seq) for seq in (1, 2) for k in keys]
+    return {"t1_ms": t1_ms, "after_t1": after_t1, "backlog": backlog}
 
 
 def _to_hibernate(admin: Any, topic: str, kind: str) -> list[tuple[str, int]]:

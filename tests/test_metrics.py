@@ -99,9 +99,9 @@ def test_metrics_are_exported_with_tags_and_plausible_values(admin, unique) -> N
 
 
 def test_backlog_age_is_the_age_of_the_oldest_unacknowledged_message(admin, unique) -> None:
-    """In stats (taken when asked) and in Prometheus, where each newly exported value is
-    within 2 s of the truth at the moment it is scraped (between exports it ages by up
-    to Ray's metrics export interval)."""
+    """In stats (taken when asked) and in Prometheus, where a scrape at any moment is
+    within 2 s of the truth at that moment (the embedded head exports every second,
+    and the controller takes the ages again between its rounds)."""
     topic = f"topic://metrics/ns/age-{unique}"
     admin.create_scalable_topic(topic, 2)
     admin.set_policy(topic, {"retention": {"timeS": 86400}})  # maintenance every second
@@ -128,16 +128,20 @@ def test_backlog_age_is_the_age_of_the_oldest_unacknowledged_message(admin, uniq
         stats["subscriptions"]["lagging"]["backlogAgeS"], abs=1
     )
 
-    fresh: list[tuple[float, float]] = []  # (exported value, truth when first scraped)
-    last = None
-    deadline = time.monotonic() + 60
-    while len(fresh) < 3 and time.monotonic() < deadline:
-        value = total(scrape(), "backlog_age_seconds", topic=topic, subscription="lagging")
-        if value is not None and value != last:
-            if last is not None:  # a new export since the previous scrape
-                fresh.append((value, time.time() - oldest_ms / 1000))
-            last = value
+    first = time.monotonic() + 30
+    while total(scrape(), "backlog_age_seconds", topic=topic, subscription="lagging") is None:
+        assert time.monotonic() < first, "backlog_age_seconds was never exported"
         time.sleep(0.2)
-    assert len(fresh) >= 3, f"backlog_age_seconds was not exported anew: {fresh}"
-    assert all(abs(value - truth) <= 2.0 for value, truth in fresh), fresh
+    scraped: list[tuple[float, float]] = []  # (value, truth when scraped)
+    exports = set()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        value = total(scrape(), "backlog_age_seconds", topic=topic, subscription="lagging")
+        assert value is not None, "backlog_age_seconds is not exported"
+        scraped.append((value, time.time() - oldest_ms / 1000))
+        exports.add(value)
+        time.sleep(0.23)
+    assert len(exports) >= 10, f"the age was not exported anew every second or so: {exports}"
+    late = [(value, truth) for value, truth in scraped if abs(value - truth) > 2.0]
+    assert not late, f"{len(late)} of {len(scraped)} scrapes more than 2 s off: {late}"
     admin.delete_scalable_topic(topic)
