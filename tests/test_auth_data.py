@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import ray
+from child_output import last_json  # tests/ is on sys.path under pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -208,7 +209,7 @@ def probe(topic: str, runs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-5000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return last_json(done.stdout)
 
 
 def _segment_name(topic: str, index: int) -> SegmentName:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_examples import stop_group  # tests/ is on sys.path under pytest
+from child_output import last_json  # tests/ is on sys.path under pytest
+from test_examples import stop_group
 
 from runtime.embedded import METADATA_DIR, STATE_FILE, State
 from runtime.processes import stop_processes
@@ -98,7 +99,7 @@ class Run:
 
     def result(self) -> dict:
         assert self.code == 0, self.stdout[-3000:] + self.stderr[-5000:]
-        return json.loads(self.stdout.strip().splitlines()[-1])
+        return last_json(self.stdout)
 
     def said(self) -> list[str]:
         """What connect() reported: its ``raytopics:`` lines on stderr."""

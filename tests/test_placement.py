@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from child_output import last_json
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +78,7 @@ def test_pinned_namespace_starts_and_restarts_on_its_nodes(tmp_path: Path) -> No
         [sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    placed = json.loads(proc.stdout.strip().splitlines()[-1])
+    placed = last_json(proc.stdout)
     pinned_node, pinned, restarted = placed["pinned_node"], placed["pinned"], placed["restarted"]
     kinds = {name.split(":")[0] for name in pinned}
     assert kinds == {"controller", "segment", "coordinator"}, pinned
