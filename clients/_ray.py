@@ -13,7 +13,10 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
+import ray
+
 from runtime.config import GC_FREEZE_ENV
+from runtime.connect import connect
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -65,6 +68,17 @@ def background_loop() -> _LoopThread:
         if _loop is None:
             _loop = _LoopThread()
         return _loop
+
+
+def joined(address: str | None = None) -> None:
+    """Make this process a Ray driver if it is not one yet, as ``ScalableTopicsAdmin``
+    does: ``address``, else ``RAY_ADDRESS``, else a cluster started on this machine
+    with ``ray start``, else the embedded Ray (``runtime.connect.connect``). Every
+    client calls it first, so two lines (an import and ``Producer(topic).send(...)``)
+    are a whole program. In a Ray task or actor, or after the application's own
+    ``ray.init``, the process is connected already and nothing changes."""
+    if not ray.is_initialized():
+        connect(address)
 
 
 def freeze_what_exists() -> None:

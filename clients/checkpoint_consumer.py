@@ -19,6 +19,7 @@ from clients._group_consumer import (
     GroupConsumerCore,
     run_on_loop,
 )
+from clients._ray import joined
 from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
@@ -84,10 +85,13 @@ class CheckpointConsumer(GroupConsumer):
         *,
         session_grace_s: float = DEFAULT_GRACE_S,
         token: str | None = None,
+        address: str | None = None,
         **config: Any,
     ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
-        namespace when the cluster has an auth policy; a refusal is raised here."""
+        namespace when the cluster has an auth policy; a refusal is raised here.
+        ``address``: the Ray to join when this process is not connected yet."""
+        joined(address)
         name = TopicName.parse(topic)
         if start is not None and start.topic != str(name):
             raise InvalidArgumentError(f"checkpoint is for {start.topic}, not {name}")

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import concurrent.futures.thread  # noqa: F401 - its exit hook first, see below
 import contextlib
 import dataclasses
 import functools
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -44,7 +46,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from actors.dag_watch import DagWatch
 from actors.segment import find_segment_actor
 from clients._data_plane import ChannelError, SegmentChannel
-from clients._ray import background_loop, freeze_what_exists
+from clients._ray import background_loop, freeze_what_exists, joined
 from clients.message import BatchResult, MessageId
 from runtime.auth import Permission, client_credential
 from runtime.batch import (
@@ -76,6 +78,13 @@ logger = logging.getLogger(__name__)
 
 _ADOPT_RETRY_S = 0.5
 _ROW_OVERHEAD = 64  # bytes charged per message on top of key and value
+# Producers still open when the program ends are closed then, as leaving a ``with``
+# block does: a script that never closes its producer loses no send it made. Kept
+# here (not weakly) because ``Producer(topic).send(...)`` drops its only reference.
+_OPEN: set[Producer] = set()
+_OPEN_LOCK = threading.Lock()
+_AT_EXIT_TIMEOUT_S = 30.0
+_at_exit_registered = False
 
 
 @dataclass(frozen=True)
@@ -622,9 +631,14 @@ class _ProducerCore:
 class Producer:
     """Publish to a scalable topic; thread-safe, usable in Ray tasks and actors."""
 
-    def __init__(self, topic: str, *, token: str | None = None, **config: Any) -> None:
+    def __init__(
+        self, topic: str, *, token: str | None = None, address: str | None = None, **config: Any
+    ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``produce`` on the topic's
-        namespace when the cluster has an auth policy; a refusal is raised here."""
+        namespace when the cluster has an auth policy; a refusal is raised here.
+        ``address``: the Ray to join when this process is not connected yet (see
+        ``runtime.connect``; by default ``RAY_ADDRESS`` or the embedded Ray)."""
+        joined(address)
         self._setup(TopicName.parse(topic), ProducerConfig(**config), client_credential(token))
         self._open()  # fail fast here (refused, unknown topic...), not at the first send
         freeze_what_exists()
@@ -634,6 +648,7 @@ class Producer:
         self._config = config
         self._credential = credential
         self._loop = background_loop()
+        _close_open_producers_at_exit()
         self._core: _ProducerCore | None = None
         self._open_lock = threading.Lock()
         self._pending: set[concurrent.futures.Future] = set()
@@ -645,6 +660,8 @@ class Producer:
         with self._open_lock:
             if self._core is None:
                 self._core = self._loop.run(self._start_core())
+                with _OPEN_LOCK:
+                    _OPEN.add(self)
             return self._core
 
     async def _start_core(self) -> _ProducerCore:
@@ -736,6 +753,8 @@ class Producer:
             return
         self.flush(timeout_s)
         self._closed = True
+        with _OPEN_LOCK:
+            _OPEN.discard(self)
         if self._core is not None:
             self._loop.run(self._core.close())
         self._loop.run(self._abandon(timeout_s))
@@ -803,3 +822,26 @@ def _reopen(topic: str, config: ProducerConfig, credential: str | None) -> Produ
     config = dataclasses.replace(config, producer_id=None)
     producer._setup(TopicName.parse(topic), config, credential)
     return producer
+
+
+def _close_open_producers_at_exit() -> None:
+    """Close open producers when the program ends, while everything a close needs
+    still runs. That is before ``atexit``: by then Python refuses new threads, which
+    an executor (a DNS lookup, a file) may need. Threading's exit hooks run once the
+    main thread is done and in reverse order, so this one runs before the hook of
+    ``concurrent.futures`` (imported above, so registered first) stops executors."""
+    global _at_exit_registered
+    with _OPEN_LOCK:
+        if not _at_exit_registered:
+            threading._register_atexit(_close_open_producers)  # type: ignore[attr-defined]
+            _at_exit_registered = True
+
+
+def _close_open_producers() -> None:
+    with _OPEN_LOCK:
+        still_open = list(_OPEN)
+    for producer in still_open:
+        try:
+            producer.close(_AT_EXIT_TIMEOUT_S)
+        except Exception as err:  # at exit nobody can catch it: say it
+            print(f"raytopics: closing {producer.topic} at exit: {err}", file=sys.stderr)

@@ -26,7 +26,7 @@ from actors.dag_watch import DagWatch
 from actors.segment import find_segment_actor
 from clients._data_plane import REFUSALS
 from clients._inbox import Inbox
-from clients._ray import background_loop, freeze_what_exists
+from clients._ray import background_loop, freeze_what_exists, joined
 from clients.message import Message, messages_from_delivery
 from clients.producer import Producer
 from runtime.auth import Permission, client_credential
@@ -178,6 +178,7 @@ class QueueConsumer:
         token: str | None = None,
         dead_letter: DeadLetterPolicy | None = None,
         negative_ack_backoff: RedeliveryBackoff | None = None,
+        address: str | None = None,
         **config: Any,
     ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
@@ -188,7 +189,9 @@ class QueueConsumer:
         with its origin in its properties, and acknowledged, instead of being returned.
         ``negative_ack_backoff``: how long a negatively acknowledged message is held back
         (by default it comes back at once); ``Message.redelivery_count`` says how often
-        a message was delivered before."""
+        a message was delivered before. ``address``: the Ray to join when this process
+        is not connected yet."""
+        joined(address)
         topic_name = TopicName.parse(topic)
         name = consumer_name or f"queue-{uuid.uuid4().hex[:12]}"
         credential = client_credential(token)

@@ -20,6 +20,7 @@ from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor, BlockMetadata
 from ray.data.datasource import Datasource, ReadTask, WriteResult
 
+from clients._ray import joined
 from clients.producer import Producer
 from clients.read_plan import (
     DEFAULT_ROWS_PER_PARTITION,
@@ -99,8 +100,10 @@ def read_topic_dataset(
     """The topic's snapshot as a Ray Dataset (``OUTPUT_SCHEMA``), read lazily by Ray tasks.
 
     Bounds, completeness and ``token`` as in ``read_topic``; the result carries
-    ``missing_segments`` and ``read_plan`` (Ray Data transformations do not).
+    ``missing_segments`` and ``read_plan`` (Ray Data transformations do not). Joins Ray
+    first when this process is not connected (``RAY_ADDRESS`` or the embedded Ray).
     """
+    joined()
     credential = client_credential(token)
     plan = plan_read(
         topic,

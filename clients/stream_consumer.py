@@ -19,6 +19,7 @@ from clients._group_consumer import (
     GroupConsumerCore,
     run_on_loop,
 )
+from clients._ray import joined
 from clients.message import Message, highest_offsets
 from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError
@@ -38,10 +39,13 @@ class StreamConsumer(GroupConsumer):
         consumer_name: str,
         *,
         token: str | None = None,
+        address: str | None = None,
         **config: Any,
     ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
-        namespace when the cluster has an auth policy; a refusal is raised here."""
+        namespace when the cluster has an auth policy; a refusal is raised here.
+        ``address``: the Ray to join when this process is not connected yet."""
+        joined(address)
         self._core = GroupConsumerCore(
             TopicName.parse(topic),
             subscription,

@@ -24,8 +24,9 @@ import ray
 
 from runtime import embedded
 from runtime.config import ray_namespace
+from runtime.errors import RayUnreachableError
 from runtime.placement import placement_from_env
-from runtime.processes import tcp_answers
+from runtime.processes import host_port, tcp_answers
 
 # Settings for the embedded Ray; clusters started with `ray start` take the same
 # ones via --system-config (or RAY_<name> variables on every node).
@@ -52,6 +53,10 @@ EMBEDDED_ADDRESS = "local"
 _lock = threading.RLock()
 _warned_not_durable = False
 _checked: set[str] = set()  # GCS addresses whose metadata backend was looked at
+
+
+# How long a cluster's address may take to accept a connection before it counts as down.
+REACH_TIMEOUT_S = 3.0
 
 
 class MetadataNotDurableWarning(UserWarning):
@@ -146,9 +151,11 @@ def _init(
         said = f"joined the embedded Ray of {joined.storage_root} (GCS {head.gcs_address}) "
         return said + f"started by pid {head.started_by.pid}", False
     if address:
+        _check_answers(address, "the address= argument")
         ray.init(address=address, **init_kwargs)
         return f"joined the Ray cluster at {_gcs_address() or address} (address {address})", False
     if env_address:
+        _check_answers(env_address, "RAY_ADDRESS")
         ray.init(address=None, **init_kwargs)  # Ray reads RAY_ADDRESS itself (ray://, auto)
         return f"joined the Ray cluster at {_gcs_address() or env_address} (RAY_ADDRESS)", False
     _adopt_local_auth()
@@ -203,6 +210,26 @@ def _ray_start_cluster() -> str | None:
         return None
     services.find_gcs_addresses.cache_clear()
     return found if found in services.find_gcs_addresses() else None
+
+
+def _check_answers(address: str, source: str) -> None:
+    """Fail at once, saying where it looked, when nothing listens at a ``host:port``
+    address: ``ray.init`` would retry for minutes before it says so. ``auto`` is
+    Ray's own search and is left to it."""
+    if address == "auto" or ":" not in address:
+        return
+    try:
+        host_port(address)
+    except ValueError:
+        raise RayUnreachableError(
+            f"{source} is {address!r}, which is not host:port (or ray://host:port, or auto)"
+        ) from None
+    if not tcp_answers(address, timeout_s=REACH_TIMEOUT_S):
+        raise RayUnreachableError(
+            f"no Ray cluster answers at {address} (from {source}): start one there with "
+            "`ray start --head`, point it at a running cluster, or leave address and "
+            "RAY_ADDRESS unset to use the embedded Ray of this machine"
+        )
 
 
 def _adopt_local_auth() -> None:

@@ -244,6 +244,13 @@ class TopicNotReadyError(UnavailableError):
         self.readiness = readiness or {}
 
 
+class RayUnreachableError(UnavailableError):
+    """No Ray cluster answers where a client was told to look (``address=`` or
+    ``RAY_ADDRESS``); the message says which and where."""
+
+    code = "ray_unreachable"
+
+
 class RequestTimeoutError(UnavailableError):
     """The REST gateway gave up on a request after its time-out; a change it asked for
     may still complete (read the resource to see)."""

@@ -84,7 +84,11 @@ def head() -> Iterator[dict]:
     try:
         output, _ = starter.communicate(timeout=180)
         assert starter.returncode == 0, output
-        yield {"url": f"http://127.0.0.1:{ports['--dashboard-port']}", "env": env}
+        yield {
+            "url": f"http://127.0.0.1:{ports['--dashboard-port']}",
+            "gcs": f"127.0.0.1:{ports['--port']}",
+            "env": env,
+        }
     finally:
         stop_group(starter.pid)
         shutil.rmtree(scratch, ignore_errors=True)
