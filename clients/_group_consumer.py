@@ -48,6 +48,8 @@ from runtime.names import SegmentName, TopicName, validate_part
 from runtime.remote import call
 
 log = logging.getLogger(__name__)
+# How long a sealed segment's "finished" may be refused before it is worth a warning.
+FINISH_QUIET_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,12 @@ class GroupConsumerCore:
         return delivery
 
     async def _finish_when_settled(self, reader: _Reader) -> None:
-        """Report a sealed segment finished once all of it is delivered (and acked)."""
+        """Report a sealed segment finished once all of it is delivered (and acked).
+
+        A segment ends (its reads say so) just before the split or merge that ended it
+        commits the layout, so the coordinator may answer "not sealed" for a moment:
+        retried quietly, and said only if it lasts."""
+        refused_since: float | None = None
         while not reader.revoked and not self.closed:
             settled = reader.acked if self.acknowledges else reader.delivered
             if settled >= reader.end:
@@ -293,7 +300,14 @@ class GroupConsumerCore:
                     self.fail(err)
                     return
                 except ConflictError as err:
-                    log.warning("finishing segment %s: %s", reader.segment_id, err)
+                    refused_since = refused_since or time.monotonic()
+                    lasting = time.monotonic() - refused_since >= FINISH_QUIET_S
+                    log.log(
+                        logging.WARNING if lasting else logging.DEBUG,
+                        "finishing segment %s: %s",
+                        reader.segment_id,
+                        err,
+                    )
                     await asyncio.sleep(0.5)
                     continue
                 self.finished.add(reader.segment_id)

@@ -46,6 +46,9 @@ examples:
   raytopics policy show public/default/orders
   raytopics policy set-default public/default '{"tiering": {"uri": "s3://bucket/t"}}'
   raytopics delete public/default/orders
+  seq 100 | raytopics produce public/default/orders --key k   # lines from stdin
+  raytopics consume public/default/orders --from earliest --max 100 --json
+  raytopics top public/default                 # live: rates, backlog, segments
   raytopics storage check                      # storage no metadata names (--delete removes it)
   raytopics recover public/default/orders      # rebuild lost metadata from storage
   raytopics auth load tokens.json              # the cluster's authentication policy
@@ -235,6 +238,42 @@ def _auth_show(admin: Any, args: argparse.Namespace) -> str:
 def _auth_disable(admin: Any, args: argparse.Namespace) -> str:
     admin.disable_auth()
     return "authentication is off: anyone who reaches the cluster may do anything"
+
+
+def _produce(admin: Any, args: argparse.Namespace) -> str:
+    from clients import console
+
+    key = console.key_of(args.key, args.key_field)
+    sent = console.produce(
+        args.topic, sys.stdin.buffer, key=key, rate=args.rate, token=_token(args)
+    )
+    print(f"produced {sent} messages to {args.topic}", file=sys.stderr)
+    return ""
+
+
+def _consume(admin: Any, args: argparse.Namespace) -> str:
+    from clients import console
+
+    run = console.ConsumeRun(
+        topic=args.topic,
+        subscription=args.subscription,
+        start=args.start,
+        max_messages=args.max,
+        idle_timeout_s=args.timeout,
+        json_lines=args.json,
+        token=_token(args),
+    )
+    count = console.consume(admin, run, sys.stdout, sys.stderr)
+    print(f"consumed {count} messages from {args.topic}", file=sys.stderr)
+    return ""
+
+
+def _top(admin: Any, args: argparse.Namespace) -> str:
+    from clients import console
+
+    rounds = 1 if args.once else None
+    console.top(admin, args.namespaces, interval_s=args.interval, rounds=rounds, out=sys.stdout)
+    return ""
 
 
 def _read_json(path: str) -> Any:
@@ -441,6 +480,16 @@ def _property(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -532,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats = _command(commands, "stats", _stats, "segment and subscription stats", topic=True)
     stats.add_argument("--json", action="store_true", help="print the raw stats JSON")
     _command(commands, "delete", _delete, "delete a topic and its segments", topic=True)
+    _console_commands(commands)
     limits = _command(commands, "limits", _limits, "show (or --set) a namespace's limits")
     limits.add_argument("namespace_path", metavar="TENANT/NS")
     limits.add_argument(
@@ -638,6 +688,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _console_commands(commands: Any) -> None:
+    produce = _command(
+        commands, "produce", _produce, "send lines from stdin to a topic", topic=True
+    )
+    keys = produce.add_mutually_exclusive_group()
+    keys.add_argument("--key", help="one key for every line (default: no key)")
+    keys.add_argument(
+        "--key-field", metavar="FIELD", help="each line is a JSON object; its FIELD is the key"
+    )
+    produce.add_argument(
+        "--rate", type=_positive, metavar="N",
+        help="send at most N messages a second (default: no limit)",
+    )  # fmt: skip
+    consume = _command(
+        commands, "consume", _consume, "print what a subscription receives", topic=True
+    )
+    consume.add_argument(
+        "--subscription", metavar="S",
+        help="subscription to read (created at --from if missing; default: a temporary "
+        "one, deleted when done)",
+    )  # fmt: skip
+    consume.add_argument(
+        "--from", dest="start", choices=("earliest", "latest"), default="latest",
+        help="where a new subscription starts (default latest)",
+    )  # fmt: skip
+    consume.add_argument(
+        "--max", type=lambda text: int(_positive(text)), metavar="N", help="stop after N messages"
+    )
+    consume.add_argument(
+        "--timeout", type=_seconds, metavar="SECONDS",
+        help="stop after SECONDS without a message (default: wait for more until Ctrl-C)",
+    )  # fmt: skip
+    consume.add_argument(
+        "--json", action="store_true",
+        help="one JSON object per message: key, value (valueBase64 if not UTF-8), segment, "
+        "offset, publishTime, properties (default: the value alone)",
+    )  # fmt: skip
+    top = _command(commands, "top", _top, "a live table of topics: rates, backlog, segments")
+    top.add_argument("namespaces", nargs="+", metavar="TENANT/NS", help="namespaces to show")
+    top.add_argument(
+        "--interval", type=_seconds, default=2.0, metavar="SECONDS", help="refresh (default 2)"
+    )
+    top.add_argument("--once", action="store_true", help="print one table and exit")
+
+
 def _wait_option(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument(
         "--wait", type=_seconds, nargs="?", const=DEFAULT_READY_TIMEOUT_S, metavar="SECONDS",
@@ -666,8 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["help"]:  # `raytopics help [COMMAND...]`, as git and kubectl take it
         argv = [*argv[1:], "--help"]
     args = parser.parse_args(argv)
-    if args.command == "serve" and args.url:
-        parser.error("serve starts a gateway on Ray; it cannot run through --url")
+    if args.command in ("serve", "produce", "consume") and args.url:
+        parser.error(f"{args.command} runs on Ray; it cannot run through --url")
     try:
         output = _serve(args) if args.run is None else _run(args.run, args)
     except ScalableTopicsError as err:
