@@ -33,19 +33,36 @@ system_packages() {
     { echo "error: redis-server is required (Debian/Ubuntu: apt-get install redis-server)" >&2; exit 1; }
 }
 
+# One line per step on the terminal; pip's and javac's output go to the log, which a
+# failing step prints the end of.
+LOG=.venv/setup.log
+
+step() {
+  local what=$1; shift
+  printf '%s ... ' "$what"
+  if "$@" >>"$LOG" 2>&1; then
+    echo "done"
+  else
+    echo "FAILED (the end of $LOG:)"; tail -n 30 "$LOG" >&2; exit 1
+  fi
+}
+
 setup() {
   if [ ! -x .venv/bin/python ]; then
-    "$(python_bin)" -m venv .venv
+    local python; python=$(python_bin)
+    printf 'creating .venv ... '; "$python" -m venv .venv && echo "done"
   fi
+  : >"$LOG"
   local stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
   if [ ! -f "$stamp" ]; then
-    .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e '.[test]'
+    step "upgrading pip" .venv/bin/python -m pip install --upgrade pip
+    step "installing the project and its pinned dependencies (a few minutes the first time)" \
+      .venv/bin/python -m pip install -e '.[test]'
     rm -f .venv/.installed-* && touch "$stamp"
   fi
   # The Spark streaming connector (java/): javac against pyspark's own jars; a no-op
   # when the jar is newer than its sources.
-  PYTHON=.venv/bin/python bash java/build.sh build/raytopics-spark.jar
+  step "building the Spark connector" env PYTHON=.venv/bin/python bash java/build.sh build/raytopics-spark.jar
   export PYSPARK_PYTHON="$PWD/.venv/bin/python" RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 }
 
