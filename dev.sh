@@ -17,20 +17,27 @@ python_bin() {
 }
 
 # Redis is what a Ray cluster keeps its metadata in (GCS fault tolerance): the tests
-# that restart a head run a real one, so `test` installs Debian's package when it is
-# missing. The demo needs none (the embedded Ray keeps metadata in RocksDB).
-system_packages() {
-  command -v redis-server >/dev/null 2>&1 && return
+# that restart a head run a real one. The web console is tested in a real headless
+# Chromium driven through chromedriver. `test` installs Debian's packages when they
+# are missing; the demo needs none (the embedded Ray keeps metadata in RocksDB).
+apt_install() {  # COMMAND PACKAGE...: install PACKAGEs unless COMMAND exists
+  local command=$1; shift
+  command -v "$command" >/dev/null 2>&1 && return
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   if command -v apt-get >/dev/null 2>&1 && { [ -z "$sudo" ] || command -v sudo >/dev/null; }; then
-    echo "installing redis-server (apt-get)" >&2
-    $sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null ||
+    echo "installing $* (apt-get)" >&2
+    $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null ||
       { $sudo apt-get update -qq >/dev/null && \
-        $sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
+        $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
   fi
-  command -v redis-server >/dev/null 2>&1 ||
-    { echo "error: redis-server is required (Debian/Ubuntu: apt-get install redis-server)" >&2; exit 1; }
+  command -v "$command" >/dev/null 2>&1 ||
+    { echo "error: $* required (Debian/Ubuntu: apt-get install $*)" >&2; exit 1; }
+}
+
+system_packages() {
+  apt_install redis-server redis-server
+  apt_install chromedriver chromium chromium-driver
 }
 
 # One line per step on the terminal; pip's and javac's output go to the log, which a

@@ -41,6 +41,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.admin_caller import AdminServiceCaller
+from actors.gateway_console import add_console
 from actors.gateway_documents import (
     ID_PARAMS,
     MAX_SEGMENT_ID,
@@ -190,6 +191,7 @@ def create_app(
         if route.path not in resources:
             resources[route.path] = app.router.add_resource(route.path)
         resources[route.path].add_route(route.method, _handler(route))
+    add_console(app)
     return app
 
 

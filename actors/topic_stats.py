@@ -163,12 +163,18 @@ async def _autoscale_status(name: TopicName, timeout_s: float) -> dict[str, Any]
 
 
 def _subs(catalog: Catalog, name: TopicName) -> dict[str, dict[str, Any]]:
-    """Each subscription's state and number of registered consumers."""
+    """Each subscription's state, its registered stream consumers and the segments each
+    holds (``assignments``; queue consumers hold none)."""
     result = {}
     for sub in catalog.subscriptions(name):
         meta = catalog.subscription(name, sub)
         if meta is not None:
-            result[sub] = {"state": meta.state, "consumers": len(catalog.consumers(name, sub))}
+            registrations = catalog.registrations(name, sub)
+            result[sub] = {
+                "state": meta.state,
+                "consumers": len(catalog.consumers(name, sub)),
+                "assignments": {r.consumer_name: list(r.assigned_segments) for r in registrations},
+            }
     return result
 
 

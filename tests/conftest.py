@@ -84,3 +84,13 @@ def kv_snapshot(ray_cluster):
         return {key: internal_kv._internal_kv_get(key, namespace=namespace) for key in keys}
 
     return take
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # noqa: ARG001 - pytest's hook signature
+    """Marks a test whose body failed (``item.failed_call``), for fixtures that keep
+    evidence only then (the web console's screenshot)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        item.failed_call = True
