@@ -2,6 +2,7 @@
 
 from clients.admin import ScalableTopicsAdmin
 from clients.checkpoint_consumer import Checkpoint, CheckpointConsumer
+from clients.connection import connect
 from clients.http import AdminHttpClient
 from clients.message import RECEIVED_SCHEMA, BatchResult, Message, MessageId
 from clients.producer import Producer
@@ -23,4 +24,5 @@ __all__ = [
     "RedeliveryBackoff",
     "ScalableTopicsAdmin",
     "StreamConsumer",
+    "connect",
 ]

@@ -294,7 +294,11 @@ def _serve(args: argparse.Namespace) -> str:
     stop = _stop_signal()  # before the banner: whoever reads it may signal at once
     url = start_gateway(args.port, args.host, existing="replace" if args.replace else "refuse")
     ours = gateway_id(args.port)
-    print(f"serving the admin API at {url} (see {url}/openapi.json); Ctrl-C stops", flush=True)
+    print(
+        f"serving the admin API at {url} (see {url}/openapi.json) and the web console at "
+        f"{url}/; Ctrl-C stops",
+        flush=True,
+    )
     while not stop.wait(0.5):
         pass
     if not stop_gateway(args.port, only=ours):

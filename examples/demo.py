@@ -275,10 +275,12 @@ def final_state(admin: Any) -> None:
 
     print(f"\nthe DAG now:\n{render_tree(admin.get_layout(TOPIC))}\n")
     print(format_stats(admin.get_stats(TOPIC)))
+    short = TOPIC.removeprefix("topic://")
     print(
-        "\nlook further: raytopics top demo/shop (live rates), raytopics describe "
-        f"{TOPIC.removeprefix('topic://')}, raytopics consume "
-        f"{TOPIC.removeprefix('topic://')} --from earliest --max 5 --json"
+        "\nlook at it in the web console: raytopics serve --port 8080, then open "
+        f"http://127.0.0.1:8080/#ns=demo/shop&topic={TOPIC}\n"
+        f"or in the shell: raytopics top demo/shop (live rates), raytopics describe {short}, "
+        f"raytopics consume {short} --from earliest --max 5 --json"
     )
 
 

@@ -7,6 +7,7 @@ test saves a screenshot (build/screenshots/) and says where."""
 from __future__ import annotations
 
 import shutil
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +133,21 @@ def test_the_console_shows_the_apis_refusal(
     assert "409" in error.text and "segment_not_active" in error.text, error.text
     assert admin.get_metadata(topic)["epoch"] == 1  # nothing more happened
     admin.delete_scalable_topic(topic)
+
+
+def test_connect_with_an_http_port_serves_the_console(ray_cluster, capsys) -> None:
+    from clients import connect
+
+    port = free_port()
+    try:
+        connect(http_port=port)
+        said = capsys.readouterr().out
+        assert f"the web console is at http://127.0.0.1:{port}/" in said, said
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode()
+        assert "<title>Scalable Topics on Ray</title>" in page
+        missing = urllib.request.Request(f"http://127.0.0.1:{port}/console/../pyproject.toml")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(missing, timeout=10)
+        assert refused.value.code == 404
+    finally:
+        stop_gateway(port)
