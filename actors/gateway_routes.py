@@ -249,7 +249,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "POST", STREAM_INITIAL_PATH, "planStreamStart",
-        "A streaming query's first position (Spark's readStream; see the README)",
+        "A streaming query's first position (Spark's readStream; see docs/spark.md)",
         _stream_initial, body=StreamInitialBody, returns=OBJECT, errors=_MUTATION_ERRORS,
         permission=Permission.CONSUME, tag="stream",
     ),

@@ -272,7 +272,7 @@ def _warn_if_not_durable() -> None:
             "memory: every topic, subscription, cursor, policy and limit vanishes when "
             "its head restarts, though segment data stays on disk. Make it durable with "
             "Ray's GCS fault tolerance (start the head with RAY_REDIS_ADDRESS=host:port "
-            'of a persistent Redis), see README "Durability of metadata"; or use the '
+            'of a persistent Redis), see docs/operations.md "Durability of metadata"; or use the '
             "embedded Ray (no address), which keeps metadata under the storage root."
         ),
         stacklevel=3,

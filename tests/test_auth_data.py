@@ -61,7 +61,7 @@ GRANTS: dict[str, list[tuple[str, list[str]]]] = {
     "demoted": [(NS, ["produce", "consume"])],
 }
 # What each operation of tests/auth_probe.py needs, written out by hand (the
-# permissions of README "Authentication and authorization").
+# permissions of docs/security.md).
 LOOKUP_OPS = {
     "dagwatch.listen",
     "dagwatch.layout",
