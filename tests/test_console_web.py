@@ -7,6 +7,7 @@ test saves a screenshot (build/screenshots/) and says where."""
 from __future__ import annotations
 
 import shutil
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -14,14 +15,19 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from test_gateway import free_port  # tests/ is on sys.path under pytest
 
 from actors.gateway import start_gateway, stop_gateway
-from clients import Producer, StreamConsumer
+from actors.guard import REFRESH_S
+from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "build" / "screenshots"
 WAIT_S = 30
@@ -72,6 +78,20 @@ def wait_until(chrome: webdriver.Chrome, condition, what: str):  # noqa: ANN001
         raise AssertionError(f"the page never showed {what}; it shows {drawn(chrome)}") from None
 
 
+def click(chrome: webdriver.Chrome, css: str) -> None:
+    """Click what ``css`` finds; the page redraws its tables every 2 s, so an element
+    found a moment ago may be gone: find it again."""
+
+    def attempt() -> bool:
+        try:
+            chrome.find_element(By.CSS_SELECTOR, css).click()
+        except (StaleElementReferenceException, NoSuchElementException):
+            return False
+        return True
+
+    wait_until(chrome, attempt, f"{css} to click")
+
+
 def test_the_console_shows_a_topic_and_a_split_through_it_redraws_the_dag(
     gateway: str, browser: webdriver.Chrome, admin, unique: str
 ) -> None:
@@ -101,14 +121,14 @@ def test_the_console_shows_a_topic_and_a_split_through_it_redraws_the_dag(
     ]
     assert sum(records) == 200, records
 
-    browser.find_element(By.CSS_SELECTOR, "button[data-split='0']").click()
+    click(browser, "button[data-split='0']")
     split = {"0": "SEALED", "1": "ACTIVE", "2": "ACTIVE", "3": "ACTIVE"}
     wait_until(browser, lambda: drawn(browser) == split, "the split's children")
     assert admin.get_metadata(topic)["segments"]["0"]["childIds"] == [2, 3]
 
     for box in ("2", "3"):
-        browser.find_element(By.CSS_SELECTOR, f"input[data-select='{box}']").click()
-    browser.find_element(By.ID, "merge").click()
+        click(browser, f"input[data-select='{box}']")
+    click(browser, "#merge")
     wait_until(browser, lambda: drawn(browser).get("4") == "ACTIVE", "the merge's child")
     assert drawn(browser)["2"] == drawn(browser)["3"] == "SEALED"
     assert not browser.find_element(By.ID, "error").is_displayed()
@@ -127,7 +147,7 @@ def test_the_console_shows_the_apis_refusal(
     browser.get(f"{gateway}/#ns={namespace}&topic={topic}")
     wait_until(browser, lambda: len(drawn(browser)) == 2, "two segments")
     admin.split_segment(topic, 0)  # behind the page's back: its split button is stale
-    browser.find_element(By.CSS_SELECTOR, "button[data-split='0']").click()
+    click(browser, "button[data-split='0']")
     error = browser.find_element(By.ID, "error")
     wait_until(browser, error.is_displayed, "an error")
     assert "409" in error.text and "segment_not_active" in error.text, error.text
@@ -151,3 +171,53 @@ def test_connect_with_an_http_port_serves_the_console(ray_cluster, capsys) -> No
         assert refused.value.code == 404
     finally:
         stop_gateway(port)
+
+
+def test_with_authentication_on_the_page_can_do_what_its_token_may(
+    gateway: str, browser: webdriver.Chrome, admin, unique: str
+) -> None:
+    """No token: refused (401) and nothing shown. A token that may only look: the DAG,
+    and a split refused (403) with the drawing unchanged. An admin's token: the split."""
+    from auth_support import policy_removed
+
+    from runtime.auth import hash_token
+
+    ops, looker = "console-ops-token-0123456789", "console-looker-token-0123456789"
+    namespace = f"console/auth-{unique}"
+    topic = f"topic://{namespace}/orders"
+    admin.create_scalable_topic(topic, 2)
+    with policy_removed():
+        ScalableTopicsAdmin().load_auth({"tokens": [
+            {"principal": "ops", "token": ops,
+             "grants": [{"namespace": "*", "actions": ["admin"]}]},
+            {"principal": "looker", "sha256": hash_token(looker),
+             "grants": [{"namespace": namespace, "actions": ["lookup"]}]},
+        ]})  # fmt: skip
+        time.sleep(REFRESH_S + 0.5)  # every process applies it
+
+        def sign_in(token: str) -> None:
+            field = browser.find_element(By.ID, "token")
+            field.clear()
+            field.send_keys(token)
+            click(browser, "#connect button")
+
+        browser.get(f"{gateway}/#ns={namespace}")
+        error = browser.find_element(By.ID, "error")
+        wait_until(browser, lambda: "401" in error.text, "a refusal without a token")
+        assert not browser.find_elements(By.CSS_SELECTOR, "#topics a")
+
+        sign_in(looker)
+        wait_until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#topics a"), "topics")
+        click(browser, "#topics a")
+        wait_until(browser, lambda: len(drawn(browser)) == 2, "the looker's view of the DAG")
+        click(browser, "button[data-split='0']")
+        wait_until(browser, lambda: "403" in error.text, "the looker's split refused")
+        time.sleep(1)
+        assert drawn(browser) == {"0": "ACTIVE", "1": "ACTIVE"}
+
+        sign_in(ops)
+        click(browser, "#topics a")
+        wait_until(browser, lambda: len(drawn(browser)) == 2, "the admin's view")
+        click(browser, "button[data-split='0']")
+        wait_until(browser, lambda: len(drawn(browser)) == 4, "the admin's split")
+        ScalableTopicsAdmin(token=ops).delete_scalable_topic(topic)

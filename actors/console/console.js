@@ -6,7 +6,9 @@
 const API = "/admin/v2/scalable";
 const REFRESH_MS = 2000;
 const ROW_H = 46;
-const state = { namespace: "", topic: null, previous: null, timer: null, selected: new Set() };
+// actionError: a refused split or merge, shown until the next action (a refresh that
+// works does not hide it).
+const state = { namespace: "", topic: null, previous: null, timer: null, selected: new Set(), actionError: null };
 
 const $ = (id) => document.getElementById(id);
 
@@ -59,6 +61,7 @@ async function listTopics() {
 
 function select(topic) {
   state.topic = topic;
+  state.actionError = null;
   state.previous = null;
   state.selected.clear();
   for (const link of document.querySelectorAll("#topics a")) {
@@ -78,7 +81,7 @@ async function refresh() {
     ]);
     if (topic !== state.topic) return;
     render(topic, meta, stats);
-    showError(null);
+    showError(state.actionError);
   } catch (err) {
     showError(err);
   }
@@ -224,10 +227,11 @@ async function change(kind, ids) {
   try {
     await api("POST", path);
     state.selected.clear();
-    showError(null);
+    state.actionError = null;
   } catch (err) {
-    showError(err);
+    state.actionError = err;
   }
+  showError(state.actionError);
   refresh();
 }
 
