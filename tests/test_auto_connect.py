@@ -14,10 +14,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
-from test_embedded import Place  # tests/ is on sys.path under pytest
+from test_embedded import Place, place  # noqa: F401 - tests/ is on sys.path under pytest
 from test_examples import free_ports, head  # noqa: F401 - the module's head fixture
 
 from runtime.connect import REACH_TIMEOUT_S
@@ -35,15 +34,6 @@ Producer({TOPIC!r}).send(b"x")
 CONSUME = f"""from clients import StreamConsumer
 print(StreamConsumer({TOPIC!r}, "s", "c").receive(timeout=60).value)
 """
-
-
-@pytest.fixture
-def place() -> Iterator[Place]:
-    made = Place("segments")
-    try:
-        yield made
-    finally:
-        made.clean_up()
 
 
 def _run(code: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
@@ -71,7 +61,7 @@ def _two_line_programs_work(env: dict[str, str]) -> None:
     assert check.stdout.strip().splitlines()[-1] == "2", check.stdout  # both sends stored
 
 
-def test_two_lines_on_the_embedded_ray(place: Place) -> None:
+def test_two_lines_on_the_embedded_ray(place: Place) -> None:  # noqa: F811
     _two_line_programs_work(place.env)
 
 
@@ -80,7 +70,7 @@ def test_two_lines_on_the_cluster_at_ray_address(head: dict) -> None:  # noqa: F
 
 
 @pytest.mark.parametrize("where", ["RAY_ADDRESS", "address="])
-def test_no_ray_at_the_address_fails_at_once_saying_where(place: Place, where: str) -> None:
+def test_no_ray_at_the_address_fails_at_once_saying_where(place: Place, where: str) -> None:  # noqa: F811
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
     if where == "RAY_ADDRESS":

@@ -23,22 +23,14 @@ from selenium.common.exceptions import (
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
-from test_gateway import free_port  # tests/ is on sys.path under pytest
+from test_gateway import free_port, gateway  # noqa: F401 - tests/ is on sys.path under pytest
 
-from actors.gateway import start_gateway, stop_gateway
+from actors.gateway import stop_gateway
 from actors.guard import REFRESH_S
 from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "build" / "screenshots"
 WAIT_S = 30
-
-
-@pytest.fixture(scope="module")
-def gateway(ray_cluster) -> Iterator[str]:
-    port = free_port()
-    url = start_gateway(port)
-    yield url
-    stop_gateway(port)
 
 
 @pytest.fixture
@@ -93,7 +85,10 @@ def click(chrome: webdriver.Chrome, css: str) -> None:
 
 
 def test_the_console_shows_a_topic_and_a_split_through_it_redraws_the_dag(
-    gateway: str, browser: webdriver.Chrome, admin, unique: str
+    gateway: str,  # noqa: F811
+    browser: webdriver.Chrome,
+    admin,
+    unique: str,
 ) -> None:
     namespace = "console/web"
     topic = f"topic://{namespace}/orders-{unique}"
@@ -137,7 +132,10 @@ def test_the_console_shows_a_topic_and_a_split_through_it_redraws_the_dag(
 
 
 def test_the_console_shows_the_apis_refusal(
-    gateway: str, browser: webdriver.Chrome, admin, unique: str
+    gateway: str,  # noqa: F811
+    browser: webdriver.Chrome,
+    admin,
+    unique: str,
 ) -> None:
     """A split of a sealed segment (refused by the API) is shown as the API's message,
     and the drawing does not change."""
@@ -174,7 +172,10 @@ def test_connect_with_an_http_port_serves_the_console(ray_cluster, capsys) -> No
 
 
 def test_with_authentication_on_the_page_can_do_what_its_token_may(
-    gateway: str, browser: webdriver.Chrome, admin, unique: str
+    gateway: str,  # noqa: F811
+    browser: webdriver.Chrome,
+    admin,
+    unique: str,
 ) -> None:
     """No token: refused (401) and nothing shown. A token that may only look: the DAG,
     and a split refused (403) with the drawing unchanged. An admin's token: the split."""

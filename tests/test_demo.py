@@ -7,26 +7,16 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_embedded import Place  # tests/ is on sys.path under pytest
+from test_embedded import Place, place  # noqa: F401 - tests/ is on sys.path under pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def place() -> Iterator[Place]:
-    made = Place("segments")
-    try:
-        yield made
-    finally:
-        made.clean_up()
-
-
 @pytest.mark.timeout(300)
-def test_the_demo_splits_merges_checks_order_and_queries_with_spark(place: Place) -> None:
+def test_the_demo_splits_merges_checks_order_and_queries_with_spark(place: Place) -> None:  # noqa: F811
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "examples/demo.py"],
