@@ -159,7 +159,11 @@ def chunk(prefix: str, keyed: int, unkeyed: int = 0) -> list[dict[str, Any]]:
 
 def record_parts(topic: str, query: str, batch: int) -> list[SinkPart]:
     """What a write records before appending (a crash may follow): one part per active
-    segment, at the next sequence of the write's producer there."""
+    segment, at the next sequence of the write's producer there. A split's children
+    start in the background: their actors are waited for first."""
+    from clients import ScalableTopicsAdmin
+
+    ScalableTopicsAdmin().wait_until_ready(topic, 60)
     layout, name = Catalog().require_topic(TopicName.parse(topic)).layout, TopicName.parse(topic)
     producer = f"sink:{query}:3:0"
     active = sorted(layout.active_segments.items())
