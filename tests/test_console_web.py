@@ -56,11 +56,19 @@ def browser(request) -> Iterator[webdriver.Chrome]:
 
 
 def drawn(chrome: webdriver.Chrome) -> dict[str, str]:
-    """Segment id → state, as drawn in the DAG."""
-    return {
-        g.get_attribute("data-segment"): g.get_attribute("data-state")
-        for g in chrome.find_elements(By.CSS_SELECTOR, "#dag g.segment")
-    }
+    """Segment id → state, as drawn in the DAG. Read in one script: the page redraws
+    every 2 s, so elements found one call earlier may be gone by the next."""
+    pairs = chrome.execute_script(
+        "return Array.from(document.querySelectorAll('#dag g.segment'))"
+        ".map(g => [g.dataset.segment, g.dataset.state])"
+    )
+    return dict(pairs)
+
+
+def cells(chrome: webdriver.Chrome, css: str) -> list[str]:
+    """The text of what ``css`` finds, in one script (see ``drawn``)."""
+    script = "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent)"
+    return chrome.execute_script(script, css)
 
 
 def wait_until(chrome: webdriver.Chrome, condition, what: str):  # noqa: ANN001
@@ -103,17 +111,14 @@ def test_the_console_shows_a_topic_and_a_split_through_it_redraws_the_dag(
     browser.get(f"{gateway}/#ns={namespace}&topic={topic}")
     wait_until(browser, lambda: drawn(browser) == {"0": "ACTIVE", "1": "ACTIVE"}, "two segments")
     assert topic in browser.find_element(By.ID, "topic-name").text
-    topics = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#topics a")]
+    topics = cells(browser, "#topics a")
     assert topic.removeprefix("topic://") in topics
     wait_until(
         browser,
         lambda: "reader-1" in browser.find_element(By.ID, "subscriptions").text,
         "the consumer and its segments",
     )
-    records = [
-        int(row.find_elements(By.TAG_NAME, "td")[5].text.replace(",", ""))
-        for row in browser.find_elements(By.CSS_SELECTOR, "#segments tbody tr")
-    ]
+    records = [int(c.replace(",", "")) for c in cells(browser, "#segments tbody td:nth-child(6)")]
     assert sum(records) == 200, records
 
     click(browser, "button[data-split='0']")
