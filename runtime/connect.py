@@ -40,9 +40,9 @@ LOCAL_SYSTEM_CONFIG = {
     # which every caller pays on each controller or segment restart. Our clients
     # retry such calls anyway, so a nicer error message is not worth a second.
     "timeout_ms_task_wait_for_death_info": 100,
-    # Ray exports metrics every 10 s by default, and a backlog age grows with the clock:
-    # every second keeps a scrape within 2 s of the truth, for ~2 ms of CPU per second
-    # per process (bench/metrics_export.py).
+    # A backlog age grows with the clock, so a scrape is only as fresh as Ray's last
+    # export of it; Ray's default of 10 s would leave it that far behind. What exporting
+    # every second costs is measured by bench/metrics_export.py.
     "metrics_report_interval_ms": 1000,
 }
 
