@@ -172,7 +172,7 @@ def _subs(catalog: Catalog, name: TopicName) -> dict[str, dict[str, Any]]:
             registrations = catalog.registrations(name, sub)
             result[sub] = {
                 "state": meta.state,
-                "consumers": len(catalog.consumers(name, sub)),
+                "consumers": len(registrations),
                 "assignments": {r.consumer_name: list(r.assigned_segments) for r in registrations},
             }
     return result

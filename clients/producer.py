@@ -84,7 +84,6 @@ _ROW_OVERHEAD = 64  # bytes charged per message on top of key and value
 _OPEN: set[Producer] = set()
 _OPEN_LOCK = threading.Lock()
 _AT_EXIT_TIMEOUT_S = 30.0
-_at_exit_registered = False
 
 
 @dataclass(frozen=True)
@@ -648,7 +647,6 @@ class Producer:
         self._config = config
         self._credential = credential
         self._loop = background_loop()
-        _close_open_producers_at_exit()
         self._core: _ProducerCore | None = None
         self._open_lock = threading.Lock()
         self._pending: set[concurrent.futures.Future] = set()
@@ -824,19 +822,6 @@ def _reopen(topic: str, config: ProducerConfig, credential: str | None) -> Produ
     return producer
 
 
-def _close_open_producers_at_exit() -> None:
-    """Close open producers when the program ends, while everything a close needs
-    still runs. That is before ``atexit``: by then Python refuses new threads, which
-    an executor (a DNS lookup, a file) may need. Threading's exit hooks run once the
-    main thread is done and in reverse order, so this one runs before the hook of
-    ``concurrent.futures`` (imported above, so registered first) stops executors."""
-    global _at_exit_registered
-    with _OPEN_LOCK:
-        if not _at_exit_registered:
-            threading._register_atexit(_close_open_producers)  # type: ignore[attr-defined]
-            _at_exit_registered = True
-
-
 def _close_open_producers() -> None:
     with _OPEN_LOCK:
         still_open = list(_OPEN)
@@ -845,3 +830,11 @@ def _close_open_producers() -> None:
             producer.close(_AT_EXIT_TIMEOUT_S)
         except Exception as err:  # at exit nobody can catch it: say it
             print(f"raytopics: closing {producer.topic} at exit: {err}", file=sys.stderr)
+
+
+# Closed while everything a close needs still runs. That is before ``atexit``: by then
+# Python refuses new threads, which an executor (a DNS lookup, a file) may need.
+# Threading's exit hooks run once the main thread is done, last registered first, so
+# this one runs before the hook of ``concurrent.futures`` (imported above) stops
+# executors.
+threading._register_atexit(_close_open_producers)  # type: ignore[attr-defined]

@@ -41,7 +41,7 @@ class BacklogAges:
     """
 
     def __init__(self) -> None:
-        self._subscriptions: dict[str, int | None] = {}
+        self._names: tuple[str, ...] = ()
         self._segments: dict[tuple[int, str], int] = {}
         self._cleared: set[tuple[int, str]] = set()
 
@@ -56,14 +56,14 @@ class BacklogAges:
         self._cleared |= self._segments.keys() - segments.keys()
         self._cleared -= segments.keys()
         self._segments = segments
-        self._subscriptions = {name: None for name in subscriptions}
-        for (_, name), oldest in segments.items():
-            kept = self._subscriptions.get(name)
-            self._subscriptions[name] = oldest if kept is None else min(kept, oldest)
+        self._names = tuple(subscriptions)
 
     def subscription_ages(self, now_ms: int) -> dict[str, float]:
-        """Every subscription's age (0 with nothing unacknowledged)."""
-        return {name: age_s(oldest, now_ms) for name, oldest in self._subscriptions.items()}
+        """Every subscription's age: its oldest segment's (0 with nothing unacknowledged)."""
+        ages = dict.fromkeys(self._names, 0.0)
+        for (_, name), oldest in self._segments.items():
+            ages[name] = max(ages.get(name, 0.0), age_s(oldest, now_ms))
+        return ages
 
     def segment_ages(self, now_ms: int) -> dict[tuple[int, str], float]:
         """(segment id, subscription) → age, for the pairs with a backlog, and 0 once for
