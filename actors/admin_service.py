@@ -34,7 +34,12 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from actors.auth_admin import EVERY_NAMESPACE, load_policy, policy_status
+from actors.auth_admin import (
+    EVERY_NAMESPACE,
+    FIRST_POLICY_IS_THE_OPERATORS,
+    load_policy,
+    policy_status,
+)
 from actors.capacity import check_capacity
 from actors.controller import controller_actor
 from actors.guard import guard
@@ -50,6 +55,7 @@ from runtime.config import TOPIC_SETTINGS, apply_settings
 from runtime.errors import (
     InvalidArgumentError,
     TopicAlreadyExistsError,
+    UnauthorizedError,
     UnavailableError,
     is_integer,
 )
@@ -207,9 +213,12 @@ class AdminService(StreamOperations):
         name = self._allowed(credential, Permission.CONSUME, topic)
         validate_part("subscription", subscription)
         self._record(name)
+        principal = self._guard.authenticate(credential)
+        owner = None if principal is None else principal.name
         await self._control(
-            name, restart_timeout_s, "create_subscription", subscription, position, session_grace_s
-        )
+            name, restart_timeout_s, "create_subscription", subscription, position,
+            session_grace_s, owner=owner,
+        )  # fmt: skip
 
     async def delete_subscription(
         self,
@@ -219,10 +228,17 @@ class AdminService(StreamOperations):
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> None:
-        name = self._allowed(credential, Permission.ADMIN, topic)
+        """Needs ``admin``, or ``consume`` for a subscription the caller created."""
+        name = self._allowed(credential, Permission.CONSUME, topic)
         validate_part("subscription", subscription)
         self._record(name)
-        await self._control(name, restart_timeout_s, "delete_subscription", subscription)
+        principal = self._guard.authenticate(credential)
+        only_of = None
+        if not self._guard.allows(principal, Permission.ADMIN, name.namespace_path):
+            only_of = principal.name if principal is not None else None
+        await self._control(
+            name, restart_timeout_s, "delete_subscription", subscription, only_of=only_of
+        )
 
     async def reset_subscription(
         self,
@@ -423,11 +439,18 @@ class AdminService(StreamOperations):
     # --- the cluster's authentication policy ---------------------------------------------
 
     async def load_auth(
-        self, document: dict[str, Any], *, credential: str | None = None
+        self, document: dict[str, Any], *, over_rest: bool = False, credential: str | None = None
     ) -> dict[str, Any]:
         """Replace the policy with ``document`` (``actors.auth_admin.load_policy``); this
-        process applies it at once, every other within ``actors.guard.REFRESH_S``."""
+        process applies it at once, every other within ``actors.guard.REFRESH_S``.
+
+        ``over_rest`` (the gateway says so): the caller is outside the cluster, and
+        while no policy is stored anyone who reaches the API would pass the check and
+        could lock everyone else out with a token of their own. The first policy is the
+        operator's, loaded from inside the cluster's boundary."""
         self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
+        if over_rest and self._catalog.auth() is None:
+            raise UnauthorizedError(FIRST_POLICY_IS_THE_OPERATORS)
         status = load_policy(self._catalog, document)
         self._guard.refresh()
         return status
@@ -477,6 +500,7 @@ class AdminService(StreamOperations):
         *args: Any,
         create: bool = False,
         settings: dict[str, str] | None = None,
+        **kwargs: Any,
     ) -> Any:
         """Call the topic's controller as the system, riding out a controller restart;
         ``create``: a call that may start it (with the topic's ``settings``)."""
@@ -487,7 +511,8 @@ class AdminService(StreamOperations):
             try:
                 if not create:
                     await call(handle.ready.remote(credential=credential))
-                return await call(getattr(handle, method).remote(*args, credential=credential))
+                method_call = getattr(handle, method).remote(*args, **kwargs, credential=credential)
+                return await call(method_call)
             except RESTART_ERRORS as err:
                 if time.monotonic() > deadline:
                     raise UnavailableError(

@@ -57,6 +57,7 @@ from runtime.errors import (
     OperationInProgressError,
     SegmentNotFoundError,
     TopicAlreadyExistsError,
+    UnauthorizedError,
 )
 from runtime.layout import HashRange, SegmentInfo, SegmentLayout
 from runtime.limits import check_room
@@ -450,8 +451,10 @@ class ScalableTopicController:
         position: StartPosition = "earliest",
         session_grace_s: float = DEFAULT_GRACE_S,
         *,
+        owner: str | None = None,
         credential: str | None = None,
     ) -> None:
+        """``owner``: the principal creating it (``SubscriptionMetadata.owner``)."""
         self._check(credential, Permission.CONSUME)
         validate_part("subscription", name)
         if position not in ("earliest", "latest"):
@@ -462,15 +465,26 @@ class ScalableTopicController:
             await self._recover()
             self._read_record()
             meta = SubscriptionMetadata(
-                name=name, position=position, session_grace_s=session_grace_s
+                name=name, position=position, session_grace_s=session_grace_s, owner=owner
             )
             self.catalog.create_subscription(self.topic, meta)
             await self._finish_subscription(name)
 
-    async def delete_subscription(self, name: str, *, credential: str | None = None) -> None:
+    async def delete_subscription(
+        self, name: str, *, only_of: str | None = None, credential: str | None = None
+    ) -> None:
+        """``only_of``: delete only if principal ``only_of`` created it (the admin service
+        asks so for a caller that may consume but not administer)."""
         self._check(credential)
         async with self._lock:
             await self._recover()
+            if only_of is not None:
+                meta = self.catalog.subscription(self.topic, name)
+                if meta is not None and meta.owner != only_of:
+                    raise UnauthorizedError(
+                        f"principal {only_of!r} may delete only the subscriptions it created; "
+                        f"{name!r} needs admin in namespace {self.topic.namespace_path}"
+                    )
             self.catalog.update_subscription(self.topic, name, _in_state("DELETING"))
             await self._finish_subscription(name)
 

@@ -254,7 +254,9 @@ class TopicMaintenance:
                 backlog[name] = backlog.get(name, 0) + cursor["backlog"]
         for name, total in backlog.items():
             metrics.subscription(name, total, len(catalog.consumers(topic, name)))
-        self._ages.observe(stats, backlog)
+        # metrics tag a segment by its descriptor (0000-7fff-3), as the segments do
+        descriptors = {i: layout.all_segments[i].name(topic).descriptor for i in stats}
+        self._ages.observe({descriptors[i]: st for i, st in stats.items()}, backlog)
         self._export_ages()
         tiered = sum(1 for st in stats.values() if st.get("tiered"))
         metrics.storage(len(stats) - tiered, tiered)

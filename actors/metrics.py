@@ -122,14 +122,15 @@ def _metrics() -> _Metrics:
 class SegmentMetrics:
     """Recorder of one segment actor, cheap enough for the append path.
 
-    Recording a Ray metric costs tens of microseconds, so counts are summed in
-    plain integers and handed to Ray at most once per ``FLUSH_S`` (and whenever
-    the controller's maintenance round asks for stats); append latency is
-    observed for at most ``LATENCY_SAMPLES`` batches per flush period.
+    Recording a Ray metric costs microseconds, so counts are summed in plain
+    integers and handed to Ray at most once per ``FLUSH_S`` (and whenever the
+    controller's maintenance round asks for stats). Append latency is kept for
+    every write and observed at the flush: the histogram is the distribution of all
+    writes, so its p99 is theirs (a sample of the first writes of each second would
+    leave out the slow ones queued behind them).
     """
 
     FLUSH_S = 1.0
-    LATENCY_SAMPLES = 100
 
     def __init__(self, name: SegmentName) -> None:
         self._tags = {"topic": str(name.topic), "segment": name.descriptor}
@@ -141,8 +142,7 @@ class SegmentMetrics:
     def appended(self, count: int, nbytes: int, latency_s: float) -> None:
         self._counts[0] += count
         self._counts[1] += nbytes
-        if len(self._latencies_ms) < self.LATENCY_SAMPLES:
-            self._latencies_ms.append(latency_s * 1000.0)
+        self._latencies_ms.append(latency_s * 1000.0)
         self._flush_if_due()
 
     def delivered(self, count: int, nbytes: int) -> None:
@@ -190,14 +190,14 @@ class ControllerMetrics:
         _metrics().consumers.set(consumers, tags)
 
     def backlog_ages(
-        self, subscriptions: dict[str, float], segments: dict[tuple[int, str], float]
+        self, subscriptions: dict[str, float], segments: dict[tuple[str, str], float]
     ) -> None:
-        """Ages in seconds: per subscription, and per (segment id, subscription)."""
+        """Ages in seconds: per subscription, and per (segment descriptor, subscription)."""
         m = _metrics()
         for name, age in subscriptions.items():
             m.backlog_age.set(age, {"topic": self._topic, "subscription": name})
-        for (segment_id, name), age in segments.items():
-            tags = {"topic": self._topic, "segment": str(segment_id), "subscription": name}
+        for (descriptor, name), age in segments.items():
+            tags = {"topic": self._topic, "segment": descriptor, "subscription": name}
             m.segment_backlog_age.set(age, tags)
 
     def operation(self, kind: str, duration_s: float) -> None:

@@ -26,7 +26,7 @@ from runtime.errors import ScalableTopicsError
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 from runtime.policy import TieringPolicy, TopicPolicy
-from runtime.tiering import TIER_URIS_ENV, check_allowed, due_for_tier, retry_delay_s
+from runtime.tiering import TIER_URIS_ENV, due_for_tier, resolve, retry_delay_s
 from storage.tier import check_tier
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,13 @@ async def check_policy_tier(policy: TopicPolicy) -> None:
     cannot use (unreachable, not writable, credentials refused): when it is set, with
     the reason, rather than in every move later."""
     if policy.tiering is not None:
-        check_allowed(policy.tiering.uri, os.environ.get(TIER_URIS_ENV))
-        await asyncio.to_thread(check_tier, policy.tiering.uri)
+        await asyncio.to_thread(check_tier, tier_uri(policy.tiering.uri))
+
+
+def tier_uri(uri: str) -> str:
+    """Where this cluster writes a policy's tier ``uri``: inside the operator's allowed
+    prefixes, with their options (``runtime.tiering.resolve``)."""
+    return resolve(uri, os.environ.get(TIER_URIS_ENV))
 
 
 class TierMover:
@@ -76,7 +81,7 @@ class TierMover:
         moved: Callable[[int], None],
     ) -> None:
         try:
-            await handle.offload.remote(uri, credential=guard().internal_token())
+            await handle.offload.remote(tier_uri(uri), credential=guard().internal_token())
             self._failures.pop(segment_id, None)
             moved(segment_id)
         except Exception as err:  # the store may be down: retry later, keep serving locally

@@ -427,16 +427,20 @@ def _open_admin(args: argparse.Namespace) -> Any:
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    """``--token``, else ``--token-file``'s content, else ``None`` (``RAYTOPICS_TOKEN``)."""
+    """``--token``, else ``--token-file``'s first line, else ``None`` (``RAYTOPICS_TOKEN``):
+    the rest of the file is not read."""
     if args.token is not None:
         return args.token
     if args.token_file is None:
         return None
     try:
         with open(args.token_file) as file:
-            return file.read().strip()
+            token = file.readline().strip()
     except OSError as err:
         raise InvalidArgumentError(f"cannot read --token-file {args.token_file}: {err}") from None
+    if not token:
+        raise InvalidArgumentError(f"--token-file {args.token_file}: its first line is empty")
+    return token
 
 
 def _stop_signal() -> threading.Event:

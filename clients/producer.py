@@ -636,9 +636,11 @@ class Producer:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``produce`` on the topic's
         namespace when the cluster has an auth policy; a refusal is raised here.
         ``address``: the Ray to join when this process is not connected yet (see
-        ``runtime.connect``; by default ``RAY_ADDRESS`` or the embedded Ray)."""
+        ``runtime.connect``; by default ``RAY_ADDRESS`` or the embedded Ray). Bad
+        arguments are refused before any Ray is joined or started."""
+        name, settings = TopicName.parse(topic), ProducerConfig(**config)
         joined(address)
-        self._setup(TopicName.parse(topic), ProducerConfig(**config), client_credential(token))
+        self._setup(name, settings, client_credential(token))
         self._open()  # fail fast here (refused, unknown topic...), not at the first send
         freeze_what_exists()
 

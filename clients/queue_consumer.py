@@ -43,15 +43,16 @@ class _QueueCore:
         topic: TopicName,
         subscription: str,
         consumer: str,
-        config: dict,
+        receive_batch: int,
+        receiver_queue_size: int,
         credential: str | None,
     ) -> None:
         self.topic = topic
         self.subscription = validate_part("subscription", subscription)
         self.consumer = consumer
         self.credential = credential
-        self.max_records = config.get("receive_batch", 500)
-        self.queue_size = config.get("receiver_queue_size", 1_000)
+        self.max_records = receive_batch
+        self.queue_size = receiver_queue_size
         self.watch: DagWatch | None = None
         self.handles: dict[int, Any] = {}  # segments being pulled from, once their actor is found
         self.attached: set[int] = set()
@@ -179,11 +180,14 @@ class QueueConsumer:
         dead_letter: DeadLetterPolicy | None = None,
         negative_ack_backoff: RedeliveryBackoff | None = None,
         address: str | None = None,
-        **config: Any,
+        receive_batch: int = 500,
+        receiver_queue_size: int = 1_000,
     ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
         namespace when the cluster has an auth policy; a refusal is raised here.
 
+        ``receive_batch``: the most messages one pull from a segment brings;
+        ``receiver_queue_size``: how many received messages wait here for ``receive``.
         ``dead_letter``: a message delivered ``max_deliveries`` times is, on its next
         delivery, published to the policy's topic (which must exist; ``produce`` on it)
         with its origin in its properties, and acknowledged, instead of being returned.
@@ -201,7 +205,9 @@ class QueueConsumer:
         self._dead_letters = (
             Producer(dead_letter.dead_letter_topic, token=token) if dead_letter else None
         )
-        self._core = _QueueCore(topic_name, subscription, name, config, credential)
+        self._core = _QueueCore(
+            topic_name, subscription, name, receive_batch, receiver_queue_size, credential
+        )
         self._loop = background_loop()
         self._loop.run(self._core.start())
 

@@ -42,17 +42,18 @@ class BacklogAges:
 
     def __init__(self) -> None:
         self._names: tuple[str, ...] = ()
-        self._segments: dict[tuple[int, str], int] = {}
-        self._cleared: set[tuple[int, str]] = set()
+        self._segments: dict[tuple[str, str], int] = {}
+        self._cleared: set[tuple[str, str]] = set()
 
-    def observe(self, stats: Mapping[int, Mapping[str, Any]], subscriptions: Iterable[str]) -> None:
-        """Take a round's stats (segment id → its stats) for the topic's ``subscriptions``."""
-        segments: dict[tuple[int, str], int] = {}
-        for segment_id, st in stats.items():
+    def observe(self, stats: Mapping[str, Mapping[str, Any]], subscriptions: Iterable[str]) -> None:
+        """Take a round's stats (segment descriptor → its stats) for the topic's
+        ``subscriptions``."""
+        segments: dict[tuple[str, str], int] = {}
+        for segment, st in stats.items():
             for name, cursor in st["subscriptions"].items():
                 oldest = cursor.get("oldestUnackedMs")
                 if oldest is not None:
-                    segments[(segment_id, name)] = oldest
+                    segments[(segment, name)] = oldest
         self._cleared |= self._segments.keys() - segments.keys()
         self._cleared -= segments.keys()
         self._segments = segments
@@ -65,8 +66,8 @@ class BacklogAges:
             ages[name] = max(ages.get(name, 0.0), age_s(oldest, now_ms))
         return ages
 
-    def segment_ages(self, now_ms: int) -> dict[tuple[int, str], float]:
-        """(segment id, subscription) → age, for the pairs with a backlog, and 0 once for
+    def segment_ages(self, now_ms: int) -> dict[tuple[str, str], float]:
+        """(segment descriptor, subscription) → age, for the pairs with a backlog, and 0 once for
         each pair whose backlog was acknowledged since the last call (a pair with none
         is not re-exported every time)."""
         ages = {key: age_s(oldest, now_ms) for key, oldest in self._segments.items()}

@@ -10,7 +10,10 @@ argument also makes a restarted actor run with exactly the settings it had.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import uuid
 from collections.abc import Mapping
 
 from runtime.capacity import MEMORY_ENV
@@ -21,6 +24,7 @@ from runtime.tiering import TIER_URIS_ENV
 from runtime.tls import TLS_ENV_VARS
 
 DEFAULT_NAMESPACE = "scalable-topics"
+log = logging.getLogger(__name__)
 GC_FREEZE_ENV = "RAYTOPICS_GC_FREEZE"  # read by clients (clients._ray), forwarded to actors
 
 # What actors started from this process must see too. A client's token and the
@@ -46,16 +50,44 @@ ACTOR_SETTINGS = (
 
 def ray_namespace() -> str:
     """The Ray namespace (and GCS KV namespace) every actor of the system lives in:
-    ``RAYTOPICS_NAMESPACE``, else, inside a Ray job (a user's task or actor), the job's
-    own namespace, else the default."""
+    ``RAYTOPICS_NAMESPACE``, else the running Ray job's namespace when the job chose one
+    (``connect(namespace=...)``, ``ray.init(namespace=...)``: its tasks and actors
+    inherit it), else the default. A job that called a plain ``ray.init()`` has an
+    anonymous namespace of its own, which holds nothing: it gets the default, as a
+    program that never called ``ray.init`` does."""
     configured = os.environ.get("RAYTOPICS_NAMESPACE")
     if configured:
         return configured
     import ray  # not at import time: the CLI's --help must not pay for Ray
 
     if ray.is_initialized():
-        return ray.get_runtime_context().namespace
+        job_namespace = ray.get_runtime_context().namespace
+        if not _anonymous(job_namespace):
+            _say_chosen(job_namespace)
+            return job_namespace
     return DEFAULT_NAMESPACE
+
+
+def _anonymous(namespace: str) -> bool:
+    """Whether ``namespace`` is the one Ray makes up for a job that named none (a
+    random UUID, ``ray.job_config``)."""
+    try:
+        return str(uuid.UUID(namespace)) == namespace
+    except ValueError:
+        return False
+
+
+@functools.cache
+def _say_chosen(namespace: str) -> None:
+    """Tell a driver, once, that its own namespace is where it finds topics."""
+    import ray
+
+    if namespace != DEFAULT_NAMESPACE and ray.get_runtime_context().worker.mode == ray.SCRIPT_MODE:
+        log.warning(
+            "raytopics: using this program's Ray namespace %r; topics of the default "
+            "namespace %r are not seen from it (set RAYTOPICS_NAMESPACE to choose)",
+            namespace, DEFAULT_NAMESPACE,
+        )  # fmt: skip
 
 
 def apply_settings(settings: Mapping[str, str] | None) -> None:

@@ -79,10 +79,12 @@ def connect(
     ``logging_level`` INFO, Ray's default, like Ray's own connection messages).
     Arguments that configure a head (``num_cpus``, ``_system_config``, ...) apply
     only when the embedded Ray is started here; joining a running Ray ignores them
-    and says so. Calling it again in a connected process is a no-op as long as the
-    namespace agrees. The REST admin gateway is started apart, once connected
-    (``raytopics serve``, or ``start_gateway(port)`` of the actors package): this
-    module sits below every actor and must not reach up to one.
+    and says so. In a process that is a Ray driver already (``ray.init`` called
+    first), it joins nothing and only settles the namespace the system is used in:
+    ``namespace``, else ``runtime.config.ray_namespace``. The REST admin gateway is
+    started apart, once connected (``raytopics serve``, or ``start_gateway(port)`` of
+    the actors package): this module sits below every actor and must not reach up to
+    one.
     """
     with _lock:
         namespace = _join(address, namespace, ray_init_kwargs)
@@ -110,16 +112,22 @@ def metadata_durability() -> dict[str, Any]:
 
 
 def _join(address: str | None, namespace: str | None, ray_init_kwargs: dict[str, Any]) -> str:
-    """ray.init in ``namespace``, or check an existing connection is in it."""
-    namespace = namespace or ray_namespace()
+    """ray.init in ``namespace``; in a process that is a Ray driver already (a program
+    that called ``ray.init`` itself), use ``namespace`` for the system from now on.
+    Every actor and metadata key is addressed with its namespace, so a driver whose
+    own job namespace differs works with the system's all the same."""
     if ray.is_initialized():
-        current = ray.get_runtime_context().namespace
-        if current != namespace:
+        if namespace is None:
+            return ray_namespace()
+        configured = os.environ.get("RAYTOPICS_NAMESPACE")
+        if configured and configured != namespace:
             raise RuntimeError(
-                f"Ray is already initialized in namespace {current!r}, not {namespace!r}; "
-                "call ray.shutdown() first or pass namespace=" + repr(current)
+                f"this process already uses the Ray namespace {configured!r} "
+                f"(RAYTOPICS_NAMESPACE), not {namespace!r}"
             )
+        os.environ["RAYTOPICS_NAMESPACE"] = namespace
         return namespace
+    namespace = namespace or ray_namespace()
     placement_from_env()  # a bad placement fails here, not in some actor start later
     os.environ["RAYTOPICS_NAMESPACE"] = namespace
     init_kwargs = {**ray_init_kwargs, "namespace": namespace}

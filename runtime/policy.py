@@ -91,12 +91,15 @@ class RetentionPolicy(_Model):
 class TieringPolicy(_Model):
     """Sealed segments move to an object store once sealed for ``after_s`` seconds, and are
     served from there (``storage.tier``) by a process started when a reader needs one and
-    stopped after ``idle_s`` unused. Credentials belong in the cluster's environment
-    (``AWS_ACCESS_KEY_ID``…); any put in the URI are hidden wherever it is shown."""
+    stopped after ``idle_s`` unused. The URI names a location only: the endpoint,
+    credentials and other options of the store are the operator's
+    (``RAYTOPICS_TIER_URIS`` or the cluster's environment, ``runtime.tiering``)."""
 
     uri: str = Field(
         min_length=1, max_length=2048,
-        description="a pyarrow.fs URI: file:///path or s3://bucket/prefix?endpoint_override=…",
+        description="a location under one of the cluster's allowed tiers "
+        "(RAYTOPICS_TIER_URIS): file:///path or s3://bucket/prefix, with no query, "
+        "credentials or fragment",
     )  # fmt: skip
     after_s: float = Field(
         default=60.0, alias="afterS", ge=0, le=10 * 365 * 86400,

@@ -141,6 +141,9 @@ class SubscriptionMetadata(BaseModel):
     finished_segments: tuple[int, ...] = Field(default=(), alias="finishedSegments")
     positions: dict[str, int] = Field(default_factory=dict)
     created_at_ms: int = Field(default_factory=lambda: int(time.time() * 1000), alias="createdAtMs")
+    # the principal that created it, when authentication was on: it may delete it with
+    # ``consume`` alone (a console consumer's temporary subscription), others need admin
+    owner: str | None = None
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()

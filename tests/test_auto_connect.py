@@ -21,6 +21,8 @@ from test_examples import free_ports, head  # noqa: F401 - the module's head fix
 
 from runtime.connect import REACH_TIMEOUT_S
 
+pytestmark = pytest.mark.integration  # Rays of its own (own storage root and Ray temp dir)
+
 TOPIC = "topic://acme/first/hour"
 MAKE_TOPIC = f"""
 from clients import ScalableTopicsAdmin
@@ -67,6 +69,26 @@ def test_two_lines_on_the_embedded_ray(place: Place) -> None:  # noqa: F811
 
 def test_two_lines_on_the_cluster_at_ray_address(head: dict) -> None:  # noqa: F811
     _two_line_programs_work(head["env"] | {"RAY_ADDRESS": head["gcs"]})
+
+
+def test_a_program_that_calls_ray_init_first_sees_the_topics(head: dict) -> None:  # noqa: F811
+    """Ray users call ``ray.init()`` before using a library: the job's namespace is then
+    an anonymous one of its own, and the topics another program made must still be
+    there. A job that names its namespace is told that it works in it."""
+    env = head["env"] | {"RAY_ADDRESS": head["gcs"]}
+    topic = "topic://acme/init-first/events"
+    made = _run(MAKE_TOPIC.replace(TOPIC, topic), env)
+    assert made.returncode == 0, made.stderr[-3000:]
+    listing = "import ray\n{init}\nfrom clients import ScalableTopicsAdmin\n" + (
+        "print(ScalableTopicsAdmin().list_scalable_topics('acme/init-first'))"
+    )
+    seen = _run(listing.format(init="ray.init()"), env)
+    assert seen.returncode == 0, seen.stderr[-3000:]
+    assert topic in seen.stdout.strip().splitlines()[-1], seen.stdout
+    own = _run(listing.format(init="ray.init(namespace='mine')"), env)
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert own.stdout.strip().splitlines()[-1] == "[]", own.stdout  # its own namespace...
+    assert "using this program's Ray namespace 'mine'" in own.stderr, own.stderr[-3000:]
 
 
 @pytest.mark.parametrize("where", ["RAY_ADDRESS", "address="])

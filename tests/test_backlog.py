@@ -44,18 +44,19 @@ def test_the_topic_age_is_the_largest_segment_age(oldest: list, now_ms: int) -> 
 
 def test_ages_are_retaken_between_rounds_and_a_cleared_pair_is_zeroed_once() -> None:
     ages = BacklogAges()
+    left, right = "0000-7fff-1", "8000-ffff-2"  # segments as metrics tag them
     ages.observe(
-        {0: {"subscriptions": {"a": {"oldestUnackedMs": 5_000}, "b": {"oldestUnackedMs": None}}},
-         1: {"subscriptions": {"a": {"oldestUnackedMs": 8_000}}}},
+        {left: {"subscriptions": {"a": {"oldestUnackedMs": 5_000}, "b": {"oldestUnackedMs": None}}},
+         right: {"subscriptions": {"a": {"oldestUnackedMs": 8_000}}}},
         ["a", "b", "idle"],
     )  # fmt: skip
     assert ages.subscription_ages(10_000) == {"a": 5.0, "b": 0.0, "idle": 0.0}
     assert ages.subscription_ages(12_500) == {"a": 7.5, "b": 0.0, "idle": 0.0}
-    assert ages.segment_ages(12_500) == {(0, "a"): 7.5, (1, "a"): 4.5}
-    ages.observe({0: {"subscriptions": {"a": {"oldestUnackedMs": None}}},
-                  1: {"subscriptions": {"a": {"oldestUnackedMs": 8_000}}}}, ["a"])  # fmt: skip
-    assert ages.segment_ages(13_000) == {(0, "a"): 0.0, (1, "a"): 5.0}
-    assert ages.segment_ages(14_000) == {(1, "a"): 6.0}  # the zero was exported once
+    assert ages.segment_ages(12_500) == {(left, "a"): 7.5, (right, "a"): 4.5}
+    ages.observe({left: {"subscriptions": {"a": {"oldestUnackedMs": None}}},
+                  right: {"subscriptions": {"a": {"oldestUnackedMs": 8_000}}}}, ["a"])  # fmt: skip
+    assert ages.segment_ages(13_000) == {(left, "a"): 0.0, (right, "a"): 5.0}
+    assert ages.segment_ages(14_000) == {(right, "a"): 6.0}  # the zero was exported once
     assert ages.subscription_ages(14_000) == {"a": 6.0}
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from clients import Producer, ScalableTopicsAdmin, StreamConsumer
+from clients import Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from clients.ray_data import read_topic_dataset
 from runtime.batch import deserialize_batch, make_batch, serialize_batch
 from runtime.errors import InvalidArgumentError
@@ -36,11 +36,18 @@ def test_a_compressed_batch_decodes_to_the_same_records() -> None:
     assert deserialize_batch(serialize_batch(values_only, "zstd")).equals(values_only)
 
 
-def test_an_unknown_codec_is_refused_naming_the_known_ones() -> None:
+def test_an_unknown_codec_is_refused_naming_the_known_ones(monkeypatch) -> None:
+    # refused before any Ray is joined: a process not connected yet would fail to reach
+    # this address instead (unless another test of this process connected it already)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     with pytest.raises(InvalidArgumentError, match="'zstd', 'lz4' or None.*gzip"):
         Producer("topic://compress/ns/never", compression="gzip")
     with pytest.raises(InvalidArgumentError, match="data plane transport"):
         Producer("topic://compress/ns/never", compression="zstd", transport="ray")
+    with pytest.raises(TypeError, match="batch_bytes"):
+        Producer("topic://compress/ns/never", batch_bytes=1)  # a misspelt option
+    with pytest.raises(TypeError, match="receive_batch_size"):
+        QueueConsumer("topic://compress/ns/never", "s", receive_batch_size=10)
 
 
 def _stored_bytes(admin: ScalableTopicsAdmin, topic: str) -> int:

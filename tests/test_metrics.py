@@ -144,4 +144,31 @@ def test_backlog_age_is_the_age_of_the_oldest_unacknowledged_message(admin, uniq
     assert len(exports) >= 10, f"the age was not exported anew every second or so: {exports}"
     late = [(value, truth) for value, truth in scraped if abs(value - truth) > 2.0]
     assert not late, f"{len(late)} of {len(scraped)} scrapes more than 2 s off: {late}"
+    # every per-segment metric tags a segment alike, by its descriptor: joins work
+    samples = scrape()
+    tagged = {
+        metric: {labels["segment"] for labels, _ in series if labels.get("topic") == topic}
+        for metric, series in samples.items()
+        if any("segment" in labels and labels.get("topic") == topic for labels, _ in series)
+    }
+    assert {"segment_backlog_age_seconds", "messages_in_total"} <= tagged.keys(), tagged
+    for metric, segments in tagged.items():
+        assert segments == {"0000-7fff-0", "8000-ffff-1"}, (metric, segments)
+    admin.delete_scalable_topic(topic)
+
+
+def test_append_latency_counts_every_write(admin, unique) -> None:
+    """``append_latency_ms`` is the distribution of all writes, not a sample of the first
+    ones of each second: 300 appends sent one after another (each its own write) in
+    about a second are 300 observations."""
+    topic = f"topic://metrics/ns/latency-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    info = admin.get_layout(topic).get(0)
+    segment = segment_actor(info.name(TopicName.parse(topic)))
+    for i in range(300):
+        ray.get(segment.append.remote(make_batch([f"v{i}".encode()])))
+    deadline = time.monotonic() + 30
+    while (count := total(scrape(), "append_latency_ms_count", topic=topic)) != 300:
+        assert time.monotonic() < deadline, f"{count} writes observed, not 300"
+        time.sleep(0.5)
     admin.delete_scalable_topic(topic)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from test_tier import _s3_uri, s3_server
+from object_store import s3_server, s3_uri
 
 from runtime.batch import DELIVERY_SCHEMA, make_batch
 from runtime.errors import (
@@ -478,7 +478,7 @@ def test_a_tiered_segment_is_deleted_even_while_its_object_store_is_down(
         store = open_store(tmp_path / "root", records=records)
         store.append(batch_of(0, 10), None, None)
         store.terminate(1)
-        uri = _s3_uri(endpoint, "tier/down")
+        uri = s3_uri(endpoint, "tier/down")
         store.use_tier(uri, "tier/down/7", store.copy_to_tier(uri, "tier/down/7"))
     store.delete(2)
     assert not segment_directory(tmp_path / "root", NAME, INCARNATION).exists()

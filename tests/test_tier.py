@@ -8,18 +8,13 @@ with the store's reason.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from object_store import s3_uri
 from pyarrow import fs as pafs
 
 from runtime.batch import make_batch
@@ -41,61 +36,6 @@ from storage.tier import (
 from storage.topic_storage import delete_storage
 
 FAST = Durability("none")
-MOTO = Path(sys.executable).with_name("moto_server")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def s3_server(*, enforce_auth: bool = False, port: int | None = None) -> Iterator[str]:
-    """A moto S3 server on loopback (on ``port``, else a free one) with a bucket ``tier``;
-    its endpoint. Stopped on exit, and everything it held is gone then. ``enforce_auth``:
-    every request must carry credentials the server issued (none are: whatever a client
-    presents is refused), and no bucket is made."""
-    port = port or _free_port()
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"} if enforce_auth else None
-    server = subprocess.Popen(
-        [str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    try:
-        wait_until_listening(port, server)
-        endpoint = f"127.0.0.1:{port}"
-        if not enforce_auth:
-            filesystem, _ = open_tier(_s3_uri(endpoint, "tier") + "&allow_bucket_creation=true")
-            filesystem.create_dir("tier")
-        yield endpoint
-    finally:
-        server.terminate()
-        server.wait(10)
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with s3_server() as endpoint:
-        yield endpoint
-
-
-def wait_until_listening(port: int, server: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            alive = server is None or server.poll() is None
-            assert time.monotonic() < deadline and alive, "the S3 server did not start"
-            time.sleep(0.1)
-
-
-def _s3_uri(endpoint: str, path: str) -> str:
-    return f"s3://testing:testing@{path}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -103,7 +43,7 @@ def tier(request, tmp_path: Path) -> tuple[pafs.FileSystem, str]:
     if request.param == "file":
         return open_tier(f"file://{tmp_path / 'tier'}")
     endpoint = request.getfixturevalue("s3_endpoint")
-    return open_tier(_s3_uri(endpoint, f"tier/{tmp_path.name}"))
+    return open_tier(s3_uri(endpoint, f"tier/{tmp_path.name}"))
 
 
 def sealed_log(directory: Path, batches: int = 40, per_batch: int = 4_000) -> SegmentLog:
@@ -215,7 +155,7 @@ def test_a_crash_before_the_commit_leaves_no_segment_and_offloading_again_commit
 
 def test_unusable_tiers_are_refused_with_the_reason(tmp_path: Path, s3_endpoint: str) -> None:
     with pytest.raises(InvalidArgumentError, match="cannot be used") as refused:
-        open_tier(_s3_uri(s3_endpoint, "tier/x") + "&secret_key=hush&no_such_option=1")
+        open_tier(s3_uri(s3_endpoint, "tier/x") + "&secret_key=hush&no_such_option=1")
     assert "testing" not in str(refused.value) and "hush" not in str(refused.value)
     assert "no_such_option" in str(refused.value)
     with pytest.raises(InvalidArgumentError, match="cannot be used"):
@@ -225,10 +165,10 @@ def test_unusable_tiers_are_refused_with_the_reason(tmp_path: Path, s3_endpoint:
     filesystem, base = open_tier(f"file://{blocker}/tier")
     with pytest.raises(UnavailableError, match="not usable"):
         check_reachable(filesystem, base)
-    filesystem, base = open_tier(_s3_uri(s3_endpoint, "no-such-bucket/x"))
+    filesystem, base = open_tier(s3_uri(s3_endpoint, "no-such-bucket/x"))
     with pytest.raises(UnavailableError, match="not usable"):
         check_reachable(filesystem, base)
-    filesystem, base = open_tier(_s3_uri(s3_endpoint, "tier/usable"))
+    filesystem, base = open_tier(s3_uri(s3_endpoint, "tier/usable"))
     check_reachable(filesystem, base)
 
 

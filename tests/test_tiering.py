@@ -18,13 +18,9 @@ from pathlib import Path
 import pytest
 import ray
 from conftest import TIER_ROOT
+from object_store import PORTS, s3_server, s3_uri
 from pyarrow import fs as pafs
 from test_metrics import scrape, total
-from test_tier import (
-    _s3_uri,
-    s3_endpoint,  # noqa: F401  (a fixture)
-    s3_server,
-)
 
 from actors.registry import alive_actor_names
 from clients import Producer, ScalableTopicsAdmin, StreamConsumer
@@ -91,9 +87,10 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
 ) -> None:
     topic = f"topic://tier/ns/{store}-{unique}"
     if store == "file":
-        uri = f"file://{TIER_ROOT}/{unique}"
-    else:
-        uri = _s3_uri(request.getfixturevalue("s3_endpoint"), f"tier/{unique}")
+        uri = written = f"file://{TIER_ROOT}/{unique}"
+    else:  # the policy names the location; the endpoint and keys are the operator's
+        uri = f"s3://tier/{unique}"
+        written = s3_uri(request.getfixturevalue("s3_endpoint"), f"tier/{unique}")
     admin.create_scalable_topic(topic, 2)
     admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 2}})
     sent: list[tuple[str, int]] = []
@@ -115,7 +112,7 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
     sealed_ids = {i for i, info in layout.all_segments.items() if not info.is_active}
     assert len(sealed_ids) == 4 and stats["hibernatingSegments"] == 4
     assert running_segments(admin, topic) == set(layout.active_segments)  # sealed ones: no process
-    filesystem, base = open_tier(uri)
+    filesystem, base = open_tier(written)
     root = Path(os.environ["RAYTOPICS_STORAGE_ROOT"])
     for info in layout.all_segments.values():
         segment = info.name(name)
@@ -159,32 +156,45 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
 
 
 def test_tiers_not_allowed_or_not_usable_are_refused_when_the_policy_is_set(
-    admin: ScalableTopicsAdmin,
-    unique: str,
-    s3_endpoint: str,  # noqa: F811
+    admin: ScalableTopicsAdmin, unique: str, s3_endpoint: str, kv_snapshot
 ) -> None:
+    """Only the operator decides where and how the cluster writes: a policy's endpoint,
+    credentials or options, a sibling of an allowed prefix, and a tier that cannot be
+    used are all refused, and nothing is stored or written anywhere."""
     topic = f"topic://tier/ns/refused-{unique}"
     admin.create_scalable_topic(topic, 1)
     blocker = Path(TIER_ROOT) / f"a-file-{unique}"
     blocker.write_text("a file where the tier's directory would be")
-    for uri, reason in [
-        ("file:///etc/raytopics", "outside the tiers this cluster allows"),
-        (f"file://{TIER_ROOT}/../etc/x", "must not contain '..'"),
-        ("nosuch://bucket", "outside the tiers"),
-        (_s3_uri(s3_endpoint, "other-bucket/x"), "outside the tiers"),
-        (f"file://{blocker}/tier", "not usable"),
-    ]:
-        with pytest.raises(TierRefusedError, match=reason) as refused:
-            admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0}})
-        assert "testing:testing" not in str(refused.value)  # credentials are never echoed
+    with s3_server() as attacker:  # where a policy's endpoint_override would send the data
+        before = kv_snapshot()
+        for uri, reason in [
+            (f"s3://tier/x-{unique}?endpoint_override={attacker}&scheme=http", "operator's"),
+            (f"s3://testing:testing@tier/x-{unique}", "operator's"),
+            (f"s3://tier/x-{unique}?scheme=http", "operator's"),
+            (f"file://{TIER_ROOT}-sibling/x", "outside the tiers this cluster allows"),
+            (f"s3://tierx/{unique}", "outside the tiers"),
+            ("file:///etc/raytopics", "outside the tiers this cluster allows"),
+            (f"file://{TIER_ROOT}/../etc/x", "must not contain"),
+            ("nosuch://bucket", "outside the tiers"),
+            ("s3://other-bucket/x", "outside the tiers"),
+            (f"file://{blocker}/tier", "not usable"),
+        ]:
+            with pytest.raises(TierRefusedError, match=reason) as refused:
+                admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0}})
+            assert "testing:testing" not in str(refused.value)  # credentials never echoed
+        filesystem, _ = open_tier(s3_uri(attacker, "tier"))
+        assert filesystem.get_file_info(pafs.FileSelector("tier", recursive=True)) == []
+        assert kv_snapshot() == before, "a refused policy changed metadata"
     with (
-        s3_server(enforce_auth=True) as guarded,  # a store that refuses our credentials
-        pytest.raises(TierRefusedError, match="not usable.*ACCESS_DENIED"),
+        # the operator's "guarded" bucket: a store that refuses the operator's credentials
+        s3_server(enforce_auth=True, port=PORTS["guarded"]),
+        pytest.raises(TierRefusedError, match="not usable.*ACCESS_DENIED") as refused,
     ):
-        admin.set_policy(topic, {"tiering": {"uri": _s3_uri(guarded, "tier/x")}})
+        admin.set_policy(topic, {"tiering": {"uri": f"s3://guarded/{unique}"}})
+    assert "testing:testing" not in str(refused.value)
     assert admin.get_policy(topic)["tiering"] is None
-    shown = admin.set_policy(topic, {"tiering": {"uri": _s3_uri(s3_endpoint, "tier/ok")}})
-    assert shown["tiering"]["uri"].startswith("s3://***@tier/ok")
+    shown = admin.set_policy(topic, {"tiering": {"uri": f"s3://tier/ok-{unique}"}})
+    assert shown["tiering"]["uri"] == f"s3://tier/ok-{unique}"
     assert shown["tiering"]["afterS"] == 60
     admin.delete_scalable_topic(topic)
 
@@ -329,8 +339,8 @@ def test_an_object_store_that_goes_down_is_retried_and_the_local_copy_serves_mea
     assert [retry_delay_s(n) for n in (1, 2, 3, 10)] == [5.0, 10.0, 20.0, 300.0]
     topic = f"topic://tier/ns/down-{unique}"
     admin.create_scalable_topic(topic, 1)
-    with s3_server() as endpoint:
-        uri = _s3_uri(endpoint, f"tier/down-{unique}")
+    with s3_server(port=PORTS["flaky"], bucket="flaky"):  # the operator's "flaky" bucket
+        uri = f"s3://flaky/down-{unique}"
         admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 1}})
     sent: list[tuple[str, int]] = []
     count: dict[str, int] = defaultdict(int)
@@ -350,7 +360,7 @@ def test_an_object_store_that_goes_down_is_retried_and_the_local_copy_serves_mea
 
     while_down = read_all(admin, topic, "while-down", len(sent))
     assert sorted(while_down) == sorted(sent)  # from the local log
-    with s3_server(port=int(endpoint.rsplit(":", 1)[1])):
+    with s3_server(port=PORTS["flaky"], bucket="flaky"):
         stats = wait_hibernating(admin, topic, 90)  # retried after its back-off
         assert "tierError" not in str(stats["segments"]["0"])
         assert sorted(read_all(admin, topic, "after", len(sent))) == sorted(sent)  # from the tier
