@@ -19,6 +19,12 @@ from storage.catalog import AuthRecord, Catalog
 
 EVERY_NAMESPACE = "*"
 DISABLED = {"enabled": False, "version": 0, "updatedAtMs": None, "principals": []}
+FIRST_POLICY_IS_THE_OPERATORS = (
+    "no authentication policy is loaded, and the first one is the operator's: load it "
+    "from inside the cluster with `raytopics auth load FILE` (a Ray driver of the "
+    "cluster) or by starting the gateway with RAYTOPICS_AUTH_TOKENS_FILE; once one is "
+    "loaded, an admin on '*' may replace it over REST"
+)
 
 
 def load_policy(catalog: Catalog, document: dict[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
@@ -73,7 +74,7 @@ from runtime.errors import (
     is_integer,
 )
 from runtime.names import _DESCRIPTOR, SegmentName, TopicName, validate_part
-from runtime.rest import REST_TIMEOUT_ENV, rest_timeout_s
+from runtime.rest import IDEMPOTENCY_KEY, REST_TIMEOUT_ENV, rest_timeout_s
 from runtime.tls import server_context
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,7 @@ def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
             query=_parse_query(request, route),
             body=await _parse_body(request, route),
             time_left_s=deadline - time.monotonic(),
+            request_id=_idempotency_key(request),
         )
         call = functools.partial(request.app[SERVICE].call, credential=token)
         result = await _by_deadline(request, deadline, route.action(call, params))
@@ -213,6 +215,24 @@ def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
         return web.json_response(result, status=route.status)
 
     return handle
+
+
+_KEY = re.compile(r"[\x21-\x7e]{1,64}")  # printable ASCII, no spaces
+
+
+def _idempotency_key(request: web.Request) -> str:
+    """The caller's ``Idempotency-Key``, else a fresh one: either way the same id goes
+    with every retry of this request into the cluster, so a split or merge that
+    committed before an actor restart is answered as completed, not refused."""
+    key = request.headers.get(IDEMPOTENCY_KEY)
+    if key is None:
+        return uuid.uuid4().hex
+    if not _KEY.fullmatch(key):
+        raise InvalidRequestError(
+            f"the {IDEMPOTENCY_KEY} header must be 1 to 64 printable ASCII characters "
+            "without spaces"
+        )
+    return key
 
 
 async def _by_deadline(request: web.Request, deadline: float, action: Awaitable[Any]) -> Any:

@@ -16,22 +16,31 @@ from pydantic.json_schema import models_json_schema
 
 from actors.gateway_documents import ID_PARAMS, MAX_SEGMENT_ID, ErrorBody
 from runtime.names import _DESCRIPTOR, _PART
+from runtime.rest import IDEMPOTENCY_KEY
 
 if TYPE_CHECKING:
     from actors.gateway_routes import Route
 
 _REF = "#/components/schemas/{model}"
+_IDEMPOTENCY_PARAMETER = {
+    "name": IDEMPOTENCY_KEY,
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,64}$"},
+    "description": "Sent again with the same key (a retry), the operation is applied once "
+    "and its completed record is the answer",
+}
 _STATUS_TEXT = {
     200: "OK",
-    401: "No valid bearer token (only while the cluster has an authentication policy)",
-    403: "The token's principal lacks the permission on this namespace",
+    401: "No valid bearer token (while the cluster has an authentication policy)",
+    403: "The token's principal lacks the permission on this namespace, or (loadAuth) no "
+    "policy is stored and the first one is the operator's",
     201: "Created",
     204: "No Content",
     400: "Malformed request: bad JSON, wrong types, unknown fields, invalid names",
     404: "Topic, segment or subscription not found",
     405: "Method not allowed on this path",
     409: "Conflicts with the current state (exists, sealed, not adjacent, in progress)",
-    500: "Unexpected internal error",
     503: "A controller or segment is unavailable",
     504: "Not finished within the gateway's time-out (RAYTOPICS_REST_TIMEOUT_S, 30 s by "
     "default); a change asked for may still complete: read the resource to see its state",
@@ -47,12 +56,14 @@ def _param_schema(name: str) -> dict[str, Any]:
     return {"type": "string", "pattern": _PART.pattern}
 
 
-def build_openapi(routes: Sequence[Route], secured: bool = True) -> dict[str, Any]:
+def build_openapi(routes: Sequence[Route]) -> dict[str, Any]:
     """An OpenAPI 3.1 document of ``routes``, schemas generated from their models.
 
-    ``secured``: the cluster has an authentication policy, so operations need a
-    bearer token and may answer 401/403; without one the document says neither,
-    and a client generated from it sends no ``Authorization`` header."""
+    One document whatever the cluster's authentication state: every operation that
+    checks a permission may need a bearer token (while a policy is stored) and may
+    answer 401 and 403, and says so; a client generated from it sends a token when
+    it has one. No operation promises a 500: one would be a bug, and a fuzzer
+    checking the answers against this document finds it."""
     models = {(ErrorBody, "serialization"): None}  # a model can be a body and a reply
     for route in routes:
         if route.body.model_fields:
@@ -62,10 +73,11 @@ def build_openapi(routes: Sequence[Route], secured: bool = True) -> dict[str, An
     keys, defs = models_json_schema(list(models), ref_template=_REF)
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, keys, secured)
-    components: dict[str, Any] = {"schemas": defs.get("$defs", {})}
-    if secured:
-        components["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, keys)
+    components: dict[str, Any] = {
+        "schemas": defs.get("$defs", {}),
+        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -80,9 +92,7 @@ def build_openapi(routes: Sequence[Route], secured: bool = True) -> dict[str, An
     }
 
 
-def _operation(
-    route: Route, keys: Mapping[tuple[type, str], dict[str, Any]], secured: bool
-) -> dict[str, Any]:
+def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) -> dict[str, Any]:
     def ref(model: type[BaseModel], mode: str) -> dict[str, Any]:
         return keys[(model, mode)]
 
@@ -98,6 +108,8 @@ def _operation(
             {"name": name, "in": "query", "required": required, "schema": schema}
             | {"description": description}
         )
+    if route.idempotent:
+        parameters.append(_IDEMPOTENCY_PARAMETER)
     success: dict[str, Any] = {"description": _STATUS_TEXT[route.status]}
     if route.returns is not None:
         returns = route.returns
@@ -105,12 +117,10 @@ def _operation(
         success["content"] = {"application/json": {"schema": schema}}
     error = {"application/json": {"schema": ref(ErrorBody, "serialization")}}
     responses = {str(route.status): success}
-    guarded = secured and route.permission is not None
-    # The policy's own operations may answer 401/403 while authentication is off too:
-    # a load there turns it on, for the calls that follow it.
-    refusable = guarded or (route.permission is not None and route.tag == "auth")
-    timeout = (504,) if route.permission is not None else ()  # every call into the cluster
-    for status in (*route.errors, *((401, 403) if refusable else ()), 405, 500, *timeout):
+    guarded = route.permission is not None  # a call into the cluster, checked there
+    refusals = (401, 403) if guarded else ()
+    timeout = (504,) if guarded else ()
+    for status in (*route.errors, *refusals, 405, *timeout):
         responses[str(status)] = {"description": _STATUS_TEXT[status], "content": error}
     operation: dict[str, Any] = {
         "operationId": route.operation_id,
@@ -121,8 +131,8 @@ def _operation(
     }
     if route.permission is not None:
         operation["x-permission"] = route.permission.value
-    if guarded:
-        operation["security"] = [{"bearerAuth": []}]
+    if guarded:  # a token while a policy is stored, none while there is none
+        operation["security"] = [{"bearerAuth": []}, {}]
     if route.body.model_fields:
         operation["requestBody"] = {
             "required": route.body_required,

@@ -43,7 +43,6 @@ from actors.gateway_documents import (
     TopicStatus,
 )
 from actors.gateway_openapi import build_openapi
-from actors.guard import guard
 from runtime.auth import (
     AuthPolicy,
     Permission,
@@ -91,6 +90,7 @@ class Params:
     body: Any
     query: Any
     time_left_s: float  # until the gateway's time-out answers for the action
+    request_id: str  # the caller's Idempotency-Key, else one made for this request
 
     @property
     def namespace(self) -> str:
@@ -138,6 +138,7 @@ class Route:
     errors: tuple[int, ...] = (400, 404, 503)
     tag: str = "scalable"
     permission: Permission | None = Permission.ADMIN  # None: open to all (meta endpoints)
+    idempotent: bool = False  # takes an Idempotency-Key: the same key is applied once
 
 
 _MUTATION_ERRORS = (400, 404, 409, 503)
@@ -192,7 +193,7 @@ async def _terminate(call: Call, p: Params) -> dict[str, int]:
 async def _load_auth(call: Call, p: Params) -> dict[str, Any]:
     """Validated whole (``runtime.auth``); plain tokens go no further than this process."""
     config = AuthPolicy.from_config(p.body.model_dump(exclude_none=True)).to_config()
-    return await call("load_auth", config)
+    return await call("load_auth", config, over_rest=True)
 
 
 async def _health(_call: Call, _p: Params) -> dict[str, Any]:
@@ -212,7 +213,7 @@ def metrics_endpoints() -> list[str]:
 
 
 async def _openapi(_call: Call, _p: Params) -> dict[str, Any]:
-    return openapi_document(secured=guard().enabled)
+    return openapi_document()
 
 
 # fmt: off
@@ -316,13 +317,16 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "POST", SPLIT_PATH, "splitSegment", "Split an ACTIVE segment at its hash midpoint",
-        lambda c, p: c("split_segment", p.topic, p.path["segmentId"]),
-        returns=CompletedOperation, errors=_MUTATION_ERRORS,
+        lambda c, p: c("split_segment", p.topic, p.path["segmentId"], request_id=p.request_id),
+        returns=CompletedOperation, errors=_MUTATION_ERRORS, idempotent=True,
     ),
     Route(
         "POST", MERGE_PATH, "mergeSegments", "Merge two adjacent ACTIVE segments",
-        lambda c, p: c("merge_segments", p.topic, p.path["segmentId1"], p.path["segmentId2"]),
-        returns=CompletedOperation, errors=_MUTATION_ERRORS,
+        lambda c, p: c(
+            "merge_segments", p.topic, p.path["segmentId1"], p.path["segmentId2"],
+            request_id=p.request_id,
+        ),
+        returns=CompletedOperation, errors=_MUTATION_ERRORS, idempotent=True,
     ),
     Route(
         "GET", POLICY_PATH, "getPolicy", "Get the topic's autoscale and retention policy",
@@ -399,8 +403,9 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "PUT", AUTH_PATH, "loadAuth",
-        "Replace the authentication policy, validated whole (needs admin on '*', or nothing "
-        "while authentication is off); returns it as getAuthStatus does",
+        "Replace the authentication policy, validated whole (needs admin on '*'); returns it "
+        "as getAuthStatus does. While no policy is stored this is refused (403): the first "
+        "policy is the operator's, loaded from inside the cluster (raytopics auth load)",
         _load_auth, body=AuthDocument, body_required=True, returns=OBJECT,
         errors=(400, 409, 503), tag="auth",
     ),
@@ -427,7 +432,6 @@ ROUTES: tuple[Route, ...] = (
 
 
 @functools.cache
-def openapi_document(secured: bool = True) -> dict[str, Any]:
-    """An OpenAPI 3.1 document of ``ROUTES`` (``actors.gateway_openapi``); ``secured``:
-    authentication is on (the security requirement and 401/403 are declared)."""
-    return build_openapi(ROUTES, secured)
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``ROUTES`` (``actors.gateway_openapi``)."""
+    return build_openapi(ROUTES)

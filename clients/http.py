@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ from runtime.policy import TopicPolicy
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
 from runtime.rest import (
     AUTH_PATH,
+    IDEMPOTENCY_KEY,
     LIMITS_PATH,
     MERGE_PATH,
     NAMESPACE_PATH,
@@ -177,15 +179,15 @@ class AdminHttpClient:
 
     async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
         """Split an active segment at its midpoint; returns the completed operation."""
-        reply = await self._call("POST", _topic_path(SPLIT_PATH, topic, segmentId=segment_id))
-        return _completed(reply)
+        path = _topic_path(SPLIT_PATH, topic, segmentId=segment_id)
+        return _completed(await self._call("POST", path, key=uuid.uuid4().hex))
 
     async def merge_segments_async(
         self, topic: str, segment_id1: int, segment_id2: int
     ) -> dict[str, Any]:
         """Merge two adjacent active segments; returns the completed operation."""
         path = _topic_path(MERGE_PATH, topic, segmentId1=segment_id1, segmentId2=segment_id2)
-        return _completed(await self._call("POST", path))
+        return _completed(await self._call("POST", path, key=uuid.uuid4().hex))
 
     # --- operating policy (autoscale, retention) ------------------------------------------
 
@@ -295,18 +297,27 @@ class AdminHttpClient:
         *,
         body: dict[str, Any] | None = None,
         params: dict[str, str] | None = None,
+        key: str | None = None,
     ) -> Any:
+        """``key``: the mutation's ``Idempotency-Key``."""
         try:
             data = None if body is None else json.dumps(body)
         except (TypeError, ValueError) as err:
             raise InvalidArgumentError(f"request body is not JSON-serializable: {err}") from None
-        return await _on_background_loop(self._request(method, path, data, params))
+        return await _on_background_loop(self._request(method, path, data, params, key))
 
     async def _request(
-        self, method: str, path: str, data: str | None, params: dict[str, str] | None
+        self,
+        method: str,
+        path: str,
+        data: str | None,
+        params: dict[str, str] | None,
+        key: str | None,
     ) -> Any:
         """One HTTP exchange on the background loop; errors come back typed."""
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        if key is not None:
+            headers[IDEMPOTENCY_KEY] = key
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
         try:

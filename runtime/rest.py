@@ -16,6 +16,10 @@ from runtime.errors import InvalidArgumentError
 SCALABLE = "/admin/v2/scalable"
 SEGMENTS = "/admin/v2/segments"
 LIMITS = "/admin/v2/limits"
+# A mutation sent again with the same key (a client's retry) is applied once; without
+# one, the gateway makes one per request, kept across its own retries.
+IDEMPOTENCY_KEY = "Idempotency-Key"
+
 NAMESPACE_PATH = SCALABLE + "/{tenant}/{namespace}"
 TOPIC_PATH = NAMESPACE_PATH + "/{topic}"
 STATS_PATH = TOPIC_PATH + "/stats"

@@ -96,13 +96,23 @@ def refused(call: Any) -> int | None:
 # --- bootstrap ------------------------------------------------------------------------------
 
 
-def test_the_first_policy_needs_no_token_and_later_ones_need_admin_everywhere(
+def test_only_the_operator_loads_the_first_policy_and_later_ones_need_admin_everywhere(
     gateway: str, cluster_policy: None, kv_snapshot
 ) -> None:
+    """An open cluster refuses a first policy over REST (whoever reaches the API could
+    lock everyone out with a token of their own) and takes it from inside the
+    cluster's boundary: a Ray driver's admin client, as ``raytopics auth load`` is."""
     anyone = ScalableTopicsAdmin()
     assert anyone.auth_status() == {
         "enabled": False, "version": 0, "updatedAtMs": None, "principals": []
     }  # fmt: skip
+    before = kv_snapshot()
+    for token in (None, OPS):
+        code, reply = rest(gateway, "PUT", "/admin/v2/auth", token, policy(ops_entry()))
+        assert (code, reply["error"]) == (403, "forbidden"), reply
+        assert "raytopics auth load" in reply["message"] and OPS not in reply["message"]
+    assert kv_snapshot() == before, "a refused first policy changed metadata"
+    assert rest(gateway, "GET", "/admin/v2/auth", None)[1]["enabled"] is False
     status = anyone.load_auth(policy(ops_entry(), app_entry(APP_A)))
     assert status["enabled"] and status["version"] >= 1
     assert {p["principal"] for p in status["principals"]} == {"ops", "app"}
@@ -124,6 +134,11 @@ def test_the_first_policy_needs_no_token_and_later_ones_need_admin_everywhere(
     ops = ScalableTopicsAdmin(token=OPS)
     assert ops.auth_status()["version"] == status["version"]
     assert ops.load_auth(policy(ops_entry(), app_entry(APP_B)))["version"] == status["version"] + 1
+    # once a policy is stored, an admin on '*' may replace it over REST
+    code, replaced = rest(
+        gateway, "PUT", "/admin/v2/auth", OPS, policy(ops_entry(), app_entry(APP_A))
+    )
+    assert code == 200 and replaced["version"] == status["version"] + 2, replaced
 
 
 def test_the_status_never_shows_a_token_or_its_digest(gateway: str, cluster_policy: None) -> None:
@@ -318,6 +333,37 @@ def test_cli_loads_shows_and_disables_the_policy(cluster_policy: None, tmp_path:
     assert "authentication is off" in _run(client_env(), "auth", "show")
 
 
+def test_a_consume_only_token_consumes_at_the_console_and_leaves_no_subscription(
+    cluster_policy: None, tmp_path: Path
+) -> None:
+    """``raytopics consume`` without ``--subscription`` makes a temporary subscription; a
+    token that may consume but not administer deletes it at the end all the same (its
+    principal made it), while it may not delete a subscription someone else made."""
+    reader = "reader-token-0123456789"
+    entry = {"principal": "reader", "token": reader,
+             "grants": [{"namespace": NAMESPACE, "actions": ["produce", "consume"]}]}  # fmt: skip
+    document = tmp_path / "tokens.json"
+    document.write_text(json.dumps(policy(ops_entry(), entry)))
+    _run(client_env(), "auth", "load", str(document))
+    topic = f"topic://{NAMESPACE}/console-{tmp_path.name[-8:]}"
+    ops = ScalableTopicsAdmin(token=OPS)
+    ops.create_scalable_topic(topic, 2)
+    ops.create_subscription(topic, "theirs")
+    env = client_env(RAYTOPICS_TOKEN=reader)
+    lines = "".join(f"line {i}\n" for i in range(50))
+    produced = subprocess.run(
+        [RAYTOPICS, "produce", topic, "--key", "k"], input=lines, env=env,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    printed = _run(env, "consume", topic, "--from", "earliest", "--max", "50", "--timeout", "30")
+    assert printed.splitlines() == [f"line {i}" for i in range(50)]
+    assert ops.list_subscriptions(topic) == ["theirs"]  # the temporary one is gone
+    with pytest.raises(UnauthorizedError, match="only the subscriptions it created"):
+        ScalableTopicsAdmin(token=reader).delete_subscription(topic, "theirs")
+    ops.delete_scalable_topic(topic)
+
+
 def test_the_cli_takes_a_token_from_an_option_or_a_file(
     cluster_policy: None, gateway: str, tmp_path: Path
 ) -> None:
@@ -328,7 +374,7 @@ def test_the_cli_takes_a_token_from_an_option_or_a_file(
     env = client_env()
     _run(env, "auth", "load", str(document))
     token_file = tmp_path / "token"
-    token_file.write_text(OPS + "\n")
+    token_file.write_text(OPS + "\n# its first line is the token; the rest is not read\n")
     for where in ([], ["--url", gateway]):
         assert "authentication is on" in _run(env, *where, "--token", OPS, "auth", "show")
         shown = _run(env, *where, "--token-file", str(token_file), "auth", "show")

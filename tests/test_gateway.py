@@ -16,11 +16,15 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import ray
 from aiohttp.test_utils import TestClient, TestServer
 
+from actors.admin_service import admin_service_actor
+from actors.controller import controller_actor
 from actors.gateway import create_app, start_gateway, stop_gateway
 from actors.gateway_routes import ROUTES, openapi_document
 from clients import AdminHttpClient, ScalableTopicsAdmin
@@ -40,6 +44,7 @@ from runtime.errors import (
     UnavailableError,
 )
 from runtime.layout import SegmentLayout
+from runtime.names import TopicName
 
 TENANT, NAMESPACE = "gw", "ns"
 SCALABLE = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}"
@@ -52,13 +57,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def http(url: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+def http(
+    url: str, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     """One real HTTP request; ``body`` is sent raw if a str, as JSON otherwise."""
     data = body.encode() if isinstance(body, str) else None
     if body is not None and not isinstance(body, str):
         data = json.dumps(body).encode()
     request = urllib.request.Request(url + path, data=data, method=method)
     request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             status, raw = response.status, response.read()
@@ -100,15 +109,18 @@ def test_openapi_lists_every_route_and_health(gateway: str) -> None:
         for operation in item.values():
             error = operation["responses"]["400"]["content"]["application/json"]["schema"]
             assert error == {"$ref": "#/components/schemas/ErrorBody"}
-            # authentication is off: no security requirement, and no 401/403 but from the
-            # policy's own operations (a load turns it on for what follows)
-            assert "security" not in operation
+            assert "500" not in operation["responses"], operation["operationId"]
+            # one document whatever the authentication state (it is off here): every
+            # checked operation takes a token or none, and may answer 401 and 403
+            checked = "x-permission" in operation
+            assert checked == (operation["tags"] != ["meta"]), operation["operationId"]
             refusals = {"401", "403"} & set(operation["responses"])
-            assert not refusals or operation["tags"] == ["auth"], operation["operationId"]
-    assert "securitySchemes" not in doc["components"]
-    secured = openapi_document(secured=True)
-    create = secured["paths"][f"{ROUTES[1].path}"]["put"]
-    assert create["security"] == [{"bearerAuth": []}] and {"401", "403"} <= set(create["responses"])
+            assert refusals == ({"401", "403"} if checked else set()), operation["operationId"]
+            assert operation.get("security") == ([{"bearerAuth": []}, {}] if checked else None)
+    assert doc["components"]["securitySchemes"] == {
+        "bearerAuth": {"type": "http", "scheme": "bearer"}
+    }
+    assert doc == openapi_document()
     status, health = http(gateway, "GET", "/healthz")
     assert status == 200 and health["status"] == "ok"
     assert health["metadata"] == {"backend": "rocksdb", "durable": True}  # the embedded Ray
@@ -362,7 +374,7 @@ def test_every_request_is_answered_within_the_time_out(ray_cluster) -> None:
     assert (change, change_body["error"]) == (504, "timeout") and change_s < 2
     assert "may still complete" in change_body["message"]
     assert poll == 200 and poll_body["state"] == "starting" and 0.2 < poll_s < 0.5
-    for item in openapi_document(secured=False)["paths"].values():
+    for item in openapi_document()["paths"].values():
         for operation in item.values():
             assert ("504" in operation["responses"]) == (operation["tags"] != ["meta"])
 
@@ -514,3 +526,49 @@ def test_namespace_limits_over_rest(gateway: str, admin: ScalableTopicsAdmin, un
     for body in ({"max_message_bytes": "4"}, {"bogus": 1}, {"max_message_bytes": 0}, None):
         assert http(gateway, "PUT", path, body)[0] == 400, body
     assert admin.get_namespace_limits(namespace) == limits
+
+
+# --- a split or merge is applied once, whoever retries it ---------------------------------
+
+
+def test_the_same_idempotency_key_is_applied_once_and_answered_alike(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/key-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    base = f"{SCALABLE}/key-{unique}"
+    key = {"Idempotency-Key": f"split-{unique}"}
+    first = http(gateway, "POST", f"{base}/split/0", headers=key)
+    again = http(gateway, "POST", f"{base}/split/0", headers=key)
+    assert first[0] == 200 and again == first
+    assert admin.get_layout(topic).epoch == 1, "a retry must not split again"
+    fresh = http(gateway, "POST", f"{base}/split/0", headers={"Idempotency-Key": "other"})
+    assert fresh[0] == 409 and fresh[1]["error"] == "segment_not_active"
+    for bad in ("", "x" * 65, "two words"):
+        status, body = http(gateway, "POST", f"{base}/split/2", headers={"Idempotency-Key": bad})
+        assert (status, body["error"]) == (400, "invalid_request"), bad
+    assert admin.get_layout(topic).epoch == 1
+
+
+def test_a_split_whose_answer_was_lost_with_the_admin_service_is_answered_as_completed(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """The controller commits the split and dies (after step 4); while the admin service
+    waits for it to come back, the service is killed too. The gateway's retry carries
+    the request's id, so the caller gets the completed split, applied once, instead of
+    a refusal to split a segment that is no longer active."""
+    topic = f"topic://{TENANT}/{NAMESPACE}/lost-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    ray.get(controller_actor(TopicName.parse(topic)).inject_fault_after_step.remote(4))
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(http, gateway, "POST", f"{SCALABLE}/lost-{unique}/split/0")
+        deadline = time.monotonic() + 60
+        while admin.get_layout(topic).epoch == 0:
+            assert not answer.done(), f"answered before the commit: {answer.result()}"
+            assert time.monotonic() < deadline, "the split never committed"
+            time.sleep(0.01)
+        ray.kill(admin_service_actor(), no_restart=False)
+        status, body = answer.result(timeout=120)
+    assert status == 200, body
+    assert (body["kind"], body["parents"]) == ("split", [0])
+    assert admin.get_layout(topic).epoch == 1, "the split must be applied exactly once"
