@@ -307,7 +307,7 @@ class AdminService(StreamOperations):
         self._record(name)
         return await self._control(name, restart_timeout_s, "set_policy", parsed.to_dict())
 
-    # --- segments (the spec's Segments API; routed through the controller) -------------
+    # --- segments (routed through the controller) -------------
 
     async def create_segment(
         self,

@@ -529,12 +529,12 @@ class ScalableTopicController:
             await handle.shutdown.remote(credential=guard().internal_token())
         ray.kill(handle, no_restart=True)
 
-    # --- segment administration (the spec's Segments API) --------------------------
+    # --- segment administration (docs/reference/admin.md) --------------------------
 
     async def create_segment(
         self, segment: str, subscriptions: list[str], *, credential: str | None = None
     ) -> None:
-        """Create a segment outside the layout (the spec's internal Segments API)."""
+        """Create a segment outside the layout (the internal Segments API)."""
         self._check(credential)
         name = self._own_segment(segment)
         async with self._lock:

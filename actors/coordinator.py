@@ -1,7 +1,7 @@
 """``SubscriptionCoordinator``: one detached actor per subscription (or checkpoint group).
 
 A thin shell over ``runtime.coordination.GroupState``: it persists each
-consumer's registration (name and owned segments) at the spec's consumer path
+consumer's registration (name and owned segments) at its consumer path (``storage.metadata``)
 whenever that changes — never per heartbeat — keeps liveness in memory, pushes
 assignment changes to consumers' long-polls, follows the topic's layout through
 a DAG watch, and evicts consumers whose grace period ran out. After a restart

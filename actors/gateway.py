@@ -1,4 +1,4 @@
-"""``AdminGateway``: the spec's Admin API (``/admin/v2/scalable``, ``/admin/v2/segments``).
+"""``AdminGateway``: the Admin API (``/admin/v2/scalable``, ``/admin/v2/segments``).
 
 One detached async actor per port runs an aiohttp server on the actor's own
 event loop and hands every request, with the caller's bearer token, to the

@@ -9,8 +9,8 @@ Each batch carries a tag (the reader it came from), and a stream consumer hands
 over its segment's Arrow delivery batches as they came, so the receiving thread
 unpacks only what it takes. Messages then live only in the application's hands,
 not for the whole time they wait here: fewer of them survive two young garbage
-collections into the oldest generation, whose full collections stalled delivery
-for 70-180 ms at a time at half load (bench/end_to_end.py).
+collections into the oldest generation, whose full collections stall delivery
+(bench/README.md, "Design measurements").
 """
 
 from __future__ import annotations

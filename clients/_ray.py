@@ -88,8 +88,8 @@ def freeze_what_exists() -> None:
 
     A consumer makes tens of thousands of messages a second, enough of them live
     through two young collections to set off a full one every second or so, and a
-    full collection walks every tracked object: 70-180 ms on this 2-core machine,
-    during which nothing is delivered (the p99 of bench/end_to_end.py's half load).
+    full collection walks every tracked object, during which nothing is delivered
+    (it set the p99 of bench/end_to_end.py's half load: bench/README.md).
     Frozen objects are still freed by reference counting; only cycles among them
     would never be collected. ``RAYTOPICS_GC_FREEZE=0`` leaves the GC alone.
     """

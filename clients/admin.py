@@ -1,4 +1,4 @@
-"""``ScalableTopicsAdmin``: the spec's Admin Client API, carried out by the cluster.
+"""``ScalableTopicsAdmin``: the Admin Client API, carried out by the cluster.
 
 The client decides nothing: each call goes, with the caller's token, to the
 cluster's admin service (``actors.admin_service``), which checks it against the
@@ -58,7 +58,7 @@ class ScalableTopicsAdmin:
         return await self._call("list_scalable_topics", namespace)
 
     async def get_metadata_async(self, topic: str) -> dict[str, Any]:
-        """The topic's ``ScalableTopicMetadata`` document (the spec's JSON shape)."""
+        """The topic's ``ScalableTopicMetadata`` document (its public JSON shape)."""
         return await self._call("get_metadata", topic)
 
     async def get_layout_async(self, topic: str) -> SegmentLayout:
@@ -174,7 +174,7 @@ class ScalableTopicsAdmin:
         validated first, stored by the controller; returns it as stored."""
         return await self._control("set_policy", topic, policy)
 
-    # --- segments (the spec's Segments API; routed through the controller) -------------
+    # --- segments (routed through the controller) -------------
 
     async def create_segment_async(
         self, segment_topic: str, subscriptions: list[str] | None = None

@@ -97,7 +97,7 @@ class AdminHttpClient:
         return await self._call("GET", _namespace_path(NAMESPACE_PATH, namespace))
 
     async def get_metadata_async(self, topic: str) -> dict[str, Any]:
-        """The topic's ``ScalableTopicMetadata`` document (the spec's JSON shape)."""
+        """The topic's ``ScalableTopicMetadata`` document (its public JSON shape)."""
         return await self._call("GET", _topic_path(TOPIC_PATH, topic))
 
     async def get_layout_async(self, topic: str) -> SegmentLayout:
@@ -199,7 +199,7 @@ class AdminHttpClient:
         TopicPolicy.parse(policy)  # the same typed error the Ray client raises, before any I/O
         return await self._call("PUT", _topic_path(POLICY_PATH, topic), body=policy)
 
-    # --- segments (the spec's Segments API) ----------------------------------------------
+    # --- segments (docs/reference/admin.md) ----------------------------------------------
 
     async def create_segment_async(
         self, segment_topic: str, subscriptions: list[str] | None = None

@@ -1,6 +1,6 @@
 """``QueueConsumer``: shared, unordered consumption with individual acknowledgement.
 
-No coordinator is involved (spec: "Consumer Assignment"): every queue consumer
+No coordinator is involved: every queue consumer
 attaches to every segment that still has backlog — active and sealed — and
 each segment hands different messages to the consumers pulling from it.
 New segments arrive through the DAG watch; a sealed segment is dropped once

@@ -14,7 +14,7 @@ The plan
     segment actor as Arrow batches, by Ray Data read tasks or by Spark tasks
     on the executors (Ray actors themselves), never through the driver.
 
-Completeness (DESIGN.md, seed 002 "no silent partial results")
+Completeness (no silent partial results)
     Every segment the layout lists must be served. A listed segment whose
     actor cannot be reached within ``unavailable_timeout_s`` (dead and not
     restarting, or restarting too slowly) makes the read raise

@@ -1,4 +1,4 @@
-"""Token authentication and tenant/namespace-scoped authorization (the spec's Security section).
+"""Token authentication and tenant/namespace-scoped authorization (docs/security.md).
 
 The operator configures tokens in a JSON document (a file named by
 ``RAYTOPICS_AUTH_TOKENS_FILE``); each maps to a principal and its grants::

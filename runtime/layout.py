@@ -3,7 +3,7 @@
 A layout is a value: every mutation returns a new layout with ``epoch + 1`` and
 the old one stays valid, so readers never lock and the controller can compute
 the next layout, persist it with one compare-and-swap, and only then publish it.
-The JSON form is the spec's ``ScalableTopicMetadata`` field for field.
+The JSON form is the public ``ScalableTopicMetadata`` document, field for field.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class SegmentInfo(_Model):
 
 
 class ScalableTopicMetadata(_Model):
-    """The persisted document, exactly the spec's JSON shape."""
+    """The persisted document, the public ``ScalableTopicMetadata`` shape."""
 
     epoch: int = Field(ge=0)
     next_segment_id: int = Field(alias="nextSegmentId", ge=0)

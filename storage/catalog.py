@@ -1,6 +1,6 @@
 """The metadata catalog: every path of the metadata store and the record kept at each.
 
-The spec fixes where a scalable topic's metadata lives; this module is the one
+Where a scalable topic's metadata lives is a public layout; this module is the one
 place that spells those paths and (de)serializes what is stored there, so no
 caller builds ``f"{...}/subscriptions"`` by hand and a record's shape can change
 in exactly one file. Everything else asks the catalog in domain terms
@@ -65,7 +65,7 @@ from storage.metadata import MetadataStore, Version
 class TopicRecord(ScalableTopicMetadata):
     """What is stored at ``/topics/{tenant}/{namespace}/{topic}``.
 
-    The spec's ``ScalableTopicMetadata`` fields, plus the topic's incarnation
+    The public ``ScalableTopicMetadata`` fields, plus the topic's incarnation
     (which storage is its own), the fencing epoch of the controller that last
     wrote it and the operation it is carrying out: the last two must change in
     the same compare-and-swap as the layout they guard.

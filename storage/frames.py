@@ -92,8 +92,8 @@ def encode_frame(frame: Frame, payload: bytes | memoryview) -> Encoded:
 
 def checksum(head: bytes | memoryview, rest: bytes | memoryview) -> int:
     """A frame's CRC-32C over ``head`` then ``rest``: one function for writing and
-    checking. fastcrc's "iscsi" (carry-less multiply) takes ~1 µs per 100 KB here,
-    the crc32c package's SSE4.2 loop 3.4 µs; both give the same value."""
+    checking. fastcrc's "iscsi" (carry-less multiply) is the fastest of the packages
+    measured that give this value (bench/README.md, "Design measurements")."""
     return crc32.iscsi(rest, crc32.iscsi(head))
 
 

@@ -78,9 +78,9 @@ class SegmentLog:
         background_sync: bool = False,
     ) -> None:
         """``background_sync``: under the ``interval`` policy appends never flush; the
-        owner calls ``sync`` on a timer, from another thread. A flush takes from 2 to
-        over 200 ms on a busy disk, and an append that pays it stalls every producer
-        and reader of the segment (it was most of the end-to-end p99 latency)."""
+        owner calls ``sync`` on a timer, from another thread: a flush can take long on a
+        busy disk, and an append that paid it would stall every producer and reader of
+        the segment (bench/README.md, "Design measurements")."""
         if max_chunk_bytes <= 0:
             raise InvalidArgumentError(f"max_chunk_bytes must be positive, got {max_chunk_bytes}")
         self._directory = Path(directory)
@@ -633,11 +633,9 @@ class SegmentLog:
 
 def _write_groups(frames: Sequence[Encoded]) -> Iterator[tuple[list[bytes | memoryview], int]]:
     """The buffers of ``frames`` in ``writev``-sized groups, with their sizes: at most
-    ``_IOV_MAX`` buffers and, unless one frame is larger, ``_WRITE_BYTES``. Measured on
-    a 2-core VM (cause in the kernel not pinned down): writes of several MB took ~10 ms
-    each where the same bytes in ~1 MB writes took ~1.5 ms; group commit of 1.2 MB
-    frames fell from 7M to 3.3M msgs/s before this cap, and 256 KB or 2 MB caps were
-    slower than 1 MB."""
+    ``_IOV_MAX`` buffers and, unless one frame is larger, ``_WRITE_BYTES``: writes of
+    several MB are much slower per byte than ~1 MB ones on the machines measured
+    (bench/README.md, "Design measurements")."""
     group: list[bytes | memoryview] = []
     size = 0
     for header, payload, _ in frames:
