@@ -297,9 +297,10 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "DELETE", SUBSCRIPTION_PATH, "deleteSubscription",
-        "Delete a subscription from every segment of the topic",
+        "Delete a subscription from every segment of the topic (admin, or consume for "
+        "one the caller's principal created)",
         lambda c, p: c("delete_subscription", p.topic, p.path["subscription"]),
-        status=204, errors=_MUTATION_ERRORS,
+        status=204, errors=_MUTATION_ERRORS, permission=Permission.CONSUME,
     ),
     Route(
         "POST", RESET_PATH, "resetSubscription",

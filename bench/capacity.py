@@ -10,6 +10,13 @@ it still deliver every message.
     .venv/bin/python bench/capacity.py [--messages 20000]
 
 Writes ``bench/results/capacity.json``.
+
+``--fill``: with the default settings, creates topics over REST until admission
+refuses one, then, 60 s after the last create, measures what a full machine still
+serves: the load average against the cores, the acknowledgement time of a
+producer's sends on a topic created before, and how long ``get_stats`` takes.
+Writes ``bench/results/capacity_fill.json`` (or ``--out``); ``tests/test_admission``
+runs it and holds it to generous bounds.
 """
 
 from __future__ import annotations
@@ -17,9 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -28,6 +38,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 RESULTS = Path(__file__).resolve().parent / "results" / "capacity.json"
+FILL_RESULTS = RESULTS.with_name("capacity_fill.json")
 GIB = 1 << 30
 
 
@@ -39,6 +50,10 @@ def used_gib() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--fill", action="store_true", help="fill over REST, then measure")
+    parser.add_argument("--segments-per-topic", type=int, default=4)
+    parser.add_argument("--settle-s", type=float, default=60.0)
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="capacity-bench-")
     os.environ["RAYTOPICS_STORAGE_ROOT"] = root
@@ -46,7 +61,12 @@ def main() -> None:
     from runtime import connect
 
     connect("local", include_dashboard=False, log_to_driver=False)
-    from actors.capacity import free_memory_per_node
+    if args.fill:
+        result = fill(args.segments_per_topic, args.settle_s)
+        print(json.dumps(result, indent=2))
+        (args.out or FILL_RESULTS).write_text(json.dumps(result, indent=2) + "\n")
+        return
+    from actors.capacity import node_rooms
     from clients import Producer, ScalableTopicsAdmin, StreamConsumer
     from runtime.capacity import SegmentFootprint
     from runtime.errors import InsufficientCapacityError
@@ -55,8 +75,9 @@ def main() -> None:
     admin = ScalableTopicsAdmin()
     topic = "topic://capacity/bench/largest"
     footprint = SegmentFootprint.from_env()
-    free = free_memory_per_node(TopicName.parse(topic))
-    fit = footprint.fitting(free)
+    rooms, starting = node_rooms(TopicName.parse(topic))
+    free = [room.free_memory for room in rooms]
+    fit = footprint.fitting(rooms, starting)
     result: dict = {
         "segment_memory_mib": footprint.memory_bytes >> 20,
         "ray_free_memory_gib": round(sum(free) / GIB, 2),
@@ -103,6 +124,75 @@ def main() -> None:
     result["delete_largest_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=2))
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def rest(url: str, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def fill(segments_per_topic: int, settle_s: float) -> dict:
+    """Create topics of ``segments_per_topic`` over REST until one is refused; then, once
+    ``settle_s`` have passed since the last create, what the full machine serves."""
+    from actors.gateway import start_gateway
+    from clients import Producer, ScalableTopicsAdmin
+
+    url = start_gateway(free_port())
+    created: list[str] = []
+    started = time.monotonic()
+    while True:
+        name = f"fill-{len(created)}"
+        status, reply = rest(url, "PUT", f"/admin/v2/scalable/capacity/fill/{name}",
+                             {"numSegments": segments_per_topic})  # fmt: skip
+        if status >= 300:
+            break
+        created.append(f"topic://capacity/fill/{name}")
+        last_create = time.monotonic()
+    result: dict = {
+        "cores": os.cpu_count(),
+        "segments_per_topic": segments_per_topic,
+        "topics_admitted": len(created),
+        "segments_admitted": len(created) * segments_per_topic,
+        "fill_s": round(last_create - started, 1) if created else 0.0,
+        "refusal": {"status": status, "error": reply.get("error"), "message": reply.get("message")},
+    }
+    if not created:
+        return result
+    time.sleep(max(0.0, last_create + settle_s - time.monotonic()))
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
+    latencies = []
+    with Producer(created[0]) as producer:
+        for i in range(300):
+            sent = time.monotonic()
+            producer.send(f"v{i}".encode(), key=f"k{i}").result(30)
+            latencies.append((time.monotonic() - sent) * 1000)
+    latencies.sort()
+    result["send_ack_ms"] = {
+        "p50": round(latencies[len(latencies) // 2], 1),
+        "p99": round(latencies[int(len(latencies) * 0.99) - 1], 1),
+        "max": round(latencies[-1], 1),
+    }
+    admin = ScalableTopicsAdmin()
+    stats_ms = []
+    for _ in range(5):
+        asked = time.monotonic()
+        admin.get_stats(created[-1])
+        stats_ms.append((time.monotonic() - asked) * 1000)
+    result["get_stats_ms_max"] = round(max(stats_ms), 1)
+    result["load_average_1m_after"] = round(os.getloadavg()[0], 2)
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import os
 import uuid
 from collections.abc import Mapping
 
-from runtime.capacity import MEMORY_ENV
+from runtime.capacity import MEMORY_ENV, PER_CPU_ENV
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV
 from runtime.rest import REST_TIMEOUT_ENV
@@ -41,6 +41,7 @@ ACTOR_SETTINGS = (
     PLACEMENT_ENV,
     GC_FREEZE_ENV,
     MEMORY_ENV,
+    PER_CPU_ENV,
     REST_TIMEOUT_ENV,
     TIER_URIS_ENV,
     *LIMIT_ENV_VARS,

@@ -251,7 +251,10 @@ class SegmentLayout:
 
     def merge_segments(self, segment_id1: int, segment_id2: int) -> SegmentLayout:
         if segment_id1 == segment_id2:
-            raise InvalidArgumentError(f"cannot merge segment {segment_id1} with itself")
+            raise SegmentsNotAdjacentError(
+                f"cannot merge segment {segment_id1} with itself: only two neighbouring "
+                "active ranges can merge"
+            )
         a, b = sorted(
             (self._require_active(segment_id1), self._require_active(segment_id2)),
             key=lambda s: s.hash_range.start,

@@ -9,6 +9,10 @@ segments held the rest.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +22,7 @@ import pytest
 import ray
 from test_clients import wait_for
 
-from actors.capacity import free_memory_per_node
+from actors.capacity import free_memory_per_node, node_rooms
 from actors.controller import controller_actor
 from actors.registry import named_actors
 from clients import Producer, StreamConsumer
@@ -37,7 +41,7 @@ class Ballast:
 
 
 def fitting(topic: str) -> int:
-    return SEGMENT.fitting(free_memory_per_node(TopicName.parse(topic)))
+    return SEGMENT.fitting(*node_rooms(TopicName.parse(topic)))
 
 
 @pytest.fixture
@@ -182,3 +186,29 @@ def test_the_autoscaler_is_held_back_by_capacity_and_says_so(admin, unique, room
         "the held-back split in the metrics",
     )
     admin.delete_scalable_topic(topic)
+
+
+@pytest.mark.integration  # a Ray of its own, with the default settings
+def test_a_machine_filled_over_rest_still_serves(tmp_path: Path) -> None:
+    """Topics are created over REST until admission refuses one (by CPU on this
+    machine: 16 segments per core); a minute later the machine is not overloaded, a
+    producer's sends are acknowledged quickly and stats answer. The bounds are
+    generous (the suite runs beside); bench/README.md has the figures against the
+    goal of load <= 2x the cores, send p99 <= 100 ms and stats <= 200 ms."""
+    out = tmp_path / "fill.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYTOPICS_SEGMENT")}
+    env.pop("RAY_ADDRESS", None)
+    bench = Path(__file__).resolve().parents[1] / "bench" / "capacity.py"
+    subprocess.run(
+        [sys.executable, str(bench), "--fill", "--out", str(out)],
+        env=env, check=True, timeout=600, capture_output=True,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    cores = result["cores"]
+    assert result["refusal"]["status"] == 409, result
+    assert result["refusal"]["error"] == "insufficient_capacity", result
+    assert "per CPU" in result["refusal"]["message"], result
+    assert 0 < result["segments_admitted"] <= cores * 16, result
+    assert result["load_average_1m"] <= 4 * cores, result
+    assert result["send_ack_ms"]["p99"] <= 500, result
+    assert result["get_stats_ms_max"] <= 1000, result

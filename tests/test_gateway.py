@@ -214,7 +214,7 @@ BAD_REQUESTS = [
     ("split-sealed", "POST", "{T}/split/0", None, 409, "segment_not_active"),
     ("split-unknown", "POST", "{T}/split/99", None, 404, "segment_not_found"),
     ("merge-not-adjacent", "POST", "{T}/merge/2/1", None, 409, "segments_not_adjacent"),
-    ("merge-with-itself", "POST", "{T}/merge/2/2", None, 400, "invalid_argument"),
+    ("merge-with-itself", "POST", "{T}/merge/2/2", None, 409, "segments_not_adjacent"),
     ("merge-sealed", "POST", "{T}/merge/0/1", None, 409, "segment_not_active"),
     ("subscription-exists", "PUT", "{T}/subscriptions/s1", None, 409, "subscription_exists"),
     ("subscription-unknown", "DELETE", "{T}/subscriptions/nope", None, 404,
@@ -441,7 +441,7 @@ def test_http_client_round_trip(gateway: str, admin: ScalableTopicsAdmin, unique
         _same_error(apis, lambda api: api.get_metadata("topic://only/two"), InvalidNameError)
         _same_error(apis, lambda api: api.split_segment(topic, 0), SegmentNotActiveError)
         _same_error(apis, lambda api: api.split_segment(topic, -1), InvalidArgumentError)
-        _same_error(apis, lambda api: api.merge_segments(topic, 3, 3), InvalidArgumentError)
+        _same_error(apis, lambda api: api.merge_segments(topic, 3, 3), SegmentsNotAdjacentError)
         _same_error(
             apis, lambda api: api.create_subscription(topic, "s1"), SubscriptionAlreadyExistsError
         )

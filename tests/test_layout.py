@@ -101,7 +101,7 @@ def test_invalid_requests_raise_typed_errors_and_change_nothing():
         (lambda: split.split_segment(0), SegmentNotActiveError, "SEALED"),
         (lambda: split.merge_segments(0, 1), SegmentNotActiveError, "SEALED"),
         (lambda: layout.merge_segments(0, 2), SegmentsNotAdjacentError, "adjacent"),
-        (lambda: layout.merge_segments(1, 1), InvalidArgumentError, "itself"),
+        (lambda: layout.merge_segments(1, 1), SegmentsNotAdjacentError, "itself"),
         (lambda: layout.prune_segment(1), SegmentNotActiveError, "ACTIVE"),
         (lambda: split.split_segment(4).prune_segment(4), SegmentNotActiveError, "parents"),
         (lambda: layout.find_active_segment(70000), InvalidArgumentError, "outside"),

@@ -2,9 +2,9 @@
 stateful included) against a real gateway, with authentication off and on.
 
 The gateway runs on a Ray of its own (an embedded one, its own storage root),
-started by ``raytopics serve`` as an operator would, with segments declaring
-2 GiB each: admission by capacity then holds the whole fuzz run to a handful
-of segment processes however many topics the fuzzer asks for, which is the
+started by ``raytopics serve`` as an operator would, with the default settings:
+admission by capacity (by memory and by CPU) holds the whole fuzz run to what
+the machine's cores carry however many topics the fuzzer asks for, which is the
 point of it. Each run must send at least ``MIN_REQUESTS`` requests and find
 nothing: no 5xx, no time-out, no answer the document does not describe, no
 request the document allows that the server refuses, or the reverse.
@@ -25,7 +25,10 @@ from pathlib import Path
 import pytest
 from test_gateway import free_port
 
+pytestmark = pytest.mark.integration  # Rays of its own (own storage root and Ray temp dir)
+
 ST = str(Path(sys.executable).with_name("st"))
+CONFIG = Path(__file__).with_name("schemathesis.toml")
 RAYTOPICS = str(Path(sys.executable).with_name("raytopics"))
 MIN_REQUESTS = 2_000
 ADMIN_TOKEN = "schemathesis-admin-token-0123456789"
@@ -37,7 +40,6 @@ def fuzz_env(tmp_path_factory) -> dict[str, str]:
     return env | {
         "RAYTOPICS_STORAGE_ROOT": str(tmp_path_factory.mktemp("schemathesis-root")),
         "RAYTOPICS_NAMESPACE": f"schemathesis-{uuid.uuid4().hex[:6]}",
-        "RAYTOPICS_SEGMENT_MEMORY_MB": "2048",
         # just under the fuzzer's limit: status long polls wait at most 12 s
         "RAYTOPICS_REST_TIMEOUT_S": "24",
         "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
@@ -75,7 +77,7 @@ def schemathesis(url: str, *extra: str) -> tuple[subprocess.CompletedProcess, in
     """One Schemathesis run; returns the process and how many test cases it generated."""
     proc = subprocess.run(
         [
-            ST, "run", f"{url}/openapi.json", "--checks", "all",
+            ST, "--config-file", str(CONFIG), "run", f"{url}/openapi.json", "--checks", "all",
             "--phases", "examples,coverage,fuzzing,stateful",
             "--max-examples", "60", "--seed", "20261125", "--workers", "1",
             "--request-timeout", "30", "--max-response-time", "25",
