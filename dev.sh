@@ -3,6 +3,8 @@
 # installs the project when pyproject.toml changed, then runs what was asked.
 #   ./dev.sh demo          set up, then run the demo on an embedded local Ray
 #   ./dev.sh test [ARGS]   set up, then lint and run the whole test suite
+#   ./dev.sh test --quick  set up, then lint and run the quick tier (tests/README.md)
+#   ./dev.sh coverage      set up, then run the whole suite measuring line coverage
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -73,6 +75,14 @@ setup() {
   export PYSPARK_PYTHON="$PWD/.venv/bin/python" RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 }
 
+# Coverage runs only: a .pth file in the venv that, in a measured Ray worker, saves
+# coverage's data every few seconds (Ray ends most workers without an exit handler).
+coverage_hook() {
+  local site; site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import os, runpy; os.getenv('COVERAGE_PROCESS_CONFIG') and runpy.run_path('$PWD/tests/coverage_saver.py')" \
+    >"$site/zz_raytopics_coverage.pth"
+}
+
 case "${1:-}" in
   demo)
     setup
@@ -83,10 +93,36 @@ case "${1:-}" in
     system_packages
     setup
     .venv/bin/ruff check .
-    exec .venv/bin/python -m pytest "$@"
+    if [ "${1:-}" = "--quick" ]; then
+      shift
+      exec .venv/bin/python -m pytest -m "not integration or smoke" --durations=10 "$@"
+    fi
+    # One worker by default: the suite is bound by CPU, and on a 2-core machine two
+    # workers take as long and let Ray's time-outs fire (tests/README.md). With more
+    # cores, RAYTOPICS_TEST_WORKERS=N runs N workers, each with a Ray of its own.
+    workers=${RAYTOPICS_TEST_WORKERS:-1}
+    parallel=()
+    if [ "$workers" -gt 1 ]; then
+      parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+    fi
+    exec .venv/bin/python -m pytest "${parallel[@]}" --durations=25 "$@"
+    ;;
+  coverage)
+    shift
+    system_packages
+    setup
+    coverage_hook
+    rm -rf build/coverage && mkdir -p build/coverage
+    status=0
+    COVERAGE_FILE="$PWD/build/coverage/data" .venv/bin/python -m pytest --cov --cov-report= \
+      --durations=25 "$@" || status=$?
+    COVERAGE_FILE="$PWD/build/coverage/data" .venv/bin/python -m coverage combine -q || true
+    COVERAGE_FILE="$PWD/build/coverage/data" .venv/bin/python -m coverage report \
+      | tee build/coverage/report.txt | tail -n 1
+    exit "$status"
     ;;
   *)
-    echo "usage: ./dev.sh demo | ./dev.sh test [pytest args]" >&2
+    echo "usage: ./dev.sh demo | ./dev.sh test [--quick] [pytest args] | ./dev.sh coverage" >&2
     exit 2
     ;;
 esac

@@ -1,12 +1,15 @@
-"""Shared fixtures: one real local Ray per test session, storage on real disk."""
+"""Shared fixtures: one real local Ray per test session (per xdist worker in a parallel
+run), storage on real disk; the tiers of the suite and the order of a parallel run."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 
 import hypothesis  # noqa: F401 - see below
+import object_store  # tests/ is on sys.path under pytest
 import pytest
 import ray
 
@@ -17,10 +20,15 @@ import ray
 _STORAGE = tempfile.mkdtemp(prefix="raytopics-test-")
 os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", _STORAGE)
 os.environ.setdefault("RAYTOPICS_NAMESPACE", f"raytopics-test-{uuid.uuid4().hex[:8]}")
-# Tiers the tests may use: one scratch directory, and the bucket of the S3 server a test
-# starts (a fuzzer's made-up tier URIs are refused, never written to).
+# Tiers the tests may use, as an operator lists them: one scratch directory, and the
+# buckets of the S3 servers on loopback with their endpoints (tests/object_store.py).
+# A fuzzer's made-up tier URIs are refused, never written to.
 TIER_ROOT = tempfile.mkdtemp(prefix="raytopics-tiers-")
-os.environ.setdefault("RAYTOPICS_TIER_URIS", f"file://{TIER_ROOT}/,s3://tier/")
+os.environ.setdefault("RAYTOPICS_TIER_URIS", object_store.operator_tier_uris(TIER_ROOT))
+# Spark's JVMs (the driver's and the executors') run little code for a session's
+# length: the client compiler and the serial collector cost them far less CPU on a
+# small machine (tests/README.md).
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @pytest.fixture(scope="session")
@@ -37,12 +45,12 @@ def ray_cluster():
     disconnect()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark(ray_cluster):
-    """A Spark session on Ray (RayDP, one small executor) for a module's tests, its
-    streaming source and sink pointed at a gateway. Per module, not per session: RayDP
-    names its app master actor alike in every session, so a Ray namespace holds one
-    Spark at a time, and other modules start Spark drivers of their own."""
+    """One Spark session on Ray (RayDP, one small executor) for every test that asks,
+    its streaming source and sink pointed at a gateway. A parallel run gives all of
+    them to one worker (``SPARK_GROUP``): RayDP names its app master actor alike in
+    every session, so a Ray namespace holds one Spark at a time."""
     from clients.spark import warm_up
     from clients.spark_streaming import enable_streaming
     from runtime.spark import spark_session, stop_spark
@@ -57,6 +65,13 @@ def spark(ray_cluster):
     enable_streaming(session)
     yield session
     stop_spark()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """The session's S3 server: the ``tier`` bucket of the operator's tiers."""
+    with object_store.s3_server(port=object_store.PORTS["tier"]) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +99,56 @@ def kv_snapshot(ray_cluster):
         return {key: internal_kv._internal_kv_get(key, namespace=namespace) for key in keys}
 
     return take
+
+
+# --- tiers and the order of a parallel run -------------------------------------------
+
+# Modules whose tests are each a program of its own (own storage root, own Ray temp
+# dir, own ports): a parallel run hands their tests out one by one. Every other
+# module runs whole on one worker, so its module fixtures start once.
+SPREAD = frozenset({"tests/test_embedded.py", "tests/test_readme.py"})
+SPARK_GROUP = "spark"  # the modules using the session's Spark share a worker
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names the groups in the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests that need a Ray (the ``ray_cluster`` fixture, or a module marked
+    ``integration`` for Rays of its own): ``./dev.sh test --quick`` runs the others and
+    the ``smoke`` test. In a parallel run, groups each module's tests for one worker and
+    puts the longest work first (``tests/weights.py``)."""
+    for item in items:
+        if "ray_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.integration)
+    if os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup"):
+        _group_and_order(items)
+
+
+def _group_and_order(items: list[pytest.Item]) -> None:
+    from tests import weights
+
+    spark_modules = {_module(i) for i in items if "spark" in i.fixturenames}
+    spark_tests = {i.nodeid for i in items if i.get_closest_marker("spark")}
+    units: dict[str, float] = {}
+    unit_of: dict[str, str] = {}
+    seconds = weights.load()
+    for item in items:
+        module = _module(item)
+        if module in spark_modules or item.nodeid in spark_tests:
+            unit = SPARK_GROUP
+        elif module in SPREAD:
+            unit = item.nodeid
+        else:
+            unit = module
+        if unit != item.nodeid:
+            item.add_marker(pytest.mark.xdist_group(unit))
+        unit_of[item.nodeid] = unit
+        units[unit] = units.get(unit, 0.0) + seconds.get(item.nodeid, weights.UNKNOWN_S)
+    first = {unit: index for index, unit in enumerate(dict.fromkeys(unit_of.values()))}
+    items.sort(key=lambda i: (-units[unit_of[i.nodeid]], first[unit_of[i.nodeid]]))
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from test_embedded import Place, place  # noqa: F401 - tests/ is on sys.path under pytest
 
+pytestmark = pytest.mark.integration  # Rays of its own (own storage root and Ray temp dir)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -30,6 +30,8 @@ from test_examples import stop_group
 from runtime.embedded import METADATA_DIR, STATE_FILE, State
 from runtime.processes import stop_processes
 
+pytestmark = pytest.mark.integration  # Rays of its own (own storage root and Ray temp dir)
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 TOPIC = "topic://acme/r/events"

@@ -24,6 +24,8 @@ import pytest
 
 from runtime.connect import LOCAL_SYSTEM_CONFIG
 
+pytestmark = pytest.mark.integration  # Rays of its own (own storage root and Ray temp dir)
+
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 PORT_OPTIONS = (

@@ -170,6 +170,7 @@ def test_fuzz_endpoint(route, world, documented) -> None:
     fuzz()
 
 
+@pytest.mark.integration  # counts what the fuzz test above sent to the session's gateway
 def test_fuzzing_sent_enough_requests() -> None:
     print(f"fuzz: {len(SENT)} requests, statuses {sorted(set(SENT))}")
     assert len(SENT) >= 2_000 and max(SENT) < 500

@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.integration  # Rays of its own (own storage root and Ray temp dir)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 

@@ -69,6 +69,7 @@ def test_connect_refuses_a_bad_placement_before_starting_ray() -> None:
     assert "InvalidArgumentError" in proc.stderr and "whole numbers" in proc.stderr
 
 
+@pytest.mark.integration  # a multi-node cluster of its own
 @pytest.mark.timeout(300)
 def test_pinned_namespace_starts_and_restarts_on_its_nodes(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAYTOPICS_"))}

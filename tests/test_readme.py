@@ -85,7 +85,14 @@ def test_the_json_blocks_are_what_the_code_accepts(page: Path) -> None:
             TopicPolicy.model_validate(document)  # raises naming what is wrong
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def _with_spark(page: Path) -> pytest.param:
+    """A page whose blocks use Spark runs beside the other Spark tests (``conftest``)."""
+    uses = any("spark" in b.body for b in runnable(page, "python"))
+    return pytest.param(page, marks=[pytest.mark.spark] if uses else [], id=page.name)
+
+
+@pytest.mark.integration  # the blocks join this session's Ray or start their own
+@pytest.mark.parametrize("page", [_with_spark(page) for page in PAGES])
 def test_the_python_blocks_run(page: Path, request, unique: str) -> None:
     code = runnable(page, "python")
     if not code:
@@ -141,6 +148,7 @@ def _delete_what_is_left(unique: str) -> None:
         admin.delete_scalable_topic(topic)
 
 
+@pytest.mark.integration  # programs on an embedded Ray of their own
 def test_the_quickstart_twice_as_two_programs_delivers_or_fails_loudly(unique, tmp_path):
     """Run as two programs in a row, the quickstart never exits 0 with messages lost:
     the first delivers all three, the second is refused loudly (the topic outlived the

@@ -116,10 +116,12 @@ def test_crash_during_pipelined_appends_loses_and_duplicates_nothing(make_actor)
             time.sleep(kill_delay)
             refs = [ref for _, ref in in_flight]
             _, unfinished = ray.wait(refs, num_returns=len(refs), timeout=0)
-            if unfinished:  # else the window drained first: try after the next batch
+            if unfinished:
                 os.kill(old_pid, signal.SIGKILL)
                 print(f"killed after batch {i} with {len(unfinished)} appends unfinished")
                 killed = True
+            else:  # the window drained during the delay: kill right after the next batch
+                kill_delay = 0.0
         if len(in_flight) >= window:
             j, ref = in_flight.pop(0)
             results[j] = ray.get(ref, timeout=60)

@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from waiting import wait_for
 
+pytestmark = pytest.mark.integration  # Rays of its own (own storage root and Ray temp dir)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 

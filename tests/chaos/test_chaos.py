@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # a multi-node cluster of its own
+
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = "1-10"
 SEED_BUDGET_S = 300  # the acceptance bound for one seed
