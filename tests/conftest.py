@@ -25,6 +25,11 @@ os.environ.setdefault("RAYTOPICS_NAMESPACE", f"raytopics-test-{uuid.uuid4().hex[
 # A fuzzer's made-up tier URIs are refused, never written to.
 TIER_ROOT = tempfile.mkdtemp(prefix="raytopics-tiers-")
 os.environ.setdefault("RAYTOPICS_TIER_URIS", object_store.operator_tier_uris(TIER_ROOT))
+# The session's Ray holds the topics of every module at once, and some tests keep dozens
+# of sealed segments running (a subscription's backlog holds them): admission by CPU at
+# its default (16 segments per CPU) is tested on Rays of their own (test_admission,
+# test_schemathesis, the chaos harness), which do not inherit this.
+os.environ.setdefault("RAYTOPICS_SEGMENTS_PER_CPU", "64")
 # Spark's JVMs (the driver's and the executors') run little code for a session's
 # length: the client compiler and the serial collector cost them far less CPU on a
 # small machine (tests/README.md).

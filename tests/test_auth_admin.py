@@ -97,11 +97,11 @@ def refused(call: Any) -> int | None:
 
 
 def test_only_the_operator_loads_the_first_policy_and_later_ones_need_admin_everywhere(
-    gateway: str, cluster_policy: None, kv_snapshot
+    gateway: str, cluster_policy: None, kv_snapshot, tmp_path: Path
 ) -> None:
     """An open cluster refuses a first policy over REST (whoever reaches the API could
     lock everyone out with a token of their own) and takes it from inside the
-    cluster's boundary: a Ray driver's admin client, as ``raytopics auth load`` is."""
+    cluster's boundary: the operator's ``raytopics auth load``, a Ray driver."""
     anyone = ScalableTopicsAdmin()
     assert anyone.auth_status() == {
         "enabled": False, "version": 0, "updatedAtMs": None, "principals": []
@@ -113,7 +113,10 @@ def test_only_the_operator_loads_the_first_policy_and_later_ones_need_admin_ever
         assert "raytopics auth load" in reply["message"] and OPS not in reply["message"]
     assert kv_snapshot() == before, "a refused first policy changed metadata"
     assert rest(gateway, "GET", "/admin/v2/auth", None)[1]["enabled"] is False
-    status = anyone.load_auth(policy(ops_entry(), app_entry(APP_A)))
+    document = tmp_path / "tokens.json"
+    document.write_text(json.dumps(policy(ops_entry(), app_entry(APP_A))))
+    assert "loaded" in _run(client_env(), "auth", "load", str(document))
+    status = ScalableTopicsAdmin(token=OPS).auth_status()
     assert status["enabled"] and status["version"] >= 1
     assert {p["principal"] for p in status["principals"]} == {"ops", "app"}
 
