@@ -66,8 +66,9 @@ from runtime.policy import TopicPolicy
 from runtime.readiness import MAX_WAIT_S
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition, reset_target
-from storage.catalog import Catalog, TopicRecord
+from storage.catalog import Catalog
 from storage.durability import default_storage_root
+from storage.records import TopicRecord
 from storage.topic_storage import choose_incarnation, is_incarnation
 
 ACTOR_NAME = "admin"

@@ -125,7 +125,7 @@ class SegmentAppender:
                 raise OutOfOrderSequenceError(
                     f"{self._name}: batch {sequence} of producer {producer_id!r} waited "
                     f"{SEQUENCE_WAIT_S:.0f}s for batch "
-                    f"{self._store.log.last_sequence(producer_id) + 1}, which never arrived"
+                    f"{self._store.last_sequence(producer_id) + 1}, which never arrived"
                 ) from None
 
     def release_turns(self) -> None:
@@ -139,10 +139,10 @@ class SegmentAppender:
     ) -> bool:
         if sequence is None or admitted.get(producer_id) == sequence - 1:
             return False  # the common case: the next in a group
-        if producer_id is None or self._store.log.terminated:
+        if producer_id is None or self._store.terminated:
             return False
         last = max(
-            self._store.log.last_sequence(producer_id),
+            self._store.last_sequence(producer_id),
             self._refused.get(producer_id, -1),
             admitted.get(producer_id, -1),
         )

@@ -15,7 +15,8 @@ from typing import Any
 
 from runtime.auth import AuthPolicy, Permission
 from runtime.errors import InconsistentRequestError
-from storage.catalog import AuthRecord, Catalog
+from storage.catalog import Catalog
+from storage.records import AuthRecord
 
 EVERY_NAMESPACE = "*"
 DISABLED = {"enabled": False, "version": 0, "updatedAtMs": None, "principals": []}

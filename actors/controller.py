@@ -24,7 +24,6 @@ every segment records about itself (``recover``, ``runtime.recovery``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -35,10 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
 
 from actors.capacity import check_capacity
-from actors.coordinator import coordinator_actor
 from actors.dag_watch import dag_watch_actor
 from actors.guard import guard
 from actors.maintenance import TopicMaintenance
@@ -49,6 +46,8 @@ from actors.segment import segment_actor
 from actors.segment_fleet import SegmentFleet
 from actors.subscription_reset import reset_subscription
 from actors.tiering import check_policy_tier
+from actors.topic_parts import LayoutCommands, TopicParts
+from actors.topic_subscriptions import TopicSubscriptions
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_namespace
 from runtime.errors import (
@@ -57,7 +56,6 @@ from runtime.errors import (
     OperationInProgressError,
     SegmentNotFoundError,
     TopicAlreadyExistsError,
-    UnauthorizedError,
 )
 from runtime.layout import HashRange, SegmentInfo, SegmentLayout
 from runtime.limits import check_room
@@ -70,18 +68,14 @@ from runtime.operations import (
     plan_merge,
     plan_prune,
     plan_split,
+    remembered,
 )
 from runtime.policy import TopicPolicy
 from runtime.recovery import plan_recovery
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition, reset_target
-from storage.catalog import (
-    Catalog,
-    SubscriptionMetadata,
-    SubscriptionState,
-    TopicRecord,
-    fenced,
-)
+from storage.catalog import Catalog, fenced
 from storage.durability import Durability, default_storage_root
+from storage.records import SubscriptionMetadata, TopicRecord
 from storage.segment_store import SealedBy, stored_states
 from storage.topic_storage import (
     SubscriptionSettings,
@@ -106,10 +100,27 @@ class ScalableTopicController:
         self.metrics.leader(self.epoch)
         self._lock = asyncio.Lock()
         self.fleet = SegmentFleet(
-            self.topic, Path(storage_root), self.durability, self._forget_recovery
+            self.topic, Path(storage_root), self.durability, self._forget_recovery, self.catalog
         )
         self._recovered = False
         self._fault_after_step: int | None = None
+        self.subscriptions = TopicSubscriptions(self.parts, self._all_names, self._write_identity)
+
+    @property
+    def parts(self) -> TopicParts:
+        """What this controller's helpers are given (``actors.topic_parts``)."""
+        return TopicParts(
+            self.topic,
+            self.catalog,
+            self.fleet,
+            self.metrics,
+            leader_epoch=lambda: self.epoch,
+            read_record=self.catalog_record,
+        )
+
+    def catalog_record(self) -> TopicRecord:
+        """The topic's record (it must exist)."""
+        return self.catalog.require_topic(self.topic)
 
     def _forget_recovery(self) -> None:
         """The next call's ``_recover`` starts every active segment's actor again."""
@@ -163,8 +174,7 @@ class ScalableTopicController:
         )
         if record.pending_operation is not None:
             await self._carry_out(record.pending_operation)
-        for name in self.catalog.subscriptions(self.topic):
-            await self._finish_subscription(name)
+        await self.subscriptions.finish_all()
         self._recovered = True
 
     # --- topic lifecycle -----------------------------------------------------------
@@ -336,8 +346,8 @@ class ScalableTopicController:
         async with self._lock:
             await self._recover()
             record = self._read_record()
-            done = record.last_operation
-            if done is not None and done.request_id == request_id:
+            done = record.completed_operation(request_id)
+            if done is not None:
                 return done.model_dump(by_alias=True)  # a retry of what already happened
             op = plan(record.layout, request_id)
             added = len(op.children) - len(op.parents)
@@ -421,21 +431,13 @@ class ScalableTopicController:
             )
         )
         names = {name for names in found for name in names}
-        for name in self.catalog.subscriptions(self.topic):
-            meta = self.catalog.subscription(self.topic, name)
-            if meta is None or meta.kind != "subscription":
-                continue  # checkpoint groups keep positions themselves, not cursors
-            if meta.state == "DELETING":
-                names.discard(name)
-            else:
-                names.add(name)
-        return sorted(names)
+        return sorted((names - self.subscriptions.deleting()) | set(self.subscriptions.live()))
 
     async def _delete_everything(self) -> None:
         """Storage goes before metadata: a crash in between leaves the delete pending, and
         the next incarnation finishes it; the other order could leave files no record names."""
         for subscription in self.catalog.subscriptions(self.topic):
-            await self._stop_coordinator(subscription)
+            await self.subscriptions.stop_coordinator(subscription)
         segments = self._read_record().layout.all_segments.values()
         await asyncio.gather(
             *(self.fleet.destroy(s.name(self.topic), self.epoch) for s in segments)
@@ -467,8 +469,7 @@ class ScalableTopicController:
             meta = SubscriptionMetadata(
                 name=name, position=position, session_grace_s=session_grace_s, owner=owner
             )
-            self.catalog.create_subscription(self.topic, meta)
-            await self._finish_subscription(name)
+            await self.subscriptions.create(meta)
 
     async def delete_subscription(
         self, name: str, *, only_of: str | None = None, credential: str | None = None
@@ -478,15 +479,7 @@ class ScalableTopicController:
         self._check(credential)
         async with self._lock:
             await self._recover()
-            if only_of is not None:
-                meta = self.catalog.subscription(self.topic, name)
-                if meta is not None and meta.owner != only_of:
-                    raise UnauthorizedError(
-                        f"principal {only_of!r} may delete only the subscriptions it created; "
-                        f"{name!r} needs admin in namespace {self.topic.namespace_path}"
-                    )
-            self.catalog.update_subscription(self.topic, name, _in_state("DELETING"))
-            await self._finish_subscription(name)
+            await self.subscriptions.delete(name, only_of)
 
     async def reset_subscription(
         self, name: str, to: object, *, credential: str | None = None
@@ -497,37 +490,7 @@ class ScalableTopicController:
         target = reset_target(to)
         async with self._lock:
             await self._recover()
-            return await reset_subscription(self, name, target)
-
-    async def _finish_subscription(self, name: str) -> None:
-        """Drive a CREATING or DELETING subscription to its end state on every segment."""
-        meta = self.catalog.subscription(self.topic, name)
-        if meta is None or meta.state == "ACTIVE":
-            return
-        names = self._all_names()
-        if meta.state == "CREATING":
-            await asyncio.gather(
-                *(self.fleet.create_subscription(n, name, meta.position, self.epoch) for n in names)
-            )
-            self.catalog.update_subscription(self.topic, name, _in_state("ACTIVE"))
-            coordinator_actor(self.topic, name)
-            self._write_identity()
-        else:
-            await self._stop_coordinator(name)
-            await asyncio.gather(
-                *(self.fleet.delete_subscription(n, name, self.epoch) for n in names)
-            )
-            self.catalog.delete_subscription(self.topic, name)
-            self._write_identity()
-
-    async def _stop_coordinator(self, name: str) -> None:
-        try:
-            handle = lookup(self.topic.coordinator_actor_name(name))
-        except ValueError:
-            return
-        with contextlib.suppress(RayActorError):
-            await handle.shutdown.remote(credential=guard().internal_token())
-        ray.kill(handle, no_restart=True)
+            return await reset_subscription(self.parts, name, target)
 
     # --- segment administration (docs/reference/admin.md) --------------------------
 
@@ -654,13 +617,7 @@ class ScalableTopicController:
         settings). Written after the metadata change it mirrors, so it may lag one
         change behind, never run ahead."""
         record = record or self._read_record()
-        subscriptions = {}
-        for name in self.catalog.subscriptions(self.topic):
-            meta = self.catalog.subscription(self.topic, name)
-            if meta is not None and meta.kind == "subscription" and meta.state != "DELETING":
-                subscriptions[name] = SubscriptionSettings(
-                    position=meta.position, session_grace_s=meta.session_grace_s
-                )
+        subscriptions = self.subscriptions.settings()
         self.fleet.write_identity(
             TopicIdentity(
                 topic=str(self.topic),
@@ -693,7 +650,8 @@ class ScalableTopicControllerActor(ScalableTopicController):
         # (finishes its predecessor's operation, starts missing segment actors) instead
         # of waiting for a call: producers and consumers never call the controller.
         self._recovery = asyncio.get_running_loop().create_task(self._recover_in_background())
-        self.maintenance = TopicMaintenance(self)
+        commands = LayoutCommands(self.split_segment, self.merge_segments, self.prune_segments)
+        self.maintenance = TopicMaintenance(self.parts, commands)
         self._maintenance = self.maintenance.start()
 
     def autoscale_status(self, *, credential: str | None = None) -> dict[str, Any]:
@@ -750,9 +708,13 @@ def _cleared(record: TopicRecord, op: PendingOperation, layout: SegmentLayout) -
     if record.pending_operation != op:
         raise OperationInProgressError(f"operation {op.request_id} is no longer the pending one")
     # Only split/merge results are what a client's retry is matched against.
-    keep = op.kind in ("create", "prune")
-    done = record.last_operation if keep else completed(op, layout.epoch)
-    return record.with_layout(layout, pending_operation=None, last_operation=done)
+    if op.kind in ("create", "prune"):
+        return record.with_layout(layout, pending_operation=None)
+    done = completed(op, layout.epoch)
+    recent = remembered(record.recent_operations, done)
+    return record.with_layout(
+        layout, pending_operation=None, last_operation=done, recent_operations=recent
+    )
 
 
 def _describe(op: PendingOperation, topic: TopicName) -> str:
@@ -766,9 +728,3 @@ def _child_info(child: PlannedSegment, op: PendingOperation) -> SegmentInfo:
     """A split's or merge's child as the layout will name it once the operation commits."""
     rng = HashRange(start=child.start, end=child.end)
     return SegmentInfo.active(child.segment_id, rng, op.base_epoch + 1, op.parents)
-
-
-def _in_state(
-    state: SubscriptionState,
-) -> Callable[[SubscriptionMetadata], SubscriptionMetadata]:
-    return lambda meta: meta.model_copy(update={"state": state})

@@ -32,7 +32,8 @@ from runtime.config import apply_settings
 from runtime.coordination import GroupState
 from runtime.errors import ConflictError, ConsumerNotRegisteredError
 from runtime.names import TopicName, validate_part
-from storage.catalog import Catalog, ConsumerRegistration, SubscriptionMetadata
+from storage.catalog import Catalog
+from storage.records import ConsumerRegistration, SubscriptionKind, SubscriptionMetadata
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -263,7 +264,7 @@ class SubscriptionCoordinator:
         credential = self._guard.internal_token()
         segment = self.topic.segment(segment_id, rng.start, rng.end)
         handle = await find_segment_actor(segment, credential=credential)  # it may hibernate
-        if self.meta.kind == "subscription":
+        if self.meta.kind == SubscriptionKind.SUBSCRIPTION:
             status = await handle.position.remote(self.subscription, credential=credential)
             done, detail = status["drained"], f"cursor at {status['position']}"
         else:

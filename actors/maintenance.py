@@ -21,6 +21,7 @@ from ray.exceptions import RayActorError
 
 from actors.guard import guard
 from actors.tiering import TierMover
+from actors.topic_parts import LayoutCommands, TopicParts
 from runtime.autoscale import Decision, LoadTracker, decide
 from runtime.backlog import BacklogAges
 from runtime.config import env_float
@@ -38,8 +39,7 @@ from storage.segment_store import hibernated_stats
 from storage.tier_records import TieredRecord
 
 if TYPE_CHECKING:
-    from actors.controller import ScalableTopicController
-    from storage.catalog import TopicRecord
+    from storage.records import TopicRecord
 
 log = logging.getLogger(__name__)
 INTERVAL_ENV = "RAYTOPICS_MAINTENANCE_INTERVAL_S"
@@ -52,13 +52,14 @@ AGE_EXPORT_S = 0.4
 
 
 class TopicMaintenance:
-    def __init__(self, controller: ScalableTopicController) -> None:
-        self._ctl = controller
+    def __init__(self, parts: TopicParts, commands: LayoutCommands) -> None:
+        self._ctl = parts
+        self._commands = commands
         self._tracker = LoadTracker()
         self._active_ids: frozenset[int] = frozenset()
         self._last_change: float | None = None
         self.held_back: dict[str, Any] | None = None
-        self._tier = TierMover(controller.topic, controller.metrics)
+        self._tier = TierMover(parts.topic, parts.metrics)
         # Tiered segments' records, read once each: a hibernating segment cannot change
         # its own, and the fleet says when it changed one (``records_changed``).
         self._records: dict[int, TieredRecord] = {}
@@ -244,7 +245,7 @@ class TopicMaintenance:
 
     def _publish(self, layout: SegmentLayout, stats: dict[int, dict[str, Any]]) -> None:
         metrics = self._ctl.metrics
-        metrics.leader(self._ctl.epoch)
+        metrics.leader(self._ctl.leader_epoch())
         active = len(layout.active_segments)
         metrics.layout(active, len(layout.all_segments) - active)
         catalog, topic = self._ctl.catalog, self._ctl.topic
@@ -274,7 +275,7 @@ class TopicMaintenance:
         }
         doomed = prunable(layout, states, retention, time.time_ns() // 1_000_000)
         if doomed:
-            await self._ctl.prune_segments(doomed, credential=guard().internal_token())
+            await self._commands.prune(doomed, credential=guard().internal_token())
         await self._retain_active(layout, retention)
 
     async def _autoscale(
@@ -297,9 +298,9 @@ class TopicMaintenance:
         try:
             credential = guard().internal_token()
             if decision.kind == "split":
-                await self._ctl.split_segment(*decision.segment_ids, credential=credential)
+                await self._commands.split(*decision.segment_ids, credential=credential)
             else:
-                await self._ctl.merge_segments(*decision.segment_ids, credential=credential)
+                await self._commands.merge(*decision.segment_ids, credential=credential)
             self.held_back = None
         except InsufficientCapacityError as err:
             self._hold_back(decision, err)

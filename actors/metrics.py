@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ray.util.metrics import Counter, Gauge, Histogram
 
+from runtime.layout import SegmentState
 from runtime.names import SegmentName, TopicName, is_valid_part
 
 PREFIX = "raytopics_"
@@ -181,8 +182,8 @@ class ControllerMetrics:
 
     def layout(self, active: int, sealed: int) -> None:
         gauge = _metrics().segments
-        gauge.set(active, {"topic": self._topic, "state": "ACTIVE"})
-        gauge.set(sealed, {"topic": self._topic, "state": "SEALED"})
+        gauge.set(active, {"topic": self._topic, "state": SegmentState.ACTIVE.value})
+        gauge.set(sealed, {"topic": self._topic, "state": SegmentState.SEALED.value})
 
     def subscription(self, name: str, backlog: int, consumers: int) -> None:
         tags = {"topic": self._topic, "subscription": name}

@@ -26,7 +26,6 @@ from runtime.errors import ConflictError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
 from runtime.placement import actor_resources, placement_from_env
-from storage.catalog import Catalog
 from storage.durability import Durability, node_storage_root, storage_scope
 from storage.incarnation_storage import IncarnationStorage
 from storage.metadata import MetadataStore
@@ -90,8 +89,11 @@ class NodeDisks:
     """The disks of the live nodes that may hold ``topic``'s segments, and the work done
     on them. Who calls: the topic's ``SegmentFleet``, in storage scope ``node`` only."""
 
-    def __init__(self, topic: TopicName, cluster_root: Path, durability: Durability) -> None:
+    def __init__(
+        self, topic: TopicName, cluster_root: Path, durability: Durability, metadata_namespace: str
+    ) -> None:
         self.topic, self.cluster_root, self.durability = topic, str(cluster_root), durability
+        self._metadata_namespace = metadata_namespace  # what the laying-out task opens
         self._nodes: dict[str, str] = {}  # disk id → Ray node id, as last asked
 
     def node_of(self, disk: str) -> str | None:
@@ -133,7 +135,7 @@ class NodeDisks:
     ) -> None:
         await _lay_out.options(scheduling_strategy=on_node(node)).remote(
             self.cluster_root,
-            Catalog().store.namespace,
+            self._metadata_namespace,
             incarnation,
             asdict(self.durability),
             str(name),

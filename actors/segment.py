@@ -146,13 +146,13 @@ class SegmentActor:
     async def offset_at_time(self, time_ms: int, *, credential: str | None = None) -> int:
         """The first offset published at or after ``time_ms`` (the end when none was)."""
         self._check(credential, Permission.CONSUME)
-        return self._store.log.offset_at_time(time_ms)
+        return self._store.offset_at_time(time_ms)
 
     async def last_sequence(self, producer_id: str, *, credential: str | None = None) -> int:
         """The highest sequence this segment stored for ``producer_id`` (-1: none): how an
         idempotent writer learns, after a crash, which of its appends got here."""
         self._check(credential, Permission.PRODUCE)
-        return self._store.log.last_sequence(producer_id)
+        return self._store.last_sequence(producer_id)
 
     async def data_endpoint(self, *, credential: str | None = None) -> wire.Endpoint:
         """Where this segment's data plane listens (appends and reads over TCP, see
@@ -196,7 +196,7 @@ class SegmentActor:
         self._check(credential, Permission.CONSUME)
         batch = self._store.queue_receive(subscription, consumer, max_records)
         due_in = self._store.redelivery_due_in(subscription)
-        waits = not self._store.log.terminated or due_in is not None
+        waits = not self._store.terminated or due_in is not None
         if batch.num_rows == 0 and wait_s > 0 and waits:
             await self._wait(wait_s if due_in is None else min(wait_s, due_in))
             batch = self._store.queue_receive(subscription, consumer, max_records)
@@ -208,12 +208,12 @@ class SegmentActor:
     async def ready(self, *, credential: str | None = None) -> dict[str, Any]:
         """Cheap liveness probe: the segment is loaded and can serve."""
         self._check(credential, Permission.ADMIN)
-        log = self._store.log
+        store = self._store
         return {
             "segmentId": self._name.segment_id,
-            "incarnation": self._store.incarnation,
-            "endOffset": log.end_offset,
-            "terminated": log.terminated,
+            "incarnation": store.incarnation,
+            "endOffset": store.end_offset,
+            "terminated": store.terminated,
             "pid": os.getpid(),
         }
 
@@ -296,9 +296,9 @@ class SegmentActor:
         self._check(credential, Permission.CONSUME)
         store = self._store
         status = {
-            "startOffset": store.log.start_offset,
-            "endOffset": store.log.end_offset,
-            "terminated": store.log.terminated,
+            "startOffset": store.start_offset,
+            "endOffset": store.end_offset,
+            "terminated": store.terminated,
         }
         if subscription is not None:
             status["position"] = store.position(subscription)
@@ -401,8 +401,8 @@ class SegmentActor:
             batch = await self._read(request.offset, request.max_records, request.wait_s)
         except (ScalableTopicsError, ValueError) as err:
             return wire.encode_failure(err)
-        log = self._store.log
-        return wire.encode_records(log.end_offset, log.terminated, ipc_parts(batch))
+        store = self._store
+        return wire.encode_records(store.end_offset, store.terminated, ipc_parts(batch))
 
     async def _read(self, offset: int, max_records: int, wait_s: float) -> pa.RecordBatch:
         """The read of a Ray call and of the data plane alike (not the actor method
@@ -437,7 +437,7 @@ class SegmentActor:
         with contextlib.suppress(UnavailableError):  # the log was closed: nothing left to sync
             while True:
                 await asyncio.sleep(self._durability.interval_s)
-                await asyncio.to_thread(self._store.log.sync)
+                await asyncio.to_thread(self._store.sync)
 
 
 def segment_actor(

@@ -52,12 +52,14 @@ class SegmentFleet:
         storage_root: Path,
         durability: Durability,
         on_start_failure: Callable[[], None],
+        catalog: Catalog,
     ) -> None:
         self.topic = topic
+        self._catalog = catalog
         self.cluster_root = Path(storage_root)  # what the segments' actors are given
         # With a disk per node, each segment is on one node's disk (``actors.node_disks``);
         # what the controller keeps itself (``topic.json``) goes to its own node's.
-        self.disks = NodeDisks(topic, self.cluster_root, durability)
+        self.disks = NodeDisks(topic, self.cluster_root, durability, catalog.store.namespace)
         self.node_local = storage_scope() == "node"
         self.root = node_storage_root(storage_root) if self.node_local else self.cluster_root
         self.durability = durability
@@ -306,11 +308,11 @@ class SegmentFleet:
 
     def sleeping(self) -> SleepingSegments:
         """The drained sealed segments whose actors exited, with their last stats."""
-        return SleepingSegments(Catalog().store, self.topic, self._current())
+        return SleepingSegments(self._catalog.store, self.topic, self._current())
 
     def placements(self) -> SegmentPlacements:
         """Which node disk holds each local segment (storage scope ``node``)."""
-        return SegmentPlacements(Catalog().store, self.topic, self._current())
+        return SegmentPlacements(self._catalog.store, self.topic, self._current())
 
     # --- internals ----------------------------------------------------------------------
 

@@ -21,8 +21,9 @@ import ray
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
 from runtime.remote import call
-from storage.catalog import Catalog, TopicRecord
+from storage.catalog import Catalog
 from storage.durability import default_storage_root
+from storage.records import TopicRecord
 from storage.topic_storage import StoredIncarnation, delete_storage, scan
 
 

@@ -38,7 +38,8 @@ from runtime.stream_plan import (
     ranges_between,
 )
 from runtime.uris import redacted
-from storage.catalog import Catalog, TopicRecord
+from storage.catalog import Catalog
+from storage.records import TopicRecord
 from storage.tier import TieredSegment, open_tier
 from storage.tier_records import TieredRecord, tier_records
 

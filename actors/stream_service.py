@@ -1,6 +1,9 @@
-"""The admin service's streaming operations, what Spark's streaming source and sink call
-through the REST gateway: planning micro-batches (``actors.stream_reads``) and
-storing a sink's writes once (``actors.stream_writes``).
+"""The admin service's data-pipeline operations, what Spark's sources and sinks call
+(the streaming ones through the REST gateway): planning micro-batches
+(``actors.stream_reads``), storing a sink's writes once (``actors.stream_writes``),
+the tier records a snapshot read is planned from, and the claims that keep a
+batch write's retried tasks from duplicating. Clients never read the metadata
+store themselves: each of these checks the caller's credential first.
 
 A mixin of ``actors.admin_service.AdminService``, which provides ``_allowed`` (the
 caller's credential checked against the cluster's policy) and ``_catalog``.
@@ -13,8 +16,10 @@ from typing import Any
 from actors.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
 from actors.stream_writes import stream_write
 from runtime.auth import Permission
-from runtime.names import TopicName
+from runtime.errors import InvalidArgumentError, is_integer
+from runtime.names import TopicName, validate_part
 from storage.catalog import Catalog
+from storage.tier_records import TierRecords
 
 
 class StreamOperations:
@@ -82,3 +87,47 @@ class StreamOperations:
     ) -> dict[str, Any]:
         name = self._allowed(credential, Permission.CONSUME, topic)
         return await stream_endpoint(self._catalog, name, segment_id)
+
+    async def tiered_records(
+        self, topic: str, segment_ids: list[int], *, credential: str | None = None
+    ) -> dict[int, dict[str, Any]]:
+        """The records of those of ``segment_ids`` that moved to the tier, read from the
+        metadata store (planning a snapshot read must not wake a hibernating segment)."""
+        name = self._allowed(credential, Permission.CONSUME, topic)
+        record = self._catalog.topic(name)
+        if record is None:
+            return {}
+        records = TierRecords(self._catalog.store, name, record.incarnation)
+        wanted = set(records.segment_ids()) & set(_segment_ids(segment_ids))
+        found = {i: records.get(i) for i in sorted(wanted)}
+        return {i: r.model_dump(mode="json", by_alias=True) for i, r in found.items() if r}
+
+    async def claim_write_partition(
+        self, topic: str, write_id: str, partition: int, *, credential: str | None = None
+    ) -> bool:
+        """True for the first attempt of a Spark write's partition, False for every later
+        one (a retried or speculative task)."""
+        name = self._allowed(credential, Permission.PRODUCE, topic)
+        if not is_integer(partition, 0):
+            raise InvalidArgumentError(
+                f"partition must be a non-negative integer, got {partition!r}"
+            )
+        return self._catalog.claim_write_partition(name, _write_id(write_id), partition)
+
+    async def forget_write(
+        self, topic: str, write_id: str, *, credential: str | None = None
+    ) -> None:
+        """Drop a finished Spark write's claims."""
+        name = self._allowed(credential, Permission.PRODUCE, topic)
+        self._catalog.forget_write(name, _write_id(write_id))
+
+
+def _segment_ids(segment_ids: Any) -> list[int]:
+    if not isinstance(segment_ids, list | tuple) or not all(is_integer(i, 0) for i in segment_ids):
+        raise InvalidArgumentError("segment_ids must be a list of segment ids")
+    return list(segment_ids)
+
+
+def _write_id(write_id: str) -> str:
+    """A write id names one metadata path part: refused unless it is one."""
+    return validate_part("write id", write_id)

@@ -7,7 +7,7 @@ rows when the pipeline is deterministic. Each write (one chunk of one partition
 of one batch) is one append per segment it routes to, under the producer id
 ``sink:{query}:{partition}:{chunk}`` and the next sequence of that producer on
 that segment. Before appending, the write records those sequences in metadata
-(``storage.catalog.SinkWrite``); a replay then asks each of those segments
+(``storage.records.SinkWrite``); a replay then asks each of those segments
 whether it stored its sequence (``last_sequence``) and appends only what is
 missing. A segment sealed by a split or merge before its part was stored
 refused it whole (appends are atomic), so that part's hash range goes to the
@@ -37,7 +37,8 @@ from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 from runtime.remote import call
 from runtime.sink_parts import Piece, SinkPart, in_append_order, owned_pieces, with_sequences
-from storage.catalog import Catalog, SinkWrite
+from storage.catalog import Catalog
+from storage.records import SinkWrite
 
 Record = tuple[str | None, bytes, dict[str, str] | None]
 

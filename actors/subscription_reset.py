@@ -19,27 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.coordinator import coordinator_actor
 from actors.guard import guard
+from actors.topic_parts import TopicParts
 from runtime.errors import ConflictError, SubscriptionNotFoundError
 from runtime.subscription import ResetTarget
-
-if TYPE_CHECKING:
-    from actors.controller import ScalableTopicController
+from storage.records import SubscriptionKind, SubscriptionState
 
 
-async def reset_subscription(
-    ctl: ScalableTopicController, subscription: str, to: ResetTarget
-) -> dict[str, Any]:
+async def reset_subscription(ctl: TopicParts, subscription: str, to: ResetTarget) -> dict[str, Any]:
     """Move ``subscription`` of ``ctl``'s topic to ``to`` on every segment. Who calls:
     the controller, holding its lock. What it affects: every segment's cursor of the
     subscription (hibernating segments are woken for it) and its coordinator's record."""
     meta = ctl.catalog.subscription(ctl.topic, subscription)
-    if meta is None or meta.state == "DELETING":
+    if meta is None or meta.state == SubscriptionState.DELETING:
         raise SubscriptionNotFoundError(f"{ctl.topic} has no subscription {subscription!r}")
-    if meta.kind != "subscription":
+    if meta.kind != SubscriptionKind.SUBSCRIPTION:
         raise ConflictError(
             f"{subscription!r} is a checkpoint group: its positions are its consumers' "
             "checkpoints (Checkpoint.at_timestamp), not cursors a reset can move"
@@ -51,12 +48,14 @@ async def reset_subscription(
             f"({', '.join(sorted(consumers)[:5])}): close them before resetting it, then "
             "start them again at the new position"
         )
-    layout = ctl._read_record().layout
+    layout = ctl.read_record().layout
     names = {i: info.name(ctl.topic) for i, info in layout.all_segments.items()}
     token = guard().internal_token()
     moved = await asyncio.gather(
         *(
-            ctl.fleet.handle(name).seek.remote(subscription, to, ctl.epoch, credential=token)
+            ctl.fleet.handle(name).seek.remote(
+                subscription, to, ctl.leader_epoch(), credential=token
+            )
             for name in names.values()
         )
     )

@@ -58,6 +58,7 @@ from ray.exceptions import (
     RayTaskError,
 )
 
+from actors.admin_caller import AdminServiceCaller
 from actors.dag_watch import fetch_layout
 from actors.segment import MAX_READ_RECORDS, find_segment_actor, segment_actor
 from clients._ray import background_loop
@@ -79,10 +80,9 @@ from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
 from runtime.remote import call
 from runtime.uris import redacted
-from storage.catalog import Catalog
 from storage.segment_store import to_delivery
 from storage.tier import RECORDS_FILE, TieredSegment, open_tier
-from storage.tier_records import TieredRecord, TierRecords
+from storage.tier_records import TieredRecord
 
 # How long a listed segment may stay unreachable (restarting) before a read gives up on it.
 DEFAULT_UNAVAILABLE_TIMEOUT_S = env_float("RAYTOPICS_UNAVAILABLE_TIMEOUT_S", 20.0)
@@ -194,7 +194,7 @@ def plan_read(
     connect()
     layout = checked_layout(name, credential, Permission.CONSUME)
     wanted = _wanted_segments(layout.all_segments.values(), start, end)
-    tiered = _tiered_records(name, wanted)
+    tiered = _tiered_records(name, wanted, credential)
     asked = [w for w in wanted if w.info.segment_id not in tiered]
     answers = background_loop().run(_probe_all(name, asked, subscription, timeout_s, credential))
     found = dict(zip((w.info.segment_id for w in asked), answers, strict=True))
@@ -342,16 +342,16 @@ def _split(whole: SegmentRange, rows: int) -> list[SegmentRange]:
     ]
 
 
-def _tiered_records(name: TopicName, wanted: list[_Wanted]) -> dict[int, TieredRecord]:
-    """The records of the wanted segments that moved to the tier (read from the metadata
-    store: planning must not wake a hibernating segment)."""
-    catalog = Catalog()
-    topic = catalog.topic(name)
-    if topic is None:
-        return {}
-    records = TierRecords(catalog.store, name, topic.incarnation)
-    ids = set(records.segment_ids()) & {w.info.segment_id for w in wanted}
-    return {i: record for i in sorted(ids) if (record := records.get(i)) is not None}
+def _tiered_records(
+    name: TopicName, wanted: list[_Wanted], credential: str | None
+) -> dict[int, TieredRecord]:
+    """The records of the wanted segments that moved to the tier, as the cluster holds
+    them (planning must not wake a hibernating segment)."""
+    ids = [w.info.segment_id for w in wanted]
+    found = AdminServiceCaller().call_blocking(
+        "tiered_records", str(name), ids, credential=credential
+    )
+    return {int(i): TieredRecord.model_validate(r) for i, r in found.items()}
 
 
 def _recorded_status(record: TieredRecord, subscription: str | None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ Writes
     *p* uses the producer id ``spark-write-{write id}-{p}`` and re-chunks its
     rows at the same boundaries, so its batches get the same per-segment
     sequence numbers and the segments drop the ones already stored (a task
-    knows it is a retry from a claim it makes in the metadata store). That holds
+    knows it is a retry from a claim it makes with the cluster). That holds
     while the layout is the one the write started with; a retry that finds the
     layout changed cannot reproduce the original routing, so it writes under a
     fresh producer id (at-least-once: no loss, possibly duplicates) and
@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import ray
 
+from actors.admin_caller import AdminServiceCaller
 from clients.producer import Producer
 from clients.read_plan import (
     DEFAULT_ROWS_PER_PARTITION,
@@ -66,7 +67,6 @@ from runtime.errors import (
 )
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
-from storage.catalog import Catalog
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -334,7 +334,9 @@ def write_topic(
     try:
         summary = rows.mapInArrow(writer, _WRITE_SUMMARY_SCHEMA).collect()
     finally:
-        Catalog().forget_write(job.write_id)
+        AdminServiceCaller().call_blocking(
+            "forget_write", job.topic, job.write_id, credential=job.credential
+        )
     return _write_result(job, summary)
 
 
@@ -376,9 +378,11 @@ def _job_layout(job: _WriteJob) -> SegmentLayout:
 
 
 def _first_attempt(job: _WriteJob, partition: int) -> bool:
-    """Claim the partition in metadata: only its first attempt succeeds. Spark's own attempt
-    number misses stage retries, and a speculative copy may run alongside the first."""
-    return Catalog().claim_write_partition(job.write_id, partition)
+    """Claim the partition with the cluster: only its first attempt succeeds. Spark's own
+    attempt number misses stage retries, and a speculative copy may run alongside the first."""
+    return AdminServiceCaller().call_blocking(
+        "claim_write_partition", job.topic, job.write_id, partition, credential=job.credential
+    )
 
 
 def _produce(job: _WriteJob, producer_id: str, batches: Iterator[pa.RecordBatch]) -> int:

@@ -270,7 +270,7 @@ def spark_query(produced: int) -> None:
 
 
 def final_state(admin: Any) -> None:
-    from clients.cli import format_stats
+    from clients.cli_format import format_stats
     from runtime.render import render_tree
 
     print(f"\nthe DAG now:\n{render_tree(admin.get_layout(TOPIC))}\n")

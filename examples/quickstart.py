@@ -32,7 +32,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from clients import ScalableTopicsAdmin
-    from clients.cli import format_stats
+    from clients.cli_format import format_stats
     from runtime import connect
 
     embedded = {} if "RAY_ADDRESS" in os.environ else {"include_dashboard": False}

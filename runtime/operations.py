@@ -95,6 +95,26 @@ def apply_operation(layout: SegmentLayout, op: PendingOperation) -> SegmentLayou
     return layout
 
 
+# How many completed splits and merges a topic remembers for retries: a caller whose
+# answer was lost retries within seconds, while other callers may split meanwhile.
+REMEMBERED_OPERATIONS = 64
+
+
+def remembered(
+    earlier: tuple[CompletedOperation, ...], done: CompletedOperation
+) -> tuple[CompletedOperation, ...]:
+    """``earlier`` with ``done`` added last, the oldest dropped beyond the bound."""
+    return (*earlier, done)[-REMEMBERED_OPERATIONS:]
+
+
+def find_completed(
+    operations: tuple[CompletedOperation, ...], request_id: str
+) -> CompletedOperation | None:
+    """The completed operation of ``request_id``, if it is remembered: a retry of it is
+    answered with it instead of being applied again."""
+    return next((op for op in reversed(operations) if op.request_id == request_id), None)
+
+
 def completed(op: PendingOperation, epoch: int) -> CompletedOperation:
     return CompletedOperation(
         kind=op.kind,

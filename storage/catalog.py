@@ -1,9 +1,9 @@
 """The metadata catalog: every path of the metadata store and the record kept at each.
 
 Where a scalable topic's metadata lives is a public layout; this module is the one
-place that spells those paths and (de)serializes what is stored there, so no
-caller builds ``f"{...}/subscriptions"`` by hand and a record's shape can change
-in exactly one file. Everything else asks the catalog in domain terms
+place that spells those paths, so no caller builds ``f"{...}/subscriptions"`` by
+hand; the records' shapes are ``storage.records``, so a record's shape changes in
+exactly one file. Everything else asks the catalog in domain terms
 (``catalog.subscriptions(topic)``, ``catalog.update_topic(topic, change)``).
 
 ==================================================================  =======================
@@ -14,11 +14,12 @@ path                                                                record
 ``/topics/{t}/{ns}/{topic}/subscriptions/{sub}``                    ``SubscriptionMetadata``
 ``/topics/{t}/{ns}/{topic}/subscriptions/{sub}/consumers/{name}``   ``ConsumerRegistration``
 ``/topics/{t}/{ns}/{topic}/tiered/{incarnation}/{segmentId}``       ``TieredRecord``
+``/topics/{t}/{ns}/{topic}/sinks/{query}/{partition}/{chunk}``      ``SinkWrite``
+``/topics/{t}/{ns}/{topic}/writes/{writeId}/{partition}``           claim of a Spark task
 ``/limits/{tenant}/{namespace}``                                    limit overrides (object)
 ``/policies/{tenant}/{namespace}``                                  default ``TopicPolicy``
 ``/auth/policy``                                                    ``AuthRecord``
 ``/auth/internal``                                                  the cluster's own token
-``/spark-writes/{writeId}/{partition}``                             claim of a Spark task
 ==================================================================  =======================
 
 Writes go through ``MetadataStore``'s compare-and-swap; a lost race is retried
@@ -34,9 +35,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from runtime.auth import AuthPolicy
 from runtime.config import ray_namespace
@@ -51,171 +50,25 @@ from runtime.errors import (
     TopicAlreadyExistsError,
     TopicNotFoundError,
 )
-from runtime.layout import ScalableTopicMetadata, SegmentLayout
 from runtime.names import TopicName, parse_namespace, validate_part
-from runtime.operations import CompletedOperation, PendingOperation
 from runtime.policy import TopicPolicy
-from runtime.sink_parts import SinkPart
-from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.metadata import MetadataStore, Version
-
-# --- records -----------------------------------------------------------------------------
-
-
-class TopicRecord(ScalableTopicMetadata):
-    """What is stored at ``/topics/{tenant}/{namespace}/{topic}``.
-
-    The public ``ScalableTopicMetadata`` fields, plus the topic's incarnation
-    (which storage is its own), the fencing epoch of the controller that last
-    wrote it and the operation it is carrying out: the last two must change in
-    the same compare-and-swap as the layout they guard.
-    """
-
-    incarnation: str = Field(min_length=1)
-    created_at_ms: int = Field(
-        default_factory=lambda: int(time.time() * 1000), alias="createdAtMs", ge=0
-    )
-    controller_epoch: int = Field(default=0, alias="controllerEpoch", ge=0)
-    pending_operation: PendingOperation | None = Field(default=None, alias="pendingOperation")
-    last_operation: CompletedOperation | None = Field(default=None, alias="lastOperation")
-    policy: TopicPolicy | None = None
-
-    @property
-    def layout(self) -> SegmentLayout:
-        return SegmentLayout.from_metadata(self)
-
-    def with_layout(self, layout: SegmentLayout, **changes: object) -> TopicRecord:
-        meta = layout.to_metadata()
-        return self.model_copy(
-            update={
-                "epoch": meta.epoch,
-                "next_segment_id": meta.next_segment_id,
-                "segments": meta.segments,
-                "properties": meta.properties,
-                **changes,
-            }
-        )
-
-    @classmethod
-    def new(
-        cls,
-        layout: SegmentLayout,
-        incarnation: str,
-        controller_epoch: int,
-        **changes: object,
-    ) -> TopicRecord:
-        return cls.model_validate(
-            {
-                **layout.to_dict(),
-                "incarnation": incarnation,
-                "controllerEpoch": controller_epoch,
-            }
-        ).model_copy(update=changes)
-
-    def to_bytes(self) -> bytes:
-        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> TopicRecord:
-        return cls.model_validate_json(data)
-
-
-SubscriptionState = Literal["CREATING", "ACTIVE", "DELETING"]
-SubscriptionKind = Literal["subscription", "checkpoint_group"]
-
-
-class SubscriptionMetadata(BaseModel):
-    """What is stored at ``.../subscriptions/{subscription}``.
-
-    A subscription is created and deleted across many segments; ``state``
-    records how far that got, so a controller restart can finish the job.
-    """
-
-    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
-
-    name: str
-    state: SubscriptionState = "CREATING"
-    position: StartPosition = "earliest"
-    kind: SubscriptionKind = "subscription"
-    session_grace_s: float = Field(default=DEFAULT_GRACE_S, alias="sessionGraceS", gt=0)
-    finished_segments: tuple[int, ...] = Field(default=(), alias="finishedSegments")
-    positions: dict[str, int] = Field(default_factory=dict)
-    created_at_ms: int = Field(default_factory=lambda: int(time.time() * 1000), alias="createdAtMs")
-    # the principal that created it, when authentication was on: it may delete it with
-    # ``consume`` alone (a console consumer's temporary subscription), others need admin
-    owner: str | None = None
-
-    def to_bytes(self) -> bytes:
-        return self.model_dump_json(by_alias=True).encode()
-
-    def finishing(self, segment: int) -> SubscriptionMetadata:
-        done = tuple(sorted({*self.finished_segments, segment}))
-        positions = {k: v for k, v in self.positions.items() if k != str(segment)}
-        return self.model_copy(update={"finished_segments": done, "positions": positions})
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> SubscriptionMetadata:
-        return cls.model_validate_json(data)
-
-
-class ConsumerRegistration(BaseModel):
-    """A stream consumer's durable session: its name and the segments it owns."""
-
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
-
-    consumer_name: str = Field(alias="consumerName")
-    assigned_segments: tuple[int, ...] = Field(alias="assignedSegments")
-    layout_epoch: int = Field(alias="layoutEpoch")
-
-
-class AuthRecord(BaseModel):
-    """The cluster's authentication policy: token digests and grants, never tokens.
-
-    ``version`` grows with every change, so a process holding a copy can tell in
-    one read whether it is current (and apply a rotation or revocation)."""
-
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
-
-    version: int = Field(ge=1)
-    updated_at_ms: int = Field(alias="updatedAtMs")
-    policy: dict[str, Any]  # AuthPolicy.to_config(): digests only
-
-    def auth_policy(self) -> AuthPolicy:
-        return AuthPolicy.from_config(self.policy)
-
-
-class SinkWrite(BaseModel):
-    """One idempotent streaming write's progress (``actors.stream_writes``): the batch it
-    belongs to, and its parts (``runtime.sink_parts``): which records each append
-    carries, to which segment, under which sequence."""
-
-    model_config = ConfigDict(frozen=True)
-
-    batch: int
-    parts: tuple[SinkPart, ...]
-    done: bool = False
-
-    def to_bytes(self) -> bytes:
-        return self.model_dump_json().encode()
-
-
-class LeaderRecord(BaseModel):
-    """Who leads a topic's controller and at which fencing epoch."""
-
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
-
-    leader_epoch: int = Field(alias="leaderEpoch", ge=1)
-    host: str = ""
-    pid: int = 0
-    since: float = 0.0
-
+from storage.records import (
+    AuthRecord,
+    ConsumerRegistration,
+    LeaderRecord,
+    SinkWrite,
+    SubscriptionKind,
+    SubscriptionMetadata,
+    SubscriptionState,
+    TopicRecord,
+)
 
 # --- paths ---------------------------------------------------------------------------------
 
 _TOPICS = "/topics"
 _LIMITS = "/limits"
 _POLICIES = "/policies"
-_SPARK_WRITES = "/spark-writes"
 _AUTH_POLICY = "/auth/policy"
 _INTERNAL_TOKEN = "/auth/internal"
 
@@ -282,8 +135,10 @@ def _sink_path(topic: TopicName, query: str, partition: int, chunk: int) -> str:
     return f"{topic_path(topic)}/sinks/{query}/{partition}/{chunk}"
 
 
-def _claim_path(write_id: str, partition: int | None = None) -> str:
-    base = f"{_SPARK_WRITES}/{write_id}"
+def _claim_path(topic: TopicName, write_id: str, partition: int | None = None) -> str:
+    """Under the topic, like a sink's writes: scoped by the topic's grants, and a deleted
+    topic's claims go with it."""
+    base = f"{topic_path(topic)}/writes/{write_id}"
     return base if partition is None else f"{base}/{partition}"
 
 
@@ -440,12 +295,15 @@ class Catalog:
     def ensure_group(self, topic: TopicName, group: str, grace_s: float) -> None:
         """Create a checkpoint group's metadata on first use; refuse a name clash."""
         meta = SubscriptionMetadata(
-            name=group, state="ACTIVE", kind="checkpoint_group", session_grace_s=grace_s
+            name=group,
+            state=SubscriptionState.ACTIVE,
+            kind=SubscriptionKind.CHECKPOINT_GROUP,
+            session_grace_s=grace_s,
         )
         with contextlib.suppress(SubscriptionAlreadyExistsError):
             self.create_subscription(topic, meta)
         found = self.subscription(topic, group)
-        if found is None or found.kind != "checkpoint_group":
+        if found is None or found.kind != SubscriptionKind.CHECKPOINT_GROUP:
             raise ConflictError(
                 f"{group!r} is a subscription of {topic}, not a checkpoint group: pick another name"
             )
@@ -517,8 +375,8 @@ class Catalog:
 
     def auth(self) -> AuthRecord | None:
         """The stored policy; ``None``: authentication is off."""
-        found = self.store.get(_AUTH_POLICY)
-        return AuthRecord.model_validate_json(found.value) if found is not None else None
+        record = self._auth_record()
+        return record if record is not None and record.policy is not None else None
 
     def auth_version(self) -> int:
         """The stored policy's version (0: none), for a cheap is-my-copy-current check."""
@@ -534,8 +392,22 @@ class Catalog:
         if not policy.enabled:
             raise ConflictError("an empty policy would turn authentication off: disable it")
         self.internal_token()
+        return self._next_auth(policy.to_config())
+
+    def disable_auth(self) -> None:
+        """Turn authentication off. The record stays, policy-less, so the next policy's
+        version is higher than any before: a process that kept a copy of an earlier
+        policy and never saw authentication off still sees the new one as new."""
+        record = self._auth_record()
+        if record is not None and record.policy is not None:
+            self._next_auth(None)
+
+    def _auth_record(self) -> AuthRecord | None:
+        found = self.store.get(_AUTH_POLICY)
+        return AuthRecord.model_validate_json(found.value) if found is not None else None
+
+    def _next_auth(self, config: dict[str, Any] | None) -> AuthRecord:
         now = int(time.time() * 1000)
-        config = policy.to_config()
         for _ in range(100):
             current = self.store.get(_AUTH_POLICY)
             version = AuthRecord.model_validate_json(current.value).version + 1 if current else 1
@@ -551,10 +423,6 @@ class Catalog:
                 continue
         raise ConflictError("could not store the auth policy: constant contention")
 
-    def disable_auth(self) -> None:
-        with contextlib.suppress(KeyNotFoundError):
-            self.store.delete(_AUTH_POLICY)
-
     def internal_token(self) -> str:
         """The token the system's own actors present to each other, made on first use.
 
@@ -569,16 +437,16 @@ class Catalog:
 
     # --- Spark writes --------------------------------------------------------------------
 
-    def claim_write_partition(self, write_id: str, partition: int) -> bool:
+    def claim_write_partition(self, topic: TopicName, write_id: str, partition: int) -> bool:
         """True for the first claim of a Spark write's partition, False for every later one."""
         try:
-            self.store.put_if_absent(_claim_path(write_id, partition), b"")
+            self.store.put_if_absent(_claim_path(topic, write_id, partition), b"")
         except AlreadyExistsError:
             return False
         return True
 
-    def forget_write(self, write_id: str) -> None:
-        self.store.delete_tree(_claim_path(write_id))
+    def forget_write(self, topic: TopicName, write_id: str) -> None:
+        self.store.delete_tree(_claim_path(topic, write_id))
 
     def sink_write(
         self, topic: TopicName, query: str, partition: int, chunk: int

@@ -34,6 +34,7 @@ from storage.appends import Append, AppendResult, StoredBatch
 from storage.cursors import Cursor, CursorStore, Position, stored_subscriptions
 from storage.durability import Durability
 from storage.files import atomic_write
+from storage.log import SegmentRecords
 from storage.segment_log import SegmentLog
 from storage.tier import (
     TIERED_RECORD,
@@ -111,7 +112,7 @@ class SegmentStore:
             )
             write_segment_identity(self.directory, self._identity)
         self._check_identity(self._identity)
-        self.log: SegmentLog | TieredSegment = SegmentLog(
+        self.log: SegmentRecords = SegmentLog(
             self.directory / "log",
             durability=durability,
             segment_id=self.name.segment_id,
@@ -119,6 +120,29 @@ class SegmentStore:
         )
         self.cursors = CursorStore(self.directory, fsync=durability.policy == "fsync")
         self._fence = stored_fence_epoch(self.directory)
+
+    # --- the log's state, as the segment actor and its appender see it ------------
+
+    @property
+    def start_offset(self) -> int:
+        return self.log.start_offset
+
+    @property
+    def end_offset(self) -> int:
+        return self.log.end_offset
+
+    @property
+    def terminated(self) -> bool:
+        return self.log.terminated
+
+    def last_sequence(self, producer_id: str) -> int:
+        return self.log.last_sequence(producer_id)
+
+    def offset_at_time(self, time_ms: int) -> int:
+        return self.log.offset_at_time(time_ms)
+
+    def sync(self) -> None:
+        self.log.sync()
 
     # --- fencing ---------------------------------------------------------------
 

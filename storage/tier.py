@@ -337,7 +337,9 @@ class TieredSegment:
     def terminate(self) -> None:
         """Already sealed for good (a resumed split or merge seals again: nothing to do)."""
 
-    def retain(self, *_: Any, **__: Any) -> int:
+    def retain(
+        self, oldest_publish_ms: int | None, max_bytes: int | None, keep_from: int | None = None
+    ) -> int:
         """A sealed segment is retained whole (pruned), never from its head."""
         return self.start_offset
 

@@ -258,16 +258,16 @@ def test_a_failed_segment_lookup_fails_its_sends_instead_of_hanging(admin, uniqu
     fails the sends waiting for it; later sends look the actor up again. (The
     producer also looks every segment up as it starts, with no send waiting yet: a
     failure then fails nothing.)"""
-    import clients.producer
+    import clients._producer_core as core
 
-    real_lookup, failing = clients.producer.find_segment_actor, [True]
+    real_lookup, failing = core.find_segment_actor, [True]
 
     async def flaky_lookup(name, timeout_s=None, **options):
         if failing[0]:
             raise RuntimeError("GCS unreachable")
         return await real_lookup(name, timeout_s, **options)
 
-    monkeypatch.setattr(clients.producer, "find_segment_actor", flaky_lookup)
+    monkeypatch.setattr(core, "find_segment_actor", flaky_lookup)
     topic = f"topic://lost/ns/lookup-{unique}"
     admin.create_scalable_topic(topic, 1)
     with Producer(topic) as prod:
@@ -281,9 +281,9 @@ def test_a_failed_segment_lookup_fails_its_sends_instead_of_hanging(admin, uniqu
 def test_a_failed_layout_adoption_is_retried_and_sends_go_on(admin, unique, monkeypatch):
     """A producer that fails to adopt a new layout must not keep its sends gated
     (nor leave them refused by the sealed parent): it adopts the layout again."""
-    import clients.producer
+    import clients._producer_core as core
 
-    real_retire, failures = clients.producer._ProducerCore._retire, []
+    real_retire, failures = core.ProducerCore._retire, []
 
     async def failing_once(self, retiring, layout):
         if not failures:
@@ -291,7 +291,7 @@ def test_a_failed_layout_adoption_is_retried_and_sends_go_on(admin, unique, monk
             raise RuntimeError("injected")
         await real_retire(self, retiring, layout)
 
-    monkeypatch.setattr(clients.producer._ProducerCore, "_retire", failing_once)
+    monkeypatch.setattr(core.ProducerCore, "_retire", failing_once)
     topic = f"topic://lost/ns/adopt-{unique}"
     admin.create_scalable_topic(topic, 1)
     with Producer(topic) as prod:

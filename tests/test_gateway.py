@@ -550,6 +550,25 @@ def test_the_same_idempotency_key_is_applied_once_and_answered_alike(
     assert admin.get_layout(topic).epoch == 1
 
 
+def test_a_retry_after_other_splits_and_an_admin_service_restart_gets_its_own_result(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """A caller whose answer was lost retries after another caller's split committed and
+    the admin service restarted: it gets its own completed split, not a refusal."""
+    topic = f"topic://{TENANT}/{NAMESPACE}/retry-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    base = f"{SCALABLE}/retry-{unique}"
+    mine = {"Idempotency-Key": f"mine-{unique}"}
+    first = http(gateway, "POST", f"{base}/split/0", headers=mine)
+    assert first[0] == 200, first
+    other = http(gateway, "POST", f"{base}/split/1", headers={"Idempotency-Key": f"o-{unique}"})
+    assert other[0] == 200, other
+    ray.kill(admin_service_actor(), no_restart=False)
+    again = http(gateway, "POST", f"{base}/split/0", headers=mine)
+    assert again == first
+    assert admin.get_layout(topic).epoch == 2, "the retry must not split again"
+
+
 def test_a_split_whose_answer_was_lost_with_the_admin_service_is_answered_as_completed(
     gateway: str, admin: ScalableTopicsAdmin, unique: str
 ) -> None:

@@ -13,7 +13,7 @@ import pytest
 from actors.guard import INTERNAL_PRINCIPAL, Guard
 from runtime.auth import AuthPolicy, Permission
 from runtime.errors import UnauthenticatedError, UnauthorizedError
-from storage.catalog import AuthRecord
+from storage.records import AuthRecord
 
 OPS, APP = "ops-token-0123456789", "app-token-0123456789"
 INTERNAL = "internal-token-" + "0" * 49
@@ -105,3 +105,24 @@ def test_the_internal_token_may_do_anything_and_is_in_no_policy(world) -> None:
     assert "raytopics-internal" not in str(stored.record.policy)
     with pytest.raises(UnauthenticatedError):
         guard.check(INTERNAL[:-1], Permission.LOOKUP, "any/ns")
+
+
+def test_a_policy_stored_after_auth_was_off_is_new_to_a_copy_that_missed_it(ray_cluster) -> None:
+    """Versions never repeat across a disable: a process that held policy A, and did not
+    look while authentication was off, applies the next policy B instead of keeping A."""
+    import uuid
+
+    from storage.catalog import Catalog
+
+    catalog = Catalog(f"test-guard-{uuid.uuid4().hex[:8]}")
+    catalog.replace_auth(AuthPolicy.from_config(policy(("a", "token-a" * 3, "t/ns", "admin"))))
+    clock = Clock()
+    copy = Guard(catalog, clock=clock)
+    assert copy.authenticate("token-a" * 3).name == "a"
+    catalog.disable_auth()
+    assert catalog.auth() is None
+    catalog.replace_auth(AuthPolicy.from_config(policy(("b", "token-b" * 3, "t/ns", "admin"))))
+    clock.now += 5
+    assert copy.authenticate("token-b" * 3).name == "b"
+    with pytest.raises(UnauthenticatedError):
+        copy.authenticate("token-a" * 3)

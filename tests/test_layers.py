@@ -10,6 +10,7 @@ import is still a dependency.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,47 @@ def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_no_package_imports_the_layers_above_it(package: str) -> None:
     assert _violations(package, FORBIDDEN[package]) == []
+
+
+# the modules that read or write the metadata store: the cluster's actors do, on behalf
+# of a client whose credential they checked; a client that read it would bypass them
+METADATA_STORE = ("storage.catalog", "storage.metadata")
+
+
+def test_clients_never_read_the_metadata_store() -> None:
+    found = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / "clients").glob("*.py"))
+        for module in sorted(imported_modules(path))
+        if module.startswith(METADATA_STORE)
+    ]
+    assert found == []
+
+
+def test_no_helper_of_the_controller_receives_the_controller() -> None:
+    """Helpers get the topic's parts (``actors.topic_parts``), never the controller class:
+    what each may touch is spelled out, and each can be driven by parts of its own."""
+    found = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / "actors").rglob("*.py"))
+        if path.name != "controller.py"
+        for module in sorted(imported_modules(path))
+        if module == "actors.controller.ScalableTopicController"
+    ]
+    assert found == []
+
+
+def test_nothing_outside_storage_reaches_into_a_segments_log() -> None:
+    """The segment actor and its appender use the store, whose log may be local, tiered or
+    (next) replicated: ``storage.log.SegmentRecords`` is the seam."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for package in ("actors", "clients", "runtime")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"store\.log\b", line)
+    ]
+    assert found == []
 
 
 def test_the_gateway_and_connect_form_no_circle() -> None:

@@ -20,6 +20,7 @@ from pyarrow import fs as pafs
 from runtime.batch import make_batch
 from runtime.errors import InvalidArgumentError, UnavailableError
 from storage.durability import Durability
+from storage.log import SegmentRecords
 from storage.segment_log import SegmentLog
 from storage.segment_store import to_delivery
 from storage.tier import (
@@ -77,6 +78,7 @@ def test_a_tiered_segment_reads_exactly_as_its_log(tmp_path: Path, tier) -> None
     second_group = manifest.row_groups[1][0]
 
     tiered = TieredSegment(filesystem, directory)
+    assert isinstance(log, SegmentRecords) and isinstance(tiered, SegmentRecords)
     for offset, count in [
         (log.start_offset, 10),
         (log.start_offset, 100_000),

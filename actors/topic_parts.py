@@ -1,0 +1,42 @@
+"""What the topic controller's helpers are given: its parts, never the controller.
+
+Maintenance (retention, tiering, hibernation, autoscaling) and subscription resets
+are helpers of ``actors.controller``. Each receives the parts it reads
+(``TopicParts``) and, for maintenance, the layout commands it may issue
+(``LayoutCommands``), so what a helper can touch is spelled out here, and a helper
+can be driven in a test by parts of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.metrics import ControllerMetrics
+from actors.segment_fleet import SegmentFleet
+from runtime.names import TopicName
+from storage.catalog import Catalog
+from storage.records import TopicRecord
+
+
+@dataclass(frozen=True)
+class TopicParts:
+    """One topic's controller state a helper may read and the fleet it may call."""
+
+    topic: TopicName
+    catalog: Catalog
+    fleet: SegmentFleet  # every Ray and file call on the topic's segments
+    metrics: ControllerMetrics
+    leader_epoch: Callable[[], int]  # the controller's fencing epoch now
+    read_record: Callable[[], TopicRecord]  # the topic's record, read as its leader
+
+
+@dataclass(frozen=True)
+class LayoutCommands:
+    """The controller's layout operations, each taking the controller's lock and the
+    caller's ``credential``; maintenance issues them like any admin caller."""
+
+    split: Callable[..., Awaitable[dict[str, Any]]]
+    merge: Callable[..., Awaitable[dict[str, Any]]]
+    prune: Callable[..., Awaitable[Any]]

@@ -1,0 +1,133 @@
+"""A topic's subscriptions as its controller manages them: created and deleted across
+every segment, crash-safely.
+
+A subscription is created and deleted on many segments; its metadata records how
+far that got (``SubscriptionState``: CREATING, ACTIVE, DELETING), and
+``finish`` drives one to its end state, so a controller that died half-way has
+its next incarnation finish the job. Checkpoint groups (``SubscriptionKind``)
+keep their positions themselves: they have no cursors in the segments.
+
+Who calls: the controller, holding its lock, after checking the caller and
+recovering; what it affects: the segments' cursors (through the fleet), the
+subscription's coordinator, its metadata and the incarnation's ``topic.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import ray
+from ray.exceptions import RayActorError
+
+from actors.coordinator import coordinator_actor
+from actors.guard import guard
+from actors.registry import lookup
+from actors.topic_parts import TopicParts
+from runtime.errors import UnauthorizedError
+from runtime.names import SegmentName
+from storage.records import SubscriptionKind, SubscriptionMetadata, SubscriptionState
+from storage.topic_storage import SubscriptionSettings
+
+
+class TopicSubscriptions:
+    def __init__(
+        self,
+        parts: TopicParts,
+        all_names: Callable[[], list[SegmentName]],
+        write_identity: Callable[[], None],
+    ) -> None:
+        self._parts = parts
+        self._all_names = all_names  # every segment of the layout, sealed ones too
+        self._write_identity = write_identity
+
+    async def create(self, meta: SubscriptionMetadata) -> None:
+        """Record ``meta`` (CREATING), then give every segment its cursor."""
+        self._parts.catalog.create_subscription(self._parts.topic, meta)
+        await self.finish(meta.name)
+
+    async def delete(self, name: str, only_of: str | None = None) -> None:
+        """Mark ``name`` DELETING, then remove it everywhere. ``only_of``: refused unless
+        principal ``only_of`` created it."""
+        topic, catalog = self._parts.topic, self._parts.catalog
+        if only_of is not None:
+            meta = catalog.subscription(topic, name)
+            if meta is not None and meta.owner != only_of:
+                raise UnauthorizedError(
+                    f"principal {only_of!r} may delete only the subscriptions it created; "
+                    f"{name!r} needs admin in namespace {topic.namespace_path}"
+                )
+        catalog.update_subscription(topic, name, _in_state(SubscriptionState.DELETING))
+        await self.finish(name)
+
+    async def finish(self, name: str) -> None:
+        """Drive a CREATING or DELETING subscription to its end state on every segment."""
+        parts = self._parts
+        meta = parts.catalog.subscription(parts.topic, name)
+        if meta is None or meta.state == SubscriptionState.ACTIVE:
+            return
+        names, epoch = self._all_names(), parts.leader_epoch()
+        if meta.state == SubscriptionState.CREATING:
+            await asyncio.gather(
+                *(parts.fleet.create_subscription(n, name, meta.position, epoch) for n in names)
+            )
+            parts.catalog.update_subscription(
+                parts.topic, name, _in_state(SubscriptionState.ACTIVE)
+            )
+            coordinator_actor(parts.topic, name)
+            self._write_identity()
+        else:
+            await self.stop_coordinator(name)
+            await asyncio.gather(*(parts.fleet.delete_subscription(n, name, epoch) for n in names))
+            parts.catalog.delete_subscription(parts.topic, name)
+            self._write_identity()
+
+    async def finish_all(self) -> None:
+        """Finish whatever a predecessor left half-way (recovery)."""
+        for name in self._parts.catalog.subscriptions(self._parts.topic):
+            await self.finish(name)
+
+    async def stop_coordinator(self, name: str) -> None:
+        try:
+            handle = lookup(self._parts.topic.coordinator_actor_name(name))
+        except ValueError:
+            return
+        with contextlib.suppress(RayActorError):
+            await handle.shutdown.remote(credential=guard().internal_token())
+        ray.kill(handle, no_restart=True)
+
+    def live(self) -> dict[str, SubscriptionMetadata]:
+        """The subscriptions proper that are not being deleted, by name."""
+        topic, catalog = self._parts.topic, self._parts.catalog
+        found = {}
+        for name in catalog.subscriptions(topic):
+            meta = catalog.subscription(topic, name)
+            if meta is None or meta.kind != SubscriptionKind.SUBSCRIPTION:
+                continue  # checkpoint groups keep positions themselves, not cursors
+            if meta.state != SubscriptionState.DELETING:
+                found[name] = meta
+        return found
+
+    def deleting(self) -> set[str]:
+        topic, catalog = self._parts.topic, self._parts.catalog
+        return {
+            name
+            for name in catalog.subscriptions(topic)
+            if (meta := catalog.subscription(topic, name)) is not None
+            and meta.kind == SubscriptionKind.SUBSCRIPTION
+            and meta.state == SubscriptionState.DELETING
+        }
+
+    def settings(self) -> dict[str, SubscriptionSettings]:
+        """What recovery needs of each live subscription (``topic.json``)."""
+        return {
+            name: SubscriptionSettings(position=meta.position, session_grace_s=meta.session_grace_s)
+            for name, meta in self.live().items()
+        }
+
+
+def _in_state(
+    state: SubscriptionState,
+) -> Callable[[SubscriptionMetadata], SubscriptionMetadata]:
+    return lambda meta: meta.model_copy(update={"state": state})

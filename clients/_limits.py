@@ -1,0 +1,78 @@
+"""A client's copy of its namespace's limits, as the cluster answers them.
+
+The producer checks a message's size before queueing it and cuts batches at the
+limits, so a refusal comes at ``send`` and a batch never exceeds what its segment
+accepts. The segment actor stays the authority (it checks every append); this
+copy only makes the refusal early. It comes from the admin service, which checks
+the producer's credential (``produce`` implies ``lookup``), never from the
+metadata store or this process's environment: a client whose environment
+differs from the operator's still sees the cluster's limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from actors.admin_caller import AdminServiceCaller
+from runtime.errors import ScalableTopicsError
+from runtime.limits import Limits
+
+log = logging.getLogger(__name__)
+
+
+class ClusterLimits:
+    """The limits in force in one namespace, re-asked at most every ``max_age_s``, so an
+    operator's change reaches running producers within seconds.
+
+    Who calls: the producer, from user threads (``send``'s early check) and its loop
+    (batch cuts), through ``current``, which never waits: a stale value starts one
+    refresh on the loop and is answered meanwhile; a refresh that fails keeps it."""
+
+    def __init__(
+        self,
+        namespace: str,
+        credential: str | None,
+        limits: Limits,
+        loop: asyncio.AbstractEventLoop,
+        max_age_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._namespace, self._credential = namespace, credential
+        self._limits, self._loop = limits, loop
+        self._max_age_s, self._clock = max_age_s, clock
+        self._read_at = clock()
+        self._refreshing = False
+
+    @classmethod
+    async def open(cls, namespace: str, credential: str | None) -> ClusterLimits:
+        """The namespace's limits now; a refusal (the credential) is raised here."""
+        limits = await _ask(namespace, credential)
+        return cls(namespace, credential, limits, asyncio.get_running_loop())
+
+    @property
+    def current(self) -> Limits:
+        if not self._refreshing and self._clock() - self._read_at >= self._max_age_s:
+            self._refreshing = True
+            self._loop.call_soon_threadsafe(self._start_refresh)
+        return self._limits
+
+    def _start_refresh(self) -> None:
+        self._loop.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        try:
+            self._limits = await _ask(self._namespace, self._credential)
+        except (ScalableTopicsError, TimeoutError) as err:
+            log.debug("limits of %s not refreshed: %s", self._namespace, err)
+        finally:
+            self._read_at, self._refreshing = self._clock(), False
+
+
+async def _ask(namespace: str, credential: str | None) -> Limits:
+    answer = await AdminServiceCaller().call(
+        "get_namespace_limits", namespace, credential=credential
+    )
+    return Limits(**answer)
