@@ -61,6 +61,7 @@ from runtime.layout import HashRange, SegmentInfo, SegmentLayout
 from runtime.limits import check_room
 from runtime.names import SegmentName, TopicName, validate_part
 from runtime.operations import (
+    OperationKind,
     PendingOperation,
     PlannedSegment,
     apply_operation,
@@ -192,7 +193,7 @@ class ScalableTopicController:
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
         check_capacity(f"creating {self.topic}", self.topic, num_segments)
-        op = PendingOperation(kind="create", request_id=uuid.uuid4().hex, base_epoch=0)
+        op = PendingOperation(kind=OperationKind.CREATE, request_id=uuid.uuid4().hex, base_epoch=0)
         record = TopicRecord.new(layout, new_incarnation(), self.epoch, pending_operation=op)
         async with self._lock:
             self.catalog.create_topic(self.topic, record)
@@ -207,7 +208,9 @@ class ScalableTopicController:
         self._check(credential)
         async with self._lock:
             await self._recover()
-            op = PendingOperation(kind="delete", request_id=uuid.uuid4().hex, base_epoch=0)
+            op = PendingOperation(
+                kind=OperationKind.DELETE, request_id=uuid.uuid4().hex, base_epoch=0
+            )
             self._update_record(lambda r: r.model_copy(update={"pending_operation": op}))
             await self._carry_out(op)
 
@@ -371,7 +374,7 @@ class ScalableTopicController:
     async def _carry_out(self, op: PendingOperation) -> TopicRecord | None:
         """Run (or resume) ``op``; each step is safe to repeat. Returns the record
         it committed (none after a delete)."""
-        if op.kind == "create":
+        if op.kind == OperationKind.CREATE:
             active = list(self._read_record().layout.active_segments.values())
             await asyncio.gather(
                 *(self.fleet.create(s.name(self.topic), s, [], self.epoch) for s in active)
@@ -380,10 +383,10 @@ class ScalableTopicController:
                 self.fleet.handle(segment.name(self.topic))
             # their processes boot in the background (actors.readiness)
             return self._update_record(lambda r: _cleared(r, op, r.layout))
-        if op.kind == "delete":
+        if op.kind == OperationKind.DELETE:
             await self._delete_everything()
             return None
-        if op.kind == "prune":
+        if op.kind == OperationKind.PRUNE:
             layout = self._read_record().layout
             for segment_id in op.parents:
                 if segment_id in layout.all_segments:
@@ -708,7 +711,7 @@ def _cleared(record: TopicRecord, op: PendingOperation, layout: SegmentLayout) -
     if record.pending_operation != op:
         raise OperationInProgressError(f"operation {op.request_id} is no longer the pending one")
     # Only split/merge results are what a client's retry is matched against.
-    if op.kind in ("create", "prune"):
+    if op.kind in (OperationKind.CREATE, OperationKind.PRUNE):
         return record.with_layout(layout, pending_operation=None)
     done = completed(op, layout.epoch)
     recent = remembered(record.recent_operations, done)

@@ -202,7 +202,7 @@ class ControllerMetrics:
             m.segment_backlog_age.set(age, tags)
 
     def operation(self, kind: str, duration_s: float) -> None:
-        tags = {"topic": self._topic, "kind": kind}
+        tags = {"topic": self._topic, "kind": str(kind)}
         _metrics().operations.inc(1, tags)
         _metrics().operation_duration.observe(duration_s, tags)
 

@@ -213,8 +213,9 @@ class ScalableTopicsAdmin:
         """Override limits (``max_message_bytes=...``) for one namespace; returns those in force.
 
         The whole resulting set is validated before it is stored. Controllers apply
-        it at once; running segments and producers within 2 s (they re-read limits at
-        most that often, ``runtime.limits.LiveLimits``).
+        it at once; running segments and producers within 2 s (segments re-read limits at
+        most that often, ``runtime.limits.LiveLimits``; producers ask the cluster again,
+        ``clients._limits.ClusterLimits``).
         """
         return await self._call("set_namespace_limits", namespace, limits)
 

@@ -20,16 +20,9 @@ from runtime.layout import SegmentInfo, SegmentLayout
 
 
 def readable_segments(layout: SegmentLayout, finished: Iterable[int]) -> list[SegmentInfo]:
-    """Unfinished segments whose parents are all finished (or pruned), by hash start."""
-    done = set(finished)
+    """``SegmentLayout.readable``, by hash start."""
     return sorted(
-        (
-            info
-            for info in layout.all_segments.values()
-            if info.segment_id not in done
-            and all(p in done or p not in layout.all_segments for p in info.parent_ids)
-        ),
-        key=lambda info: (info.hash_range.start, info.segment_id),
+        layout.readable(finished), key=lambda info: (info.hash_range.start, info.segment_id)
     )
 
 

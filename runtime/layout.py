@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -166,6 +166,20 @@ class SegmentLayout:
     def active_segments(self) -> MappingProxyType[int, SegmentInfo]:
         """Active segments keyed by id, in hash-range order."""
         return self._active
+
+    def readable(self, finished: Iterable[int]) -> list[SegmentInfo]:
+        """The segments a reader may read now, given those it ``finished`` (sealed and read
+        to their end): the unfinished ones whose parents all are. A parent no longer in
+        the layout was pruned by retention: nothing of it is left to read first. The one
+        rule of DAG order that every reader follows (consumers' assignment, streaming
+        micro-batches), so no child is read before its parents are."""
+        done = set(finished)
+        return [
+            info
+            for info in self._all.values()
+            if info.segment_id not in done
+            and all(p in done or p not in self._all for p in info.parent_ids)
+        ]
 
     def get(self, segment_id: int) -> SegmentInfo:
         try:

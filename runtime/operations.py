@@ -9,7 +9,7 @@ the same write, so "applied" and "no longer pending" can never disagree.
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,11 +17,25 @@ from runtime.errors import InvalidArgumentError
 from runtime.layout import SegmentLayout
 from runtime.names import SegmentName, TopicName
 
-OperationKind = Literal["create", "split", "merge", "delete", "prune"]
+
+class OperationKind(StrEnum):
+    """What a topic's controller carries out, recorded before its first step."""
+
+    CREATE = "create"
+    SPLIT = "split"
+    MERGE = "merge"
+    DELETE = "delete"
+    PRUNE = "prune"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,
+    )
 
 
 class PlannedSegment(_Model):
@@ -52,7 +66,7 @@ class CompletedOperation(_Model):
 def plan_split(layout: SegmentLayout, segment_id: int, request_id: str) -> PendingOperation:
     """Validate against ``layout`` (raising the layout's typed errors) and plan."""
     after = layout.split_segment(segment_id)
-    return _plan("split", layout, after, (segment_id,), request_id)
+    return _plan(OperationKind.SPLIT, layout, after, (segment_id,), request_id)
 
 
 def plan_merge(
@@ -62,14 +76,17 @@ def plan_merge(
     parents = tuple(
         sorted((segment_id1, segment_id2), key=lambda i: layout.get(i).hash_range.start)
     )
-    return _plan("merge", layout, after, parents, request_id)
+    return _plan(OperationKind.MERGE, layout, after, parents, request_id)
 
 
 def plan_prune(layout: SegmentLayout, segment_ids: list[int], request_id: str) -> PendingOperation:
     """Plan retention's removal of sealed roots, in the order they can go."""
     _prune_all(layout, tuple(segment_ids))  # validates every step now, before anything runs
     return PendingOperation(
-        kind="prune", request_id=request_id, parents=tuple(segment_ids), base_epoch=layout.epoch
+        kind=OperationKind.PRUNE,
+        request_id=request_id,
+        parents=tuple(segment_ids),
+        base_epoch=layout.epoch,
     )
 
 
@@ -86,11 +103,11 @@ def apply_operation(layout: SegmentLayout, op: PendingOperation) -> SegmentLayou
             f"operation {op.request_id} was planned at epoch {op.base_epoch}, "
             f"the layout is at {layout.epoch}"
         )
-    if op.kind == "split":
+    if op.kind == OperationKind.SPLIT:
         return layout.split_segment(op.parents[0])
-    if op.kind == "merge":
+    if op.kind == OperationKind.MERGE:
         return layout.merge_segments(*op.parents)
-    if op.kind == "prune":
+    if op.kind == OperationKind.PRUNE:
         return _prune_all(layout, op.parents)
     return layout
 

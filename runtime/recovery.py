@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from runtime.errors import InvalidLayoutError, UnrecoverableStorageError
 from runtime.layout import SegmentInfo, SegmentLayout, SegmentState
-from runtime.operations import PendingOperation, PlannedSegment, apply_operation
+from runtime.operations import OperationKind, PendingOperation, PlannedSegment, apply_operation
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _interrupted_merge(infos: dict[int, SegmentInfo]) -> PendingOperation | None
     ordered = tuple(sorted(parents, key=lambda p: infos[p].hash_range.start))
     rng = child.hash_range
     return PendingOperation(
-        kind="merge",
+        kind=OperationKind.MERGE,
         request_id=f"recovery-{child.segment_id}",
         parents=ordered,
         children=(PlannedSegment(segment_id=child.segment_id, start=rng.start, end=rng.end),),

@@ -240,14 +240,8 @@ def ranges_between(
 
 
 def _readable(start: StreamPosition, layout: SegmentLayout) -> list[int]:
-    """Segments of the layout not finished whose parents all are (a parent that is no
-    longer in the layout was pruned by retention: nothing of it is left to read first)."""
-    return [
-        segment_id
-        for segment_id, info in layout.all_segments.items()
-        if segment_id not in start.finished
-        and all(p in start.finished or p not in layout.all_segments for p in info.parent_ids)
-    ]
+    """``SegmentLayout.readable`` once ``start``'s finished segments are read."""
+    return [info.segment_id for info in layout.readable(start.finished)]
 
 
 def _vanished(start: StreamPosition, layout: SegmentLayout) -> list[int]:

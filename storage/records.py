@@ -111,7 +111,14 @@ class SubscriptionMetadata(BaseModel):
     records how far that got, so a controller restart can finish the job.
     """
 
-    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+    # states and kinds held as their plain values, as stored and as callers are answered
+    model_config = ConfigDict(
+        frozen=True,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,
+    )
 
     name: str
     state: SubscriptionState = SubscriptionState.CREATING

@@ -238,6 +238,30 @@ def test_message_and_batch_size_at_producer_and_segment(admin, unique) -> None:
     admin.delete_scalable_topic(topic)
 
 
+def test_a_producer_checks_the_clusters_limits_not_its_environments(
+    admin, unique, monkeypatch
+) -> None:
+    """A client whose environment says 10 bytes (the cluster's default is 5 MiB) is not
+    refused by its own producer; one whose environment says 5 MiB where the namespace
+    allows 1,000 is refused at ``send``, before anything reaches a segment."""
+    namespace = _limited(admin, unique, max_message_bytes=1_000)
+    topic = f"topic://{namespace}/env"
+    admin.create_scalable_topic(topic, 1)
+    other = f"topic://lim/{unique}-default/env"
+    admin.create_scalable_topic(other, 1)
+    monkeypatch.setenv("RAYTOPICS_MAX_MESSAGE_BYTES", "10")
+    with Producer(other) as producer:
+        producer.send(b"v" * 100).result(timeout=60)
+    monkeypatch.setenv("RAYTOPICS_MAX_MESSAGE_BYTES", str(5 << 20))
+    with (
+        Producer(topic) as producer,
+        pytest.raises(LimitExceededError, match="max_message_bytes 1000"),
+    ):
+        producer.send(b"v" * 1_001)
+    for name in (topic, other):
+        admin.delete_scalable_topic(name)
+
+
 def test_a_raised_limit_reaches_running_segments_and_producers(admin, unique) -> None:
     """Raising ``max_message_bytes`` from 1 MiB to 4 MiB lets a running producer send
     2 MiB to a running segment within seconds; a refusal names the limit in force."""
