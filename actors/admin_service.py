@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from dataclasses import asdict
 from typing import Any
 
@@ -62,6 +61,7 @@ from runtime.errors import (
 from runtime.layout import MAX_SEGMENTS
 from runtime.limits import Limits, check_room, namespace_limits
 from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
+from runtime.operations import checked_request_id
 from runtime.policy import TopicPolicy
 from runtime.readiness import MAX_WAIT_S
 from runtime.remote import call
@@ -271,7 +271,7 @@ class AdminService(StreamOperations):
         name = self._allowed(credential, Permission.ADMIN, topic)
         _check_id(segment_id)
         self._record(name)
-        rid = _request_id(request_id)
+        rid = checked_request_id(request_id)
         return await self._control(name, restart_timeout_s, "split_segment", segment_id, rid)
 
     async def merge_segments(
@@ -288,7 +288,7 @@ class AdminService(StreamOperations):
         _check_id(segment_id1)
         _check_id(segment_id2)
         self._record(name)
-        rid = _request_id(request_id)
+        rid = checked_request_id(request_id)
         return await self._control(
             name, restart_timeout_s, "merge_segments", segment_id1, segment_id2, rid
         )
@@ -547,14 +547,6 @@ def _check_settings(settings: Any) -> None:
             f"settings {foreign} are the cluster's, not a topic's; a topic may set "
             f"{sorted(TOPIC_SETTINGS)}"
         )
-
-
-def _request_id(given: str | None) -> str:
-    if given is None:
-        return uuid.uuid4().hex
-    if not isinstance(given, str) or not 1 <= len(given) <= 64:
-        raise InvalidArgumentError("request_id must be a string of 1 to 64 characters")
-    return given
 
 
 def _check_id(segment_id: Any) -> None:

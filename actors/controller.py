@@ -27,7 +27,6 @@ import asyncio
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -65,7 +64,9 @@ from runtime.operations import (
     PendingOperation,
     PlannedSegment,
     apply_operation,
+    checked_request_id,
     completed,
+    new_request_id,
     plan_merge,
     plan_prune,
     plan_split,
@@ -193,7 +194,7 @@ class ScalableTopicController:
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
         check_capacity(f"creating {self.topic}", self.topic, num_segments)
-        op = PendingOperation(kind=OperationKind.CREATE, request_id=uuid.uuid4().hex, base_epoch=0)
+        op = PendingOperation(kind=OperationKind.CREATE, request_id=new_request_id(), base_epoch=0)
         record = TopicRecord.new(layout, new_incarnation(), self.epoch, pending_operation=op)
         async with self._lock:
             self.catalog.create_topic(self.topic, record)
@@ -209,7 +210,7 @@ class ScalableTopicController:
         async with self._lock:
             await self._recover()
             op = PendingOperation(
-                kind=OperationKind.DELETE, request_id=uuid.uuid4().hex, base_epoch=0
+                kind=OperationKind.DELETE, request_id=new_request_id(), base_epoch=0
             )
             self._update_record(lambda r: r.model_copy(update={"pending_operation": op}))
             await self._carry_out(op)
@@ -324,7 +325,7 @@ class ScalableTopicController:
         self._check(credential)
         async with self._lock:
             await self._recover()
-            op = plan_prune(self._read_record().layout, segment_ids, uuid.uuid4().hex)
+            op = plan_prune(self._read_record().layout, segment_ids, new_request_id())
             await self._run(op)
         return list(op.parents)
 
@@ -345,7 +346,7 @@ class ScalableTopicController:
     async def _change_layout(
         self, request_id: str | None, plan: Callable[[SegmentLayout, str], PendingOperation]
     ) -> dict:
-        request_id = request_id or uuid.uuid4().hex
+        request_id = checked_request_id(request_id)
         async with self._lock:
             await self._recover()
             record = self._read_record()

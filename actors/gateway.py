@@ -31,7 +31,6 @@ import logging
 import os
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
@@ -74,6 +73,7 @@ from runtime.errors import (
     is_integer,
 )
 from runtime.names import _DESCRIPTOR, SegmentName, TopicName, validate_part
+from runtime.operations import new_request_id
 from runtime.rest import IDEMPOTENCY_KEY, REST_TIMEOUT_ENV, rest_timeout_s
 from runtime.tls import server_context
 
@@ -226,7 +226,7 @@ def _idempotency_key(request: web.Request) -> str:
     committed before an actor restart is answered as completed, not refused."""
     key = request.headers.get(IDEMPOTENCY_KEY)
     if key is None:
-        return uuid.uuid4().hex
+        return new_request_id()
     if not _KEY.fullmatch(key):
         raise InvalidRequestError(
             f"the {IDEMPOTENCY_KEY} header must be 1 to 64 printable ASCII characters "

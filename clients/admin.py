@@ -14,7 +14,6 @@ request id, which the controller recognizes, so a retry never applies it twice.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from actors.admin_caller import AdminServiceCaller
@@ -24,6 +23,7 @@ from runtime.auth import AuthPolicy, default_token
 from runtime.config import topic_settings
 from runtime.connect import connect
 from runtime.layout import SegmentLayout
+from runtime.operations import new_request_id
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
 from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms, time_ms
 
@@ -153,14 +153,14 @@ class ScalableTopicsAdmin:
 
     async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
         """Split an active segment at its midpoint; returns the completed operation."""
-        return await self._control("split_segment", topic, segment_id, request_id=uuid.uuid4().hex)
+        return await self._control("split_segment", topic, segment_id, request_id=new_request_id())
 
     async def merge_segments_async(
         self, topic: str, segment_id1: int, segment_id2: int
     ) -> dict[str, Any]:
         """Merge two adjacent active segments; returns the completed operation."""
         return await self._control(
-            "merge_segments", topic, segment_id1, segment_id2, request_id=uuid.uuid4().hex
+            "merge_segments", topic, segment_id1, segment_id2, request_id=new_request_id()
         )
 
     # --- operating policy (autoscale, retention; see runtime.policy) --------------------

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -33,7 +32,7 @@ from runtime.errors import (
 )
 from runtime.layout import SegmentLayout
 from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
-from runtime.operations import CompletedOperation
+from runtime.operations import CompletedOperation, new_request_id
 from runtime.policy import TopicPolicy
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
 from runtime.rest import (
@@ -180,14 +179,14 @@ class AdminHttpClient:
     async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
         """Split an active segment at its midpoint; returns the completed operation."""
         path = _topic_path(SPLIT_PATH, topic, segmentId=segment_id)
-        return _completed(await self._call("POST", path, key=uuid.uuid4().hex))
+        return _completed(await self._call("POST", path, key=new_request_id()))
 
     async def merge_segments_async(
         self, topic: str, segment_id1: int, segment_id2: int
     ) -> dict[str, Any]:
         """Merge two adjacent active segments; returns the completed operation."""
         path = _topic_path(MERGE_PATH, topic, segmentId1=segment_id1, segmentId2=segment_id2)
-        return _completed(await self._call("POST", path, key=uuid.uuid4().hex))
+        return _completed(await self._call("POST", path, key=new_request_id()))
 
     # --- operating policy (autoscale, retention) ------------------------------------------
 

@@ -9,6 +9,7 @@ the same write, so "applied" and "no longer pending" can never disagree.
 
 from __future__ import annotations
 
+import uuid
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -110,6 +111,22 @@ def apply_operation(layout: SegmentLayout, op: PendingOperation) -> SegmentLayou
     if op.kind == OperationKind.PRUNE:
         return _prune_all(layout, op.parents)
     return layout
+
+
+def new_request_id() -> str:
+    """A fresh id for one caller's split or merge: every retry of it carries the same id,
+    so it is applied once (the clients make it; the admin service and the controller only
+    when a caller sent none)."""
+    return uuid.uuid4().hex
+
+
+def checked_request_id(given: object) -> str:
+    """A caller's request id as given (1 to 64 characters), else a fresh one."""
+    if given is None:
+        return new_request_id()
+    if not isinstance(given, str) or not 1 <= len(given) <= 64:
+        raise InvalidArgumentError("request_id must be a string of 1 to 64 characters")
+    return given
 
 
 # How many completed splits and merges a topic remembers for retries: a caller whose

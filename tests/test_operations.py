@@ -3,15 +3,19 @@ answered with what happened, even after other operations committed."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from runtime.errors import InvalidArgumentError
 from runtime.layout import SegmentLayout
 from runtime.operations import (
     REMEMBERED_OPERATIONS,
     CompletedOperation,
+    checked_request_id,
     completed,
     find_completed,
+    new_request_id,
     plan_split,
     remembered,
 )
@@ -53,3 +57,12 @@ def test_a_record_finds_a_retry_among_its_recent_operations_and_its_last_one() -
     assert record.completed_operation("third") is None
     older = TopicRecord(**layout.to_metadata().model_dump(), incarnation="i", last_operation=first)
     assert older.completed_operation("first") == first  # stored before recent_operations
+
+
+def test_a_request_id_is_the_callers_or_a_fresh_one_and_a_bad_one_is_refused() -> None:
+    assert checked_request_id("mine") == "mine"
+    fresh = {checked_request_id(None) for _ in range(3)} | {new_request_id()}
+    assert len(fresh) == 4 and all(len(rid) == 32 for rid in fresh)
+    for bad in ("", "x" * 65, 7, b"id"):
+        with pytest.raises(InvalidArgumentError):
+            checked_request_id(bad)
