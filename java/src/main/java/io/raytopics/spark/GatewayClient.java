@@ -3,6 +3,7 @@ package io.raytopics.spark;
 import com.fasterxml.jackson.core.JsonProcessingException;
 import com.fasterxml.jackson.databind.JsonNode;
 import java.io.IOException;
+import java.io.InterruptedIOException;
 import java.io.UncheckedIOException;
 import java.net.URI;
 import java.net.http.HttpClient;
@@ -63,8 +64,14 @@ final class GatewayClient {
             throw new UncheckedIOException(
                     "raytopics gateway " + request.method() + " " + request.uri() + ": " + e, e);
         } catch (InterruptedException e) {
+            // A query being stopped interrupts its thread: Spark takes an interruption (here
+            // an UncheckedIOException caused by an InterruptedIOException) as the stop, not
+            // as the query's failure.
             Thread.currentThread().interrupt();
-            throw new IllegalStateException("interrupted while calling the raytopics gateway", e);
+            InterruptedIOException cause = new InterruptedIOException(
+                    "interrupted while calling the raytopics gateway");
+            cause.initCause(e);
+            throw new UncheckedIOException(cause);
         }
         return answer(response.statusCode(), response.body());
     }
