@@ -435,7 +435,7 @@ class ScalableTopicController:
             )
         )
         names = {name for names in found for name in names}
-        return sorted((names - self.subscriptions.deleting()) | set(self.subscriptions.live()))
+        return self.subscriptions.with_cursors(names)
 
     async def _delete_everything(self) -> None:
         """Storage goes before metadata: a crash in between leaves the delete pending, and

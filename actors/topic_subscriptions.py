@@ -99,25 +99,25 @@ class TopicSubscriptions:
 
     def live(self) -> dict[str, SubscriptionMetadata]:
         """The subscriptions proper that are not being deleted, by name."""
+        return {n: m for n, m in self._cursored().items() if m.state != SubscriptionState.DELETING}
+
+    def with_cursors(self, found: set[str]) -> list[str]:
+        """``found`` (names a split's parents hold cursors of) less those being deleted,
+        plus every live subscription: what the children get, read in one pass."""
+        cursored = self._cursored()
+        deleting = {n for n, m in cursored.items() if m.state == SubscriptionState.DELETING}
+        return sorted((found - deleting) | (set(cursored) - deleting))
+
+    def _cursored(self) -> dict[str, SubscriptionMetadata]:
+        """Every subscription proper (checkpoint groups keep positions themselves, not
+        cursors in the segments), whatever its state."""
         topic, catalog = self._parts.topic, self._parts.catalog
         found = {}
         for name in catalog.subscriptions(topic):
             meta = catalog.subscription(topic, name)
-            if meta is None or meta.kind != SubscriptionKind.SUBSCRIPTION:
-                continue  # checkpoint groups keep positions themselves, not cursors
-            if meta.state != SubscriptionState.DELETING:
+            if meta is not None and meta.kind == SubscriptionKind.SUBSCRIPTION:
                 found[name] = meta
         return found
-
-    def deleting(self) -> set[str]:
-        topic, catalog = self._parts.topic, self._parts.catalog
-        return {
-            name
-            for name in catalog.subscriptions(topic)
-            if (meta := catalog.subscription(topic, name)) is not None
-            and meta.kind == SubscriptionKind.SUBSCRIPTION
-            and meta.state == SubscriptionState.DELETING
-        }
 
     def settings(self) -> dict[str, SubscriptionSettings]:
         """What recovery needs of each live subscription (``topic.json``)."""
