@@ -246,7 +246,8 @@ class GroupConsumerCore:
                 try:
                     batch, end_offset, terminated = await self._read_once(reader)
                 except (RayActorError, ChannelError):
-                    await asyncio.sleep(0.2)  # the segment is restarting
+                    await asyncio.sleep(0.2)  # the segment is restarting, or hibernated
+                    await self._reattach(reader)
                     continue
                 except SegmentNotFoundError as err:  # deleted, with its topic
                     if not (reader.revoked or self.closed):
@@ -264,6 +265,23 @@ class GroupConsumerCore:
                     return
         finally:
             reader.channel.close()
+
+    async def _reattach(self, reader: _Reader) -> None:
+        """Look the segment's actor up again after a call to it failed. Ray restarts a
+        crashed actor behind the same handle, but a hibernated segment (a tiered one
+        unused for its ``idleS``, even with a backlog) is started anew by this lookup,
+        and the old handle stays dead. Not found yet: the old one is kept, its next call
+        fails and comes back here."""
+        try:
+            handle = await find_segment_actor(reader.name, credential=self.credential)
+        except (SegmentNotFoundError, RayActorError):
+            return
+        except REFUSALS as err:
+            self.fail(err)
+            return
+        reader.channel.close()
+        reader.handle = handle
+        reader.channel = ReadChannel(handle, credential=self.credential)
 
     async def _read_once(self, reader: _Reader) -> tuple[pa.RecordBatch, int, bool]:
         """One long-poll read, carrying the acknowledgements not yet sent, at most once per
@@ -357,6 +375,7 @@ class GroupConsumerCore:
         try:
             await call(ack)
         except RayActorError:
+            await self._reattach(reader)  # the ack is sent again by the next flush
             return
         except REFUSALS as err:
             self.fail(err)

@@ -55,6 +55,7 @@ class _QueueCore:
         self.queue_size = receiver_queue_size
         self.watch: DagWatch | None = None
         self.handles: dict[int, Any] = {}  # segments being pulled from, once their actor is found
+        self.names: dict[int, SegmentName] = {}
         self.attached: set[int] = set()
         self.pending_acks: dict[int, list[int]] = defaultdict(list)
         self.messages: Inbox[list[Message]] = Inbox()
@@ -99,17 +100,21 @@ class _QueueCore:
             self.tasks.append(asyncio.get_running_loop().create_task(self._pull(segment_id, name)))
 
     async def _pull(self, segment_id: int, name: SegmentName) -> None:
+        self.names[segment_id] = name
         try:
-            handle = self.handles[segment_id] = await find_segment_actor(
-                name, credential=self.credential
-            )
+            self.handles[segment_id] = await find_segment_actor(name, credential=self.credential)
         except SegmentNotFoundError:
             return  # deleted (retention pruned it, or the topic is going): nothing to pull
+        stale = False
         while not self.closed:
             if len(self.messages) >= self.queue_size:
                 await asyncio.sleep(0.005)
                 continue
             try:
+                if stale:
+                    await self._reattach(segment_id)
+                    stale = False
+                handle = self.handles[segment_id]
                 ref = handle.queue_receive.remote(
                     self.subscription,
                     self.consumer,
@@ -124,7 +129,8 @@ class _QueueCore:
                 ref = handle.position.remote(self.subscription, credential=self.credential)
                 status = await call(ref)
             except RayActorError:
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.2)  # the segment is restarting, or hibernated
+                stale = True
                 continue
             except REFUSALS as err:
                 self.messages.fail(err)
@@ -146,13 +152,29 @@ class _QueueCore:
                 self.messages.fail(err)
                 return
 
+    async def _reattach(self, segment_id: int) -> None:
+        """Look the segment's actor up again after a call to it failed. Ray restarts a
+        crashed actor behind the same handle, but a hibernated segment (a tiered one
+        unused for its ``idleS``, even with a backlog) is started anew by this lookup,
+        and the old handle stays dead. Not found yet: the old one is kept, and the next
+        failed call comes back here. A refusal is raised."""
+        with contextlib.suppress(SegmentNotFoundError, RayActorError):
+            handle = await find_segment_actor(self.names[segment_id], credential=self.credential)
+            if segment_id in self.handles:  # not drained and dropped meanwhile
+                self.handles[segment_id] = handle
+
     async def _flush(self) -> None:
         batches, self.pending_acks = self.pending_acks, defaultdict(list)
         for segment_id, offsets in batches.items():
             handle = self.handles.get(segment_id)
-            if handle is not None and offsets:
-                ack = handle.ack.remote(self.subscription, offsets, credential=self.credential)
+            if handle is None or not offsets:
+                continue
+            ack = handle.ack.remote(self.subscription, offsets, credential=self.credential)
+            try:
                 await call(ack)
+            except RayActorError:  # kept for the next flush, to the segment found again
+                self.pending_acks[segment_id][:0] = offsets
+                await self._reattach(segment_id)
 
     async def negative_ack(self, message: Message, delay_s: float) -> None:
         handle = self.handles.get(message.segment_id)

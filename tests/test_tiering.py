@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from pyarrow import fs as pafs
 from test_metrics import scrape, total
 
 from actors.registry import alive_actor_names
-from clients import Producer, ScalableTopicsAdmin, StreamConsumer
+from clients import Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from runtime.config import ray_namespace
 from runtime.errors import TierRefusedError
 from runtime.names import TopicName
@@ -152,6 +153,59 @@ def test_sealed_segments_move_to_the_tier_and_serve_every_reader_from_there(
     for segment_id in sealed_ids:
         directory = tier_directory(base, layout.get(segment_id).name(name), stats["incarnation"])
         assert read_manifest(filesystem, directory) is None and records.get(segment_id) is None
+    admin.delete_scalable_topic(topic)
+
+
+def test_readers_that_pause_past_idle_s_find_the_segment_started_again(
+    admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """A tiered segment exits once unused for its ``idleS`` even while it owes a backlog:
+    a stream and a queue consumer that stop receiving for longer (their queues full, so
+    they stop reading) find it started again when they go on, and get everything once."""
+    topic = f"topic://tier/ns/pause-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    tiering = {"uri": f"file://{TIER_ROOT}/{unique}", "afterS": 0, "idleS": 1}
+    admin.set_policy(topic, {"tiering": tiering})
+    sent: list[tuple[str, int]] = []
+    produce(topic, sent, defaultdict(int), 300)
+    admin.split_segment(topic, 0)
+    wait_hibernating(admin, topic)
+    admin.create_subscription(topic, "stream", "earliest")
+    admin.create_subscription(topic, "queue", "earliest")
+
+    def parsed(messages: list) -> list[tuple[str, int]]:
+        return [(m.key, int(m.value.decode().split(":")[1])) for m in messages]
+
+    def paused_then_drained(
+        take: Callable[[float], list], acknowledge: Callable[[list], object]
+    ) -> list[tuple[str, int]]:
+        received = parsed(take(30))
+        assert received, "the first receive woke nothing"
+        deadline = time.monotonic() + 60
+        while 0 in running_segments(admin, topic):  # nothing reads while the queue is full
+            assert time.monotonic() < deadline, "the paused reader's segment stayed up"
+            time.sleep(0.3)
+        deadline = time.monotonic() + 60
+        while len(set(received)) < len(sent) and time.monotonic() < deadline:
+            messages = take(1)
+            acknowledge(messages)
+            received += parsed(messages)
+        return received
+
+    stream = StreamConsumer(topic, "stream", "s", receiver_queue_size=20, read_batch=20)
+    got = paused_then_drained(
+        lambda wait_s: stream.receive_batch(10, timeout=wait_s),
+        lambda batch: batch and stream.acknowledge_cumulative(batch),
+    )
+    stream.close()
+    assert got == sent  # one segment: the order sent, each once
+    queue = QueueConsumer(topic, "queue", receive_batch=20, receiver_queue_size=1)
+    got = paused_then_drained(
+        lambda wait_s: [m for m in [queue.receive(wait_s)] if m is not None],
+        lambda batch: [queue.acknowledge(m) for m in batch],
+    )
+    queue.close()
+    assert set(got) == set(sent)  # at least once: what was in flight may come again
     admin.delete_scalable_topic(topic)
 
 
