@@ -140,7 +140,7 @@ def rest(url: str, method: str, path: str, body: dict | None = None) -> tuple[in
 def fill(segments_per_topic: int, settle_s: float) -> dict:
     """Create topics of ``segments_per_topic`` over REST until one is refused; then, once
     ``settle_s`` have passed since the last create, what the full machine serves."""
-    from actors.gateway import start_gateway
+    from actors.gateway.server import start_gateway
     from clients import Producer, ScalableTopicsAdmin
 
     url = start_gateway(free_port())

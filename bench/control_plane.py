@@ -40,8 +40,8 @@ def main() -> None:
 
     import ray
 
-    from actors.controller import controller_actor
-    from actors.segment import find_segment_actor
+    from actors.control.controller import controller_actor
+    from actors.segment.actor import find_segment_actor
     from clients import ScalableTopicsAdmin
     from runtime import connect
     from runtime.names import TopicName

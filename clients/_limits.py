@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from actors.admin_caller import AdminServiceCaller
+from actors.admin.caller import AdminServiceCaller
 from runtime.errors import ScalableTopicsError
 from runtime.limits import Limits
 

@@ -1,7 +1,7 @@
 """``ScalableTopicsAdmin``: the Admin Client API, carried out by the cluster.
 
 The client decides nothing: each call goes, with the caller's token, to the
-cluster's admin service (``actors.admin_service``), which checks it against the
+cluster's admin service (``actors.admin.service``), which checks it against the
 policy stored in the cluster and then reads the metadata or asks the topic's
 controller. So a process without the operator's policy, or with a policy of
 its own, gets exactly what its token allows there, and the same typed errors
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.admin_caller import AdminServiceCaller
-from actors.admin_service import DEFAULT_RESTART_TIMEOUT_S, DEFAULT_SEGMENT_TIMEOUT_S
+from actors.admin.caller import AdminServiceCaller
+from actors.admin.service import DEFAULT_RESTART_TIMEOUT_S, DEFAULT_SEGMENT_TIMEOUT_S
 from clients._ray import with_sync_twins
 from runtime.auth import AuthPolicy, default_token
 from runtime.config import topic_settings

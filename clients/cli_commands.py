@@ -250,7 +250,7 @@ def _read_json(path: str) -> Any:
 
 def serve(args: argparse.Namespace) -> str:
     """Run the gateway until Ctrl-C/SIGTERM; the gateway lives exactly as long as this."""
-    from actors.gateway import gateway_id, start_gateway, stop_gateway
+    from actors.gateway.server import gateway_id, start_gateway, stop_gateway
 
     _connect(args)
     stop = _stop_signal()  # before the banner: whoever reads it may signal at once

@@ -22,7 +22,7 @@ def connect(
     existing gateway on that port is reused) and say where."""
     joined = connect_ray(address, namespace=namespace, **ray_init_kwargs)
     if http_port is not None:
-        from actors.gateway import start_gateway
+        from actors.gateway.server import start_gateway
 
         url = start_gateway(http_port, http_host)
         print(f"raytopics: the web console is at {url}/ (REST: {url}/openapi.json)", flush=True)

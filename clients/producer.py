@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from actors.dag_watch import DagWatch
+from actors.control.dag_watch import DagWatch
 from clients._limits import ClusterLimits
 from clients._producer_core import ProducerCore
 from clients._ray import background_loop, freeze_what_exists, joined

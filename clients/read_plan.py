@@ -58,9 +58,9 @@ from ray.exceptions import (
     RayTaskError,
 )
 
-from actors.admin_caller import AdminServiceCaller
-from actors.dag_watch import fetch_layout
-from actors.segment import MAX_READ_RECORDS, find_segment_actor, segment_actor
+from actors.admin.caller import AdminServiceCaller
+from actors.control.dag_watch import fetch_layout
+from actors.segment.actor import MAX_READ_RECORDS, find_segment_actor, segment_actor
 from clients._ray import background_loop
 from clients.checkpoint_consumer import Checkpoint
 from runtime.auth import Permission, client_credential

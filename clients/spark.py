@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import ray
 
-from actors.admin_caller import AdminServiceCaller
+from actors.admin.caller import AdminServiceCaller
 from clients.producer import Producer
 from clients.read_plan import (
     DEFAULT_ROWS_PER_PARTITION,

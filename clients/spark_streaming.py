@@ -6,7 +6,7 @@ The source and sink are a JVM DataSource V2 (``java/``, put on the classpath by
 never go through a Python worker. What they cannot decide alone, the cluster
 decides for them through the REST gateway: where a micro-batch ends so that no
 segment is read before its parents (``runtime.stream_plan``), and how a replayed
-micro-batch is stored only once (``actors.stream_writes``). This module points a
+micro-batch is stored only once (``actors.admin.stream_writes``). This module points a
 Spark session at a gateway, starting one for it when none is given.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from actors.gateway import start_gateway
+from actors.gateway.server import start_gateway
 from runtime.config import env_float
 from runtime.errors import UnavailableError
 

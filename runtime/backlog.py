@@ -2,7 +2,7 @@
 message (``backlog_age_seconds``), per segment and over the whole topic, beside the
 counts. Segments report when that message was published (``oldestUnackedMs``, which
 does not change while nobody acknowledges), and the age is taken at the moment it is
-shown, so a report read late is not younger than the truth. Pure: ``actors.topic_stats``
+shown, so a report read late is not younger than the truth. Pure: ``actors.control.topic_stats``
 and the controller's metrics use it.
 """
 
@@ -37,7 +37,7 @@ class BacklogAges:
     observes each round's stats and re-exports the ages every fraction of a second,
     so a Prometheus scrape at any moment sees an age at most one export old.
 
-    Who calls: ``actors.maintenance`` only (``observe`` per round, the ages per refresh).
+    Who calls: ``actors.control.maintenance`` only (``observe`` per round, the ages per refresh).
     """
 
     def __init__(self) -> None:

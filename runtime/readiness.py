@@ -1,6 +1,6 @@
 """Waiting for a topic's segments to run, for any client of the Admin API.
 
-A created topic's segments start in the background (``actors.readiness``); one
+A created topic's segments start in the background (``actors.control.readiness``); one
 status call waits at most ``MAX_WAIT_S`` on the server, so that no request
 outlives a REST time-out, and a client that wants to wait longer asks again.
 The loop is here, free of any transport, so the Ray and the HTTP admin clients

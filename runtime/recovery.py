@@ -18,7 +18,7 @@ operation that was interrupted by the loss had come:
 Segments pruned by retention have no storage left; their children simply
 stop naming them as parents, exactly as a pruned layout does.
 
-Pure: the storage scan and the writes are the callers' (``actors.controller``).
+Pure: the storage scan and the writes are the callers' (``actors.control.controller``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The REST contract: the Admin API's path templates (aiohttp and OpenAPI syntax).
 
-Both sides speak them, the gateway (``actors.gateway``) and ``AdminHttpClient``
+Both sides speak them, the gateway (``actors.gateway.server``) and ``AdminHttpClient``
 (``clients.http``), and neither may import the other: the gateway must not
 depend on the clients above it, and a client must stay importable without the
 server's machinery. So the wire contract lives below both, here.

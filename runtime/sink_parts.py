@@ -1,5 +1,5 @@
 """Where each part of an idempotent streaming write goes: which records, which segment,
-which producer sequence (the pure half of ``actors.stream_writes``).
+which producer sequence (the pure half of ``actors.admin.stream_writes``).
 
 A part is an explicit hash range, not "whatever its segment owns": when a segment is
 sealed before its part was stored, the part's records go to the segments that own

@@ -1,7 +1,7 @@
 """Which object stores a topic may tier to, when a sealed segment moves there, and how
 long to wait after a move failed (an object store that is down is retried, ever more
 slowly, never given up on: the local copy keeps serving meanwhile). Pure:
-``actors.tiering`` and the controller act on it.
+``actors.control.tiering`` and the controller act on it.
 
 A tier URI makes the cluster write where it points, with the cluster's own
 credentials, so a topic's admin may not choose just any: the operator lists the

@@ -6,7 +6,7 @@ and nowhere else, and a restarted Ray (new node ids) must still find that machin
 Each storage root therefore carries a *disk id* of its own (``disk.json``, written the
 first time the root is used), and the metadata store records, per segment of a topic
 incarnation, the disk id its files were laid out on. A node is found by asking each
-live node which disk it has (``actors.node_disks``); a segment whose disk no live node
+live node which disk it has (``actors.control.node_disks``); a segment whose disk no live node
 has is unavailable, said so, never re-created empty elsewhere.
 
 A segment moved to an object-store tier needs no disk (``storage.tier_records``): its

@@ -173,7 +173,7 @@ class AuthRecord(BaseModel):
 
 
 class SinkWrite(BaseModel):
-    """One idempotent streaming write's progress (``actors.stream_writes``): the batch it
+    """One idempotent streaming write's progress (``actors.admin.stream_writes``): the batch it
     belongs to, and its parts (``runtime.sink_parts``): which records each append
     carries, to which segment, under which sequence."""
 

@@ -34,10 +34,10 @@ OPERATION_TIMEOUT_S = 30.0
 
 class Probe:
     def __init__(self, request: dict[str, Any]) -> None:
-        from actors.controller import controller_actor
-        from actors.coordinator import coordinator_actor
-        from actors.dag_watch import dag_watch_actor
-        from actors.segment import segment_actor
+        from actors.control.controller import controller_actor
+        from actors.control.coordinator import coordinator_actor
+        from actors.control.dag_watch import dag_watch_actor
+        from actors.segment.actor import segment_actor
         from runtime.names import SegmentName, TopicName
 
         self.request = request

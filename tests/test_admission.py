@@ -23,7 +23,7 @@ import ray
 from test_clients import wait_for
 
 from actors.capacity import free_memory_per_node, node_rooms
-from actors.controller import controller_actor
+from actors.control.controller import controller_actor
 from actors.registry import named_actors
 from clients import Producer, StreamConsumer
 from runtime.capacity import SegmentFootprint

@@ -11,7 +11,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.data_plane import DataPlaneServer, HandleLater, HandleNow
+from actors.segment.data_plane import DataPlaneServer, HandleLater, HandleNow
 from runtime import wire
 
 EVERYTHING = wire.PRODUCE | wire.CONSUME  # the test's frames are neither appends nor reads

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import ray
 
-from actors.gateway import start_gateway, stop_gateway
+from actors.gateway.server import start_gateway, stop_gateway
 from clients import AdminHttpClient, ScalableTopicsAdmin
 from runtime.auth import hash_token
 from runtime.errors import (

@@ -32,10 +32,10 @@ from child_output import last_json  # tests/ is on sys.path under pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.controller import controller_actor
+from actors.control.controller import controller_actor
 from actors.guard import REFRESH_S, guard
 from actors.registry import alive_actor_names
-from actors.segment import segment_actor
+from actors.segment.actor import segment_actor
 from clients import CheckpointConsumer, Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from runtime import wire
 from runtime.auth import AuthPolicy, client_credential

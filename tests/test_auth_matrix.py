@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from actors.gateway import start_gateway, stop_gateway
+from actors.gateway.server import start_gateway, stop_gateway
 from clients import AdminHttpClient, Producer, QueueConsumer, ScalableTopicsAdmin
 from runtime.auth import hash_token
 from runtime.errors import (

@@ -25,7 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from test_gateway import free_port, gateway  # noqa: F401 - tests/ is on sys.path under pytest
 
-from actors.gateway import stop_gateway
+from actors.gateway.server import stop_gateway
 from actors.guard import REFRESH_S
 from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 

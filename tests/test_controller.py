@@ -10,8 +10,8 @@ import pytest
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from actors.controller import ScalableTopicController, controller_actor
-from actors.segment import segment_actor
+from actors.control.controller import ScalableTopicController, controller_actor
+from actors.segment.actor import segment_actor
 from clients import ScalableTopicsAdmin
 from runtime.config import ray_namespace
 from runtime.errors import (

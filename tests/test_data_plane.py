@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 import ray
 
-from actors import data_plane
-from actors.segment import segment_actor
+from actors.segment import data_plane
+from actors.segment.actor import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from clients._data_plane import _WRITE_AHEAD, ChannelError, ReadChannel, SegmentChannel
 from runtime import wire

@@ -423,7 +423,7 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     connect(log_to_driver=False)
     durability = metadata_durability()
-    from actors.gateway import start_gateway, stop_gateway
+    from actors.gateway.server import start_gateway, stop_gateway
     from clients import ScalableTopicsAdmin
     admin = ScalableTopicsAdmin()
     admin.create_scalable_topic("topic://acme/r/durability", 1)

@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ray.experimental import internal_kv
 
-from actors.gateway import start_gateway, stop_gateway
-from actors.gateway_routes import ROUTES
+from actors.gateway.routes import ROUTES
+from actors.gateway.server import start_gateway, stop_gateway
 from clients import ScalableTopicsAdmin
 from tests.test_gateway import free_port
 

@@ -23,10 +23,10 @@ import pytest
 import ray
 from aiohttp.test_utils import TestClient, TestServer
 
-from actors.admin_service import admin_service_actor
-from actors.controller import controller_actor
-from actors.gateway import create_app, start_gateway, stop_gateway
-from actors.gateway_routes import ROUTES, openapi_document
+from actors.admin.service import admin_service_actor
+from actors.control.controller import controller_actor
+from actors.gateway.routes import ROUTES, openapi_document
+from actors.gateway.server import create_app, start_gateway, stop_gateway
 from clients import AdminHttpClient, ScalableTopicsAdmin
 from runtime.errors import (
     ConflictError,

@@ -39,7 +39,7 @@ def imported_modules(path: Path) -> set[str]:
 def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
     return [
         f"{path.relative_to(ROOT)} imports {module}"
-        for path in sorted((ROOT / package).glob("*.py"))
+        for path in sorted((ROOT / package).rglob("*.py"))
         for module in sorted(imported_modules(path))
         if module.split(".")[0] in forbidden
     ]
@@ -66,14 +66,14 @@ def test_clients_never_read_the_metadata_store() -> None:
 
 
 def test_no_helper_of_the_controller_receives_the_controller() -> None:
-    """Helpers get the topic's parts (``actors.topic_parts``), never the controller class:
+    """Helpers get the topic's parts (``actors.control.topic_parts``), never the controller class:
     what each may touch is spelled out, and each can be driven by parts of its own."""
     found = [
         f"{path.relative_to(ROOT)} imports {module}"
         for path in sorted((ROOT / "actors").rglob("*.py"))
         if path.name != "controller.py"
         for module in sorted(imported_modules(path))
-        if module == "actors.controller.ScalableTopicController"
+        if module == "actors.control.controller.ScalableTopicController"
     ]
     assert found == []
 
@@ -92,9 +92,32 @@ def test_nothing_outside_storage_reaches_into_a_segments_log() -> None:
 
 
 def test_the_gateway_and_connect_form_no_circle() -> None:
-    gateway = imported_modules(ROOT / "actors" / "gateway.py")
-    assert not {m for m in gateway if m.split(".")[0] == "clients"}
+    gateway = set().union(*map(imported_modules, (ROOT / "actors" / "gateway").glob("*.py")))
+    assert gateway and not {m for m in gateway if m.split(".")[0] == "clients"}
     assert not {m for m in imported_modules(ROOT / "runtime" / "connect.py") if "gateway" in m}
+
+
+# The subsystems of ``actors/``, top to bottom: each may import those below it and the
+# modules every subsystem shares (``actors/*.py``: guard, registry, metrics, capacity),
+# never one above it. The gateway reaches the cluster through the admin service only.
+SUBSYSTEMS = ("gateway", "admin", "control", "segment")
+
+
+def test_the_actor_subsystems_point_down_only() -> None:
+    found = []
+    for rank, subsystem in enumerate(SUBSYSTEMS):
+        above = SUBSYSTEMS[:rank]
+        for path in sorted((ROOT / "actors" / subsystem).glob("*.py")):
+            for module in sorted(imported_modules(path)):
+                parts = module.split(".")
+                if parts[0] == "actors" and len(parts) > 1 and parts[1] in above:
+                    found.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert found == []
+    gateway = set().union(*map(imported_modules, (ROOT / "actors" / "gateway").glob("*.py")))
+    assert {m.split(".")[2] for m in gateway if m.startswith("actors.admin.")} == {"caller"}
+    assert not {m for m in gateway if m.startswith(("actors.control", "actors.segment"))}
+    shared = {path.stem for path in (ROOT / "actors").glob("*.py")} - {"__init__"}
+    assert shared == {"guard", "registry", "metrics", "capacity"}, "a module outside the four"
 
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import ray
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.segment import segment_actor
+from actors.segment.actor import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from runtime.batch import (
     batch_bytes,

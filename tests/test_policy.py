@@ -9,7 +9,7 @@ import pytest
 from test_cli import cli_env, raytopics  # noqa: F401  (cli_env is a fixture)
 from test_gateway import gateway, http  # noqa: F401  (gateway is a fixture)
 
-from actors.gateway_routes import openapi_document
+from actors.gateway.routes import openapi_document
 from clients import AdminHttpClient
 from runtime.errors import InconsistentRequestError, TopicNotFoundError
 from runtime.policy import TopicPolicy

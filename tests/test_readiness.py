@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 import ray
 
-from actors.gateway import start_gateway, stop_gateway
-from actors.segment import segment_actor
+from actors.gateway.server import start_gateway, stop_gateway
+from actors.segment.actor import segment_actor
 from clients import AdminHttpClient, Producer, ScalableTopicsAdmin, StreamConsumer
 from runtime.errors import InvalidArgumentError, TopicNotReadyError, UnavailableSegmentsError
 from runtime.names import TopicName

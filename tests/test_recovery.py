@@ -215,7 +215,7 @@ def test_recover_refuses_bad_requests_and_changes_nothing(admin, unique, kv_snap
 
 
 def test_storage_check_and_recover_over_rest(admin, unique):
-    from actors.gateway import start_gateway, stop_gateway
+    from actors.gateway.server import start_gateway, stop_gateway
 
     topic = f"topic://recov/rest/t-{unique}"
     admin.create_scalable_topic(topic, 1)

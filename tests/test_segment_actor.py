@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 import ray
 
-from actors.segment import segment_actor
+from actors.segment.actor import segment_actor
 from runtime.batch import make_batch
 from runtime.errors import SegmentTerminated, StaleEpochError
 from runtime.names import SegmentName, TopicName

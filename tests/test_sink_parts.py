@@ -1,5 +1,5 @@
 """The streaming sink's parts (``runtime.sink_parts``), without Ray: a write carried out
-as ``actors.stream_writes`` does, while the topic splits and merges and the writer
+as ``actors.admin.stream_writes`` does, while the topic splits and merges and the writer
 crashes and replays at any step, stores every record exactly once, in a segment that
 owned its hash when it was stored, and never reuses a sequence on a segment."""
 
@@ -37,7 +37,7 @@ class Segments:
 
 
 class Writer:
-    """The carry-out loop of ``actors.stream_writes._Write`` over a simulated topic."""
+    """The carry-out loop of ``actors.admin.stream_writes._Write`` over a simulated topic."""
 
     def __init__(self, layout: SegmentLayout, hashes: np.ndarray, stored: Segments) -> None:
         self.layout, self.hashes, self.stored = layout, hashes, stored

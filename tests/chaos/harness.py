@@ -254,7 +254,7 @@ class Faults:
     def _coordinator(self, _rng: random.Random) -> str:
         import ray
 
-        from actors.coordinator import coordinator_actor
+        from actors.control.coordinator import coordinator_actor
         from runtime.names import TopicName
 
         ray.kill(coordinator_actor(TopicName.parse(self.run.topic), "stream"), no_restart=False)
@@ -306,7 +306,7 @@ def check(run: Run, admin: Any) -> list[str]:
     """Every invariant the issue lists, as human-readable violations."""
     import ray
 
-    from actors.segment import segment_actor
+    from actors.segment.actor import segment_actor
     from runtime.names import TopicName
     from tests.chaos.invariants import delivery_violations, segment_state_violations
 

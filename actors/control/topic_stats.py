@@ -16,10 +16,10 @@ from typing import Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
 
-from actors.controller import controller_actor
+from actors.control.controller import controller_actor
+from actors.control.readiness import topic_readiness
 from actors.guard import guard
-from actors.readiness import topic_readiness
-from actors.segment import find_segment_actor, segment_actor
+from actors.segment.actor import find_segment_actor, segment_actor
 from runtime.backlog import age_s, subscription_ages
 from runtime.errors import SegmentNotFoundError, UnavailableSegmentsError
 from runtime.layout import SegmentInfo, SegmentLayout

@@ -2,7 +2,7 @@
 
 Each is a strict pydantic model, so bad input is refused with what is allowed
 before it reaches the admin service, and the same models generate the
-OpenAPI schemas (``actors.gateway_routes.openapi_document``), so the documentation
+OpenAPI schemas (``actors.gateway.routes.openapi_document``), so the documentation
 cannot drift from what is accepted. Bodies take JSON types literally ("4" is
 not 4); query strings are text, coerced ("true" is True); unknown fields and
 parameters are refused in both.

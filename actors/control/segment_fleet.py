@@ -21,10 +21,10 @@ from pathlib import Path
 import ray
 from ray.exceptions import RayActorError
 
+from actors.control.node_disks import NodeDisks
 from actors.guard import guard
-from actors.node_disks import NodeDisks
 from actors.registry import lookup, named_actors
-from actors.segment import segment_actor
+from actors.segment.actor import segment_actor
 from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
@@ -57,7 +57,7 @@ class SegmentFleet:
         self.topic = topic
         self._catalog = catalog
         self.cluster_root = Path(storage_root)  # what the segments' actors are given
-        # With a disk per node, each segment is on one node's disk (``actors.node_disks``);
+        # With a disk per node, each segment is on one node's disk (``actors.control.node_disks``);
         # what the controller keeps itself (``topic.json``) goes to its own node's.
         self.disks = NodeDisks(topic, self.cluster_root, durability, catalog.store.namespace)
         self.node_local = storage_scope() == "node"

@@ -10,7 +10,7 @@ Every method takes the caller's ``credential`` and checks it here, where the dat
 lives, against the cluster's policy (``actors.guard``) for the segment's
 namespace: appends need ``produce``; reads, acknowledgements, queue receives and
 a subscription's position need ``consume``; the data plane's address needs
-``lookup`` (its connections then authenticate themselves, ``actors.data_plane``);
+``lookup`` (its connections then authenticate themselves, ``actors.segment.data_plane``);
 everything the controller calls needs ``admin``, which the system's internal
 credential has. With no stored policy every check passes.
 """
@@ -29,12 +29,12 @@ import pyarrow as pa
 import ray
 from ray.exceptions import RayActorError
 
-from actors.appender import SegmentAppender
 from actors.capacity import segment_memory
-from actors.data_plane import DataPlaneServer
 from actors.guard import guard
 from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, gone_for_good, lookup
+from actors.segment.appender import SegmentAppender
+from actors.segment.data_plane import DataPlaneServer
 from runtime import tls, wire
 from runtime.auth import Permission
 from runtime.batch import ipc_parts

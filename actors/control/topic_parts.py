@@ -1,7 +1,7 @@
 """What the topic controller's helpers are given: its parts, never the controller.
 
 Maintenance (retention, tiering, hibernation, autoscaling) and subscription resets
-are helpers of ``actors.controller``. Each receives the parts it reads
+are helpers of ``actors.control.controller``. Each receives the parts it reads
 (``TopicParts``) and, for maintenance, the layout commands it may issue
 (``LayoutCommands``), so what a helper can touch is spelled out here, and a helper
 can be driven in a test by parts of its own.
@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from actors.control.segment_fleet import SegmentFleet
 from actors.metrics import ControllerMetrics
-from actors.segment_fleet import SegmentFleet
 from runtime.names import TopicName
 from storage.catalog import Catalog
 from storage.records import TopicRecord

@@ -21,9 +21,9 @@ import asyncio
 import time
 from typing import Any
 
-from actors.coordinator import coordinator_actor
+from actors.control.coordinator import coordinator_actor
+from actors.control.topic_parts import TopicParts
 from actors.guard import guard
-from actors.topic_parts import TopicParts
 from runtime.errors import ConflictError, SubscriptionNotFoundError
 from runtime.subscription import ResetTarget
 from storage.records import SubscriptionKind, SubscriptionState

@@ -2,9 +2,9 @@
 
 One detached async actor per port runs an aiohttp server on the actor's own
 event loop and hands every request, with the caller's bearer token, to the
-cluster's admin service (``actors.admin_service``), the same one the Python
+cluster's admin service (``actors.admin.service``), the same one the Python
 admin client calls, so REST callers get exactly the semantics, checks and typed
-errors of Python callers. ``ROUTES`` (``actors.gateway_routes``) is the single table that drives the
+errors of Python callers. ``ROUTES`` (``actors.gateway.routes``) is the single table that drives the
 router, request validation and ``/openapi.json``, so the three cannot drift
 apart.
 
@@ -40,15 +40,15 @@ from pydantic import BaseModel, ValidationError
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.admin_caller import AdminServiceCaller
-from actors.gateway_console import add_console
-from actors.gateway_documents import (
+from actors.admin.caller import AdminServiceCaller
+from actors.gateway.console import add_console
+from actors.gateway.documents import (
     ID_PARAMS,
     MAX_SEGMENT_ID,
     Body,
     Query,
 )
-from actors.gateway_routes import ROUTES, Params, Route, Service, topic_of
+from actors.gateway.routes import ROUTES, Params, Route, Service, topic_of
 from actors.guard import Guard, guard
 from actors.metrics import record_rejected
 from runtime.auth import (

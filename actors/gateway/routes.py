@@ -1,7 +1,7 @@
 """The REST gateway's route table: one ``Route`` per endpoint, and what each one calls.
 
-``ROUTES`` drives the router and request validation (``actors.gateway``) and
-``/openapi.json`` (``actors.gateway_openapi``), so the three cannot drift apart.
+``ROUTES`` drives the router and request validation (``actors.gateway.server``) and
+``/openapi.json`` (``actors.gateway.openapi``), so the three cannot drift apart.
 An action gets the request's validated inputs and a ``call`` that runs an admin
 service method as the requester; it decides nothing itself.
 """
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import ray
 from pydantic import BaseModel
 
-from actors.gateway_documents import (
+from actors.gateway.documents import (
     HEALTH,
     OBJECT,
     STRINGS,
@@ -42,7 +42,7 @@ from actors.gateway_documents import (
     TerminateSegmentQuery,
     TopicStatus,
 )
-from actors.gateway_openapi import build_openapi
+from actors.gateway.openapi import build_openapi
 from runtime.auth import (
     AuthPolicy,
     Permission,
@@ -110,7 +110,7 @@ def topic_of(path: Mapping[str, str]) -> TopicName:
 
 
 class Service(Protocol):
-    """What the routes call: ``actors.admin_caller.AdminServiceCaller``."""
+    """What the routes call: ``actors.admin.caller.AdminServiceCaller``."""
 
     async def call(self, method: str, *args: Any, credential: str | None, **kwargs: Any) -> Any:
         """Run the service's ``method`` as the holder of ``credential``."""
@@ -434,5 +434,5 @@ ROUTES: tuple[Route, ...] = (
 
 @functools.cache
 def openapi_document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document of ``ROUTES`` (``actors.gateway_openapi``)."""
+    """The OpenAPI 3.1 document of ``ROUTES`` (``actors.gateway.openapi``)."""
     return build_openapi(ROUTES)

@@ -21,10 +21,10 @@ from collections.abc import Callable
 import ray
 from ray.exceptions import RayActorError
 
-from actors.coordinator import coordinator_actor
+from actors.control.coordinator import coordinator_actor
+from actors.control.topic_parts import TopicParts
 from actors.guard import guard
 from actors.registry import lookup
-from actors.topic_parts import TopicParts
 from runtime.errors import UnauthorizedError
 from runtime.names import SegmentName
 from storage.records import SubscriptionKind, SubscriptionMetadata, SubscriptionState

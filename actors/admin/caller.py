@@ -1,5 +1,5 @@
 """``AdminServiceCaller``: how the Python admin client and the REST gateway reach the
-cluster's admin service (``actors.admin_service``).
+cluster's admin service (``actors.admin.service``).
 
 Both present their caller's credential with every call and decide nothing
 themselves. The service is a detached actor that Ray restarts after a crash, so
@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from actors.admin_service import DEFAULT_RESTART_TIMEOUT_S, RESTART_ERRORS, admin_service_actor
+from actors.admin.service import DEFAULT_RESTART_TIMEOUT_S, RESTART_ERRORS, admin_service_actor
 from runtime import remote
 from runtime.errors import UnavailableError
 

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.exceptions import RayActorError
 
+from actors.control.tiering import TierMover
+from actors.control.topic_parts import LayoutCommands, TopicParts
 from actors.guard import guard
-from actors.tiering import TierMover
-from actors.topic_parts import LayoutCommands, TopicParts
 from runtime.autoscale import Decision, LoadTracker, decide
 from runtime.backlog import BacklogAges
 from runtime.config import env_float

@@ -6,7 +6,7 @@ The page is a client of the REST API like any other: it calls the routes of
 that token may, and what it shows is what the API answers. That is why these
 routes are not in ``ROUTES``: they serve files, not the API, need no token (the
 files hold no data), and are not in ``/openapi.json``. Every file ships in the
-package (``actors/console``): a cluster may have no internet, so no CDN. The
+package (``actors/gateway/static``): a cluster may have no internet, so no CDN. The
 content security policy allows only this origin's script and style.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-CONSOLE_DIR = Path(__file__).resolve().parent / "console"
+CONSOLE_DIR = Path(__file__).resolve().parent / "static"
 ASSETS = {
     "console.js": "text/javascript",
     "console.css": "text/css",

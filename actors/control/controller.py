@@ -35,18 +35,18 @@ from typing import Any
 import ray
 
 from actors.capacity import check_capacity
-from actors.dag_watch import dag_watch_actor
+from actors.control.dag_watch import dag_watch_actor
+from actors.control.maintenance import TopicMaintenance
+from actors.control.node_disks import check_recoverable
+from actors.control.segment_fleet import SegmentFleet
+from actors.control.subscription_reset import reset_subscription
+from actors.control.tiering import check_policy_tier
+from actors.control.topic_parts import LayoutCommands, TopicParts
+from actors.control.topic_subscriptions import TopicSubscriptions
 from actors.guard import guard
-from actors.maintenance import TopicMaintenance
 from actors.metrics import ControllerMetrics
-from actors.node_disks import check_recoverable
 from actors.registry import get_or_start, lookup
-from actors.segment import segment_actor
-from actors.segment_fleet import SegmentFleet
-from actors.subscription_reset import reset_subscription
-from actors.tiering import check_policy_tier
-from actors.topic_parts import LayoutCommands, TopicParts
-from actors.topic_subscriptions import TopicSubscriptions
+from actors.segment.actor import segment_actor
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_namespace
 from runtime.errors import (
@@ -110,7 +110,7 @@ class ScalableTopicController:
 
     @property
     def parts(self) -> TopicParts:
-        """What this controller's helpers are given (``actors.topic_parts``)."""
+        """What this controller's helpers are given (``actors.control.topic_parts``)."""
         return TopicParts(
             self.topic,
             self.catalog,
@@ -189,7 +189,7 @@ class ScalableTopicController:
         credential: str | None = None,
     ) -> dict:
         """Write the epoch-0 layout (with the create recorded) and its segments' storage, then
-        register their actors with Ray without waiting for them to boot (``actors.readiness``)."""
+        register their actors with Ray without waiting for them to boot (``readiness``)."""
         self._check(credential)
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
@@ -382,7 +382,7 @@ class ScalableTopicController:
             )
             for segment in active:  # registered now, so admission counts them at once
                 self.fleet.handle(segment.name(self.topic))
-            # their processes boot in the background (actors.readiness)
+            # their processes boot in the background (actors.control.readiness)
             return self._update_record(lambda r: _cleared(r, op, r.layout))
         if op.kind == OperationKind.DELETE:
             await self._delete_everything()

@@ -23,10 +23,10 @@ from typing import Any
 
 import ray
 
-from actors.dag_watch import DagWatch
+from actors.control.dag_watch import DagWatch
 from actors.guard import guard
 from actors.registry import get_or_start
-from actors.segment import find_segment_actor
+from actors.segment.actor import find_segment_actor
 from runtime.auth import Permission
 from runtime.config import apply_settings
 from runtime.coordination import GroupState

@@ -1,6 +1,6 @@
 """The gateway's OpenAPI 3.1 document (``GET /openapi.json``), generated from its route
-table (``actors.gateway_routes.ROUTES``) and the pydantic models each route accepts and
-answers (``actors.gateway_documents``), and path parameters described by the
+table (``actors.gateway.routes.ROUTES``) and the pydantic models each route accepts and
+answers (``actors.gateway.documents``), and path parameters described by the
 same regexes that validate them (``runtime.names``), so the document cannot
 drift from what the gateway does.
 """
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from actors.gateway_documents import ID_PARAMS, MAX_SEGMENT_ID, ErrorBody
+from actors.gateway.documents import ID_PARAMS, MAX_SEGMENT_ID, ErrorBody
 from runtime.names import _DESCRIPTOR, _PART
 from runtime.rest import IDEMPOTENCY_KEY
 
 if TYPE_CHECKING:
-    from actors.gateway_routes import Route
+    from actors.gateway.routes import Route
 
 _REF = "#/components/schemas/{model}"
 _IDEMPOTENCY_PARAMETER = {

@@ -14,10 +14,10 @@ internal credential. A controller call interrupted by a controller restart is
 sent again, with the same request id for a split or merge, which the restarted
 controller recognizes, so a retry never applies an operation twice. The service
 itself holds no state: Ray restarts it after a crash, and what the clients and
-the gateway call it through (``actors.admin_caller``) rides that out the same way.
+the gateway call it through (``actors.admin.caller``) rides that out the same way.
 
 The cluster's authentication policy is managed here too (``load_auth``,
-``disable_auth``, ``auth_status``; what a policy may be is ``actors.auth_admin``),
+``disable_auth``, ``auth_status``; what a policy may be is ``actors.admin.auth``),
 with admin on every namespace (``*``); while no policy is stored, anyone may
 load the first one.
 """
@@ -33,22 +33,22 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from actors.auth_admin import (
+from actors.admin.auth import (
     EVERY_NAMESPACE,
     FIRST_POLICY_IS_THE_OPERATORS,
     load_policy,
     policy_status,
 )
+from actors.admin.storage_tasks import scan_storage, storage_report
+from actors.admin.stream_service import StreamOperations
 from actors.capacity import check_capacity
-from actors.controller import controller_actor
+from actors.control.controller import controller_actor
+from actors.control.node_disks import check_recoverable
+from actors.control.readiness import await_readiness
+from actors.control.tiering import check_policy_tier
+from actors.control.topic_stats import topic_stats
 from actors.guard import guard
-from actors.node_disks import check_recoverable
-from actors.readiness import await_readiness
 from actors.registry import get_or_start
-from actors.storage_tasks import scan_storage, storage_report
-from actors.stream_service import StreamOperations
-from actors.tiering import check_policy_tier
-from actors.topic_stats import topic_stats
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, apply_settings
 from runtime.errors import (
@@ -129,7 +129,7 @@ class AdminService(StreamOperations):
     async def topic_status(
         self, topic: str, wait_s: float = 0.0, *, credential: str | None = None
     ) -> dict[str, Any]:
-        """Whether every segment of the topic has a running actor (``actors.readiness``),
+        """Whether every segment of the topic has a running actor (``actors.control.readiness``),
         answered as soon as it has or after ``wait_s`` seconds (at most ``MAX_WAIT_S``)."""
         name = self._allowed(credential, Permission.LOOKUP, topic)
         if (
@@ -442,7 +442,7 @@ class AdminService(StreamOperations):
     async def load_auth(
         self, document: dict[str, Any], *, over_rest: bool = False, credential: str | None = None
     ) -> dict[str, Any]:
-        """Replace the policy with ``document`` (``actors.auth_admin.load_policy``); this
+        """Replace the policy with ``document`` (``actors.admin.auth.load_policy``); this
         process applies it at once, every other within ``actors.guard.REFRESH_S``.
 
         ``over_rest`` (the gateway says so): the caller is outside the cluster, and

@@ -1,11 +1,11 @@
 """The admin service's data-pipeline operations, what Spark's sources and sinks call
 (the streaming ones through the REST gateway): planning micro-batches
-(``actors.stream_reads``), storing a sink's writes once (``actors.stream_writes``),
+(``actors.admin.stream_reads``), storing a sink's writes once (``actors.admin.stream_writes``),
 the tier records a snapshot read is planned from, and the claims that keep a
 batch write's retried tasks from duplicating. Clients never read the metadata
 store themselves: each of these checks the caller's credential first.
 
-A mixin of ``actors.admin_service.AdminService``, which provides ``_allowed`` (the
+A mixin of ``actors.admin.service.AdminService``, which provides ``_allowed`` (the
 caller's credential checked against the cluster's policy) and ``_catalog``.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
-from actors.stream_writes import stream_write
+from actors.admin.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
+from actors.admin.stream_writes import stream_write
 from runtime.auth import Permission
 from runtime.errors import InvalidArgumentError, is_integer
 from runtime.names import TopicName, validate_part
@@ -78,7 +78,7 @@ class StreamOperations:
         credential: str | None = None,
     ) -> dict[str, Any]:
         """One chunk of a streaming sink's micro-batch partition, stored once however often
-        it is replayed (``actors.stream_writes``)."""
+        it is replayed (``actors.admin.stream_writes``)."""
         name = self._allowed(credential, Permission.PRODUCE, topic)
         return await stream_write(self._catalog, name, query, batch, partition, chunk, records)
 
