@@ -41,7 +41,7 @@ def main() -> None:
     import ray
 
     from actors.control.controller import controller_actor
-    from actors.segment.actor import find_segment_actor
+    from actors.segment.lookup import find_segment_actor
     from clients import ScalableTopicsAdmin
     from runtime import connect
     from runtime.names import TopicName

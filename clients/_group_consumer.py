@@ -30,7 +30,7 @@ import pyarrow as pa
 from ray.exceptions import RayActorError
 
 from actors.control.coordinator import coordinator_actor
-from actors.segment.actor import find_segment_actor
+from actors.segment.lookup import find_segment_actor
 from clients._data_plane import REFUSALS, ChannelError, ReadChannel
 from clients._inbox import Inbox
 from clients._ray import background_loop, freeze_what_exists

@@ -20,7 +20,7 @@ import numpy as np
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from actors.control.dag_watch import DagWatch
-from actors.segment.actor import find_segment_actor
+from actors.segment.lookup import find_segment_actor
 from clients._data_plane import ChannelError, SegmentChannel
 from clients._limits import ClusterLimits
 from clients._ray import background_loop

@@ -23,7 +23,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.control.dag_watch import DagWatch
-from actors.segment.actor import find_segment_actor
+from actors.segment.lookup import find_segment_actor
 from clients._data_plane import REFUSALS
 from clients._inbox import Inbox
 from clients._ray import background_loop, freeze_what_exists, joined

@@ -60,7 +60,8 @@ from ray.exceptions import (
 
 from actors.admin.caller import AdminServiceCaller
 from actors.control.dag_watch import fetch_layout
-from actors.segment.actor import MAX_READ_RECORDS, find_segment_actor, segment_actor
+from actors.segment.actor import MAX_READ_RECORDS, segment_actor
+from actors.segment.lookup import find_segment_actor
 from clients._ray import background_loop
 from clients.checkpoint_consumer import Checkpoint
 from runtime.auth import Permission, client_credential
@@ -80,7 +81,7 @@ from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
 from runtime.remote import call
 from runtime.uris import redacted
-from storage.segment_store import to_delivery
+from storage.log import to_delivery
 from storage.tier import RECORDS_FILE, TieredSegment, open_tier
 from storage.tier_records import TieredRecord
 

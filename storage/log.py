@@ -18,6 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+import pyarrow as pa
+
+from runtime.batch import DELIVERY_SCHEMA, empty_batch, int64_array
 from runtime.errors import ScalableTopicsError
 from storage.appends import Append, AppendResult, StoredBatch
 
@@ -82,3 +86,23 @@ class SegmentRecords(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def to_delivery(stored: list[StoredBatch]) -> pa.RecordBatch:
+    """Concatenate stored batches into one batch with ``offset`` and ``publish_time`` columns."""
+    if not stored:
+        return empty_batch(DELIVERY_SCHEMA)
+    columns: list[list[pa.Array]] = [[], [], []]
+    for batch in stored:
+        for i in range(3):
+            columns[i].append(batch.records.column(i))
+    sizes = [batch.records.num_rows for batch in stored]
+    # Offsets run on across batches except where a read skips (queue redeliveries).
+    offsets = np.concatenate(
+        [np.arange(b.base_offset, b.base_offset + n) for b, n in zip(stored, sizes, strict=True)]
+    ).astype(np.int64, copy=False)
+    publish = np.repeat(np.array([b.publish_time_ms for b in stored], dtype=np.int64), sizes)
+    arrays = [pa.concat_arrays(c) if len(c) > 1 else c[0] for c in columns]
+    arrays.append(int64_array(offsets, pa.int64()))
+    arrays.append(int64_array(publish, DELIVERY_SCHEMA.field("publish_time").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=DELIVERY_SCHEMA)

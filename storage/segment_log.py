@@ -8,20 +8,18 @@ frame, at the tail of the last chunk; recovery cuts that tail off.
 
 The frame format is ``storage.frames``; what an append is and how retries are
 told from new messages, ``storage.appends``; the settings (where, how durable),
-``storage.durability``. This module owns the files: chunks, the in-memory index
-of every stored batch, retention from the head, and recovery after a crash.
+``storage.durability``; the files, their handles and flushes, ``storage.chunk_files``.
+This module owns what the files hold: the in-memory index of every stored batch, the
+producers' sequences, the seal, retention from the head, and recovery after a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
-import shutil
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,8 +32,9 @@ from runtime.errors import (
     UnavailableError,
 )
 from storage.appends import Append, AppendResult, ProducerWindow, StoredBatch, checked
+from storage.chunk_files import ChunkFiles, sync_and_close
 from storage.durability import DEFAULT_DURABILITY, Durability
-from storage.files import atomic_write, fsync_directory, preallocate
+from storage.files import atomic_write
 from storage.frames import (
     FRAME_BATCH,
     FRAME_TERMINATION,
@@ -46,19 +45,7 @@ from storage.frames import (
 )
 from storage.log_index import IndexEntry, LogIndex, adjacent_runs
 
-_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
-_WRITE_BYTES = 1 << 20  # bytes per writev, see _write_groups
-_PREALLOCATE_BYTES = 16 << 20  # reserved ahead of the active chunk's end, see _preallocate
-_CHUNK_NAME = re.compile(r"(\d{20})\.log")
 _START_MARKER = "start-offset"
-_datasync = getattr(os, "fdatasync", os.fsync)
-
-
-@dataclass
-class _Chunk:
-    base_offset: int
-    path: Path
-    size: int
 
 
 class SegmentLog:
@@ -85,28 +72,25 @@ class SegmentLog:
             raise InvalidArgumentError(f"max_chunk_bytes must be positive, got {max_chunk_bytes}")
         self._directory = Path(directory)
         self._durability = durability
-        self._max_chunk_bytes = max_chunk_bytes
         self._segment_id = segment_id
         self._lock = threading.Lock()
-        self._chunks: list[_Chunk] = []
+        self._files = ChunkFiles(
+            self._directory,
+            durability,
+            max_chunk_bytes=max_chunk_bytes,
+            background_sync=background_sync,
+            label=self._label,
+        )
+        self._chunks = self._files.chunks  # the same list: the files add and drop chunks
         self._index = LogIndex()
         self._producers: dict[str, ProducerWindow] = {}
-        self._read_fds: dict[int, int] = {}
         self._start_offset = 0
         self._end_offset = 0
         self._terminated = False
         self._terminated_at_ms: int | None = None
         self._last_publish_time_ms: int | None = None
-        self._dirty = False
-        self._last_sync = time.monotonic()
-        self._background_sync = background_sync
-        self._unsynced_fds: list[int] = []  # full chunks a background sync still owes
-        self._write_fd: int | None = None
-        self._preallocated = 0  # the active chunk's bytes with disk blocks reserved
-        self._may_preallocate = True
-        self._directory.mkdir(parents=True, exist_ok=True)
         self._recover()
-        self._write_fd = os.open(self._chunks[-1].path, os.O_WRONLY | os.O_APPEND)
+        self._files.open_for_appends()
 
     # --- properties -------------------------------------------------------------
 
@@ -261,14 +245,14 @@ class SegmentLog:
     def _store(self, frames: list[Encoded]) -> None:
         """Indexed before the flush: if the flush fails, the frames are on file anyway
         and later appends must come after them; a producer retry is then a duplicate."""
-        self._roll_if_full()
-        position = self._write(frames)
-        chunk_base = self._chunks[-1].base_offset
+        self._files.roll_if_full(self._end_offset)
+        position = self._files.write(frames)
+        chunk_base = self._files.active.base_offset
         for header, payload, frame in frames:
             length = len(header) + len(payload)
             self._indexed(IndexEntry.of(frame, chunk_base, position, len(payload), length))
             position += length
-        self._sync_per_policy()
+        self._files.sync_per_policy()
 
     def terminate(self) -> None:
         """Seal the log forever; the marker is fsynced whatever the policy, because
@@ -278,9 +262,9 @@ class SegmentLog:
             if self._terminated:
                 return
             frame = Frame(FRAME_TERMINATION, self._end_offset, 0, _now_ms(), None, None)
-            self._write([encode_frame(frame, b"")])
-            self._release_preallocation()
-            self._fsync()
+            self._files.write([encode_frame(frame, b"")])
+            self._files.release_preallocation()
+            self._files.fsync()
             self._terminated, self._terminated_at_ms = True, frame.publish_time_ms
 
     def sync(self) -> None:
@@ -292,12 +276,9 @@ class SegmentLog:
         """
         with self._lock:
             self._check_open()
-            fds, self._unsynced_fds = self._unsynced_fds, []
-            if self._dirty:
-                fds.append(os.dup(self._write_fd))
-                self._dirty = False
-        _sync_and_close(fds)
-        self._last_sync = time.monotonic()
+            fds = self._files.take_unsynced()
+        sync_and_close(fds)
+        self._files.synced()
 
     def truncate_head(self, before_offset: int) -> int:
         """Drop whole chunks whose records are all below ``before_offset``.
@@ -310,8 +291,8 @@ class SegmentLog:
             dropped = 0
             while len(self._chunks) > 1 and self._chunks[1].base_offset <= before_offset:
                 dropped += self._drop_first_chunk()
-            if dropped and self._durability.flushes:
-                fsync_directory(self._directory)
+            if dropped:
+                self._files.synced_directory()
             return dropped
 
     def retain(
@@ -356,22 +337,12 @@ class SegmentLog:
     def close(self) -> None:
         """Release file handles; flushes first unless the policy says not to bother."""
         with self._lock:
-            if self._write_fd is None:
-                return
-            if self._dirty and self._durability.flushes:
-                self._fsync()
-            _sync_and_close(self._unsynced_fds)
-            self._unsynced_fds = []
-            self._release_preallocation()
-            os.close(self._write_fd)
-            self._write_fd = None
-            self._close_read_fds()
+            self._files.close()
 
     def delete(self) -> None:
         """Remove the log and everything else stored in its directory (cursors too)."""
-        self.close()
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(self._directory)
+        with self._lock:
+            self._files.delete()
 
     def verify(self) -> None:
         """Check every frame of every chunk against its checksum (reading it all): raises
@@ -421,7 +392,7 @@ class SegmentLog:
         for run in adjacent_runs(entries):
             start = run[0].position
             length = run[-1].position + run[-1].frame_length - start
-            buffer = pa.py_buffer(self._pread(run[0].chunk_base, length, start))
+            buffer = pa.py_buffer(self._files.pread(run[0].chunk_base, length, start))
             for entry in run:
                 payload_start = entry.position - start + entry.frame_length - entry.payload_length
                 records = deserialize_batch(buffer.slice(payload_start, entry.payload_length))
@@ -431,18 +402,6 @@ class SegmentLog:
                 remaining -= take
         return batches
 
-    def _pread(self, chunk_base: int, length: int, position: int) -> bytes:
-        fd = self._read_fds.get(chunk_base)
-        if fd is None:
-            fd = os.open(self._chunk_path(chunk_base), os.O_RDONLY)
-            self._read_fds[chunk_base] = fd
-        data = os.pread(fd, length, position)
-        if len(data) != length:
-            raise UnavailableError(
-                f"segment {self._label}: chunk {chunk_base} is shorter than its index says"
-            )
-        return data
-
     # --- internals --------------------------------------------------------------
 
     @property
@@ -450,7 +409,7 @@ class SegmentLog:
         return str(self._segment_id) if self._segment_id is not None else str(self._directory)
 
     def _check_open(self) -> None:
-        if self._write_fd is None:
+        if not self._files.is_open:
             raise UnavailableError(f"segment log {self._label} is closed")
 
     def _check_not_terminated(self) -> None:
@@ -462,89 +421,6 @@ class SegmentLog:
                 "route the message to its children",
                 segment_id=self._segment_id,
             )
-
-    def _write(self, frames: Sequence[Encoded]) -> int:
-        """Write whole frames (header, payload) and return the position of the first; a
-        failed write is undone, so no half frame can sit in front of the next append.
-        ``writev``: payloads go to the file without first being copied behind their
-        headers."""
-        chunk = self._chunks[-1]
-        position = chunk.size
-        size = 0
-        try:
-            for group, expected in _write_groups(frames):
-                self._preallocate(position + size + expected)
-                written = os.writev(self._write_fd, group)
-                if written < expected:  # a short write (rare): the rest, whatever it takes
-                    rest = memoryview(b"".join(group))[written:]
-                    while rest:
-                        rest = rest[os.write(self._write_fd, rest) :]
-                size += expected
-        except OSError:
-            os.ftruncate(self._write_fd, position)  # which also gives back reserved blocks
-            self._preallocated = 0
-            raise
-        chunk.size += size
-        self._dirty = True
-        return position
-
-    def _preallocate(self, end: int) -> None:
-        """Reserve the active chunk's blocks ahead of its writes, a step at a time and
-        not past its planned size, so an idle segment holds at most one step."""
-        if end <= self._preallocated or not self._may_preallocate:
-            return
-        target = max(end, min(self._preallocated + _PREALLOCATE_BYTES, self._max_chunk_bytes))
-        start = self._preallocated
-        self._may_preallocate = preallocate(self._write_fd, start, target - start)
-        self._preallocated = target
-
-    def _release_preallocation(self) -> None:
-        """Give back the blocks reserved past the active chunk's end."""
-        if self._preallocated > self._chunks[-1].size:
-            os.ftruncate(self._write_fd, self._chunks[-1].size)
-        self._preallocated = 0
-
-    def _sync_per_policy(self) -> None:
-        policy = self._durability.policy
-        due = time.monotonic() - self._last_sync >= self._durability.interval_s
-        if policy == "fsync" or (policy == "interval" and due and not self._background_sync):
-            self._fsync()
-
-    def _fsync(self) -> None:
-        _datasync(self._write_fd)
-        self._dirty = False
-        self._last_sync = time.monotonic()
-
-    def _roll_if_full(self) -> None:
-        """Start a new chunk once the active one is full, so retention has whole
-        files to drop. The full chunk is flushed first: later syncs only reach
-        the active chunk's handle."""
-        if self._chunks[-1].size < self._max_chunk_bytes:
-            return
-        if self._dirty and self._background_sync and self._durability.policy == "interval":
-            self._unsynced_fds.append(os.dup(self._write_fd))
-            self._dirty = False
-        elif self._dirty and self._durability.flushes:
-            self._fsync()
-        self._release_preallocation()
-        chunk = self._create_chunk(self._end_offset)
-        full_chunk_fd, self._write_fd = (
-            self._write_fd,
-            os.open(chunk.path, os.O_WRONLY | os.O_APPEND),
-        )
-        os.close(full_chunk_fd)
-
-    def _create_chunk(self, base_offset: int) -> _Chunk:
-        chunk = _Chunk(base_offset, self._chunk_path(base_offset), 0)
-        with open(chunk.path, "xb"):
-            pass
-        if self._durability.flushes:
-            fsync_directory(self._directory)
-        self._chunks.append(chunk)
-        return chunk
-
-    def _chunk_path(self, base_offset: int) -> Path:
-        return self._directory / f"{base_offset:020d}.log"
 
     def _indexed(self, entry: IndexEntry) -> None:
         """Make a stored batch visible to reads and to duplicate detection."""
@@ -558,20 +434,11 @@ class SegmentLog:
             window.remember(entry.sequence, entry)
 
     def _drop_first_chunk(self) -> int:
-        chunk = self._chunks.pop(0)
+        chunk = self._files.drop_first()
         dropped = self._chunks[0].base_offset - chunk.base_offset
         self._index.forget_below(self._chunks[0].base_offset)
-        fd = self._read_fds.pop(chunk.base_offset, None)
-        if fd is not None:
-            os.close(fd)
-        chunk.path.unlink()
         self._start_offset = max(self._start_offset, self._chunks[0].base_offset)
         return dropped
-
-    def _close_read_fds(self) -> None:
-        for fd in self._read_fds.values():
-            os.close(fd)
-        self._read_fds.clear()
 
     # --- recovery ---------------------------------------------------------------
 
@@ -583,9 +450,9 @@ class SegmentLog:
         anywhere else is real corruption and refuses to open rather than serve
         a log with a hole in it.
         """
-        paths = self._chunk_paths()
+        paths = self._files.stored()
         if not paths:
-            self._create_chunk(0)
+            self._files.create(0)
             return
         self._start_offset = self._end_offset = paths[0][0]
         for number, (base_offset, path) in enumerate(paths):
@@ -599,17 +466,8 @@ class SegmentLog:
             marker = int((self._directory / _START_MARKER).read_text())
             self._start_offset = min(max(self._start_offset, marker), self._end_offset)
 
-    def _chunk_paths(self) -> list[tuple[int, Path]]:
-        found = []
-        for path in self._directory.iterdir():
-            match = _CHUNK_NAME.fullmatch(path.name)
-            if match:
-                found.append((int(match.group(1)), path))
-        return sorted(found)
-
     def _recover_chunk(self, base_offset: int, path: Path, *, is_last: bool) -> None:
-        chunk = _Chunk(base_offset, path, 0)
-        self._chunks.append(chunk)
+        chunk = self._files.adopt(base_offset, path)
         with open(path, "rb") as file:
             for frame, payload_length in scan_frames(file, self._end_offset):
                 length = frame.length(payload_length)
@@ -629,33 +487,6 @@ class SegmentLog:
                 "and is not the last chunk"
             )
         os.truncate(path, chunk.size)
-
-
-def _write_groups(frames: Sequence[Encoded]) -> Iterator[tuple[list[bytes | memoryview], int]]:
-    """The buffers of ``frames`` in ``writev``-sized groups, with their sizes: at most
-    ``_IOV_MAX`` buffers and, unless one frame is larger, ``_WRITE_BYTES``: writes of
-    several MB are much slower per byte than ~1 MB ones on the machines measured
-    (bench/README.md, "Design measurements")."""
-    group: list[bytes | memoryview] = []
-    size = 0
-    for header, payload, _ in frames:
-        length = len(header) + len(payload)
-        if group and (size + length > _WRITE_BYTES or len(group) + 2 > _IOV_MAX):
-            yield group, size
-            group, size = [], 0
-        group += (header, payload)
-        size += length
-    if group:
-        yield group, size
-
-
-def _sync_and_close(fds: list[int]) -> None:
-    try:
-        for fd in fds:
-            _datasync(fd)
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def _stored(entry: IndexEntry, records: pa.RecordBatch, base_offset: int) -> StoredBatch:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import pyarrow as pa
 
-from runtime.batch import DELIVERY_SCHEMA, REDELIVERIES_KEY, empty_batch, int64_array
+from runtime.batch import REDELIVERIES_KEY
 from runtime.dispatch import QueueDispatcher
 from runtime.errors import (
     ScalableTopicsError,
@@ -27,15 +26,15 @@ from runtime.errors import (
 )
 from runtime.layout import HashRange, SegmentInfo
 from runtime.names import SegmentName
-from runtime.recovery import StoredSegmentState
 from runtime.subscription import ResetTarget
 from runtime.uris import redacted
-from storage.appends import Append, AppendResult, StoredBatch
-from storage.cursors import Cursor, CursorStore, Position, stored_subscriptions
+from storage.appends import Append, AppendResult
+from storage.cursors import CursorStore, Position
 from storage.durability import Durability
 from storage.files import atomic_write
-from storage.log import SegmentRecords
+from storage.log import SegmentRecords, to_delivery
 from storage.segment_log import SegmentLog
+from storage.segment_stats import subscription_stats
 from storage.tier import (
     TIERED_RECORD,
     TieredSegment,
@@ -51,14 +50,13 @@ from storage.tier_records import (
     delete_tiered_segment,
 )
 from storage.topic_storage import (
+    FENCE_FILE,
     SegmentIdentity,
-    StoredIncarnation,
     read_segment_identity,
     segment_directory,
+    stored_fence_epoch,
     write_segment_identity,
 )
-
-FENCE_FILE = "fence.json"
 
 
 class SegmentStore:
@@ -497,110 +495,6 @@ class SealedBy(NamedTuple):
 
     children: tuple[int, ...]
     epoch: int
-
-
-def stored_states(stored: StoredIncarnation) -> list[StoredSegmentState]:
-    """What each segment of a stored incarnation says about itself, for recovery.
-
-    Segments without an identity were being laid out when their operation was
-    cut short (identity is written first), and segments made outside the layout
-    (the low-level Segments API) are not part of the DAG: both are left out.
-    """
-    states = []
-    for segment in stored.segments:
-        identity = segment.identity
-        if identity is None or not identity.in_layout:
-            continue
-        if (identity.topic, identity.incarnation) != (str(stored.topic), stored.incarnation):
-            raise UnavailableError(
-                f"{segment.directory} says it belongs to {identity.topic} (incarnation "
-                f"{identity.incarnation}), not {stored.topic} ({stored.incarnation})"
-            )
-        states.append(
-            StoredSegmentState(
-                identity.info,
-                tuple(stored_subscriptions(segment.directory)),
-                stored_fence_epoch(segment.directory),
-            )
-        )
-    return states
-
-
-def stored_fence_epoch(directory: Path) -> int:
-    """The newest controller epoch a segment's storage has seen (0: none yet)."""
-    try:
-        return int(json.loads((Path(directory) / FENCE_FILE).read_bytes())["fenceEpoch"])
-    except (FileNotFoundError, NotADirectoryError):
-        return 0
-
-
-def hibernated_stats(name: SegmentName, record: TieredRecord) -> dict[str, Any]:
-    """The stats of a tiered segment with no running actor, as its store would give
-    them, from its record alone (observing a segment must not wake it)."""
-    cursors = [Cursor.from_dict(c) for c in record.cursors.values()]
-    return {
-        "segment": str(name),
-        "segmentId": name.segment_id,
-        "terminated": True,
-        "startOffset": record.start_offset,
-        "endOffset": record.end_offset,
-        "records": record.end_offset - record.start_offset,
-        "sizeBytes": record.size_bytes,
-        "lastPublishTimeMs": record.last_publish_time_ms,
-        "sealedAtMs": record.sealed_at_ms,
-        "tiered": True,
-        "hibernating": True,
-        "fenceEpoch": record.fence_epoch,
-        "subscriptions": subscription_stats(cursors, record.start_offset, record.end_offset),
-    }
-
-
-def subscription_stats(
-    cursors: Iterable[Cursor],
-    start_offset: int,
-    end_offset: int,
-    publish_time_at: Callable[[int], int | None] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Each subscription's backlog (unacknowledged records still stored), position, and
-    when its oldest unacknowledged record was published (``oldestUnackedMs``: ``None``
-    with no backlog, or when ``publish_time_at`` cannot tell)."""
-    found = {}
-    for c in sorted(cursors, key=lambda c: c.name):
-        backlog = c.backlog(end_offset) - c.backlog(start_offset)
-        oldest = None
-        if backlog and publish_time_at is not None:
-            oldest = publish_time_at(_first_unacked(c, start_offset))
-        found[c.name] = {"backlog": backlog, "markDelete": c.mark_delete, "oldestUnackedMs": oldest}
-    return found
-
-
-def _first_unacked(cursor: Cursor, start_offset: int) -> int:
-    """The cursor's first unacknowledged offset still stored."""
-    first = max(cursor.mark_delete, start_offset)
-    for low, high in cursor.acked_ranges:
-        if low <= first < high:
-            first = high
-    return first
-
-
-def to_delivery(stored: list[StoredBatch]) -> pa.RecordBatch:
-    """Concatenate stored batches into one batch with ``offset`` and ``publish_time`` columns."""
-    if not stored:
-        return empty_batch(DELIVERY_SCHEMA)
-    columns: list[list[pa.Array]] = [[], [], []]
-    for batch in stored:
-        for i in range(3):
-            columns[i].append(batch.records.column(i))
-    sizes = [batch.records.num_rows for batch in stored]
-    # Offsets run on across batches except where a read skips (queue redeliveries).
-    offsets = np.concatenate(
-        [np.arange(b.base_offset, b.base_offset + n) for b, n in zip(stored, sizes, strict=True)]
-    ).astype(np.int64, copy=False)
-    publish = np.repeat(np.array([b.publish_time_ms for b in stored], dtype=np.int64), sizes)
-    arrays = [pa.concat_arrays(c) if len(c) > 1 else c[0] for c in columns]
-    arrays.append(int64_array(offsets, pa.int64()))
-    arrays.append(int64_array(publish, DELIVERY_SCHEMA.field("publish_time").type))
-    return pa.RecordBatch.from_arrays(arrays, schema=DELIVERY_SCHEMA)
 
 
 def _runs(offsets: list[int]) -> list[tuple[int, int]]:

@@ -26,6 +26,7 @@ needs to rebuild the topic's metadata from storage alone.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import secrets
 import shutil
@@ -41,12 +42,15 @@ from runtime.config import ray_namespace
 from runtime.errors import AmbiguousStorageError, StorageNotFoundError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName, is_valid_part
+from runtime.recovery import StoredSegmentState
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
+from storage.cursors import stored_subscriptions
 from storage.files import atomic_write
 from storage.tier import delete_tiered_copies
 
 TOPIC_FILE = "topic.json"
 SEGMENT_FILE = "segment.json"
+FENCE_FILE = "fence.json"  # the newest controller epoch a segment has seen
 INCARNATION_PATTERN = r"\d{8}T\d{6}Z-[0-9a-f]{8}"
 _INCARNATION = re.compile(INCARNATION_PATTERN)
 _DESCRIPTOR = re.compile(r"[0-9a-f]{4}-[0-9a-f]{4}-\d+")
@@ -334,3 +338,38 @@ def _mtime_ms(path: Path) -> int | None:
         return int(path.stat().st_mtime * 1000)
     except FileNotFoundError:
         return None
+
+
+def stored_states(stored: StoredIncarnation) -> list[StoredSegmentState]:
+    """What each segment of a stored incarnation says about itself, for recovery.
+
+    Segments without an identity were being laid out when their operation was
+    cut short (identity is written first), and segments made outside the layout
+    (the low-level Segments API) are not part of the DAG: both are left out.
+    """
+    states = []
+    for segment in stored.segments:
+        identity = segment.identity
+        if identity is None or not identity.in_layout:
+            continue
+        if (identity.topic, identity.incarnation) != (str(stored.topic), stored.incarnation):
+            raise UnavailableError(
+                f"{segment.directory} says it belongs to {identity.topic} (incarnation "
+                f"{identity.incarnation}), not {stored.topic} ({stored.incarnation})"
+            )
+        states.append(
+            StoredSegmentState(
+                identity.info,
+                tuple(stored_subscriptions(segment.directory)),
+                stored_fence_epoch(segment.directory),
+            )
+        )
+    return states
+
+
+def stored_fence_epoch(directory: Path) -> int:
+    """The newest controller epoch a segment's storage has seen (0: none yet)."""
+    try:
+        return int(json.loads((Path(directory) / FENCE_FILE).read_bytes())["fenceEpoch"])
+    except (FileNotFoundError, NotADirectoryError):
+        return 0

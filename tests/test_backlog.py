@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from runtime.backlog import BacklogAges, age_s, subscription_ages
 from storage.cursors import Cursor
-from storage.segment_store import subscription_stats
+from storage.segment_stats import subscription_stats
 
 
 def test_the_oldest_unacknowledged_record_skips_what_is_acknowledged_out_of_order() -> None:

@@ -215,9 +215,9 @@ def test_children_are_never_delivered_before_parents_are_drained(admin, unique):
 def test_stream_consumer_waits_out_a_segment_actor_that_is_gone(admin, unique, monkeypatch):
     """A child whose actor is gone when its assignment arrives: the consumer keeps
     asking for it until the controller's next incarnation brings the actor back."""
-    import actors.segment.actor
+    import actors.segment.lookup
 
-    monkeypatch.setattr(actors.segment.actor, "LOOKUP_WAIT_S", 1.0)  # give up fast, many times
+    monkeypatch.setattr(actors.segment.lookup, "LOOKUP_WAIT_S", 1.0)  # give up fast, many times
     topic = f"topic://lost/ns/t-{unique}"
     admin.create_scalable_topic(topic, 1)
     admin.create_subscription(topic, "s")

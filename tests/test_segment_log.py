@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import storage.chunk_files as chunk_files_module
 import storage.segment_log as segment_log_module
 from runtime.batch import (
     BATCH_SCHEMA,
@@ -232,7 +233,7 @@ def allocated(path: Path) -> int:
 def test_chunks_reserve_blocks_ahead_and_give_back_the_rest(tmp_path: Path) -> None:
     """Appends go into preallocated blocks (no delayed allocation per write); a chunk
     that rolls over, a terminated log and a closed one keep only what they hold."""
-    step = segment_log_module._PREALLOCATE_BYTES
+    step = chunk_files_module._PREALLOCATE_BYTES
     log = SegmentLog(tmp_path / "a", durability=FAST, max_chunk_bytes=4 * step)
     log.append(make_batch(values_for(0, 100)))
     first = tmp_path / "a" / FIRST_CHUNK
@@ -259,7 +260,7 @@ def test_appends_work_where_blocks_cannot_be_reserved(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(segment_log_module, "preallocate", lambda *args: calls.append(1) and False)
+    monkeypatch.setattr(chunk_files_module, "preallocate", lambda *args: calls.append(1) and False)
     log = SegmentLog(tmp_path, durability=FAST)
     for start in range(0, 500, 100):
         log.append(make_batch(values_for(start, 100)))
@@ -582,8 +583,8 @@ def test_durability_policies(
     syncs_after_sync: int,
 ) -> None:
     calls: list[int] = []
-    real = segment_log_module._datasync
-    monkeypatch.setattr(segment_log_module, "_datasync", lambda fd: (calls.append(fd), real(fd)))
+    real = chunk_files_module._datasync
+    monkeypatch.setattr(chunk_files_module, "_datasync", lambda fd: (calls.append(fd), real(fd)))
     log = SegmentLog(tmp_path, durability=durability)
     for start in range(0, 3):
         log.append(make_batch(values_for(start, 1)))

@@ -22,7 +22,8 @@ from runtime.errors import (
 from runtime.names import SegmentName, TopicName
 from storage.durability import Durability
 from storage.metadata import MetadataStore
-from storage.segment_store import SegmentStore, hibernated_stats
+from storage.segment_stats import hibernated_stats
+from storage.segment_store import SegmentStore
 from storage.tier import TIERED_RECORD
 from storage.tier_records import TierRecords
 from storage.topic_storage import segment_directory

@@ -20,9 +20,8 @@ from pyarrow import fs as pafs
 from runtime.batch import make_batch
 from runtime.errors import InvalidArgumentError, UnavailableError
 from storage.durability import Durability
-from storage.log import SegmentRecords
+from storage.log import SegmentRecords, to_delivery
 from storage.segment_log import SegmentLog
-from storage.segment_store import to_delivery
 from storage.tier import (
     MANIFEST_FILE,
     TIERED_RECORD,

@@ -18,7 +18,7 @@ from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 from runtime.recovery import plan_recovery
 from storage.durability import Durability
-from storage.segment_store import SealedBy, SegmentStore, stored_states
+from storage.segment_store import SealedBy, SegmentStore
 from storage.topic_storage import (
     TopicIdentity,
     choose_incarnation,
@@ -26,6 +26,7 @@ from storage.topic_storage import (
     new_incarnation,
     scan,
     segment_directory,
+    stored_states,
     write_topic_identity,
 )
 

@@ -16,10 +16,9 @@ controller recognizes, so a retry never applies an operation twice. The service
 itself holds no state: Ray restarts it after a crash, and what the clients and
 the gateway call it through (``actors.admin.caller``) rides that out the same way.
 
-The cluster's authentication policy is managed here too (``load_auth``,
-``disable_auth``, ``auth_status``; what a policy may be is ``actors.admin.auth``),
-with admin on every namespace (``*``); while no policy is stored, anyone may
-load the first one.
+Operations on the cluster rather than one topic (namespace defaults and limits,
+orphaned storage, the authentication policy) are ``actors.admin.cluster_service``;
+Spark's, ``actors.admin.stream_service``.
 """
 
 from __future__ import annotations
@@ -33,19 +32,13 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from actors.admin.auth import (
-    EVERY_NAMESPACE,
-    FIRST_POLICY_IS_THE_OPERATORS,
-    load_policy,
-    policy_status,
-)
-from actors.admin.storage_tasks import scan_storage, storage_report
+from actors.admin.cluster_service import ClusterOperations, check_flag
+from actors.admin.storage_tasks import scan_storage
 from actors.admin.stream_service import StreamOperations
 from actors.capacity import check_capacity
 from actors.control.controller import controller_actor
 from actors.control.node_disks import check_recoverable
 from actors.control.readiness import await_readiness
-from actors.control.tiering import check_policy_tier
 from actors.control.topic_stats import topic_stats
 from actors.guard import guard
 from actors.registry import get_or_start
@@ -54,12 +47,11 @@ from runtime.config import TOPIC_SETTINGS, apply_settings
 from runtime.errors import (
     InvalidArgumentError,
     TopicAlreadyExistsError,
-    UnauthorizedError,
     UnavailableError,
     is_integer,
 )
 from runtime.layout import MAX_SEGMENTS
-from runtime.limits import Limits, check_room, namespace_limits
+from runtime.limits import check_room, namespace_limits
 from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
 from runtime.operations import checked_request_id
 from runtime.policy import TopicPolicy
@@ -77,7 +69,7 @@ DEFAULT_SEGMENT_TIMEOUT_S = 10.0
 RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 
-class AdminService(StreamOperations):
+class AdminService(StreamOperations, ClusterOperations):
     """The Admin API, each method checking ``credential`` first; ``AdminServiceActor``
     is this class as a Ray actor."""
 
@@ -341,7 +333,7 @@ class AdminService(StreamOperations):
         credential: str | None = None,
     ) -> int:
         segment = self._segment_allowed(credential, segment_topic)
-        _check_flag("force", force)
+        check_flag("force", force)
         self._record(segment.topic)
         return await self._control(
             segment.topic, restart_timeout_s, "terminate_segment", str(segment), force
@@ -356,55 +348,11 @@ class AdminService(StreamOperations):
         credential: str | None = None,
     ) -> None:
         segment = self._segment_allowed(credential, segment_topic)
-        _check_flag("force", force)
+        check_flag("force", force)
         self._record(segment.topic)
         await self._control(segment.topic, restart_timeout_s, "delete_segment", str(segment), force)
 
-    # --- namespace default policy ---------------------------------------------------------
-
-    async def get_namespace_policy(
-        self, namespace: str, *, credential: str | None = None
-    ) -> dict[str, Any]:
-        self._namespace_allowed(credential, Permission.LOOKUP, namespace)
-        return (self._catalog.namespace_policy(namespace) or TopicPolicy()).shown()
-
-    async def set_namespace_policy(
-        self, namespace: str, policy: dict[str, Any], *, credential: str | None = None
-    ) -> dict[str, Any]:
-        """Replace the namespace's default policy (validated, its tier checked, first)."""
-        self._namespace_allowed(credential, Permission.ADMIN, namespace)
-        parsed = TopicPolicy.parse(policy)
-        await check_policy_tier(parsed)
-        self._catalog.set_namespace_policy(namespace, parsed)
-        return parsed.shown()
-
-    # --- limits -------------------------------------------------------------------------
-
-    async def set_namespace_limits(
-        self, namespace: str, limits: dict[str, int], *, credential: str | None = None
-    ) -> dict[str, int]:
-        """The whole resulting set is validated before it is stored."""
-        self._namespace_allowed(credential, Permission.ADMIN, namespace)
-        if not isinstance(limits, dict):
-            raise InvalidArgumentError("limits must be a mapping of limit names to integers")
-
-        def merged(stored: dict[str, Any]) -> dict[str, Any]:
-            overrides = {**stored, **limits}
-            Limits.from_env().overridden(overrides)  # raises before anything is written
-            return overrides
-
-        self._catalog.update_limit_overrides(namespace, merged)
-        return asdict(namespace_limits(self._catalog, namespace))
-
     # --- storage: what outlives metadata (storage.topic_storage) ----------------------
-
-    async def check_storage(
-        self, delete: bool = False, *, credential: str | None = None
-    ) -> dict[str, Any]:
-        """Orphaned storage (and, with ``delete``, its removal); spans every namespace."""
-        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
-        _check_flag("delete", delete)
-        return await storage_report(self._catalog, delete)
 
     async def recover_topic(
         self,
@@ -436,36 +384,6 @@ class AdminService(StreamOperations):
         return await self._control(
             name, restart_timeout_s, "recover", chosen.incarnation, create=True, settings=settings
         )
-
-    # --- the cluster's authentication policy ---------------------------------------------
-
-    async def load_auth(
-        self, document: dict[str, Any], *, over_rest: bool = False, credential: str | None = None
-    ) -> dict[str, Any]:
-        """Replace the policy with ``document`` (``actors.admin.auth.load_policy``); this
-        process applies it at once, every other within ``actors.guard.REFRESH_S``.
-
-        ``over_rest`` (the gateway says so): the caller is outside the cluster, and
-        while no policy is stored anyone who reaches the API would pass the check and
-        could lock everyone else out with a token of their own. The first policy is the
-        operator's, loaded from inside the cluster's boundary."""
-        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
-        if over_rest and self._catalog.auth() is None:
-            raise UnauthorizedError(FIRST_POLICY_IS_THE_OPERATORS)
-        status = load_policy(self._catalog, document)
-        self._guard.refresh()
-        return status
-
-    async def disable_auth(self, *, credential: str | None = None) -> dict[str, Any]:
-        """Turn authentication off: anyone who reaches the cluster may do anything."""
-        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
-        self._catalog.disable_auth()
-        self._guard.refresh()
-        return policy_status(None)
-
-    async def auth_status(self, *, credential: str | None = None) -> dict[str, Any]:
-        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
-        return policy_status(self._catalog.auth())
 
     # --- internals ------------------------------------------------------------------------
 
@@ -552,11 +470,6 @@ def _check_settings(settings: Any) -> None:
 def _check_id(segment_id: Any) -> None:
     if not is_integer(segment_id, 0):
         raise InvalidArgumentError(f"segment id must be a non-negative integer, got {segment_id!r}")
-
-
-def _check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_properties(properties: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.guard import guard
-from actors.segment.actor import find_segment_actor
+from actors.segment.lookup import find_segment_actor
 from runtime.errors import (
     ConflictError,
     InconsistentRequestError,

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from actors.guard import guard
-from actors.segment.actor import find_segment_actor
+from actors.segment.lookup import find_segment_actor
 from runtime.batch import make_batch
 from runtime.errors import AlreadyExistsError, BadVersion, SegmentTerminated
 from runtime.hashing import HASH_MASK, key_hashes, murmur3_32

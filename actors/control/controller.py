@@ -35,7 +35,7 @@ from typing import Any
 import ray
 
 from actors.capacity import check_capacity
-from actors.control.dag_watch import dag_watch_actor
+from actors.control.layout_operations import LayoutOperations, Step, describe
 from actors.control.maintenance import TopicMaintenance
 from actors.control.node_disks import check_recoverable
 from actors.control.segment_fleet import SegmentFleet
@@ -52,7 +52,6 @@ from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_n
 from runtime.errors import (
     ConflictError,
     InvalidArgumentError,
-    OperationInProgressError,
     SegmentNotFoundError,
     TopicAlreadyExistsError,
 )
@@ -62,15 +61,11 @@ from runtime.names import SegmentName, TopicName, validate_part
 from runtime.operations import (
     OperationKind,
     PendingOperation,
-    PlannedSegment,
-    apply_operation,
     checked_request_id,
-    completed,
     new_request_id,
     plan_merge,
     plan_prune,
     plan_split,
-    remembered,
 )
 from runtime.policy import TopicPolicy
 from runtime.recovery import plan_recovery
@@ -78,12 +73,12 @@ from runtime.subscription import DEFAULT_GRACE_S, StartPosition, reset_target
 from storage.catalog import Catalog, fenced
 from storage.durability import Durability, default_storage_root
 from storage.records import SubscriptionMetadata, TopicRecord
-from storage.segment_store import SealedBy, stored_states
 from storage.topic_storage import (
     SubscriptionSettings,
     TopicIdentity,
     choose_incarnation,
     new_incarnation,
+    stored_states,
 )
 
 log = logging.getLogger(__name__)
@@ -107,6 +102,13 @@ class ScalableTopicController:
         self._recovered = False
         self._fault_after_step: int | None = None
         self.subscriptions = TopicSubscriptions(self.parts, self._all_names, self._write_identity)
+        self.operations = LayoutOperations(
+            self.parts,
+            self.subscriptions,
+            self._update_record,
+            self._write_identity,
+            self._step_done,
+        )
 
     @property
     def parts(self) -> TopicParts:
@@ -166,16 +168,9 @@ class ScalableTopicController:
         if self._recovered and record.pending_operation is None:
             return
         record = self._update_record(lambda r: r)
-        await asyncio.gather(
-            *(
-                self.fleet.handle(n).check_epoch.remote(
-                    self.epoch, credential=guard().internal_token()
-                )
-                for n in self._active_names(record)
-            )
-        )
+        await self.fleet.fence(self._active_names(record), self.epoch)
         if record.pending_operation is not None:
-            await self._carry_out(record.pending_operation)
+            await self.operations.carry_out(record.pending_operation)
         await self.subscriptions.finish_all()
         self._recovered = True
 
@@ -201,7 +196,7 @@ class ScalableTopicController:
             self.fleet.incarnation = record.incarnation
             await self.fleet.clear_leftovers()
             self._write_identity(record)
-            await self._carry_out(op)
+            await self.operations.carry_out(op)
             self._recovered = True
         return self._read_record().layout.to_dict()
 
@@ -213,7 +208,7 @@ class ScalableTopicController:
                 kind=OperationKind.DELETE, request_id=new_request_id(), base_epoch=0
             )
             self._update_record(lambda r: r.model_copy(update={"pending_operation": op}))
-            await self._carry_out(op)
+            await self.operations.carry_out(op)
 
     async def recover(
         self, incarnation: str | None = None, *, credential: str | None = None
@@ -326,7 +321,7 @@ class ScalableTopicController:
         async with self._lock:
             await self._recover()
             op = plan_prune(self._read_record().layout, segment_ids, new_request_id())
-            await self._run(op)
+            await self.operations.run(op)
         return list(op.parents)
 
     async def set_policy(
@@ -360,94 +355,9 @@ class ScalableTopicController:
                 check_room(self.catalog, self.topic, added, active_now=active_now)
             # Sealed parents keep their actors (they serve their backlog), so every child
             # is a new process.
-            check_capacity(_describe(op, self.topic), self.topic, len(op.children))
-            committed = await self._run(op)
+            check_capacity(describe(op, self.topic), self.topic, len(op.children))
+            committed = await self.operations.run(op)
             return committed.last_operation.model_dump(by_alias=True)
-
-    async def _run(self, op: PendingOperation) -> TopicRecord | None:
-        """Record ``op`` as pending, carry it out, and time it for the metrics."""
-        started = time.monotonic()
-        self._update_record(lambda r: _with_pending(r, op))
-        committed = await self._carry_out(op)
-        self.metrics.operation(op.kind, time.monotonic() - started)
-        return committed
-
-    async def _carry_out(self, op: PendingOperation) -> TopicRecord | None:
-        """Run (or resume) ``op``; each step is safe to repeat. Returns the record
-        it committed (none after a delete)."""
-        if op.kind == OperationKind.CREATE:
-            active = list(self._read_record().layout.active_segments.values())
-            await asyncio.gather(
-                *(self.fleet.create(s.name(self.topic), s, [], self.epoch) for s in active)
-            )
-            for segment in active:  # registered now, so admission counts them at once
-                self.fleet.handle(segment.name(self.topic))
-            # their processes boot in the background (actors.control.readiness)
-            return self._update_record(lambda r: _cleared(r, op, r.layout))
-        if op.kind == OperationKind.DELETE:
-            await self._delete_everything()
-            return None
-        if op.kind == OperationKind.PRUNE:
-            layout = self._read_record().layout
-            for segment_id in op.parents:
-                if segment_id in layout.all_segments:
-                    await self.fleet.destroy(layout.get(segment_id).name(self.topic), self.epoch)
-            committed = self._commit(op)
-            dag_watch_actor().notify.remote(str(self.topic), credential=guard().internal_token())
-            return committed
-        subscriptions = await self._discover_subscriptions(op.parents)
-        self._step_done(1)
-        epoch = op.base_epoch + 1  # the layout epoch the commit will give the children
-        await asyncio.gather(
-            *(
-                self.fleet.create(c.name(self.topic), _child_info(c, op), subscriptions, self.epoch)
-                for c in op.children
-            )
-        )
-        self._step_done(2)
-        sealed = SealedBy(tuple(c.segment_id for c in op.children), epoch)
-        for parent in op.parents:  # one after the other, as the merge protocol requires
-            await self.fleet.terminate(self._segment_name(parent), self.epoch, sealed)
-        self._step_done(3)
-        committed = self._commit(op)
-        self._step_done(4)
-        # step 5: push, don't wait
-        dag_watch_actor().notify.remote(str(self.topic), credential=guard().internal_token())
-        self._step_done(5)
-        self.fleet.start_in_background([c.name(self.topic) for c in op.children])
-        return committed
-
-    def _commit(self, op: PendingOperation) -> TopicRecord:
-        """The one CAS that applies ``op`` to the layout and clears it as pending; the
-        incarnation's ``topic.json`` follows it."""
-        record = self._update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
-        self._write_identity(record)
-        return record
-
-    async def _discover_subscriptions(self, parents: tuple[int, ...]) -> list[str]:
-        """Union of the parents' subscriptions and the topic's live ones."""
-        found = await asyncio.gather(
-            *(
-                self.fleet.handle(self._segment_name(p)).subscriptions.remote(
-                    credential=guard().internal_token()
-                )
-                for p in parents
-            )
-        )
-        names = {name for names in found for name in names}
-        return self.subscriptions.with_cursors(names)
-
-    async def _delete_everything(self) -> None:
-        """Storage goes before metadata: a crash in between leaves the delete pending, and
-        the next incarnation finishes it; the other order could leave files no record names."""
-        for subscription in self.catalog.subscriptions(self.topic):
-            await self.subscriptions.stop_coordinator(subscription)
-        segments = self._read_record().layout.all_segments.values()
-        await asyncio.gather(
-            *(self.fleet.destroy(s.name(self.topic), self.epoch) for s in segments)
-        )
-        await self.fleet.delete_incarnation()
-        self.catalog.delete_topic(self.topic)
 
     # --- subscriptions ---------------------------------------------------------------
 
@@ -577,7 +487,7 @@ class ScalableTopicController:
         self._check(credential)
         self._fault_after_step = step
 
-    def _step_done(self, step: int) -> None:
+    def _step_done(self, step: Step) -> None:
         if self._fault_after_step == step:
             os._exit(1)
 
@@ -608,12 +518,6 @@ class ScalableTopicController:
 
     def _all_names(self) -> list[SegmentName]:
         return self._names(False)
-
-    def _segment_name(self, segment_id: int) -> SegmentName:
-        info = self._read_record().layout.all_segments.get(segment_id)
-        if info is None:
-            raise SegmentNotFoundError(f"segment {segment_id} is not in the layout of {self.topic}")
-        return info.name(self.topic)
 
     def _write_identity(self, record: TopicRecord | None = None) -> None:
         """Rewrite the incarnation's ``topic.json``: what recovery needs beyond the
@@ -696,39 +600,3 @@ def controller_actor(
     return get_or_start(
         ControllerActor, topic.controller_actor_name, *args, topic=topic, settings=settings
     )
-
-
-def _with_pending(record: TopicRecord, op: PendingOperation) -> TopicRecord:
-    if record.pending_operation is not None:
-        raise OperationInProgressError(
-            f"a {record.pending_operation.kind} is still in progress on this topic"
-        )
-    if record.epoch != op.base_epoch:
-        raise ConflictError("the layout changed while the operation was planned; retry")
-    return record.model_copy(update={"pending_operation": op})
-
-
-def _cleared(record: TopicRecord, op: PendingOperation, layout: SegmentLayout) -> TopicRecord:
-    if record.pending_operation != op:
-        raise OperationInProgressError(f"operation {op.request_id} is no longer the pending one")
-    # Only split/merge results are what a client's retry is matched against.
-    if op.kind in (OperationKind.CREATE, OperationKind.PRUNE):
-        return record.with_layout(layout, pending_operation=None)
-    done = completed(op, layout.epoch)
-    recent = remembered(record.recent_operations, done)
-    return record.with_layout(
-        layout, pending_operation=None, last_operation=done, recent_operations=recent
-    )
-
-
-def _describe(op: PendingOperation, topic: TopicName) -> str:
-    """What ``op`` is, for a refusal: "splitting segment 3 of topic://a/b/c"."""
-    ids = " and ".join(str(i) for i in op.parents)
-    verb = {"split": "splitting", "merge": "merging"}.get(op.kind, op.kind)
-    return f"{verb} segment{'s' if len(op.parents) > 1 else ''} {ids} of {topic}"
-
-
-def _child_info(child: PlannedSegment, op: PendingOperation) -> SegmentInfo:
-    """A split's or merge's child as the layout will name it once the operation commits."""
-    rng = HashRange(start=child.start, end=child.end)
-    return SegmentInfo.active(child.segment_id, rng, op.base_epoch + 1, op.parents)

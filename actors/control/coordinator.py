@@ -26,7 +26,7 @@ import ray
 from actors.control.dag_watch import DagWatch
 from actors.guard import guard
 from actors.registry import get_or_start
-from actors.segment.actor import find_segment_actor
+from actors.segment.lookup import find_segment_actor
 from runtime.auth import Permission
 from runtime.config import apply_settings
 from runtime.coordination import GroupState

@@ -35,7 +35,7 @@ from runtime.hibernation import idle_drained, idle_tiered
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
 from runtime.retention import SealedSegmentState, prunable
-from storage.segment_store import hibernated_stats
+from storage.segment_stats import hibernated_stats
 from storage.tier_records import TieredRecord
 
 if TYPE_CHECKING:

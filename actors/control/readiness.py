@@ -4,7 +4,7 @@ Creating a topic writes its metadata and lays out its segments' storage, then
 asks Ray for their actors without waiting for them: booting a segment's process
 takes a second or more of CPU, so waiting for hundreds would make one admin call
 take minutes. Clients that arrive early wait for the segment they need
-(``actors.segment.actor.find_segment_actor``); an operator or a pipeline that wants
+(``actors.segment.lookup.find_segment_actor``); an operator or a pipeline that wants
 the whole topic up asks here, and may wait.
 
 A topic is ``ready`` when every segment of its layout has a live, constructed

@@ -21,6 +21,7 @@ from pathlib import Path
 import ray
 from ray.exceptions import RayActorError
 
+from actors.control.dag_watch import dag_watch_actor
 from actors.control.node_disks import NodeDisks
 from actors.guard import guard
 from actors.registry import lookup, named_actors
@@ -232,6 +233,25 @@ class SegmentFleet:
         return await self.handle(name).terminate.remote(
             epoch, tuple(sealed), credential=guard().internal_token()
         )
+
+    async def fence(self, names: list[SegmentName], epoch: int) -> None:
+        """Announce a new leader's ``epoch`` to the segments: each refuses older ones."""
+        token = guard().internal_token()
+        await asyncio.gather(
+            *(self.handle(n).check_epoch.remote(epoch, credential=token) for n in names)
+        )
+
+    async def subscriptions_of(self, names: list[SegmentName]) -> set[str]:
+        """The subscriptions that have a cursor on any of ``names``."""
+        token = guard().internal_token()
+        found = await asyncio.gather(
+            *(self.handle(n).subscriptions.remote(credential=token) for n in names)
+        )
+        return {subscription for names in found for subscription in names}
+
+    def announce_layout(self) -> None:
+        """Tell the DAG watch the layout changed (pushed to its watchers; not waited for)."""
+        dag_watch_actor().notify.remote(str(self.topic), credential=guard().internal_token())
 
     # --- removing -----------------------------------------------------------------------
 

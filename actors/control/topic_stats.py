@@ -19,7 +19,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from actors.control.controller import controller_actor
 from actors.control.readiness import topic_readiness
 from actors.guard import guard
-from actors.segment.actor import find_segment_actor, segment_actor
+from actors.segment.actor import segment_actor
+from actors.segment.lookup import find_segment_actor
 from runtime.backlog import age_s, subscription_ages
 from runtime.errors import SegmentNotFoundError, UnavailableSegmentsError
 from runtime.layout import SegmentInfo, SegmentLayout
@@ -28,7 +29,7 @@ from runtime.remote import call
 from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.metadata import metadata_durability
-from storage.segment_store import hibernated_stats
+from storage.segment_stats import hibernated_stats
 from storage.tier_records import TierRecords, tier_records
 
 # How often a segment's record is looked for while its actor does not answer (one being

@@ -1,0 +1,121 @@
+"""The admin service's operations on the cluster rather than on one topic: namespace
+defaults and limits, storage that outlived its metadata, and the cluster's
+authentication policy (what a policy may be is ``actors.admin.auth``), with admin on
+every namespace (``*``); while no policy is stored, anyone may load the first one.
+
+A mixin of ``actors.admin.service.AdminService``, which provides ``_guard`` (the
+cluster's policy), ``_catalog`` and ``_namespace_allowed`` (the caller's credential
+checked for a namespace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from actors.admin.auth import (
+    EVERY_NAMESPACE,
+    FIRST_POLICY_IS_THE_OPERATORS,
+    load_policy,
+    policy_status,
+)
+from actors.admin.storage_tasks import storage_report
+from actors.control.tiering import check_policy_tier
+from actors.guard import Guard
+from runtime.auth import Permission
+from runtime.errors import InvalidArgumentError, UnauthorizedError
+from runtime.limits import Limits, namespace_limits
+from runtime.policy import TopicPolicy
+from storage.catalog import Catalog
+
+
+class ClusterOperations:
+    _catalog: Catalog
+    _guard: Guard
+
+    def _namespace_allowed(
+        self, credential: str | None, action: Permission, namespace: str
+    ) -> None:
+        raise NotImplementedError  # AdminService's
+
+    # --- namespace default policy ---------------------------------------------------------
+
+    async def get_namespace_policy(
+        self, namespace: str, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        self._namespace_allowed(credential, Permission.LOOKUP, namespace)
+        return (self._catalog.namespace_policy(namespace) or TopicPolicy()).shown()
+
+    async def set_namespace_policy(
+        self, namespace: str, policy: dict[str, Any], *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """Replace the namespace's default policy (validated, its tier checked, first)."""
+        self._namespace_allowed(credential, Permission.ADMIN, namespace)
+        parsed = TopicPolicy.parse(policy)
+        await check_policy_tier(parsed)
+        self._catalog.set_namespace_policy(namespace, parsed)
+        return parsed.shown()
+
+    # --- limits -------------------------------------------------------------------------
+
+    async def set_namespace_limits(
+        self, namespace: str, limits: dict[str, int], *, credential: str | None = None
+    ) -> dict[str, int]:
+        """The whole resulting set is validated before it is stored."""
+        self._namespace_allowed(credential, Permission.ADMIN, namespace)
+        if not isinstance(limits, dict):
+            raise InvalidArgumentError("limits must be a mapping of limit names to integers")
+
+        def merged(stored: dict[str, Any]) -> dict[str, Any]:
+            overrides = {**stored, **limits}
+            Limits.from_env().overridden(overrides)  # raises before anything is written
+            return overrides
+
+        self._catalog.update_limit_overrides(namespace, merged)
+        return asdict(namespace_limits(self._catalog, namespace))
+
+    # --- storage: what outlives metadata (storage.topic_storage) ----------------------
+
+    async def check_storage(
+        self, delete: bool = False, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """Orphaned storage (and, with ``delete``, its removal); spans every namespace."""
+        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
+        check_flag("delete", delete)
+        return await storage_report(self._catalog, delete)
+
+    # --- the cluster's authentication policy ---------------------------------------------
+
+    async def load_auth(
+        self, document: dict[str, Any], *, over_rest: bool = False, credential: str | None = None
+    ) -> dict[str, Any]:
+        """Replace the policy with ``document`` (``actors.admin.auth.load_policy``); this
+        process applies it at once, every other within ``actors.guard.REFRESH_S``.
+
+        ``over_rest`` (the gateway says so): the caller is outside the cluster, and
+        while no policy is stored anyone who reaches the API would pass the check and
+        could lock everyone else out with a token of their own. The first policy is the
+        operator's, loaded from inside the cluster's boundary."""
+        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
+        if over_rest and self._catalog.auth() is None:
+            raise UnauthorizedError(FIRST_POLICY_IS_THE_OPERATORS)
+        status = load_policy(self._catalog, document)
+        self._guard.refresh()
+        return status
+
+    async def disable_auth(self, *, credential: str | None = None) -> dict[str, Any]:
+        """Turn authentication off: anyone who reaches the cluster may do anything."""
+        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
+        self._catalog.disable_auth()
+        self._guard.refresh()
+        return policy_status(None)
+
+    async def auth_status(self, *, credential: str | None = None) -> dict[str, Any]:
+        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
+        return policy_status(self._catalog.auth())
+
+
+def check_flag(name: str, value: Any) -> None:
+    """A boolean argument, refused as a 400 otherwise (``True``/``False``, not truthy)."""
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")

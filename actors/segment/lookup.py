@@ -1,0 +1,84 @@
+"""Finding a segment's running actor from a layout: what producers, consumers, the
+coordinators and the streaming planner call before they talk to a segment.
+
+A layout names segments whose actor may not be there yet (a split's children are
+registered around the layout commit), may be restarting (Ray restarts a crashed one
+behind the same handle), or may hibernate (a tiered or drained segment's process
+exits when idle, and its topic's controller starts it again on demand, under the
+same name, so a handle from before is dead for good). So callers look a segment up
+here, and look it up again when a call to it fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import ray
+from ray.exceptions import RayActorError
+
+from actors.registry import gone_for_good, lookup
+from actors.segment.actor import segment_actor
+from runtime.errors import SegmentNotFoundError
+from runtime.names import SegmentName
+from runtime.remote import call
+
+# How long a client waits for a segment named by the layout to register its actor.
+LOOKUP_WAIT_S = 30.0
+
+
+async def find_segment_actor(
+    name: SegmentName,
+    timeout_s: float | None = None,
+    *,
+    unless_dead: bool = False,
+    credential: str | None = None,
+) -> ray.actor.ActorHandle:
+    """The segment's running actor, started again if it hibernates, waiting while it is not
+    registered yet.
+
+    Clients learn of a segment from the layout, and the controller registers a
+    new segment's actor only around the layout commit (and a controller that
+    dies in between leaves it to its next incarnation), so a client may be a
+    moment early. A tiered segment's actor exits when idle; its controller starts
+    it again when asked (``credential`` needs ``lookup``). ``SegmentNotFoundError``
+    once ``timeout_s`` has passed: the segment was deleted, or nobody brought its
+    actor back (``LOOKUP_WAIT_S`` by default). ``unless_dead``: at once when Ray's
+    actor table says the actor died for good and it does not hibernate (a planner
+    that can go on without the segment need not wait for what will not come).
+    """
+    timeout_s = LOOKUP_WAIT_S if timeout_s is None else timeout_s
+    try:
+        return segment_actor(name)
+    except ValueError:
+        pass
+    if await _wake(name, credential):
+        unless_dead = False  # its controller is starting it
+    if unless_dead and await asyncio.to_thread(gone_for_good, name.actor_name):
+        raise SegmentNotFoundError(f"{name}'s actor died and Ray will not restart it")
+    deadline = time.monotonic() + timeout_s
+    delay = 0.01
+    while True:
+        try:
+            return segment_actor(name)
+        except ValueError:
+            if time.monotonic() >= deadline:
+                raise SegmentNotFoundError(
+                    f"{name} has no running actor (waited {timeout_s:.0f}s)"
+                ) from None
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+async def _wake(name: SegmentName, credential: str | None) -> bool:
+    """Whether the topic's controller started ``name``'s actor because it hibernates (a
+    refusal of ``credential`` is raised; no controller running: False, and the caller
+    waits as for any segment that is not registered yet)."""
+    try:
+        controller = lookup(name.topic.controller_actor_name)
+    except ValueError:
+        return False
+    try:
+        return await call(controller.wake_segment.remote(name.segment_id, credential=credential))
+    except RayActorError:
+        return False
