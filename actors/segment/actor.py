@@ -34,6 +34,7 @@ from actors.metrics import SegmentMetrics
 from actors.registry import get_or_start, lookup
 from actors.segment.appender import SegmentAppender
 from actors.segment.data_plane import DataPlaneServer
+from actors.segment.flusher import IntervalFlusher
 from runtime import tls, wire
 from runtime.auth import Permission
 from runtime.batch import ipc_parts
@@ -41,7 +42,6 @@ from runtime.config import apply_settings, env_float
 from runtime.errors import (
     InvalidArgumentError,
     ScalableTopicsError,
-    UnavailableError,
 )
 from runtime.limits import LiveLimits
 from runtime.names import SegmentName
@@ -97,15 +97,19 @@ class SegmentActor:
             create=create,
             in_layout=False,  # storage the controller did not lay out itself
             ack_timeout_s=env_float(ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT_S),
-            background_sync=True,  # by _sync_forever, off the event loop
+            background_sync=True,  # by the flusher, off the event loop
         )
         self._new_data = asyncio.Event()
         self._guard = guard()
         self._namespace = self._name.topic.namespace_path
         self._data_plane: DataPlaneServer | None = None
         self._starting_data_plane = asyncio.Lock()
-        self._syncer: asyncio.Task | None = None
         self._durability = Durability(**durability)
+        self._flusher = (
+            IntervalFlusher(self._durability.interval_s, lambda: self._store.sync())
+            if self._durability.policy == "interval"
+            else None
+        )
         self._metrics = SegmentMetrics(self._name)
         self._offloading = asyncio.Lock()
         self._tier_error: dict[str, Any] | None = None  # the last failed move to the tier
@@ -411,7 +415,8 @@ class SegmentActor:
         return batch
 
     def _appended(self) -> None:
-        self._ensure_syncer()
+        if self._flusher is not None:
+            self._flusher.appended()
         self._wake()
 
     def _wake(self) -> None:
@@ -422,17 +427,6 @@ class SegmentActor:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s):  # no task per long-poll, unlike wait_for
                 await self._new_data.wait()
-
-    def _ensure_syncer(self) -> None:
-        """Interval durability needs a clock even when appends stop arriving."""
-        if self._syncer is None and self._durability.policy == "interval":
-            self._syncer = asyncio.get_running_loop().create_task(self._sync_forever())
-
-    async def _sync_forever(self) -> None:
-        with contextlib.suppress(UnavailableError):  # the log was closed: nothing left to sync
-            while True:
-                await asyncio.sleep(self._durability.interval_s)
-                await asyncio.to_thread(self._store.sync)
 
 
 def segment_actor(
