@@ -38,6 +38,7 @@ from actors.capacity import check_capacity
 from actors.control.layout_operations import LayoutOperations, Step, describe
 from actors.control.maintenance import TopicMaintenance
 from actors.control.node_disks import check_recoverable
+from actors.control.segment_admin import SegmentAdministration
 from actors.control.segment_fleet import SegmentFleet
 from actors.control.subscription_reset import reset_subscription
 from actors.control.tiering import check_policy_tier
@@ -46,16 +47,13 @@ from actors.control.topic_subscriptions import TopicSubscriptions
 from actors.guard import guard
 from actors.metrics import ControllerMetrics
 from actors.registry import get_or_start, lookup
-from actors.segment.actor import segment_actor
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_namespace
 from runtime.errors import (
-    ConflictError,
     InvalidArgumentError,
-    SegmentNotFoundError,
     TopicAlreadyExistsError,
 )
-from runtime.layout import HashRange, SegmentInfo, SegmentLayout
+from runtime.layout import SegmentLayout
 from runtime.limits import check_room
 from runtime.names import SegmentName, TopicName, validate_part
 from runtime.operations import (
@@ -102,6 +100,7 @@ class ScalableTopicController:
         self._recovered = False
         self._fault_after_step: int | None = None
         self.subscriptions = TopicSubscriptions(self.parts, self._all_names, self._write_identity)
+        self.segments = SegmentAdministration(self.parts)
         self.operations = LayoutOperations(
             self.parts,
             self.subscriptions,
@@ -416,16 +415,7 @@ class ScalableTopicController:
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
-            layout = self._read_record().layout
-            info = layout.all_segments.get(name.segment_id)
-            if info is not None:
-                self._layout_segment(name)  # the id is taken: the range must match
-            else:
-                rng = HashRange(start=name.start, end=name.end)
-                info = SegmentInfo.active(name.segment_id, rng, layout.epoch)
-            in_layout = name.segment_id in layout.all_segments
-            await self.fleet.create(name, info, subscriptions, self.epoch, in_layout=in_layout)
-            self.fleet.handle(name)
+            await self.segments.create(name, subscriptions)
 
     async def terminate_segment(
         self, segment: str, force: bool = False, *, credential: str | None = None
@@ -436,15 +426,7 @@ class ScalableTopicController:
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
-            info = self._layout_segment(name)
-            if info.is_active and not force:
-                raise ConflictError(
-                    f"{name} is ACTIVE in the layout of {self.topic}: split or merge it to "
-                    "seal it with successors, or pass force=True"
-                )
-            return await self.fleet.handle(name).terminate.remote(
-                self.epoch, credential=guard().internal_token()
-            )
+            return await self.segments.terminate(name, force)
 
     async def delete_segment(
         self, segment: str, force: bool = False, *, credential: str | None = None
@@ -453,32 +435,7 @@ class ScalableTopicController:
         name = self._own_segment(segment)
         async with self._lock:
             await self._recover()
-            if self._layout_segment(name, required=False) is None:
-                try:
-                    segment_actor(name)
-                except ValueError:
-                    raise SegmentNotFoundError(f"{name} does not exist") from None
-            elif self._layout_segment(name).is_active and not force:
-                raise ConflictError(
-                    f"{name} is ACTIVE in the layout of {self.topic}: terminate it through a "
-                    "split/merge first, or pass force=True"
-                )
-            await self.fleet.destroy(name, self.epoch)
-
-    def _layout_segment(self, name: SegmentName, required: bool = True) -> SegmentInfo | None:
-        """The layout's record of ``name``; its range must match the layout's."""
-        info = self._read_record().layout.all_segments.get(name.segment_id)
-        if info is None:
-            if required:
-                raise SegmentNotFoundError(f"{name} is not in the layout of {self.topic}")
-            return None
-        rng = info.hash_range
-        if (rng.start, rng.end) != (name.start, name.end):  # names no segment there is
-            raise SegmentNotFoundError(
-                f"{name} is not in the layout of {self.topic}: segment {name.segment_id} "
-                f"is [{rng.start:04x}-{rng.end:04x}]"
-            )
-        return info
+            await self.segments.delete(name, force)
 
     # --- fault injection (crash tests and chaos) -------------------------------------
 

@@ -234,6 +234,10 @@ class SegmentFleet:
             epoch, tuple(sealed), credential=guard().internal_token()
         )
 
+    async def seal(self, name: SegmentName, epoch: int) -> int:
+        """Seal a segment with no successors named (the Segments API's terminate)."""
+        return await self.handle(name).terminate.remote(epoch, credential=guard().internal_token())
+
     async def fence(self, names: list[SegmentName], epoch: int) -> None:
         """Announce a new leader's ``epoch`` to the segments: each refuses older ones."""
         token = guard().internal_token()
