@@ -13,18 +13,21 @@ Compare-and-swap is built from it without any central actor:
   deleted: a deleted slot could be re-filled by a late writer, a compacted one
   never can, so every step of the chain is decided exactly once.
 
-Only this module touches ``ray.experimental.internal_kv``.
+Only this module touches ``ray.experimental.internal_kv``, through ``GcsKeyValue``;
+``MemoryKeyValue`` offers the same four primitives in a dict, so the rules built on
+them (compare-and-swap, fencing, the catalog's records) are also tested without Ray.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ray.experimental import internal_kv as kv
 
@@ -40,6 +43,68 @@ DURABLE_BACKENDS = ("rocksdb", "redis")
 _SEP = "#"
 _GEN = f"{_SEP}gen"
 _COMPACTED = b"\x00compacted"
+
+
+class KeyValue(Protocol):
+    """The primitives GCS KV offers, on one namespace's keys."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def put(self, key: bytes, value: bytes, overwrite: bool) -> bool:
+        """Whether ``key`` existed already (then, without ``overwrite``, nothing is
+        written): atomic, the one primitive compare-and-swap is built on."""
+        ...
+
+    def delete(self, key: bytes, *, by_prefix: bool = False) -> None: ...
+
+    def keys(self, prefix: bytes) -> list[bytes]: ...
+
+
+class GcsKeyValue:
+    """Ray's GCS key-value store (the process must be connected to Ray)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    def get(self, key: bytes) -> bytes | None:
+        return kv._internal_kv_get(key, namespace=self.namespace)
+
+    def put(self, key: bytes, value: bytes, overwrite: bool) -> bool:
+        return kv._internal_kv_put(key, value, overwrite, namespace=self.namespace)
+
+    def delete(self, key: bytes, *, by_prefix: bool = False) -> None:
+        kv._internal_kv_del(key, del_by_prefix=by_prefix, namespace=self.namespace)
+
+    def keys(self, prefix: bytes) -> list[bytes]:
+        return kv._internal_kv_list(prefix, namespace=self.namespace)
+
+
+class MemoryKeyValue:
+    """The same primitives in this process's memory, each atomic (unit tests)."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._lock:
+            return self._data.get(key)
+
+    def put(self, key: bytes, value: bytes, overwrite: bool) -> bool:
+        with self._lock:
+            existed = key in self._data
+            if overwrite or not existed:
+                self._data[key] = value
+            return existed
+
+    def delete(self, key: bytes, *, by_prefix: bool = False) -> None:
+        with self._lock:
+            for found in [k for k in self._data if k.startswith(key)] if by_prefix else [key]:
+                self._data.pop(found, None)
+
+    def keys(self, prefix: bytes) -> list[bytes]:
+        with self._lock:
+            return [k for k in self._data if k.startswith(prefix)]
 
 
 @dataclass(frozen=True, order=True)
@@ -60,10 +125,12 @@ class Versioned:
 
 
 class MetadataStore:
-    """get / put_if_absent / compare_and_swap / delete / list over GCS KV."""
+    """get / put_if_absent / compare_and_swap / delete / list over GCS KV (or, given
+    ``kv``, over another ``KeyValue``)."""
 
-    def __init__(self, namespace: str = DEFAULT_KV_NAMESPACE) -> None:
+    def __init__(self, namespace: str = DEFAULT_KV_NAMESPACE, kv: KeyValue | None = None) -> None:
         self.namespace = namespace
+        self._kv: KeyValue = kv if kv is not None else GcsKeyValue(namespace)
 
     # --- reads ---------------------------------------------------------------
 
@@ -92,7 +159,7 @@ class MetadataStore:
 
     def list(self, prefix: str) -> list[str]:
         """Every existing path that starts with ``prefix``, sorted."""
-        keys = kv._internal_kv_list(prefix.encode(), namespace=self.namespace)
+        keys = self._kv.keys(prefix.encode())
         suffix = _GEN.encode()
         return sorted(k[: -len(suffix)].decode() for k in keys if k.endswith(suffix))
 
@@ -153,11 +220,7 @@ class MetadataStore:
             if latest is None or latest.version != expected:
                 raise BadVersion(f"{path}: version {expected} is no longer current")
         self._del(_gen_key(path))
-        kv._internal_kv_del(
-            f"{path}{_SEP}g{generation}{_SEP}".encode(),
-            del_by_prefix=True,
-            namespace=self.namespace,
-        )
+        self._kv.delete(f"{path}{_SEP}g{generation}{_SEP}".encode(), by_prefix=True)
 
     def delete_tree(self, path: str) -> None:
         """Remove ``path`` and every path below it (best effort, idempotent)."""
@@ -173,7 +236,7 @@ class MetadataStore:
 
     def _seqs(self, path: str, generation: str) -> list[int]:
         prefix = f"{path}{_SEP}g{generation}{_SEP}v".encode()
-        keys = kv._internal_kv_list(prefix, namespace=self.namespace)
+        keys = self._kv.keys(prefix)
         return [int(k[len(prefix) :]) for k in keys]
 
     def _latest_seq(self, path: str, generation: str) -> int | None:
@@ -181,13 +244,13 @@ class MetadataStore:
         return max(seqs) if seqs else None
 
     def _get(self, key: str) -> bytes | None:
-        return kv._internal_kv_get(key.encode(), namespace=self.namespace)
+        return self._kv.get(key.encode())
 
     def _put(self, key: str, value: bytes, overwrite: bool) -> bool:
-        return kv._internal_kv_put(key.encode(), value, overwrite, namespace=self.namespace)
+        return self._kv.put(key.encode(), value, overwrite)
 
     def _del(self, key: str) -> None:
-        kv._internal_kv_del(key.encode(), namespace=self.namespace)
+        self._kv.delete(key.encode())
 
 
 def metadata_backend() -> str:
