@@ -1,0 +1,171 @@
+"""A topic's layout operations as state logic, without Ray: the catalog on the in-memory
+KV, and a fleet that records the calls the controller's fleet would make to segments.
+
+A split or merge that dies after any of its five steps is pending in the record, and
+carrying it out again finishes it with the same layout a run without a crash commits;
+every step the second run repeats is one the fleet takes twice without harm (creating a
+child that exists, sealing a sealed parent). Crash tests on real Ray (test_controller)
+and the chaos seeds check the same protocol end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from actors.control.layout_operations import LayoutOperations, Step
+from actors.control.topic_parts import TopicParts
+from actors.control.topic_subscriptions import TopicSubscriptions
+from runtime.errors import ConflictError, OperationInProgressError
+from runtime.layout import SegmentInfo, SegmentLayout
+from runtime.names import SegmentName, TopicName
+from runtime.operations import OperationKind, PendingOperation, plan_merge, plan_split
+from storage.catalog import Catalog, fenced
+from storage.metadata import MemoryKeyValue, MetadataStore
+from storage.records import SubscriptionMetadata, TopicRecord
+from storage.segment_store import SealedBy
+from storage.topic_storage import new_incarnation
+
+TOPIC = TopicName.parse("topic://ops/ns/t")
+EPOCH = 3  # the controller's fencing epoch
+
+
+class Crash(Exception):
+    """The controller's process ending after a step (``inject_fault_after_step``)."""
+
+
+@dataclass
+class Fleet:
+    """What the segment fleet would do to segments, as a record of calls."""
+
+    created: dict[int, list[str]] = field(default_factory=dict)  # child -> subscriptions
+    sealed: dict[int, SealedBy] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    cursors: dict[int, set[str]] = field(default_factory=dict)
+
+    async def subscriptions_of(self, names: list[SegmentName]) -> set[str]:
+        return set().union(*(self.cursors.get(n.segment_id, set()) for n in names))
+
+    async def create(
+        self, name: SegmentName, info: SegmentInfo, subscriptions: list[str], epoch: int
+    ) -> None:
+        assert epoch == EPOCH and info.segment_id == name.segment_id
+        self.created[name.segment_id] = subscriptions
+        self.calls.append(f"create {name.segment_id}")
+
+    async def terminate(self, name: SegmentName, epoch: int, sealed: SealedBy) -> int:
+        assert self.sealed.get(name.segment_id, sealed) == sealed, "sealed twice, differently"
+        self.sealed[name.segment_id] = sealed
+        self.calls.append(f"seal {name.segment_id}")
+        return 0
+
+    def announce_layout(self) -> None:
+        self.calls.append("announce")
+
+    def start_in_background(self, names: list[SegmentName]) -> None:
+        self.calls.append("start " + " ".join(str(n.segment_id) for n in names))
+
+
+class Metrics:
+    def operation(self, kind: str, seconds: float) -> None:
+        assert seconds >= 0
+
+
+def setup(subscriptions: dict[str, set[int]]) -> tuple[Catalog, Fleet, TopicParts]:
+    catalog = Catalog(store=MetadataStore(kv=MemoryKeyValue()))
+    record = TopicRecord.new(SegmentLayout.initial(2), new_incarnation(), EPOCH)
+    catalog.create_topic(TOPIC, record)
+    for name in subscriptions:
+        catalog.create_subscription(TOPIC, SubscriptionMetadata(name=name))
+    fleet = Fleet(cursors={s: {n for n, on in subscriptions.items() if s in on} for s in (0, 1)})
+    parts = TopicParts(
+        TOPIC,
+        catalog,
+        fleet,  # type: ignore[arg-type]
+        Metrics(),  # type: ignore[arg-type]
+        leader_epoch=lambda: EPOCH,
+        read_record=lambda: catalog.require_topic(TOPIC),
+    )
+    return catalog, fleet, parts
+
+
+def operations(parts: TopicParts, crash_after: Step | None) -> LayoutOperations:
+    def update(change):  # noqa: ANN001, ANN202 - the controller's fenced CAS
+        return parts.catalog.update_topic(TOPIC, fenced(EPOCH, TOPIC, change))
+
+    def step_done(step: Step) -> None:
+        if step == crash_after:
+            raise Crash(step)
+
+    subscriptions = TopicSubscriptions(parts, lambda: [], lambda: None)
+    return LayoutOperations(parts, subscriptions, update, lambda record: None, step_done)
+
+
+def plan(kind: str, layout: SegmentLayout, request_id: str) -> PendingOperation:
+    return (
+        plan_split(layout, 0, request_id)
+        if kind == "split"
+        else plan_merge(layout, 0, 1, request_id)
+    )
+
+
+def run_through(kind: str, crash_after: Step | None) -> tuple[TopicRecord, Fleet]:
+    catalog, fleet, parts = setup({"a": {0, 1}, "b": {1}})
+    op = plan(kind, catalog.require_topic(TOPIC).layout, "req-1")
+    ops = operations(parts, crash_after)
+    if crash_after is None:
+        asyncio.run(ops.run(op))
+    else:
+        with pytest.raises(Crash):
+            asyncio.run(ops.run(op))
+        pending = catalog.require_topic(TOPIC).pending_operation
+        # Once committed, nothing is pending: the next incarnation has nothing to finish.
+        assert (pending is None) == (crash_after >= Step.COMMITTED)
+        if pending is not None:
+            assert pending == op
+            asyncio.run(operations(parts, None).carry_out(pending))
+    return catalog.require_topic(TOPIC), fleet
+
+
+@pytest.mark.parametrize("kind", ["split", "merge"])
+@pytest.mark.parametrize("crash_after", [None, *Step])
+def test_an_operation_cut_after_any_step_finishes_as_if_it_never_was(
+    kind: str, crash_after: Step | None
+) -> None:
+    record, fleet = run_through(kind, crash_after)
+    clean, clean_fleet = run_through(kind, None)
+    assert record.pending_operation is None
+    assert record.layout.to_dict() == clean.layout.to_dict()
+    assert record.last_operation.kind == OperationKind(kind)
+    assert record.completed_operation("req-1") is not None  # a retry gets this answer
+    children = [c.segment_id for c in clean.layout.active_segments.values() if c.parent_ids]
+    assert sorted(fleet.created) == sorted(children) == sorted(clean_fleet.created)
+    # every child gets every subscription a parent had a cursor of, and the live ones
+    assert all(subs == ["a", "b"] for subs in fleet.created.values())
+    assert fleet.sealed == clean_fleet.sealed and set(fleet.sealed) == set(
+        record.layout.get(children[0]).parent_ids
+    )
+    assert all(s.epoch == clean.layout.epoch for s in fleet.sealed.values())
+    if crash_after in (Step.CHILDREN_CREATED, Step.PARENTS_SEALED):
+        assert len(fleet.calls) > len(clean_fleet.calls)  # the second run redid steps, harmlessly
+    # Cut right after the commit, nothing is pending: the watch learns the layout by its
+    # own polling, and the next incarnation's recovery starts the children's actors.
+    assert fleet.calls.count("announce") == (0 if crash_after == Step.COMMITTED else 1)
+
+
+def test_a_second_operation_is_refused_while_one_is_pending_and_a_moved_layout_too() -> None:
+    catalog, _, parts = setup({"a": {0, 1}})
+    layout = catalog.require_topic(TOPIC).layout
+    first = plan("split", layout, "req-1")
+    with pytest.raises(Crash):
+        asyncio.run(operations(parts, Step.CHILDREN_CREATED).run(first))
+    second = plan("merge", layout, "req-2")
+    with pytest.raises(OperationInProgressError, match="in progress"):
+        asyncio.run(operations(parts, None).run(second))
+    asyncio.run(operations(parts, None).carry_out(first))
+    stale = plan("merge", layout, "req-3")  # planned on the layout before the split
+    with pytest.raises(ConflictError, match="layout changed"):
+        asyncio.run(operations(parts, None).run(stale))
+    assert catalog.require_topic(TOPIC).pending_operation is None
