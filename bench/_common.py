@@ -11,6 +11,8 @@ import platform
 import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -130,3 +132,24 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {path}")
+
+
+# --- rounds in child processes: a fresh Ray each ---------------------------------------
+
+
+def round_in_child(script: str, *options: str) -> dict[str, Any]:
+    """Run ``script`` with ``options`` (one round) in a child process and return what it
+    printed with ``print_round``."""
+    out = subprocess.run(
+        [sys.executable, script, *options], capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
+
+
+def print_round(prefix: str, one_round: Any) -> int:
+    """In the child: ``one_round()`` on a storage root of its own, its result printed for
+    ``round_in_child``."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.environ["RAYTOPICS_STORAGE_ROOT"] = tmp
+        print("RESULT", json.dumps(one_round()), flush=True)
+    return 0

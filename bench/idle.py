@@ -23,9 +23,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _common import machine_info, report, write_report  # noqa: E402
+from _common import machine_info, print_round, report, round_in_child, write_report  # noqa: E402
 
 DEFAULT_RESULTS = REPO / "bench" / "results" / "idle.json"
 VARIANTS = ("peer", "topic")
@@ -164,20 +162,18 @@ def main() -> int:
     args = parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.variant is not None:
-        with tempfile.TemporaryDirectory(prefix="idle-bench-") as tmp:
-            os.environ["RAYTOPICS_STORAGE_ROOT"] = tmp
-            print("RESULT", json.dumps(one_round(args.variant, args)), flush=True)
-        return 0
+        return print_round("idle-bench-", lambda: one_round(args.variant, args))
     info = machine_info()
     started = time.perf_counter()
     rounds: list[dict[str, Any]] = []
     for _ in range(args.rounds):
         for variant in VARIANTS:
-            child = [sys.executable, __file__, "--variant", variant]
-            child += ["--segments", str(args.segments), "--messages", str(args.messages)]
-            child += ["--idle", str(args.idle)]
-            out = subprocess.run(child, capture_output=True, text=True, check=True).stdout
-            result = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
+            result = round_in_child(
+                __file__,
+                *("--variant", variant),
+                *("--segments", str(args.segments), "--messages", str(args.messages)),
+                *("--idle", str(args.idle)),
+            )
             rounds.append(result)
             print(result, flush=True)
     summary = {
