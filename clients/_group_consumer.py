@@ -30,7 +30,7 @@ import pyarrow as pa
 from ray.exceptions import RayActorError
 
 from actors.control.coordinator import coordinator_actor
-from actors.segment.lookup import find_segment_actor
+from actors.segment.lookup import find_segment_actor, find_segment_again
 from clients._data_plane import REFUSALS, ChannelError, ReadChannel
 from clients._inbox import Inbox
 from clients._ray import background_loop, freeze_what_exists
@@ -267,21 +267,17 @@ class GroupConsumerCore:
             reader.channel.close()
 
     async def _reattach(self, reader: _Reader) -> None:
-        """Look the segment's actor up again after a call to it failed. Ray restarts a
-        crashed actor behind the same handle, but a hibernated segment (a tiered one
-        unused for its ``idleS``, even with a backlog) is started anew by this lookup,
-        and the old handle stays dead. Not found yet: the old one is kept, its next call
-        fails and comes back here."""
+        """A new handle and channel when the segment's actor was replaced
+        (``find_segment_again``)."""
         try:
-            handle = await find_segment_actor(reader.name, credential=self.credential)
-        except (SegmentNotFoundError, RayActorError):
-            return
+            handle = await find_segment_again(reader.name, credential=self.credential)
         except REFUSALS as err:
             self.fail(err)
             return
-        reader.channel.close()
-        reader.handle = handle
-        reader.channel = ReadChannel(handle, credential=self.credential)
+        if handle is not None:
+            reader.channel.close()
+            reader.handle = handle
+            reader.channel = ReadChannel(handle, credential=self.credential)
 
     async def _read_once(self, reader: _Reader) -> tuple[pa.RecordBatch, int, bool]:
         """One long-poll read, carrying the acknowledgements not yet sent, at most once per

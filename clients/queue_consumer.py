@@ -23,7 +23,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.control.dag_watch import DagWatch
-from actors.segment.lookup import find_segment_actor
+from actors.segment.lookup import find_segment_actor, find_segment_again
 from clients._data_plane import REFUSALS
 from clients._inbox import Inbox
 from clients._ray import background_loop, freeze_what_exists, joined
@@ -153,15 +153,11 @@ class _QueueCore:
                 return
 
     async def _reattach(self, segment_id: int) -> None:
-        """Look the segment's actor up again after a call to it failed. Ray restarts a
-        crashed actor behind the same handle, but a hibernated segment (a tiered one
-        unused for its ``idleS``, even with a backlog) is started anew by this lookup,
-        and the old handle stays dead. Not found yet: the old one is kept, and the next
-        failed call comes back here. A refusal is raised."""
-        with contextlib.suppress(SegmentNotFoundError, RayActorError):
-            handle = await find_segment_actor(self.names[segment_id], credential=self.credential)
-            if segment_id in self.handles:  # not drained and dropped meanwhile
-                self.handles[segment_id] = handle
+        """A new handle when the segment's actor was replaced (``find_segment_again``);
+        a refusal is raised."""
+        handle = await find_segment_again(self.names[segment_id], credential=self.credential)
+        if handle is not None and segment_id in self.handles:  # not drained and dropped
+            self.handles[segment_id] = handle
 
     async def _flush(self) -> None:
         batches, self.pending_acks = self.pending_acks, defaultdict(list)

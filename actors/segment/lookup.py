@@ -82,3 +82,17 @@ async def _wake(name: SegmentName, credential: str | None) -> bool:
         return await call(controller.wake_segment.remote(name.segment_id, credential=credential))
     except RayActorError:
         return False
+
+
+async def find_segment_again(
+    name: SegmentName, *, credential: str | None = None
+) -> ray.actor.ActorHandle | None:
+    """The segment's actor looked up again after a call to it failed: Ray restarts a
+    crashed actor behind the same handle, but a hibernated segment (a tiered one unused
+    for its ``idleS``, even with a backlog) is started anew by this lookup, and the old
+    handle stays dead. ``None`` while it is not back: the caller keeps its handle, and
+    its next failed call comes back here. A refusal of ``credential`` is raised."""
+    try:
+        return await find_segment_actor(name, credential=credential)
+    except (SegmentNotFoundError, RayActorError):
+        return None
