@@ -23,14 +23,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ports import free_port
+
 MOTO = Path(sys.executable).with_name("moto_server")
 CREDENTIALS = "testing:testing"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # Chosen when conftest imports this module, before the session's actors read them.
@@ -75,6 +71,7 @@ def s3_server(
     )
     try:
         wait_until_listening(port, server)
+        assert server.poll() is None, f"port {port} is taken: the S3 server could not start"
         endpoint = f"127.0.0.1:{port}"
         if not enforce_auth:
             filesystem, _ = open_tier(s3_uri(endpoint, bucket) + "&allow_bucket_creation=true")

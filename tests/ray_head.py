@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runtime.connect import LOCAL_SYSTEM_CONFIG  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -49,17 +50,6 @@ def redis_server_binary() -> str | None:
     """Debian's redis-server, on PATH or where its package puts it."""
     found = shutil.which("redis-server") or "/usr/bin/redis-server"
     return found if Path(found).exists() else None
-
-
-def free_port() -> int:
-    """A port nobody listens on now, outside Ray's default worker range (10002-19999),
-    which ``ray start`` refuses for its own components."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if not 10_000 <= port < 20_000:
-            return port
 
 
 @dataclass

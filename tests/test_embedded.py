@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 from child_output import last_json  # tests/ is on sys.path under pytest
+from ports import free_port
 from test_examples import stop_group
 
 from runtime.embedded import METADATA_DIR, STATE_FILE, State
@@ -36,12 +37,6 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 TOPIC = "topic://acme/r/events"
 MESSAGES = 1_000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Place:

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_ports  # tests/ is on sys.path under pytest
 
 from runtime.connect import LOCAL_SYSTEM_CONFIG
 
@@ -39,16 +39,6 @@ PORT_OPTIONS = (
     "--node-manager-port",
     "--object-manager-port",
 )
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def cluster_env(storage: Path) -> dict[str, str]:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import ray
 from aiohttp.test_utils import TestClient, TestServer
+from ports import free_port
 
 from actors.admin.service import admin_service_actor
 from actors.control.controller import controller_actor
@@ -49,12 +50,6 @@ from runtime.names import TopicName
 TENANT, NAMESPACE = "gw", "ns"
 SCALABLE = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}"
 SEGMENTS = f"/admin/v2/segments/{TENANT}/{NAMESPACE}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http(

@@ -67,10 +67,11 @@ def wait_hibernating(admin: ScalableTopicsAdmin, topic: str, timeout_s: float = 
     deadline = time.monotonic() + timeout_s
     while True:
         stats = admin.get_stats(topic)
-        sealed = [s for s in stats["segments"].values() if s["state"] == "SEALED"]
-        if sealed and all(s["tiered"] and s["hibernating"] for s in sealed):
+        sealed = {i: s for i, s in stats["segments"].items() if s["state"] == "SEALED"}
+        waiting = {i: s for i, s in sealed.items() if not (s["tiered"] and s["hibernating"])}
+        if sealed and not waiting:
             return stats
-        assert time.monotonic() < deadline, stats["segments"]
+        assert time.monotonic() < deadline, f"not tiered and hibernating: {waiting}"
         time.sleep(0.5)
 
 

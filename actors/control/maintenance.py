@@ -177,11 +177,12 @@ class TopicMaintenance:
         for segment_id, name in names.items():
             if ctl.fleet.hibernating(name):
                 continue
+            starts = ctl.fleet.starts(name)
             handle = ctl.fleet.watched(name)
             if handle is not None:
                 handles[segment_id] = handle
             elif segment_id in tiered or segment_id in asleep:
-                ctl.fleet.found_hibernating(name)
+                ctl.fleet.found_hibernating(name, starts)
         found = await asyncio.gather(
             *(
                 asyncio.wait_for(h.stats.remote(credential=guard().internal_token()), STATS_WAIT_S)

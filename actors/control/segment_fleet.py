@@ -72,6 +72,7 @@ class SegmentFleet:
         # an observer caching records knows to read them again.
         self.records_changed = 0
         self._hibernating: set[SegmentName] = set()  # ended by ``hibernate``, not since started
+        self._starts: dict[SegmentName, int] = {}  # ``handle`` calls finished, per segment
         self._placing = asyncio.Lock()
 
     # --- handles -------------------------------------------------------------------------
@@ -79,22 +80,28 @@ class SegmentFleet:
     def handle(self, name: SegmentName) -> ray.actor.ActorHandle:
         """The segment's actor, started (on its existing storage) if it is not running: on
         the node whose disk has it, when every node keeps its own (``UnavailableError``
-        while no live node has that disk). Blocking: GCS round trips."""
+        while no live node has that disk). Blocking: GCS round trips; called from a
+        worker thread too (a reader's ``wake``), beside the maintenance rounds' observers,
+        so an observation made while it runs is undone when it ends (``found_hibernating``)."""
         self._hibernating.discard(name)
-        node = None
-        if self.node_local:
-            running = self._running(name)
-            if running is not None:
-                return running
-            node = self._node_of(name)
-        return segment_actor(
-            name,
-            create=True,
-            storage_root=str(self.cluster_root),
-            durability=self.durability,
-            incarnation=self._current(),
-            node=node,
-        )
+        try:
+            node = None
+            if self.node_local:
+                running = self._running(name)
+                if running is not None:
+                    return running
+                node = self._node_of(name)
+            return segment_actor(
+                name,
+                create=True,
+                storage_root=str(self.cluster_root),
+                durability=self.durability,
+                incarnation=self._current(),
+                node=node,
+            )
+        finally:
+            self._starts[name] = self._starts.get(name, 0) + 1
+            self._hibernating.discard(name)
 
     def watched(self, name: SegmentName) -> ray.actor.ActorHandle | None:
         """Handles for the maintenance rounds, cached: a lookup per segment per round would
@@ -146,9 +153,18 @@ class SegmentFleet:
         through the fleet (observers skip looking it up: one GCS round trip saved each)."""
         return name in self._hibernating
 
-    def found_hibernating(self, name: SegmentName) -> None:
-        """A tiered segment observed without an actor (after a controller restart)."""
-        self._hibernating.add(name)
+    def starts(self, name: SegmentName) -> int:
+        """How many times the fleet has started (or looked for) ``name``'s actor: what an
+        observer reads before looking the actor up (``found_hibernating``)."""
+        return self._starts.get(name, 0)
+
+    def found_hibernating(self, name: SegmentName, starts: int) -> None:
+        """A tiered segment observed without an actor (after a controller restart), by a
+        lookup made after ``starts`` was read: ignored if the fleet started it since, or is
+        starting it (a reader woke it meanwhile), else the segment would never be observed
+        running, nor end again when idle."""
+        if self._starts.get(name, 0) == starts:
+            self._hibernating.add(name)
 
     async def create_subscription(
         self, name: SegmentName, subscription: str, position: str, epoch: int
