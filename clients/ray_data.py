@@ -22,16 +22,14 @@ from ray.data.datasource import Datasource, ReadTask, WriteResult
 
 from clients._ray import joined
 from clients.producer import Producer
+from clients.range_reads import OUTPUT_SCHEMA, SegmentRange, read_range
 from clients.read_plan import (
     DEFAULT_ROWS_PER_PARTITION,
-    OUTPUT_SCHEMA,
     ROW_BYTES_ESTIMATE,
     Bound,
     ReadPlan,
-    SegmentRange,
     annotate,
     plan_read,
-    read_range,
 )
 from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError

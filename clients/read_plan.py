@@ -42,47 +42,30 @@ from __future__ import annotations
 import asyncio
 import time
 import warnings
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import numpy as np
-import pyarrow as pa
-import ray
-from ray.exceptions import (
-    ActorDiedError,
-    ActorUnavailableError,
-    GetTimeoutError,
-    RayActorError,
-    RayTaskError,
-)
-
 from actors.admin.caller import AdminServiceCaller
 from actors.control.dag_watch import fetch_layout
-from actors.segment.actor import MAX_READ_RECORDS, segment_actor
 from actors.segment.lookup import find_segment_actor
 from clients._ray import background_loop
 from clients.checkpoint_consumer import Checkpoint
+from clients.range_reads import RESTART_ERRORS, RETRY_PAUSE_S, SegmentRange, TierFile
 from runtime.auth import Permission, client_credential
-from runtime.batch import PROPERTIES_TYPE
 from runtime.config import env_float
 from runtime.connect import connect
 from runtime.errors import (
     InvalidArgumentError,
-    ScalableTopicsError,
     SegmentNotFoundError,
     SubscriptionNotFoundError,
-    UnavailableError,
     UnavailableSegmentsError,
 )
-from runtime.hashing import key_hashes
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
 from runtime.remote import call
-from runtime.uris import redacted
-from storage.log import to_delivery
-from storage.tier import RECORDS_FILE, TieredSegment, open_tier
+from storage.tier import RECORDS_FILE
 from storage.tier_records import TieredRecord
 
 # How long a listed segment may stay unreachable (restarting) before a read gives up on it.
@@ -90,22 +73,7 @@ DEFAULT_UNAVAILABLE_TIMEOUT_S = env_float("RAYTOPICS_UNAVAILABLE_TIMEOUT_S", 20.
 # Rows per read task / Spark partition: big enough to amortize a task, small enough
 # that a large segment is read by several executors at once.
 DEFAULT_ROWS_PER_PARTITION = 1_000_000
-_RETRY_PAUSE_S = 0.2
 ROW_BYTES_ESTIMATE = 160  # ~100 B value plus key, offset, time, hash
-_RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError, GetTimeoutError)
-
-OUTPUT_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("value", pa.binary()),
-        ("hash", pa.int32()),
-        ("segment_id", pa.int64()),
-        ("offset", pa.int64()),
-        ("publish_time", pa.timestamp("us", tz="UTC")),
-        ("properties", PROPERTIES_TYPE),
-    ]
-)
-
 
 Bound = Literal["earliest", "latest"] | Checkpoint | datetime | int
 
@@ -115,33 +83,6 @@ class PartialReadWarning(UserWarning):
 
 
 # --- the plan -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TierFile:
-    """A tiered segment's records file: what a range of it is read from, no actor involved."""
-
-    uri: str = field(repr=False)  # the tier, as its policy named it (never shown)
-    path: str  # the Parquet file in that tier
-    start: int  # the file's first offset, and its end
-    end: int
-    format: int  # ``storage.tier.TIER_FORMAT`` it was written in
-
-
-@dataclass(frozen=True)
-class SegmentRange:
-    """Offsets ``[start, end)`` of one segment: the unit of one read task / Spark partition.
-    ``tier``: the segment is tiered, and the range is read from that file."""
-
-    segment: str
-    segment_id: int
-    start: int
-    end: int
-    tier: TierFile | None = None
-
-    @property
-    def rows(self) -> int:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -303,10 +244,10 @@ async def _probe(
             handle = await find_segment_actor(segment, max(remaining, 0.001), credential=credential)
             status = handle.position.remote(subscription, credential=credential)
             return await asyncio.wait_for(call(status), max(remaining, 0.001))
-        except (SegmentNotFoundError, TimeoutError, *_RESTART_ERRORS):
-            if time.monotonic() + _RETRY_PAUSE_S >= deadline:
+        except (SegmentNotFoundError, TimeoutError, *RESTART_ERRORS):
+            if time.monotonic() + RETRY_PAUSE_S >= deadline:
                 return None
-            await asyncio.sleep(_RETRY_PAUSE_S)
+            await asyncio.sleep(RETRY_PAUSE_S)
 
 
 def _still_listed(name: TopicName, missing: list[int], credential: str | None) -> list[int]:
@@ -368,141 +309,6 @@ def _recorded_status(record: TieredRecord, subscription: str | None) -> dict[str
 
 def _segment_name(name: TopicName, info: SegmentInfo) -> SegmentName:
     return name.segment(info.segment_id, info.hash_range.start, info.hash_range.end)
-
-
-# --- reading one range ---------------------------------------------------------------------
-
-
-def read_range(
-    piece: SegmentRange, timeout_s: float, credential: str | None = None
-) -> Iterator[pa.RecordBatch]:
-    """The records of ``piece`` as ``OUTPUT_SCHEMA`` batches, one actor read in flight ahead
-    (each read presents ``credential``).
-
-    Rides out a restart of the segment actor for up to ``timeout_s`` per outage;
-    raises ``UnavailableSegmentsError`` when it does not come back, or when the
-    segment has no records where the snapshot saw some (its storage was lost).
-    Records below the segment's start offset were dropped by retention on purpose
-    and are skipped, as every reader skips them.
-    """
-    if piece.tier is not None:
-        yield from _read_tiered(piece)
-        return
-    segment = SegmentName.parse(piece.segment)
-    reader = _RangeReader(segment, piece, timeout_s, credential)
-    offset = piece.start
-    pending = reader.request(offset)
-    while offset < piece.end:
-        batch = reader.receive(pending, offset)
-        if batch.num_rows == 0:
-            return  # retention dropped the rest of this range
-        offset = batch.column("offset")[batch.num_rows - 1].as_py() + 1
-        if offset < piece.end:
-            pending = reader.request(offset)  # let the actor read on while we convert
-        yield _with_derived_columns(batch, piece.segment_id)
-
-
-def _read_tiered(piece: SegmentRange) -> Iterator[pa.RecordBatch]:
-    """The records of a tiered segment's range, from its file in the tier."""
-    assert piece.tier is not None
-    try:
-        filesystem, _ = open_tier(piece.tier.uri)
-        tiered = TieredSegment(filesystem, piece.tier.path.rsplit("/", 1)[0])
-        offset = piece.start
-        while offset < piece.end:
-            stored = tiered.read(offset, min(MAX_READ_RECORDS, piece.end - offset))
-            if not stored:
-                raise OSError(f"no records at offset {offset}, the manifest says {piece.end}")
-            batch = to_delivery(stored)
-            offset = batch.column("offset")[batch.num_rows - 1].as_py() + 1
-            yield _with_derived_columns(_trim(batch, piece.end), piece.segment_id)
-    except (OSError, UnavailableError) as err:
-        raise UnavailableSegmentsError(
-            f"segment {piece.segment_id} ({piece.segment}) could not be read from its tier: "
-            f"{str(err).replace(piece.tier.uri, redacted(piece.tier.uri))}",
-            [piece.segment_id],
-        ) from None
-
-
-class _RangeReader:
-    """Actor calls for one range, with bounded waits through actor restarts."""
-
-    def __init__(
-        self, segment: SegmentName, piece: SegmentRange, timeout_s: float, credential: str | None
-    ) -> None:
-        self.segment = segment
-        self.piece = piece
-        self.timeout_s = timeout_s
-        self.credential = credential
-        self.handle: Any = None
-
-    def request(self, offset: int) -> ray.ObjectRef | None:
-        try:
-            self.handle = self.handle or segment_actor(self.segment)
-        except ValueError:
-            return None  # receive() waits for the actor to come back
-        count = min(MAX_READ_RECORDS, self.piece.end - offset)
-        return self.handle.read.remote(offset, count, credential=self.credential)
-
-    def receive(self, pending: ray.ObjectRef | None, offset: int) -> pa.RecordBatch:
-        """Records from ``offset`` (or from the start offset, if retention passed it) up to
-        the range's end; empty only when retention dropped everything up to the end."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                if pending is None:
-                    raise ValueError("no actor")
-                batch = ray.get(pending, timeout=max(deadline - time.monotonic(), 0.001))
-            except RayTaskError as err:  # the segment's own error (a refusal, say): as itself
-                if isinstance(err.cause, ScalableTopicsError):
-                    raise err.cause from None
-                raise
-            except (ValueError, *_RESTART_ERRORS) as err:
-                self.handle = None
-                if time.monotonic() + _RETRY_PAUSE_S >= deadline:
-                    why = f"did not answer within {self.timeout_s:g}s: {err}"
-                    raise self._unavailable(why) from None
-                time.sleep(_RETRY_PAUSE_S)
-                pending = self.request(offset)
-                continue
-            if batch.num_rows == 0:
-                raise self._unavailable(
-                    f"returned no records at offset {offset}, but the snapshot saw records "
-                    f"up to {self.piece.end}: its storage was lost or replaced"
-                )
-            return _trim(batch, self.piece.end)
-
-    def _unavailable(self, why: str) -> UnavailableSegmentsError:
-        return UnavailableSegmentsError(
-            f"segment {self.piece.segment_id} ({self.segment}) {why}", [self.piece.segment_id]
-        )
-
-
-def _trim(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:
-    offsets = batch.column("offset").to_numpy()
-    keep = int(np.searchsorted(offsets, end))
-    return batch if keep == batch.num_rows else batch.slice(0, keep)
-
-
-def _with_derived_columns(batch: pa.RecordBatch, segment_id: int) -> pa.RecordBatch:
-    """Add the routing hash and the segment id; timestamps in microseconds, as Spark's."""
-    keys = batch.column("key")
-    hashes = key_hashes(keys)
-    hash_column = pa.array(hashes, type=pa.int32(), mask=hashes < 0)
-    segment_column = pa.array(np.full(batch.num_rows, segment_id, dtype=np.int64))
-    publish_time = batch.column("publish_time").cast(OUTPUT_SCHEMA.field("publish_time").type)
-    return pa.RecordBatch.from_arrays(
-        [
-            keys,
-            batch.column("value"),
-            hash_column,
-            segment_column,
-            batch.column("offset"),
-            publish_time,
-            batch.column("properties"),
-        ],
-        schema=OUTPUT_SCHEMA,
-    )
 
 
 def annotate(result: Any, plan: ReadPlan) -> Any:

@@ -45,20 +45,17 @@ import ray
 
 from actors.admin.caller import AdminServiceCaller
 from clients.producer import Producer
+from clients.range_reads import OUTPUT_SCHEMA, SegmentRange, TierFile, read_range
 from clients.read_plan import (
     DEFAULT_ROWS_PER_PARTITION,
     DEFAULT_UNAVAILABLE_TIMEOUT_S,
-    OUTPUT_SCHEMA,
     ROW_BYTES_ESTIMATE,
     Bound,
     PartialReadWarning,
     ReadPlan,
-    SegmentRange,
-    TierFile,
     annotate,
     checked_layout,
     plan_read,
-    read_range,
 )
 from runtime.auth import Permission, client_credential
 from runtime.connect import connect

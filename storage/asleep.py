@@ -16,8 +16,8 @@ import json
 from typing import Any
 
 from runtime.names import TopicName
-from storage.catalog import asleep_path
 from storage.metadata import MetadataStore
+from storage.metadata_paths import asleep_path
 from storage.segment_entries import SegmentEntries
 
 

@@ -1,26 +1,9 @@
-"""The metadata catalog: every path of the metadata store and the record kept at each.
+"""The metadata catalog: the record kept at each path of the metadata store.
 
-Where a scalable topic's metadata lives is a public layout; this module is the one
-place that spells those paths, so no caller builds ``f"{...}/subscriptions"`` by
-hand; the records' shapes are ``storage.records``, so a record's shape changes in
+The paths are ``storage.metadata_paths`` (the table of paths and records is there),
+the records' shapes ``storage.records``, so a path or a record's shape changes in
 exactly one file. Everything else asks the catalog in domain terms
 (``catalog.subscriptions(topic)``, ``catalog.update_topic(topic, change)``).
-
-==================================================================  =======================
-path                                                                record
-==================================================================  =======================
-``/topics/{tenant}/{namespace}/{topic}``                            ``TopicRecord``
-``/topics/{t}/{ns}/{topic}/controller``                             ``LeaderRecord``
-``/topics/{t}/{ns}/{topic}/subscriptions/{sub}``                    ``SubscriptionMetadata``
-``/topics/{t}/{ns}/{topic}/subscriptions/{sub}/consumers/{name}``   ``ConsumerRegistration``
-``/topics/{t}/{ns}/{topic}/tiered/{incarnation}/{segmentId}``       ``TieredRecord``
-``/topics/{t}/{ns}/{topic}/sinks/{query}/{partition}/{chunk}``      ``SinkWrite``
-``/topics/{t}/{ns}/{topic}/writes/{writeId}/{partition}``           claim of a Spark task
-``/limits/{tenant}/{namespace}``                                    limit overrides (object)
-``/policies/{tenant}/{namespace}``                                  default ``TopicPolicy``
-``/auth/policy``                                                    ``AuthRecord``
-``/auth/internal``                                                  the cluster's own token
-==================================================================  =======================
 
 Writes go through ``MetadataStore``'s compare-and-swap; a lost race is retried
 from a fresh read, never overwritten blindly.
@@ -50,9 +33,24 @@ from runtime.errors import (
     TopicAlreadyExistsError,
     TopicNotFoundError,
 )
-from runtime.names import TopicName, parse_namespace, validate_part
+from runtime.names import TopicName, parse_namespace
 from runtime.policy import TopicPolicy
 from storage.metadata import MetadataStore, Version
+from storage.metadata_paths import (
+    AUTH_POLICY_PATH,
+    INTERNAL_TOKEN_PATH,
+    claim_path,
+    consumer_path,
+    consumers_path,
+    controller_path,
+    limits_path,
+    namespace_path,
+    policy_path,
+    sink_path,
+    subscription_path,
+    subscriptions_path,
+    topic_path,
+)
 from storage.records import (
     AuthRecord,
     ConsumerRegistration,
@@ -63,84 +61,6 @@ from storage.records import (
     SubscriptionState,
     TopicRecord,
 )
-
-# --- paths ---------------------------------------------------------------------------------
-
-_TOPICS = "/topics"
-_LIMITS = "/limits"
-_POLICIES = "/policies"
-_AUTH_POLICY = "/auth/policy"
-_INTERNAL_TOKEN = "/auth/internal"
-
-
-def topic_path(topic: TopicName) -> str:
-    return f"{_TOPICS}/{topic.short}"
-
-
-def _namespace_path(namespace: str) -> str:
-    tenant, name = parse_namespace(namespace)
-    return f"{_TOPICS}/{tenant}/{name}"
-
-
-def _controller_path(topic: TopicName) -> str:
-    return f"{topic_path(topic)}/controller"
-
-
-def _subscriptions_path(topic: TopicName) -> str:
-    return f"{topic_path(topic)}/subscriptions"
-
-
-def _subscription_path(topic: TopicName, subscription: str) -> str:
-    return f"{_subscriptions_path(topic)}/{validate_part('subscription', subscription)}"
-
-
-def _consumers_path(topic: TopicName, subscription: str) -> str:
-    return f"{_subscription_path(topic, subscription)}/consumers"
-
-
-def _consumer_path(topic: TopicName, subscription: str, consumer: str) -> str:
-    return f"{_consumers_path(topic, subscription)}/{validate_part('consumer name', consumer)}"
-
-
-def tiered_segments_path(topic: TopicName, incarnation: str) -> str:
-    """Where the records of a topic incarnation's tiered segments live (one per segment
-    id, ``storage.tier_records``), under the topic so they go with it."""
-    return f"{topic_path(topic)}/tiered/{incarnation}"
-
-
-def placements_path(topic: TopicName, incarnation: str) -> str:
-    """Which node disk holds each local segment of a topic incarnation when every node
-    keeps its own (``storage.placements``), under the topic so it goes with it."""
-    return f"{topic_path(topic)}/placed/{incarnation}"
-
-
-def asleep_path(topic: TopicName, incarnation: str) -> str:
-    """The last stats of a topic incarnation's drained sealed segments whose actors exited
-    (``storage.asleep``), under the topic so they go with it."""
-    return f"{topic_path(topic)}/asleep/{incarnation}"
-
-
-def _policy_path(namespace: str) -> str:
-    tenant, name = parse_namespace(namespace)
-    return f"{_POLICIES}/{tenant}/{name}"
-
-
-def _limits_path(namespace: str) -> str:
-    tenant, name = parse_namespace(namespace)
-    return f"{_LIMITS}/{tenant}/{name}"
-
-
-def _sink_path(topic: TopicName, query: str, partition: int, chunk: int) -> str:
-    """Under the topic, so a deleted topic's writes go with it."""
-    return f"{topic_path(topic)}/sinks/{query}/{partition}/{chunk}"
-
-
-def _claim_path(topic: TopicName, write_id: str, partition: int | None = None) -> str:
-    """Under the topic, like a sink's writes: scoped by the topic's grants, and a deleted
-    topic's claims go with it."""
-    base = f"{topic_path(topic)}/writes/{write_id}"
-    return base if partition is None else f"{base}/{partition}"
-
 
 # --- the catalog ---------------------------------------------------------------------------
 
@@ -180,7 +100,7 @@ class Catalog:
 
     def topics(self, namespace: str) -> list[str]:
         """Short names (``orders``) of the topics of ``tenant/namespace``, sorted."""
-        return self.store.children(_namespace_path(namespace))
+        return self.store.children(namespace_path(namespace))
 
     def create_topic(self, topic: TopicName, record: TopicRecord) -> None:
         try:
@@ -223,7 +143,7 @@ class Catalog:
     def elect(self, topic: TopicName, at_least: int = 1) -> int:
         """CAS-increment the topic's leader epoch (to ``at_least`` or more) and record
         this process as the leader; returns the new epoch."""
-        path = _controller_path(topic)
+        path = controller_path(topic)
         identity = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
 
         def bumped(raw: bytes) -> bytes:
@@ -245,16 +165,16 @@ class Catalog:
         raise ConflictError(f"could not win leadership of {topic}: constant contention")
 
     def leader(self, topic: TopicName) -> LeaderRecord | None:
-        found = self.store.get(_controller_path(topic))
+        found = self.store.get(controller_path(topic))
         return LeaderRecord.model_validate_json(found.value) if found is not None else None
 
     # --- subscriptions -------------------------------------------------------------------
 
     def subscriptions(self, topic: TopicName) -> list[str]:
-        return self.store.children(_subscriptions_path(topic))
+        return self.store.children(subscriptions_path(topic))
 
     def subscription(self, topic: TopicName, name: str) -> SubscriptionMetadata | None:
-        found = self.store.get(_subscription_path(topic, name))
+        found = self.store.get(subscription_path(topic, name))
         return SubscriptionMetadata.from_bytes(found.value) if found is not None else None
 
     def require_subscription(self, topic: TopicName, name: str) -> SubscriptionMetadata:
@@ -265,7 +185,7 @@ class Catalog:
 
     def create_subscription(self, topic: TopicName, meta: SubscriptionMetadata) -> None:
         try:
-            self.store.put_if_absent(_subscription_path(topic, meta.name), meta.to_bytes())
+            self.store.put_if_absent(subscription_path(topic, meta.name), meta.to_bytes())
         except AlreadyExistsError:
             raise SubscriptionAlreadyExistsError(
                 f"subscription {meta.name!r} already exists on {topic}"
@@ -279,7 +199,7 @@ class Catalog:
     ) -> SubscriptionMetadata:
         try:
             updated = self.store.update(
-                _subscription_path(topic, name),
+                subscription_path(topic, name),
                 lambda raw: change(SubscriptionMetadata.from_bytes(raw)).to_bytes(),
             )
         except KeyNotFoundError:
@@ -290,7 +210,7 @@ class Catalog:
 
     def delete_subscription(self, topic: TopicName, name: str) -> None:
         """The subscription and its consumers' registrations."""
-        self.store.delete_tree(_subscription_path(topic, name))
+        self.store.delete_tree(subscription_path(topic, name))
 
     def ensure_group(self, topic: TopicName, group: str, grace_s: float) -> None:
         """Create a checkpoint group's metadata on first use; refuse a name clash."""
@@ -311,12 +231,12 @@ class Catalog:
     # --- consumer registrations ----------------------------------------------------------
 
     def consumers(self, topic: TopicName, subscription: str) -> list[str]:
-        return self.store.children(_consumers_path(topic, subscription))
+        return self.store.children(consumers_path(topic, subscription))
 
     def registrations(self, topic: TopicName, subscription: str) -> list[ConsumerRegistration]:
         found = []
         for name in self.consumers(topic, subscription):
-            entry = self.store.get(_consumer_path(topic, subscription, name))
+            entry = self.store.get(consumer_path(topic, subscription, name))
             if entry is not None:
                 found.append(ConsumerRegistration.model_validate_json(entry.value))
         return found
@@ -325,37 +245,37 @@ class Catalog:
         self, topic: TopicName, subscription: str, registration: ConsumerRegistration
     ) -> None:
         """Create or replace (the coordinator is the only writer of its subscription's)."""
-        path = _consumer_path(topic, subscription, registration.consumer_name)
+        path = consumer_path(topic, subscription, registration.consumer_name)
         if not self._replace(path, registration.model_dump_json(by_alias=True).encode()):
             raise ConflictError(f"could not store the registration at {path}: constant contention")
 
     def delete_registration(self, topic: TopicName, subscription: str, consumer: str) -> None:
         with contextlib.suppress(KeyNotFoundError):
-            self.store.delete(_consumer_path(topic, subscription, consumer))
+            self.store.delete(consumer_path(topic, subscription, consumer))
 
     # --- namespace default policy ---------------------------------------------------------
 
     def namespace_policy(self, namespace: str) -> TopicPolicy | None:
         """What a namespace's topics follow where their own policy says nothing."""
-        found = self.store.get(_policy_path(namespace))
+        found = self.store.get(policy_path(namespace))
         return TopicPolicy.model_validate_json(found.value) if found is not None else None
 
     def set_namespace_policy(self, namespace: str, policy: TopicPolicy) -> None:
-        path = _policy_path(namespace)
+        path = policy_path(namespace)
         if not self._replace(path, policy.model_dump_json(by_alias=True).encode()):
             raise ConflictError(f"could not store the policy at {path}: constant contention")
 
     # --- namespace limits ----------------------------------------------------------------
 
     def limit_overrides(self, namespace: str) -> dict[str, Any]:
-        found = self.store.get(_limits_path(namespace))
+        found = self.store.get(limits_path(namespace))
         return json.loads(found.value) if found is not None else {}
 
     def update_limit_overrides(
         self, namespace: str, change: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> dict[str, Any]:
         """Apply ``change`` to the stored overrides (``{}`` when none); it may raise to abort."""
-        path = _limits_path(namespace)
+        path = limits_path(namespace)
 
         def mutate(raw: bytes) -> bytes:
             return json.dumps(change(json.loads(raw)), sort_keys=True).encode()
@@ -403,21 +323,21 @@ class Catalog:
             self._next_auth(None)
 
     def _auth_record(self) -> AuthRecord | None:
-        found = self.store.get(_AUTH_POLICY)
+        found = self.store.get(AUTH_POLICY_PATH)
         return AuthRecord.model_validate_json(found.value) if found is not None else None
 
     def _next_auth(self, config: dict[str, Any] | None) -> AuthRecord:
         now = int(time.time() * 1000)
         for _ in range(100):
-            current = self.store.get(_AUTH_POLICY)
+            current = self.store.get(AUTH_POLICY_PATH)
             version = AuthRecord.model_validate_json(current.value).version + 1 if current else 1
             record = AuthRecord(version=version, updated_at_ms=now, policy=config)
             value = record.model_dump_json(by_alias=True).encode()
             try:
                 if current is None:
-                    self.store.put_if_absent(_AUTH_POLICY, value)
+                    self.store.put_if_absent(AUTH_POLICY_PATH, value)
                 else:
-                    self.store.compare_and_swap(_AUTH_POLICY, current.version, value)
+                    self.store.compare_and_swap(AUTH_POLICY_PATH, current.version, value)
                 return record
             except (AlreadyExistsError, BadVersion, KeyNotFoundError):
                 continue
@@ -428,11 +348,11 @@ class Catalog:
 
         No operator file holds it; it lives only in the cluster's metadata, which a
         process needs the cluster's own (Ray) credentials to read."""
-        found = self.store.get(_INTERNAL_TOKEN)
+        found = self.store.get(INTERNAL_TOKEN_PATH)
         if found is None:
             with contextlib.suppress(AlreadyExistsError):
-                self.store.put_if_absent(_INTERNAL_TOKEN, secrets.token_hex(32).encode())
-            found = self.store.get_required(_INTERNAL_TOKEN)
+                self.store.put_if_absent(INTERNAL_TOKEN_PATH, secrets.token_hex(32).encode())
+            found = self.store.get_required(INTERNAL_TOKEN_PATH)
         return found.value.decode()
 
     # --- Spark writes --------------------------------------------------------------------
@@ -440,19 +360,19 @@ class Catalog:
     def claim_write_partition(self, topic: TopicName, write_id: str, partition: int) -> bool:
         """True for the first claim of a Spark write's partition, False for every later one."""
         try:
-            self.store.put_if_absent(_claim_path(topic, write_id, partition), b"")
+            self.store.put_if_absent(claim_path(topic, write_id, partition), b"")
         except AlreadyExistsError:
             return False
         return True
 
     def forget_write(self, topic: TopicName, write_id: str) -> None:
-        self.store.delete_tree(_claim_path(topic, write_id))
+        self.store.delete_tree(claim_path(topic, write_id))
 
     def sink_write(
         self, topic: TopicName, query: str, partition: int, chunk: int
     ) -> tuple[SinkWrite, Version] | None:
         """The last write of a streaming query's partition chunk, with its version."""
-        found = self.store.get(_sink_path(topic, query, partition, chunk))
+        found = self.store.get(sink_path(topic, query, partition, chunk))
         if found is None:
             return None
         return SinkWrite.model_validate_json(found.value), found.version
@@ -468,7 +388,7 @@ class Catalog:
     ) -> Version:
         """Record ``write`` if the stored one is still ``expected`` (``BadVersion`` or
         ``AlreadyExistsError`` if another attempt got there first)."""
-        path = _sink_path(topic, query, partition, chunk)
+        path = sink_path(topic, query, partition, chunk)
         if expected is None:
             return self.store.put_if_absent(path, write.to_bytes())
         return self.store.compare_and_swap(path, expected, write.to_bytes())

@@ -21,9 +21,9 @@ import secrets
 from pathlib import Path
 
 from runtime.names import TopicName
-from storage.catalog import placements_path
 from storage.files import atomic_write
 from storage.metadata import MetadataStore
+from storage.metadata_paths import placements_path
 from storage.segment_entries import SegmentEntries
 
 DISK_FILE = "disk.json"

@@ -29,9 +29,10 @@ from runtime.errors import KeyNotFoundError, ScalableTopicsError, StaleEpochErro
 from runtime.layout import SegmentInfo
 from runtime.names import TopicName
 from runtime.uris import redacted
-from storage.catalog import Catalog, tiered_segments_path
+from storage.catalog import Catalog
 from storage.cursors import Cursor
 from storage.metadata import MetadataStore
+from storage.metadata_paths import tiered_segments_path
 from storage.segment_entries import SegmentEntries
 from storage.tier import delete_tiered, open_tier
 

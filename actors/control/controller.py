@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -37,7 +36,7 @@ import ray
 from actors.capacity import check_capacity
 from actors.control.layout_operations import LayoutOperations, Step, describe
 from actors.control.maintenance import TopicMaintenance
-from actors.control.node_disks import check_recoverable
+from actors.control.metadata_rebuild import MetadataRebuild
 from actors.control.segment_admin import SegmentAdministration
 from actors.control.segment_fleet import SegmentFleet
 from actors.control.subscription_reset import reset_subscription
@@ -51,7 +50,6 @@ from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_namespace
 from runtime.errors import (
     InvalidArgumentError,
-    TopicAlreadyExistsError,
 )
 from runtime.layout import SegmentLayout
 from runtime.limits import check_room
@@ -66,17 +64,13 @@ from runtime.operations import (
     plan_split,
 )
 from runtime.policy import TopicPolicy
-from runtime.recovery import plan_recovery
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition, reset_target
 from storage.catalog import Catalog, fenced
 from storage.durability import Durability, default_storage_root
 from storage.records import SubscriptionMetadata, TopicRecord
 from storage.topic_storage import (
-    SubscriptionSettings,
     TopicIdentity,
-    choose_incarnation,
     new_incarnation,
-    stored_states,
 )
 
 log = logging.getLogger(__name__)
@@ -101,6 +95,9 @@ class ScalableTopicController:
         self._fault_after_step: int | None = None
         self.subscriptions = TopicSubscriptions(self.parts, self._all_names, self._write_identity)
         self.segments = SegmentAdministration(self.parts)
+        self.rebuild = MetadataRebuild(
+            self.parts, self._raise_epoch, self._recover_from_start, self._write_identity
+        )
         self.operations = LayoutOperations(
             self.parts,
             self.subscriptions,
@@ -212,77 +209,21 @@ class ScalableTopicController:
     async def recover(
         self, incarnation: str | None = None, *, credential: str | None = None
     ) -> dict[str, Any]:
-        """Rebuild the lost metadata of this topic from its storage (``runtime.recovery``).
-
-        Refused while the topic has live metadata. The leader epoch is raised
-        above every fence the segments have seen (they would refuse a lower one),
-        actors left from before are replaced, the layout is written back (with an
-        interrupted merge pending, which the usual recovery then rolls forward),
-        and every subscription found in the cursors is re-created around them:
-        existing cursors keep their positions, missing ones start at the
-        subscription's position.
-        """
+        """Rebuild the lost metadata of this topic from its storage
+        (``actors.control.metadata_rebuild``); refused while the topic has live metadata."""
         self._check(credential)
         async with self._lock:
-            check_recoverable(self.topic)
-            if self.catalog.topic_exists(self.topic):
-                raise TopicAlreadyExistsError(
-                    f"{self.topic} has live metadata: recover rebuilds only a topic whose "
-                    "metadata is lost"
-                )
-            stored = choose_incarnation(self.fleet.stored(), self.topic, incarnation)
-            identity = stored.identity
-            plan = plan_recovery(
-                stored_states(stored),
-                known_epoch=identity.epoch if identity else 0,
-                known_next_segment_id=identity.next_segment_id if identity else 0,
-                properties=identity.properties if identity else None,
-            )
-            starting = len(plan.layout.all_segments) - self.fleet.leftover_segments()
-            check_capacity(f"recovering {self.topic}", self.topic, starting)
-            self.epoch = self.catalog.elect(self.topic, at_least=plan.controller_epoch)
-            self.metrics.leader(self.epoch)
-            self.fleet.incarnation = stored.incarnation
-            await self.fleet.clear_leftovers()
-            policy = identity.policy if identity else None
-            record = TopicRecord.new(
-                plan.layout,
-                stored.incarnation,
-                self.epoch,
-                pending_operation=plan.pending,
-                policy=TopicPolicy.parse(policy) if policy else None,
-                created_at_ms=identity.created_at_ms if identity else int(time.time() * 1000),
-            )
-            self.catalog.create_topic(self.topic, record)
-            settings = identity.subscriptions if identity else {}
-            for name in plan.subscriptions:
-                kept = settings.get(name) or SubscriptionSettings()
-                self.catalog.create_subscription(
-                    self.topic,
-                    SubscriptionMetadata(
-                        name=name, position=kept.position, session_grace_s=kept.session_grace_s
-                    ),
-                )
-            for info in stored_states(stored):
-                if info.info.segment_id in plan.discarded:
-                    self.fleet.delete_segment_storage(info.info.name(self.topic))
-            self._recovered = False
-            await self._recover()
-            layout = self._read_record().layout
-            for segment in layout.all_segments.values():  # sealed ones serve their backlog
-                if self.fleet.storage().tiered(segment.segment_id) is None:
-                    self.fleet.handle(segment.name(self.topic))
-            self._write_identity()
-        return {
-            "topic": str(self.topic),
-            "incarnation": stored.incarnation,
-            "epoch": layout.epoch,
-            "segments": len(layout.all_segments),
-            "activeSegments": len(layout.active_segments),
-            "subscriptions": list(plan.subscriptions),
-            "discardedSegments": list(plan.discarded),
-            "finishedOperation": plan.pending.kind if plan.pending else None,
-        }
+            return await self.rebuild.rebuild(incarnation)
+
+    def _raise_epoch(self, at_least: int) -> int:
+        """Lead at an epoch of at least ``at_least`` (a rebuild's: above every fence)."""
+        self.epoch = self.catalog.elect(self.topic, at_least=at_least)
+        self.metrics.leader(self.epoch)
+        return self.epoch
+
+    async def _recover_from_start(self) -> None:
+        self._recovered = False
+        await self._recover()
 
     # --- split / merge ---------------------------------------------------------------
 

@@ -1,0 +1,120 @@
+"""Rebuilding a topic's lost metadata from its storage: the controller's ``recover``.
+
+The metadata store can lose a topic's records (an operator's mistake, a Ray started
+on an empty store) while the segments' files, their own records and the incarnation's
+``topic.json`` survive. ``runtime.recovery`` plans the layout from what each segment
+recorded about itself; this module carries the plan out as the topic's leader: the
+leader epoch raised above every fence the segments have seen (they would refuse a
+lower one), actors left from before replaced, the layout written back (an interrupted
+merge stays pending, and the controller's usual recovery then rolls it forward), every
+subscription found in the cursors re-created around them (existing cursors keep their
+positions, missing ones start at the subscription's position).
+
+Refused while the topic has live metadata: it rebuilds, it never overwrites.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from actors.capacity import check_capacity
+from actors.control.node_disks import check_recoverable
+from actors.control.topic_parts import TopicParts
+from runtime.errors import TopicAlreadyExistsError
+from runtime.policy import TopicPolicy
+from runtime.recovery import RecoveryPlan, plan_recovery
+from storage.records import SubscriptionMetadata, TopicRecord
+from storage.topic_storage import (
+    StoredIncarnation,
+    SubscriptionSettings,
+    choose_incarnation,
+    stored_states,
+)
+
+
+class MetadataRebuild:
+    """Who calls: the controller's ``recover``, holding its lock. What it affects: the
+    topic's record and subscriptions in the metadata store, the leader epoch (through
+    ``raise_epoch``), the segments' actors and the storage of segments the plan drops."""
+
+    def __init__(
+        self,
+        parts: TopicParts,
+        raise_epoch: Callable[[int], int],
+        resume: Callable[[], Awaitable[None]],
+        write_identity: Callable[[], None],
+    ) -> None:
+        self._parts = parts
+        self._raise_epoch = raise_epoch  # elect at least this epoch; the one now held
+        self._resume = resume  # the controller's recovery, from the start
+        self._write_identity = write_identity
+
+    async def rebuild(self, incarnation: str | None) -> dict[str, Any]:
+        """Rebuild from ``incarnation``'s storage (the only one, or the one named)."""
+        parts = self._parts
+        topic, catalog, fleet = parts.topic, parts.catalog, parts.fleet
+        check_recoverable(topic)
+        if catalog.topic_exists(topic):
+            raise TopicAlreadyExistsError(
+                f"{topic} has live metadata: recover rebuilds only a topic whose metadata is lost"
+            )
+        stored = choose_incarnation(fleet.stored(), topic, incarnation)
+        identity = stored.identity
+        plan = plan_recovery(
+            stored_states(stored),
+            known_epoch=identity.epoch if identity else 0,
+            known_next_segment_id=identity.next_segment_id if identity else 0,
+            properties=identity.properties if identity else None,
+        )
+        starting = len(plan.layout.all_segments) - fleet.leftover_segments()
+        check_capacity(f"recovering {topic}", topic, starting)
+        epoch = self._raise_epoch(plan.controller_epoch)
+        fleet.incarnation = stored.incarnation
+        await fleet.clear_leftovers()
+        catalog.create_topic(topic, self._record(plan, stored, epoch))
+        self._recreate_subscriptions(plan, stored)
+        for info in stored_states(stored):
+            if info.info.segment_id in plan.discarded:
+                fleet.delete_segment_storage(info.info.name(topic))
+        await self._resume()
+        layout = parts.read_record().layout
+        for segment in layout.all_segments.values():  # sealed ones serve their backlog
+            if fleet.storage().tiered(segment.segment_id) is None:
+                fleet.handle(segment.name(topic))
+        self._write_identity()
+        return {
+            "topic": str(topic),
+            "incarnation": stored.incarnation,
+            "epoch": layout.epoch,
+            "segments": len(layout.all_segments),
+            "activeSegments": len(layout.active_segments),
+            "subscriptions": list(plan.subscriptions),
+            "discardedSegments": list(plan.discarded),
+            "finishedOperation": plan.pending.kind if plan.pending else None,
+        }
+
+    @staticmethod
+    def _record(plan: RecoveryPlan, stored: StoredIncarnation, epoch: int) -> TopicRecord:
+        identity = stored.identity
+        policy = identity.policy if identity else None
+        return TopicRecord.new(
+            plan.layout,
+            stored.incarnation,
+            epoch,
+            pending_operation=plan.pending,
+            policy=TopicPolicy.parse(policy) if policy else None,
+            created_at_ms=identity.created_at_ms if identity else int(time.time() * 1000),
+        )
+
+    def _recreate_subscriptions(self, plan: RecoveryPlan, stored: StoredIncarnation) -> None:
+        settings = stored.identity.subscriptions if stored.identity else {}
+        for name in plan.subscriptions:
+            kept = settings.get(name) or SubscriptionSettings()
+            self._parts.catalog.create_subscription(
+                self._parts.topic,
+                SubscriptionMetadata(
+                    name=name, position=kept.position, session_grace_s=kept.session_grace_s
+                ),
+            )
