@@ -25,7 +25,7 @@ from pathlib import Path
 from runtime.errors import UnavailableError
 from storage.durability import Durability
 from storage.files import fsync_directory, preallocate
-from storage.frames import Encoded
+from storage.frames import Encoded, scan_frames
 
 _IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
 _WRITE_BYTES = 1 << 20  # bytes per writev, see _write_groups
@@ -240,6 +240,19 @@ class ChunkFiles:
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
+
+    def verify(self) -> None:
+        """Check every frame of every chunk against its checksum (``SegmentLog.verify``)."""
+        for chunk in self.chunks:
+            scanned = 0
+            with open(chunk.path, "rb") as file:
+                for frame, payload_length in scan_frames(file, chunk.base_offset):
+                    scanned += frame.length(payload_length)
+            if scanned != chunk.size:
+                raise UnavailableError(
+                    f"segment {self._label}: chunk {chunk.path.name} fails its checksums "
+                    f"at byte {scanned} of {chunk.size}"
+                )
 
     def delete(self) -> None:
         """Remove the directory and everything in it (the log's other files too)."""

@@ -81,7 +81,6 @@ class SegmentLog:
             background_sync=background_sync,
             label=self._label,
         )
-        self._chunks = self._files.chunks  # the same list: the files add and drop chunks
         self._index = LogIndex()
         self._producers: dict[str, ProducerWindow] = {}
         self._start_offset = 0
@@ -110,12 +109,13 @@ class SegmentLog:
     @property
     def size_bytes(self) -> int:
         """Bytes of the retained records (batches below the start no longer count)."""
-        total = sum(chunk.size for chunk in self._chunks)
+        chunks = self._files.chunks
+        total = sum(chunk.size for chunk in chunks)
         index = self._index.first_from(self._start_offset)
         if index == len(self._index):  # everything retention allowed is gone
-            return total - self._chunks[0].size if self._start_offset > 0 else total
+            return total - chunks[0].size if self._start_offset > 0 else total
         head = self._index.entries[index]
-        return total - (head.position if head.chunk_base == self._chunks[0].base_offset else 0)
+        return total - (head.position if head.chunk_base == chunks[0].base_offset else 0)
 
     @property
     def terminated(self) -> bool:
@@ -288,9 +288,7 @@ class SegmentLog:
         """
         with self._lock:
             self._check_open()
-            dropped = 0
-            while len(self._chunks) > 1 and self._chunks[1].base_offset <= before_offset:
-                dropped += self._drop_first_chunk()
+            dropped = self._drop_chunks_below(before_offset)
             if dropped:
                 self._files.synced_directory()
             return dropped
@@ -330,8 +328,7 @@ class SegmentLog:
                 # is dead weight until their whole chunk goes: tens of MB for a slow
                 # topic of small batches, whose 64 MB chunk may take days to fill.
                 self._index.forget_below(start)
-                while len(self._chunks) > 1 and self._chunks[1].base_offset <= start:
-                    self._drop_first_chunk()
+                self._drop_chunks_below(start)
             return self._start_offset
 
     def close(self) -> None:
@@ -350,16 +347,7 @@ class SegmentLog:
         log's bytes are copied elsewhere, since reads trust the index, not the CRCs."""
         with self._lock:
             self._check_open()
-            for chunk in self._chunks:
-                scanned = 0
-                with open(chunk.path, "rb") as file:
-                    for frame, payload_length in scan_frames(file, chunk.base_offset):
-                        scanned += frame.length(payload_length)
-                if scanned != chunk.size:
-                    raise UnavailableError(
-                        f"segment {self._label}: chunk {chunk.path.name} fails its checksums "
-                        f"at byte {scanned} of {chunk.size}"
-                    )
+            self._files.verify()
 
     # --- reading ----------------------------------------------------------------
 
@@ -433,11 +421,15 @@ class SegmentLog:
                 window = self._producers[entry.producer_id] = ProducerWindow()
             window.remember(entry.sequence, entry)
 
-    def _drop_first_chunk(self) -> int:
-        chunk = self._files.drop_first()
-        dropped = self._chunks[0].base_offset - chunk.base_offset
-        self._index.forget_below(self._chunks[0].base_offset)
-        self._start_offset = max(self._start_offset, self._chunks[0].base_offset)
+    def _drop_chunks_below(self, offset: int) -> int:
+        """Drop the chunks whose records are all below ``offset``, never the last one;
+        returns the records dropped."""
+        chunks, dropped = self._files.chunks, 0
+        while len(chunks) > 1 and chunks[1].base_offset <= offset:
+            first = self._files.drop_first().base_offset
+            dropped += chunks[0].base_offset - first
+            self._index.forget_below(chunks[0].base_offset)
+            self._start_offset = max(self._start_offset, chunks[0].base_offset)
         return dropped
 
     # --- recovery ---------------------------------------------------------------

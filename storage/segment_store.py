@@ -252,7 +252,7 @@ class SegmentStore:
                 f"{self.name}: moving to the tier {redacted(uri)} failed: {err}"
             ) from None
 
-    def use_tier(self, uri: str, directory: str, tiered: TieredSegment) -> None:
+    def use_tier(self, uri: str, tiered: TieredSegment) -> None:
         """Serve from the committed tiered copy and drop every local file: the segment's
         record (``storage.tier_records``), with its cursors and fence as they are now,
         is written first and is the commit, so a crash after it reopens the tiered copy.
@@ -262,19 +262,13 @@ class SegmentStore:
             return
         if self._records is None:
             raise UnavailableError(f"{self.name}: no metadata store to record the move in")
-        record = TieredRecord(
-            uri=uri,
-            directory=directory,
-            tier_format=tiered.manifest.format,
-            info=self.identity.info,
-            fence_epoch=self._fence,
-            cursors={c.name: c.to_dict() for c in self.cursors.snapshot()},
-            start_offset=tiered.start_offset,
-            end_offset=tiered.end_offset,
-            size_bytes=tiered.size_bytes,
-            last_publish_time_ms=tiered.last_publish_time_ms,
-            sealed_at_ms=tiered.terminated_at_ms,
-            tiered_at_ms=time.time_ns() // 1_000_000,
+        record = TieredRecord.of_move(
+            uri,
+            tiered,
+            self.identity.info,
+            self._fence,
+            self.cursors.snapshot(),
+            time.time_ns() // 1_000_000,
         )
         self._records.commit(self.name.segment_id, record)
         local, self.log = self.log, tiered
@@ -424,19 +418,13 @@ class SegmentStore:
             return None
         tiered = TieredSegment(*location)
         uri = json.loads((self.directory / TIERED_RECORD).read_bytes())["uri"]
-        record = TieredRecord(
-            uri=uri,
-            directory=tiered.directory,
-            tier_format=tiered.manifest.format,
-            info=identity.info,
-            fence_epoch=stored_fence_epoch(self.directory),
-            cursors={c.name: c.to_dict() for c in CursorStore(self.directory).snapshot()},
-            start_offset=tiered.start_offset,
-            end_offset=tiered.end_offset,
-            size_bytes=tiered.size_bytes,
-            last_publish_time_ms=tiered.last_publish_time_ms,
-            sealed_at_ms=tiered.terminated_at_ms,
-            tiered_at_ms=tiered.manifest.written_at_ms,
+        record = TieredRecord.of_move(
+            uri,
+            tiered,
+            identity.info,
+            stored_fence_epoch(self.directory),
+            CursorStore(self.directory).snapshot(),
+            tiered.manifest.written_at_ms,
         )
         self._records.commit(self.name.segment_id, record)
         return record

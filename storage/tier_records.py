@@ -20,7 +20,7 @@ entry, so neither overwrites the other's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,7 +34,7 @@ from storage.cursors import Cursor
 from storage.metadata import MetadataStore
 from storage.metadata_paths import tiered_segments_path
 from storage.segment_entries import SegmentEntries
-from storage.tier import delete_tiered, open_tier
+from storage.tier import TieredSegment, delete_tiered, open_tier
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,33 @@ class TieredRecord(BaseModel):
     last_publish_time_ms: int | None = Field(default=None, alias="lastPublishTimeMs")
     sealed_at_ms: int | None = Field(default=None, alias="sealedAtMs")
     tiered_at_ms: int = Field(alias="tieredAtMs")
+
+    @classmethod
+    def of_move(
+        cls,
+        uri: str,
+        tiered: TieredSegment,
+        info: SegmentInfo,
+        fence_epoch: int,
+        cursors: Iterable[Cursor],
+        tiered_at_ms: int,
+    ) -> TieredRecord:
+        """The record of a segment moved to ``tiered`` (its committed copy at ``uri``), with
+        its place in the DAG, fence and cursors as they were at the move."""
+        return cls(
+            uri=uri,
+            directory=tiered.directory,
+            tier_format=tiered.manifest.format,
+            info=info,
+            fence_epoch=fence_epoch,
+            cursors={c.name: c.to_dict() for c in cursors},
+            start_offset=tiered.start_offset,
+            end_offset=tiered.end_offset,
+            size_bytes=tiered.size_bytes,
+            last_publish_time_ms=tiered.last_publish_time_ms,
+            sealed_at_ms=tiered.terminated_at_ms,
+            tiered_at_ms=tiered_at_ms,
+        )
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()

@@ -358,7 +358,7 @@ def test_a_sealed_segment_moves_to_the_tier_and_serves_from_there(
     tiered = store.copy_to_tier(uri, directory)
     assert not store.tiered and store.read(0, 100).equals(before)  # still the local log
     assert records.get(NAME.segment_id) is None
-    store.use_tier(uri, directory, tiered)
+    store.use_tier(uri, tiered)
     local = segment_directory(tmp_path / "root", NAME, INCARNATION)
     assert store.tiered and not local.exists()
     assert store.read(0, 100).equals(before) and store.read(45, 100).num_rows == 5
@@ -400,7 +400,7 @@ def test_a_hibernating_segment_s_stats_and_subscriptions_need_no_store(
     store.ack_cumulative("s", 4)
     store.terminate(1)
     uri, directory = f"file://{tmp_path / 'tier'}", str(tmp_path / "tier" / "h")
-    store.use_tier(uri, directory, store.copy_to_tier(uri, directory))
+    store.use_tier(uri, store.copy_to_tier(uri, directory))
     record = records.get(NAME.segment_id)
     assert record is not None
     expected = {k: v for k, v in store.stats().items() if k != "hibernating"}
@@ -461,7 +461,7 @@ def test_a_crash_on_either_side_of_the_switch_leaves_one_readable_copy(
     store.close()
     reopened = open_store(tmp_path / "root", create=False, records=records)
     assert not reopened.tiered and reopened.read(0, 100).equals(before)
-    reopened.use_tier(uri, directory, tiered)
+    reopened.use_tier(uri, tiered)
     reopened.close()
     local = segment_directory(tmp_path / "root", NAME, INCARNATION)
     (local / "log").mkdir(parents=True)  # as if the crash came after the record, before removal
@@ -480,7 +480,7 @@ def test_a_tiered_segment_is_deleted_even_while_its_object_store_is_down(
         store.append(batch_of(0, 10), None, None)
         store.terminate(1)
         uri = s3_uri(endpoint, "tier/down")
-        store.use_tier(uri, "tier/down/7", store.copy_to_tier(uri, "tier/down/7"))
+        store.use_tier(uri, store.copy_to_tier(uri, "tier/down/7"))
     store.delete(2)
     assert not segment_directory(tmp_path / "root", NAME, INCARNATION).exists()
     assert records.get(NAME.segment_id) is None

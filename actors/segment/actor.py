@@ -366,7 +366,7 @@ class SegmentActor:
             except ScalableTopicsError as err:
                 self._tier_error = {**err.to_dict(), "atMs": time.time_ns() // 1_000_000}
                 raise
-            self._store.use_tier(uri, directory, tiered)
+            self._store.use_tier(uri, tiered)
             self._tier_error = None
 
     # --- internals ---------------------------------------------------------------
