@@ -1,6 +1,8 @@
 """A topic's layout operations as state logic, without Ray: the catalog on the in-memory
 KV, and a fleet that records the calls the controller's fleet would make to segments.
 
+The catalog, the fleet and the coordinators are ``tests/controller_parts.py``'s.
+
 A split or merge that dies after any of its five steps is pending in the record, and
 carrying it out again finishes it with the same layout a run without a crash commits;
 every step the second run repeats is one the fleet takes twice without harm (creating a
@@ -11,84 +13,22 @@ and the chaos seeds check the same protocol end to end.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
 import pytest
+from controller_parts import EPOCH, TOPIC, Fleet, setup  # tests/ is on sys.path under pytest
 
 from actors.control.layout_operations import LayoutOperations, Step
 from actors.control.topic_parts import TopicParts
 from actors.control.topic_subscriptions import TopicSubscriptions
 from runtime.errors import ConflictError, OperationInProgressError
-from runtime.layout import SegmentInfo, SegmentLayout
-from runtime.names import SegmentName, TopicName
+from runtime.layout import SegmentLayout
 from runtime.operations import OperationKind, PendingOperation, plan_merge, plan_split
-from storage.catalog import Catalog, fenced
-from storage.metadata import MemoryKeyValue, MetadataStore
-from storage.records import SubscriptionMetadata, TopicRecord
-from storage.segment_store import SealedBy
-from storage.topic_storage import new_incarnation
-
-TOPIC = TopicName.parse("topic://ops/ns/t")
-EPOCH = 3  # the controller's fencing epoch
+from storage.catalog import fenced
+from storage.records import TopicRecord
 
 
 class Crash(Exception):
     """The controller's process ending after a step (``inject_fault_after_step``)."""
-
-
-@dataclass
-class Fleet:
-    """What the segment fleet would do to segments, as a record of calls."""
-
-    created: dict[int, list[str]] = field(default_factory=dict)  # child -> subscriptions
-    sealed: dict[int, SealedBy] = field(default_factory=dict)
-    calls: list[str] = field(default_factory=list)
-    cursors: dict[int, set[str]] = field(default_factory=dict)
-
-    async def subscriptions_of(self, names: list[SegmentName]) -> set[str]:
-        return set().union(*(self.cursors.get(n.segment_id, set()) for n in names))
-
-    async def create(
-        self, name: SegmentName, info: SegmentInfo, subscriptions: list[str], epoch: int
-    ) -> None:
-        assert epoch == EPOCH and info.segment_id == name.segment_id
-        self.created[name.segment_id] = subscriptions
-        self.calls.append(f"create {name.segment_id}")
-
-    async def terminate(self, name: SegmentName, epoch: int, sealed: SealedBy) -> int:
-        assert self.sealed.get(name.segment_id, sealed) == sealed, "sealed twice, differently"
-        self.sealed[name.segment_id] = sealed
-        self.calls.append(f"seal {name.segment_id}")
-        return 0
-
-    def announce_layout(self) -> None:
-        self.calls.append("announce")
-
-    def start_in_background(self, names: list[SegmentName]) -> None:
-        self.calls.append("start " + " ".join(str(n.segment_id) for n in names))
-
-
-class Metrics:
-    def operation(self, kind: str, seconds: float) -> None:
-        assert seconds >= 0
-
-
-def setup(subscriptions: dict[str, set[int]]) -> tuple[Catalog, Fleet, TopicParts]:
-    catalog = Catalog(store=MetadataStore(kv=MemoryKeyValue()))
-    record = TopicRecord.new(SegmentLayout.initial(2), new_incarnation(), EPOCH)
-    catalog.create_topic(TOPIC, record)
-    for name in subscriptions:
-        catalog.create_subscription(TOPIC, SubscriptionMetadata(name=name))
-    fleet = Fleet(cursors={s: {n for n, on in subscriptions.items() if s in on} for s in (0, 1)})
-    parts = TopicParts(
-        TOPIC,
-        catalog,
-        fleet,  # type: ignore[arg-type]
-        Metrics(),  # type: ignore[arg-type]
-        leader_epoch=lambda: EPOCH,
-        read_record=lambda: catalog.require_topic(TOPIC),
-    )
-    return catalog, fleet, parts
 
 
 def operations(parts: TopicParts, crash_after: Step | None) -> LayoutOperations:
@@ -99,7 +39,7 @@ def operations(parts: TopicParts, crash_after: Step | None) -> LayoutOperations:
         if step == crash_after:
             raise Crash(step)
 
-    subscriptions = TopicSubscriptions(parts, lambda: [], lambda: None)
+    subscriptions = TopicSubscriptions(parts, lambda: None)
     return LayoutOperations(parts, subscriptions, update, lambda record: None, step_done)
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import ray
 
 from actors.capacity import check_capacity
+from actors.control.coordinators import TopicCoordinators
 from actors.control.layout_operations import LayoutOperations, Step, describe
 from actors.control.maintenance import TopicMaintenance
 from actors.control.metadata_rebuild import MetadataRebuild
@@ -91,9 +92,10 @@ class ScalableTopicController:
         self.fleet = SegmentFleet(
             self.topic, Path(storage_root), self.durability, self._forget_recovery, self.catalog
         )
+        self.coordinators = TopicCoordinators(self.topic)
         self._recovered = False
         self._fault_after_step: int | None = None
-        self.subscriptions = TopicSubscriptions(self.parts, self._all_names, self._write_identity)
+        self.subscriptions = TopicSubscriptions(self.parts, self._write_identity)
         self.segments = SegmentAdministration(self.parts)
         self.rebuild = MetadataRebuild(
             self.parts, self._raise_epoch, self._recover_from_start, self._write_identity
@@ -113,6 +115,7 @@ class ScalableTopicController:
             self.topic,
             self.catalog,
             self.fleet,
+            self.coordinators,
             self.metrics,
             leader_epoch=lambda: self.epoch,
             read_record=self.catalog_record,
@@ -164,7 +167,8 @@ class ScalableTopicController:
         if self._recovered and record.pending_operation is None:
             return
         record = self._update_record(lambda r: r)
-        await self.fleet.fence(self._active_names(record), self.epoch)
+        active = [s.name(self.topic) for s in record.layout.active_segments.values()]
+        await self.fleet.fence(active, self.epoch)
         if record.pending_operation is not None:
             await self.operations.carry_out(record.pending_operation)
         await self.subscriptions.finish_all()
@@ -405,17 +409,6 @@ class ScalableTopicController:
         if name.topic != self.topic:
             raise InvalidArgumentError(f"{segment} does not belong to {self.topic}")
         return name
-
-    def _names(self, active_only: bool, record: TopicRecord | None = None) -> list[SegmentName]:
-        layout = (record or self._read_record()).layout
-        segments = layout.active_segments if active_only else layout.all_segments
-        return [s.name(self.topic) for s in segments.values()]
-
-    def _active_names(self, record: TopicRecord | None = None) -> list[SegmentName]:
-        return self._names(True, record)
-
-    def _all_names(self) -> list[SegmentName]:
-        return self._names(False)
 
     def _write_identity(self, record: TopicRecord | None = None) -> None:
         """Rewrite the incarnation's ``topic.json``: what recovery needs beyond the

@@ -100,7 +100,7 @@ class LayoutOperations:
         names."""
         catalog, fleet, topic = self.parts.catalog, self.parts.fleet, self.parts.topic
         for subscription in catalog.subscriptions(topic):
-            await self.subscriptions.stop_coordinator(subscription)
+            await self.parts.coordinators.stop(subscription)
         segments = self.parts.read_record().layout.all_segments.values()
         epoch = self.parts.leader_epoch()
         await asyncio.gather(*(fleet.destroy(s.name(topic), epoch) for s in segments))

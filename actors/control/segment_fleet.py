@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
@@ -30,6 +31,7 @@ from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
 from runtime.placement import choose_disk
+from runtime.subscription import ResetTarget
 from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.durability import Durability, node_storage_root, storage_scope
@@ -188,6 +190,15 @@ class SegmentFleet:
             return
         await self.handle(name).delete_subscription.remote(
             subscription, epoch, credential=guard().internal_token()
+        )
+
+    async def seek(
+        self, name: SegmentName, subscription: str, to: ResetTarget, epoch: int
+    ) -> dict[str, Any]:
+        """Move the subscription's cursor on the segment (``SegmentStore.seek``); a
+        hibernating segment is woken for it."""
+        return await self.handle(name).seek.remote(
+            subscription, to, epoch, credential=guard().internal_token()
         )
 
     # --- creating -----------------------------------------------------------------------

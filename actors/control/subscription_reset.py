@@ -21,9 +21,7 @@ import asyncio
 import time
 from typing import Any
 
-from actors.control.coordinator import coordinator_actor
 from actors.control.topic_parts import TopicParts
-from actors.guard import guard
 from runtime.errors import ConflictError, SubscriptionNotFoundError
 from runtime.subscription import ResetTarget
 from storage.records import SubscriptionKind, SubscriptionState
@@ -50,18 +48,13 @@ async def reset_subscription(ctl: TopicParts, subscription: str, to: ResetTarget
         )
     layout = ctl.read_record().layout
     names = {i: info.name(ctl.topic) for i, info in layout.all_segments.items()}
-    token = guard().internal_token()
+    epoch = ctl.leader_epoch()
     moved = await asyncio.gather(
-        *(
-            ctl.fleet.handle(name).seek.remote(
-                subscription, to, ctl.leader_epoch(), credential=token
-            )
-            for name in names.values()
-        )
+        *(ctl.fleet.seek(name, subscription, to, epoch) for name in names.values())
     )
     positions = dict(zip(names, moved, strict=True))
     finished = sorted(i for i, answer in positions.items() if answer["finished"])
-    await coordinator_actor(ctl.topic, subscription).reset.remote(finished, {}, credential=token)
+    await ctl.coordinators.reset(subscription, finished)
     now_ms = time.time_ns() // 1_000_000
     return {
         "topic": str(ctl.topic),

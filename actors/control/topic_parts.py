@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from actors.control.coordinators import TopicCoordinators
 from actors.control.segment_fleet import SegmentFleet
 from actors.metrics import ControllerMetrics
 from runtime.names import TopicName
@@ -27,6 +28,7 @@ class TopicParts:
     topic: TopicName
     catalog: Catalog
     fleet: SegmentFleet  # every Ray and file call on the topic's segments
+    coordinators: TopicCoordinators  # every Ray call on its subscriptions' coordinators
     metrics: ControllerMetrics
     leader_epoch: Callable[[], int]  # the controller's fencing epoch now
     read_record: Callable[[], TopicRecord]  # the topic's record, read as its leader

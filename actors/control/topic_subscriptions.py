@@ -15,31 +15,17 @@ subscription's coordinator, its metadata and the incarnation's ``topic.json``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
-import ray
-from ray.exceptions import RayActorError
-
-from actors.control.coordinator import coordinator_actor
 from actors.control.topic_parts import TopicParts
-from actors.guard import guard
-from actors.registry import lookup
 from runtime.errors import UnauthorizedError
-from runtime.names import SegmentName
 from storage.records import SubscriptionKind, SubscriptionMetadata, SubscriptionState
 from storage.topic_storage import SubscriptionSettings
 
 
 class TopicSubscriptions:
-    def __init__(
-        self,
-        parts: TopicParts,
-        all_names: Callable[[], list[SegmentName]],
-        write_identity: Callable[[], None],
-    ) -> None:
+    def __init__(self, parts: TopicParts, write_identity: Callable[[], None]) -> None:
         self._parts = parts
-        self._all_names = all_names  # every segment of the layout, sealed ones too
         self._write_identity = write_identity
 
     async def create(self, meta: SubscriptionMetadata) -> None:
@@ -67,7 +53,8 @@ class TopicSubscriptions:
         meta = parts.catalog.subscription(parts.topic, name)
         if meta is None or meta.state == SubscriptionState.ACTIVE:
             return
-        names, epoch = self._all_names(), parts.leader_epoch()
+        layout, epoch = parts.read_record().layout, parts.leader_epoch()
+        names = [s.name(parts.topic) for s in layout.all_segments.values()]  # sealed ones too
         if meta.state == SubscriptionState.CREATING:
             await asyncio.gather(
                 *(parts.fleet.create_subscription(n, name, meta.position, epoch) for n in names)
@@ -75,10 +62,10 @@ class TopicSubscriptions:
             parts.catalog.update_subscription(
                 parts.topic, name, _in_state(SubscriptionState.ACTIVE)
             )
-            coordinator_actor(parts.topic, name)
+            parts.coordinators.start(name)
             self._write_identity()
         else:
-            await self.stop_coordinator(name)
+            await parts.coordinators.stop(name)
             await asyncio.gather(*(parts.fleet.delete_subscription(n, name, epoch) for n in names))
             parts.catalog.delete_subscription(parts.topic, name)
             self._write_identity()
@@ -87,15 +74,6 @@ class TopicSubscriptions:
         """Finish whatever a predecessor left half-way (recovery)."""
         for name in self._parts.catalog.subscriptions(self._parts.topic):
             await self.finish(name)
-
-    async def stop_coordinator(self, name: str) -> None:
-        try:
-            handle = lookup(self._parts.topic.coordinator_actor_name(name))
-        except ValueError:
-            return
-        with contextlib.suppress(RayActorError):
-            await handle.shutdown.remote(credential=guard().internal_token())
-        ray.kill(handle, no_restart=True)
 
     def live(self) -> dict[str, SubscriptionMetadata]:
         """The subscriptions proper that are not being deleted, by name."""
