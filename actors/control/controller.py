@@ -449,7 +449,13 @@ class ScalableTopicControllerActor(ScalableTopicController):
         # (finishes its predecessor's operation, starts missing segment actors) instead
         # of waiting for a call: producers and consumers never call the controller.
         self._recovery = asyncio.get_running_loop().create_task(self._recover_in_background())
-        commands = LayoutCommands(self.split_segment, self.merge_segments, self.prune_segments)
+
+        token = guard().internal_token  # the cluster's own credential, read at each call
+        commands = LayoutCommands(
+            split=lambda i: self.split_segment(i, credential=token()),
+            merge=lambda i, j: self.merge_segments(i, j, credential=token()),
+            prune=lambda ids: self.prune_segments(ids, credential=token()),
+        )
         self.maintenance = TopicMaintenance(self.parts, commands)
         self._maintenance = self.maintenance.start()
 

@@ -16,12 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import ray
-from ray.exceptions import RayActorError
-
 from actors.control.tiering import TierMover
 from actors.control.topic_parts import LayoutCommands, TopicParts
-from actors.guard import guard
 from runtime.autoscale import Decision, LoadTracker, decide
 from runtime.backlog import BacklogAges
 from runtime.config import env_float
@@ -59,7 +55,7 @@ class TopicMaintenance:
         self._active_ids: frozenset[int] = frozenset()
         self._last_change: float | None = None
         self.held_back: dict[str, Any] | None = None
-        self._tier = TierMover(parts.topic, parts.metrics)
+        self._tier = TierMover(parts.topic, parts.metrics, parts.fleet.offload)
         # Tiered segments' records, read once each: a hibernating segment cannot change
         # its own, and the fleet says when it changed one (``records_changed``).
         self._records: dict[int, TieredRecord] = {}
@@ -130,12 +126,12 @@ class TopicMaintenance:
                 self._put_to_sleep(record.layout.get(segment_id), stats[segment_id])
         return policy
 
-    def _handle_of(self, layout: SegmentLayout) -> Callable[[int], ray.actor.ActorHandle | None]:
+    def _handle_of(self, layout: SegmentLayout) -> Callable[[int], Any]:
         """A segment's actor for the mover: running, or woken if it sleeps drained (its
         move is due); None when it runs nowhere now."""
         fleet, topic = self._ctl.fleet, self._ctl.topic
 
-        def handle_of(segment_id: int) -> ray.actor.ActorHandle | None:
+        def handle_of(segment_id: int) -> Any:
             name = layout.get(segment_id).name(topic)
             if segment_id in self._asleep and fleet.wake(name):
                 self._asleep.pop(segment_id, None)
@@ -173,37 +169,16 @@ class TopicMaintenance:
         names = {s.segment_id: s.name(ctl.topic) for s in record.layout.all_segments.values()}
         tiered = set(ctl.fleet.storage().records.segment_ids())
         asleep = set(ctl.fleet.sleeping().segment_ids())
-        handles = {}
-        for segment_id, name in names.items():
-            if ctl.fleet.hibernating(name):
-                continue
-            starts = ctl.fleet.starts(name)
-            handle = ctl.fleet.watched(name)
-            if handle is not None:
-                handles[segment_id] = handle
-            elif segment_id in tiered or segment_id in asleep:
-                ctl.fleet.found_hibernating(name, starts)
-        found = await asyncio.gather(
-            *(
-                asyncio.wait_for(h.stats.remote(credential=guard().internal_token()), STATS_WAIT_S)
-                for h in handles.values()
-            ),
-            return_exceptions=True,
-        )
-        stats = {}
-        for segment_id, st in zip(handles, found, strict=True):
-            if isinstance(st, dict):
-                stats[segment_id] = st
-                self._records.pop(segment_id, None)  # awake: its record may change
-                self._asleep.pop(segment_id, None)
-            elif isinstance(st, RayActorError):
-                ctl.fleet.forget(names[segment_id])  # look it up afresh next round
-        for segment_id in tiered & names.keys() - handles.keys():
+        stats = await ctl.fleet.observe(names, tiered | asleep, STATS_WAIT_S)
+        for segment_id in stats:  # awake: its record may change
+            self._records.pop(segment_id, None)
+            self._asleep.pop(segment_id, None)
+        for segment_id in tiered & names.keys() - stats.keys():
             if ctl.fleet.hibernating(names[segment_id]):
                 stored = self._record(segment_id)
                 if stored is not None:
                     stats[segment_id] = hibernated_stats(names[segment_id], stored)
-        for segment_id in asleep & names.keys() - handles.keys() - tiered:
+        for segment_id in asleep & names.keys() - stats.keys() - tiered:
             if ctl.fleet.hibernating(names[segment_id]):
                 if segment_id not in self._asleep:
                     self._asleep[segment_id] = ctl.fleet.sleeping().get(segment_id)
@@ -230,19 +205,8 @@ class TopicMaintenance:
         oldest_ms = None
         if retention.time_s is not None:
             oldest_ms = time.time_ns() // 1_000_000 - int(retention.time_s * 1000)
-        watched = [
-            self._ctl.fleet.watched(s.name(self._ctl.topic))
-            for s in layout.active_segments.values()
-        ]
-        await asyncio.gather(
-            *(
-                h.retain.remote(
-                    oldest_ms, retention.size_bytes, credential=guard().internal_token()
-                )
-                for h in watched
-                if h is not None
-            )
-        )
+        names = [s.name(self._ctl.topic) for s in layout.active_segments.values()]
+        await self._ctl.fleet.retain(names, oldest_ms, retention.size_bytes)
 
     def _publish(self, layout: SegmentLayout, stats: dict[int, dict[str, Any]]) -> None:
         metrics = self._ctl.metrics
@@ -276,7 +240,7 @@ class TopicMaintenance:
         }
         doomed = prunable(layout, states, retention, time.time_ns() // 1_000_000)
         if doomed:
-            await self._commands.prune(doomed, credential=guard().internal_token())
+            await self._commands.prune(doomed)
         await self._retain_active(layout, retention)
 
     async def _autoscale(
@@ -297,11 +261,10 @@ class TopicMaintenance:
         log.info("%s: autoscale %s %s (%s)", self._ctl.topic, decision.kind, decision.segment_ids,
                  decision.reason)  # fmt: skip
         try:
-            credential = guard().internal_token()
             if decision.kind == "split":
-                await self._commands.split(*decision.segment_ids, credential=credential)
+                await self._commands.split(*decision.segment_ids)
             else:
-                await self._commands.merge(*decision.segment_ids, credential=credential)
+                await self._commands.merge(*decision.segment_ids)
             self.held_back = None
         except InsufficientCapacityError as err:
             self._hold_back(decision, err)

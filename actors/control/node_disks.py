@@ -13,7 +13,9 @@ actor process), each bound to its node with hard node affinity.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,11 +27,11 @@ from actors.registry import on_node
 from runtime.errors import ConflictError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
-from runtime.placement import actor_resources, placement_from_env
+from runtime.placement import actor_resources, choose_disk, placement_from_env
 from storage.durability import Durability, node_storage_root, storage_scope
 from storage.incarnation_storage import IncarnationStorage
 from storage.metadata import MetadataStore
-from storage.placements import disk_id
+from storage.placements import SegmentPlacements, disk_id
 from storage.tier_records import TierRecords
 from storage.topic_storage import delete_storage, incarnation_directory, segment_directory
 
@@ -95,6 +97,48 @@ class NodeDisks:
         self.topic, self.cluster_root, self.durability = topic, str(cluster_root), durability
         self._metadata_namespace = metadata_namespace  # what the laying-out task opens
         self._nodes: dict[str, str] = {}  # disk id → Ray node id, as last asked
+        self._placing = asyncio.Lock()
+
+    def node_of_segment(self, name: SegmentName, placements: SegmentPlacements) -> str | None:
+        """The node a local segment's actor must run on: ``None`` (any) for a segment laid
+        out before each node kept its own disk; ``UnavailableError`` while no live node
+        has its disk."""
+        disk = placements.get(name.segment_id)
+        if disk is None:
+            return None
+        node = self.node_of(disk)
+        if node is None:
+            raise self.unavailable(name, disk)
+        return node
+
+    async def place(
+        self,
+        name: SegmentName,
+        info: SegmentInfo,
+        placements: SegmentPlacements,
+        tiered: Callable[[], set[int]],
+    ) -> str:
+        """Choose the new segment's disk (one choice at a time, so a split's children see
+        each other), record it, and return the node that has it. The load of a disk is
+        the segments placed on it that are not ``tiered`` (ids) now."""
+        async with self._placing:
+            disk = placements.get(name.segment_id)
+            if disk is None:
+                nodes = await asyncio.to_thread(self.live)
+                placed = placements.all()
+                off_disk = tiered()
+                load = {d: 0 for d in sorted(nodes)}
+                for segment_id, d in placed.items():
+                    if d in load and segment_id not in off_disk:
+                        load[d] += 1
+                if not load:
+                    raise UnavailableError(f"{self.topic}: no live node may hold its segments")
+                avoid = {placed[p] for p in info.parent_ids if p in placed}
+                disk = placements.place(name.segment_id, choose_disk(load, avoid))
+            node = await asyncio.to_thread(self.node_of, disk)
+            if node is None:
+                raise self.unavailable(name, disk)
+            return node
 
     def node_of(self, disk: str) -> str | None:
         """The live node that has ``disk`` (the nodes are asked again when none is known

@@ -30,7 +30,6 @@ from actors.segment.actor import segment_actor
 from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
-from runtime.placement import choose_disk
 from runtime.subscription import ResetTarget
 from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
@@ -75,7 +74,6 @@ class SegmentFleet:
         self.records_changed = 0
         self._hibernating: set[SegmentName] = set()  # ended by ``hibernate``, not since started
         self._starts: dict[SegmentName, int] = {}  # ``handle`` calls finished, per segment
-        self._placing = asyncio.Lock()
 
     # --- handles -------------------------------------------------------------------------
 
@@ -92,7 +90,8 @@ class SegmentFleet:
                 running = self._running(name)
                 if running is not None:
                     return running
-                node = self._node_of(name)
+                tiered = self.storage().tiered(name.segment_id) is not None
+                node = None if tiered else self.disks.node_of_segment(name, self.placements())
             return segment_actor(
                 name,
                 create=True,
@@ -120,6 +119,51 @@ class SegmentFleet:
     def forget(self, name: SegmentName) -> None:
         """Look ``name`` up afresh next time (its actor died or was replaced)."""
         self._watch_handles.pop(name, None)
+
+    # --- what the maintenance rounds ask ----------------------------------------------------
+
+    async def observe(
+        self, names: dict[int, SegmentName], on_demand: set[int], wait_s: float
+    ) -> dict[int, dict[str, Any]]:
+        """The stats of every segment of ``names`` (by id) whose actor runs and answers
+        within ``wait_s``. One not running that is in ``on_demand`` (tiered, or sleeping
+        drained) is marked hibernating, and not looked up again until started."""
+        handles = {}
+        for segment_id, name in names.items():
+            if self.hibernating(name):
+                continue
+            starts = self.starts(name)
+            handle = self.watched(name)
+            if handle is not None:
+                handles[segment_id] = handle
+            elif segment_id in on_demand:
+                self.found_hibernating(name, starts)
+        token = guard().internal_token()
+        found = await asyncio.gather(
+            *(asyncio.wait_for(h.stats.remote(credential=token), wait_s) for h in handles.values()),
+            return_exceptions=True,
+        )
+        stats = {}
+        for segment_id, st in zip(handles, found, strict=True):
+            if isinstance(st, dict):
+                stats[segment_id] = st
+            elif isinstance(st, RayActorError):
+                self.forget(names[segment_id])  # look it up afresh next round
+        return stats
+
+    async def retain(
+        self, names: list[SegmentName], oldest_ms: int | None, max_bytes: int | None
+    ) -> None:
+        """Time and size retention on the running ones of ``names`` (whole batches)."""
+        watched = [h for h in (self.watched(n) for n in names) if h is not None]
+        token = guard().internal_token()
+        await asyncio.gather(
+            *(h.retain.remote(oldest_ms, max_bytes, credential=token) for h in watched)
+        )
+
+    async def offload(self, handle: ray.actor.ActorHandle, uri: str) -> None:
+        """Have the segment behind ``handle`` move itself to the tier at ``uri``."""
+        await handle.offload.remote(uri, credential=guard().internal_token())
 
     # --- tiered segments ------------------------------------------------------------------
 
@@ -224,7 +268,9 @@ class SegmentFleet:
         """
         handle = await self._own_actor(name)
         if handle is None and self.node_local:
-            node = await self._place(name, info)
+            node = await self.disks.place(
+                name, info, self.placements(), lambda: set(self.storage().records.segment_ids())
+            )
             await self.disks.lay_out(
                 node, self._current(), name, info, subscriptions, epoch, in_layout
             )
@@ -366,42 +412,6 @@ class SegmentFleet:
         return SegmentPlacements(self._catalog.store, self.topic, self._current())
 
     # --- internals ----------------------------------------------------------------------
-
-    def _node_of(self, name: SegmentName) -> str | None:
-        """The node a segment's actor must run on: ``None`` (any) once tiered, or for a
-        segment laid out before each node kept its own disk."""
-        if self.storage().tiered(name.segment_id) is not None:
-            return None
-        disk = self.placements().get(name.segment_id)
-        if disk is None:
-            return None
-        node = self.disks.node_of(disk)
-        if node is None:
-            raise self.disks.unavailable(name, disk)
-        return node
-
-    async def _place(self, name: SegmentName, info: SegmentInfo) -> str:
-        """Choose the new segment's disk (one choice at a time, so a split's children see
-        each other), record it, and return the node that has it."""
-        async with self._placing:
-            placements = self.placements()
-            disk = placements.get(name.segment_id)
-            if disk is None:
-                nodes = await asyncio.to_thread(self.disks.live)
-                placed = placements.all()
-                tiered = set(self.storage().records.segment_ids())
-                load = {d: 0 for d in sorted(nodes)}
-                for segment_id, d in placed.items():
-                    if d in load and segment_id not in tiered:
-                        load[d] += 1
-                if not load:
-                    raise UnavailableError(f"{self.topic}: no live node may hold its segments")
-                avoid = {placed[p] for p in info.parent_ids if p in placed}
-                disk = placements.place(name.segment_id, choose_disk(load, avoid))
-            node = await asyncio.to_thread(self.disks.node_of, disk)
-            if node is None:
-                raise self.disks.unavailable(name, disk)
-            return node
 
     def _running(self, name: SegmentName) -> ray.actor.ActorHandle | None:
         try:

@@ -15,12 +15,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import ray
-
-from actors.guard import guard
 from actors.metrics import ControllerMetrics
 from runtime.errors import ScalableTopicsError
 from runtime.layout import SegmentLayout
@@ -47,8 +44,14 @@ def tier_uri(uri: str) -> str:
 
 
 class TierMover:
-    def __init__(self, topic: TopicName, metrics: ControllerMetrics) -> None:
+    def __init__(
+        self,
+        topic: TopicName,
+        metrics: ControllerMetrics,
+        offload: Callable[[Any, str], Awaitable[None]],
+    ) -> None:
         self._topic, self._metrics = topic, metrics
+        self._offload = offload  # a segment's handle, the tier: the move (``SegmentFleet``)
         self._moving: dict[int, asyncio.Task] = {}
         self._failures: dict[int, tuple[int, float]] = {}  # id → (failures, retry at)
 
@@ -57,7 +60,7 @@ class TierMover:
         layout: SegmentLayout,
         stats: Mapping[int, Mapping[str, Any]],
         policy: TieringPolicy,
-        handle_of: Callable[[int], ray.actor.ActorHandle | None],
+        handle_of: Callable[[int], Any],
         moved: Callable[[int], None],
     ) -> None:
         """Start the moves that are due and not running or waiting for a retry; ``moved``
@@ -76,12 +79,12 @@ class TierMover:
     async def _move(
         self,
         segment_id: int,
-        handle: ray.actor.ActorHandle,
+        handle: Any,
         uri: str,
         moved: Callable[[int], None],
     ) -> None:
         try:
-            await handle.offload.remote(tier_uri(uri), credential=guard().internal_token())
+            await self._offload(handle, tier_uri(uri))
             self._failures.pop(segment_id, None)
             moved(segment_id)
         except Exception as err:  # the store may be down: retry later, keep serving locally

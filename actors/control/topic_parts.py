@@ -36,9 +36,10 @@ class TopicParts:
 
 @dataclass(frozen=True)
 class LayoutCommands:
-    """The controller's layout operations, each taking the controller's lock and the
-    caller's ``credential``; maintenance issues them like any admin caller."""
+    """The controller's layout operations as maintenance issues them: each takes the
+    controller's lock and is checked like any admin call, presenting the cluster's
+    internal credential."""
 
-    split: Callable[..., Awaitable[dict[str, Any]]]
-    merge: Callable[..., Awaitable[dict[str, Any]]]
-    prune: Callable[..., Awaitable[Any]]
+    split: Callable[[int], Awaitable[dict[str, Any]]]
+    merge: Callable[[int, int], Awaitable[dict[str, Any]]]
+    prune: Callable[[list[int]], Awaitable[list[int]]]
