@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from actors.control.topic_parts import TopicParts
-from actors.segment.actor import segment_actor
 from runtime.errors import ConflictError, SegmentNotFoundError
 from runtime.layout import HashRange, SegmentInfo
 from runtime.names import SegmentName
@@ -53,10 +52,8 @@ class SegmentAdministration:
         """Stop and remove a segment; one of the layout's ACTIVE ones only with ``force``."""
         info = self.in_layout(name, required=False)
         if info is None:
-            try:
-                segment_actor(name)
-            except ValueError:
-                raise SegmentNotFoundError(f"{name} does not exist") from None
+            if self.parts.fleet.running(name) is None:
+                raise SegmentNotFoundError(f"{name} does not exist")
         elif info.is_active and not force:
             raise ConflictError(
                 f"{name} is ACTIVE in the layout of {self.parts.topic}: terminate it through a "

@@ -87,7 +87,7 @@ class SegmentFleet:
         try:
             node = None
             if self.node_local:
-                running = self._running(name)
+                running = self.running(name)
                 if running is not None:
                     return running
                 tiered = self.storage().tiered(name.segment_id) is not None
@@ -103,6 +103,13 @@ class SegmentFleet:
         finally:
             self._starts[name] = self._starts.get(name, 0) + 1
             self._hibernating.discard(name)
+
+    def running(self, name: SegmentName) -> ray.actor.ActorHandle | None:
+        """The segment's actor if one runs now (never started by asking)."""
+        try:
+            return segment_actor(name)
+        except ValueError:
+            return None
 
     def watched(self, name: SegmentName) -> ray.actor.ActorHandle | None:
         """Handles for the maintenance rounds, cached: a lookup per segment per round would
@@ -217,7 +224,7 @@ class SegmentFleet:
     ) -> None:
         """A subscription's cursor on the segment: in a hibernating tiered segment's record
         (creating a subscription must not wake every tiered segment), else by its actor."""
-        if self._running(name) is None and self.storage().records.add_cursor(
+        if self.running(name) is None and self.storage().records.add_cursor(
             name.segment_id, subscription, position, epoch
         ):
             self.records_changed += 1
@@ -227,7 +234,7 @@ class SegmentFleet:
         )
 
     async def delete_subscription(self, name: SegmentName, subscription: str, epoch: int) -> None:
-        if self._running(name) is None and self.storage().records.delete_cursor(
+        if self.running(name) is None and self.storage().records.delete_cursor(
             name.segment_id, subscription, epoch
         ):
             self.records_changed += 1
@@ -412,12 +419,6 @@ class SegmentFleet:
         return SegmentPlacements(self._catalog.store, self.topic, self._current())
 
     # --- internals ----------------------------------------------------------------------
-
-    def _running(self, name: SegmentName) -> ray.actor.ActorHandle | None:
-        try:
-            return segment_actor(name)
-        except ValueError:
-            return None
 
     def _current(self) -> str:
         if self.incarnation is None:
