@@ -66,6 +66,12 @@ class BacklogAges:
             ages[name] = max(ages.get(name, 0.0), age_s(oldest, now_ms))
         return ages
 
+    def growing(self) -> bool:
+        """Whether an export now would differ from the last one: some message is still
+        unacknowledged (its age grows with the clock), or a pair was cleared since. A
+        topic with nothing owed exports nothing between rounds."""
+        return bool(self._segments or self._cleared)
+
     def segment_ages(self, now_ms: int) -> dict[tuple[str, str], float]:
         """(segment descriptor, subscription) → age, for the pairs with a backlog, and 0 once for
         each pair whose backlog was acknowledged since the last call (a pair with none

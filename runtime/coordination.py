@@ -58,6 +58,13 @@ class GroupState:
     def expired(self, now: float, grace_s: float) -> list[str]:
         return sorted(c for c, s in self.sessions.items() if now - s.last_seen > grace_s)
 
+    def next_expiry(self, grace_s: float) -> float | None:
+        """When the first session expires if no consumer is heard from before (a consumer
+        heard from only moves its own later); ``None`` without sessions."""
+        if not self.sessions:
+            return None
+        return min(s.last_seen for s in self.sessions.values()) + grace_s
+
     # --- progress ----------------------------------------------------------------------
 
     def release(self, consumer: str, segment: int, position: int | None = None) -> None:

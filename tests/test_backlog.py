@@ -58,6 +58,11 @@ def test_ages_are_retaken_between_rounds_and_a_cleared_pair_is_zeroed_once() -> 
     assert ages.segment_ages(13_000) == {(left, "a"): 0.0, (right, "a"): 5.0}
     assert ages.segment_ages(14_000) == {(right, "a"): 6.0}  # the zero was exported once
     assert ages.subscription_ages(14_000) == {"a": 6.0}
+    assert ages.growing()
+    ages.observe({right: {"subscriptions": {"a": {"oldestUnackedMs": None}}}}, ["a"])
+    assert ages.growing()  # the pair acknowledged since is still to be zeroed
+    assert ages.segment_ages(15_000) == {(right, "a"): 0.0}
+    assert not ages.growing()  # nothing owed: no export between rounds until one is
 
 
 @given(

@@ -35,6 +35,9 @@ from runtime.names import TopicName, validate_part
 from storage.catalog import Catalog
 from storage.records import ConsumerRegistration, SubscriptionKind, SubscriptionMetadata
 
+# Past a session's deadline by this much before looking, so it is found expired then.
+_EXPIRY_SLACK_S = 0.05
+
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class SubscriptionCoordinator:
@@ -53,6 +56,7 @@ class SubscriptionCoordinator:
         self._persisted: dict[str, tuple[int, ...]] = {}
         self._tasks: list[asyncio.Task] = []
         self._start_lock = asyncio.Lock()
+        self._joined = asyncio.Event()  # a session began: the expiry deadline may be sooner
 
     # --- consumer API ----------------------------------------------------------------
 
@@ -68,6 +72,7 @@ class SubscriptionCoordinator:
         validate_part("consumer name", consumer)
         await self._start()
         self.state.join(consumer, time.monotonic())
+        self._joined.set()
         self._settle()
         return self._assignment(consumer)
 
@@ -202,9 +207,18 @@ class SubscriptionCoordinator:
             self._settle()
 
     async def _expire(self) -> None:
+        """Evict each consumer once its grace period has passed unheard: a sleep until the
+        first session's deadline (moved later by every consumer heard from meanwhile),
+        not a timer that ticks while nothing can expire. With no sessions, a join wakes
+        it (``_joined``)."""
+        grace_s = self.meta.session_grace_s
         while True:
-            await asyncio.sleep(0.25)
-            for consumer in self.state.expired(time.monotonic(), self.meta.session_grace_s):
+            due = self.state.next_expiry(grace_s)
+            wait_s = grace_s if due is None else max(due - time.monotonic(), 0.0) + _EXPIRY_SLACK_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._joined.wait(), wait_s)
+            self._joined.clear()
+            for consumer in self.state.expired(time.monotonic(), grace_s):
                 self._evict(consumer)
                 self._settle()
 

@@ -3,9 +3,12 @@
 Modelled on Ray Serve's long-poll host. Any number of watchers park an async
 call per topic; the server reads the topic's metadata (never the controller),
 so producers and consumers keep learning layouts while a controller restarts.
-GCS KV has no change notifications, so the server polls each watched topic
-while someone is listening, and the controller pokes ``notify`` right after
-its compare-and-swap so a split reaches clients without waiting for a poll.
+GCS KV has no change notifications: the controller pokes ``notify`` right after
+each compare-and-swap that changes a layout (a split, merge, prune, delete or a
+rebuild of lost metadata), which is how changes reach clients at once. The server
+also re-reads each watched topic every ``POLL_INTERVAL_S`` while someone listens,
+a safety net for a poke that never came (sent while this server restarted), slow
+enough to cost nothing while topics sit idle.
 
 It is also how clients read a layout at all: the layout names every segment,
 so it is served only to a caller whose credential has ``lookup`` on the topic's
@@ -42,6 +45,8 @@ from storage.catalog import Catalog
 from storage.metadata import Version
 
 ACTOR_NAME = "dagwatch"
+POLL_INTERVAL_S = 1.0
+_UNWATCHED_S = 30.0  # a topic nobody listened to for this long is no longer re-read
 _DELETED = -1
 _REFUSED_RETRY_S = 1.0
 
@@ -61,7 +66,7 @@ class _Topic:
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class DagWatchServer:
     def __init__(
-        self, poll_interval_s: float = 0.1, settings: dict[str, str] | None = None
+        self, poll_interval_s: float = POLL_INTERVAL_S, settings: dict[str, str] | None = None
     ) -> None:
         apply_settings(settings)
         self._catalog = Catalog()
@@ -130,11 +135,11 @@ class DagWatchServer:
             self._refresh(name, self._topics[name])
 
     async def _poll(self, name: str, state: _Topic) -> None:
-        idle_rounds = 0
-        while idle_rounds < 300:  # stop polling a topic nobody watched for ~30 s
+        unwatched_s = 0.0
+        while unwatched_s < _UNWATCHED_S:
             await asyncio.sleep(self._poll_interval_s)
             self._refresh(name, state)
-            idle_rounds = idle_rounds + 1 if state.listeners == 0 else 0
+            unwatched_s = unwatched_s + self._poll_interval_s if state.listeners == 0 else 0.0
         del self._topics[name]
 
     def _refresh(self, name: str, state: _Topic) -> None:

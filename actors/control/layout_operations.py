@@ -106,6 +106,7 @@ class LayoutOperations:
         await asyncio.gather(*(fleet.destroy(s.name(topic), epoch) for s in segments))
         await fleet.delete_incarnation()
         catalog.delete_topic(topic)
+        fleet.announce_layout()  # watchers learn it is gone
 
     async def _prune(self, op: PendingOperation) -> TopicRecord:
         """Retention: the sealed roots' storage goes first, then the commit drops them

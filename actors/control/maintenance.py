@@ -63,6 +63,7 @@ class TopicMaintenance:
         # Sleeping segments' kept stats, read once: they change only when one wakes.
         self._asleep: dict[int, dict[str, Any] | None] = {}
         self._ages = BacklogAges()
+        self._ages_growing = asyncio.Event()  # a round observed something unacknowledged
 
     def start(self) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(self._run_forever())
@@ -79,6 +80,9 @@ class TopicMaintenance:
         ``AGE_EXPORT_S`` from the last round's oldest unacknowledged times, so a scrape
         is never a round behind."""
         while True:
+            if not self._ages.growing():  # nothing owed: the exported ages hold
+                await self._ages_growing.wait()
+                self._ages_growing.clear()
             await asyncio.sleep(AGE_EXPORT_S)
             self._export_ages()
 
@@ -224,6 +228,8 @@ class TopicMaintenance:
         descriptors = {i: layout.all_segments[i].name(topic).descriptor for i in stats}
         self._ages.observe({descriptors[i]: st for i, st in stats.items()}, backlog)
         self._export_ages()
+        if self._ages.growing():
+            self._ages_growing.set()
         tiered = sum(1 for st in stats.values() if st.get("tiered"))
         metrics.storage(len(stats) - tiered, tiered)
 

@@ -84,6 +84,7 @@ class MetadataRebuild:
             if fleet.storage().tiered(segment.segment_id) is None:
                 fleet.handle(segment.name(topic))
         self._write_identity()
+        fleet.announce_layout()
         return {
             "topic": str(topic),
             "incarnation": stored.incarnation,

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors.control.dag_watch import dag_watch_actor
+from actors.control.dag_watch import ACTOR_NAME as DAG_WATCH
 from actors.control.node_disks import NodeDisks
 from actors.guard import guard
 from actors.registry import lookup, named_actors
@@ -334,8 +334,13 @@ class SegmentFleet:
         return {subscription for names in found for subscription in names}
 
     def announce_layout(self) -> None:
-        """Tell the DAG watch the layout changed (pushed to its watchers; not waited for)."""
-        dag_watch_actor().notify.remote(str(self.topic), credential=guard().internal_token())
+        """Tell the DAG watch the layout changed (pushed to its watchers; not waited for).
+        No DAG watch running: nobody is watching, and none is started for this."""
+        try:
+            watch = lookup(DAG_WATCH)
+        except ValueError:
+            return
+        watch.notify.remote(str(self.topic), credential=guard().internal_token())
 
     # --- removing -----------------------------------------------------------------------
 
