@@ -34,11 +34,17 @@ TOOLS = frozenset({"ray", "moto_server", "st"})  # console scripts that run no p
 def start() -> None:
     if not os.getenv("COVERAGE_PROCESS_CONFIG"):
         return
-    program = sys.argv[0] if sys.argv else ""
+    program = _program()
     if program.endswith(RAY_WORKER):
         threading.Thread(target=_save_forever, daemon=True, name="coverage-saver").start()
     elif "site-packages" in program or os.path.basename(program) in TOOLS:
         _stop_measuring()
+
+
+def _program() -> str:
+    """The script this process runs: the first argument of its command line that is not an
+    option of the interpreter (``sys.argv[0]`` is this file while ``runpy`` runs it)."""
+    return next((arg for arg in sys.orig_argv[1:] if not arg.startswith("-")), "")
 
 
 def _stop_measuring() -> None:
