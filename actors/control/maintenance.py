@@ -76,9 +76,10 @@ class TopicMaintenance:
             ages.cancel()
 
     async def _export_ages_forever(self) -> None:
-        """Backlog ages grow with the clock between rounds: re-exported every
-        ``AGE_EXPORT_S`` from the last round's oldest unacknowledged times, so a scrape
-        is never a round behind."""
+        """Backlog ages grow with the clock between rounds: while anything is
+        unacknowledged they are re-exported every ``AGE_EXPORT_S`` from the last round's
+        oldest unacknowledged times, so a scrape is never a round behind; with nothing
+        owed the exported ages hold, and this waits for a round that sees a backlog."""
         while True:
             if not self._ages.growing():  # nothing owed: the exported ages hold
                 await self._ages_growing.wait()
