@@ -10,7 +10,7 @@ controller's maintenance acts on it, from the stats of one round.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 
@@ -36,3 +36,47 @@ def idle_drained(stats: Mapping[int, Mapping[str, Any]], idle_s: float) -> list[
         and st.get("idleS", 0.0) >= idle_s
         and all(sub["backlog"] == 0 for sub in st.get("subscriptions", {}).values())
     )
+
+
+class HibernationMarks:
+    """Which segments a controller's fleet ended (or found without a process) and nobody has
+    started since: its maintenance rounds skip looking those up, one GCS round trip each.
+
+    A start may run in a worker thread (a reader's wake) beside a round that looks the
+    segment up: a round that found no process while a start was under way must not mark
+    it, or no round would observe it again once it runs, and it would never end when
+    idle. So a round reads ``starts`` before its lookup and ``found_without_process``
+    marks only if no start began or ended since; a start clears the mark when it begins
+    and again when it ends.
+
+    Who calls: ``actors.control.segment_fleet`` only. Keys: segment names (any hashable).
+    """
+
+    def __init__(self) -> None:
+        self._marked: set[Hashable] = set()
+        self._starts: dict[Hashable, int] = {}  # starts begun or ended, per segment
+
+    def ended(self, segment: Hashable) -> None:
+        """The fleet ended the segment's process (it hibernates)."""
+        self._marked.add(segment)
+
+    def starting(self, segment: Hashable) -> None:
+        self._starts[segment] = self._starts.get(segment, 0) + 1
+        self._marked.discard(segment)
+
+    def started(self, segment: Hashable) -> None:
+        """The start ended (whether or not it succeeded)."""
+        self.starting(segment)
+
+    def marked(self, segment: Hashable) -> bool:
+        return segment in self._marked
+
+    def starts(self, segment: Hashable) -> int:
+        """What a round reads before it looks the segment up."""
+        return self._starts.get(segment, 0)
+
+    def found_without_process(self, segment: Hashable, starts: int) -> None:
+        """A round's lookup, made after reading ``starts``, found no process: mark it
+        unless a start began or ended since."""
+        if self._starts.get(segment, 0) == starts:
+            self._marked.add(segment)

@@ -28,6 +28,7 @@ from actors.guard import guard
 from actors.registry import lookup, named_actors
 from actors.segment.actor import segment_actor
 from runtime.errors import SegmentNotFoundError, UnavailableError
+from runtime.hibernation import HibernationMarks
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
 from runtime.subscription import ResetTarget
@@ -72,8 +73,7 @@ class SegmentFleet:
         # Bumped by every change the fleet makes to a tiered segment's record itself, so
         # an observer caching records knows to read them again.
         self.records_changed = 0
-        self._hibernating: set[SegmentName] = set()  # ended by ``hibernate``, not since started
-        self._starts: dict[SegmentName, int] = {}  # ``handle`` calls finished, per segment
+        self._marks = HibernationMarks()  # ended (or found without a process), not since started
 
     # --- handles -------------------------------------------------------------------------
 
@@ -81,9 +81,8 @@ class SegmentFleet:
         """The segment's actor, started (on its existing storage) if it is not running: on
         the node whose disk has it, when every node keeps its own (``UnavailableError``
         while no live node has that disk). Blocking: GCS round trips; called from a
-        worker thread too (a reader's ``wake``), beside the maintenance rounds' observers,
-        so an observation made while it runs is undone when it ends (``found_hibernating``)."""
-        self._hibernating.discard(name)
+        worker thread too (a reader's ``wake``), beside ``observe`` (``HibernationMarks``)."""
+        self._marks.starting(name)
         try:
             node = None
             if self.node_local:
@@ -101,8 +100,7 @@ class SegmentFleet:
                 node=node,
             )
         finally:
-            self._starts[name] = self._starts.get(name, 0) + 1
-            self._hibernating.discard(name)
+            self._marks.started(name)
 
     def running(self, name: SegmentName) -> ray.actor.ActorHandle | None:
         """The segment's actor if one runs now (never started by asking)."""
@@ -137,14 +135,14 @@ class SegmentFleet:
         drained) is marked hibernating, and not looked up again until started."""
         handles = {}
         for segment_id, name in names.items():
-            if self.hibernating(name):
+            if self._marks.marked(name):
                 continue
-            starts = self.starts(name)
+            starts = self._marks.starts(name)
             handle = self.watched(name)
             if handle is not None:
                 handles[segment_id] = handle
-            elif segment_id in on_demand:
-                self.found_hibernating(name, starts)
+            elif segment_id in on_demand:  # after a controller restart, say
+                self._marks.found_without_process(name, starts)
         token = guard().internal_token()
         found = await asyncio.gather(
             *(asyncio.wait_for(h.stats.remote(credential=token), wait_s) for h in handles.values()),
@@ -189,7 +187,7 @@ class SegmentFleet:
         starts it again anywhere (``wake``). A call in flight fails and is retried by its
         client, which wakes it."""
         self.forget(name)
-        self._hibernating.add(name)
+        self._marks.ended(name)
         with contextlib.suppress(ValueError):
             ray.kill(segment_actor(name), no_restart=True)
         if self.node_local and self.storage().tiered(name.segment_id) is not None:
@@ -204,20 +202,7 @@ class SegmentFleet:
     def hibernating(self, name: SegmentName) -> bool:
         """Whether the fleet ended the segment's actor and nobody has started it since
         through the fleet (observers skip looking it up: one GCS round trip saved each)."""
-        return name in self._hibernating
-
-    def starts(self, name: SegmentName) -> int:
-        """How many times the fleet has started (or looked for) ``name``'s actor: what an
-        observer reads before looking the actor up (``found_hibernating``)."""
-        return self._starts.get(name, 0)
-
-    def found_hibernating(self, name: SegmentName, starts: int) -> None:
-        """A tiered segment observed without an actor (after a controller restart), by a
-        lookup made after ``starts`` was read: ignored if the fleet started it since, or is
-        starting it (a reader woke it meanwhile), else the segment would never be observed
-        running, nor end again when idle."""
-        if self._starts.get(name, 0) == starts:
-            self._hibernating.add(name)
+        return self._marks.marked(name)
 
     async def create_subscription(
         self, name: SegmentName, subscription: str, position: str, epoch: int
