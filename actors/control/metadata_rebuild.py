@@ -80,8 +80,9 @@ class MetadataRebuild:
                 fleet.delete_segment_storage(info.info.name(topic))
         await self._resume()
         layout = parts.read_record().layout
+        tiered = set(fleet.storage().records.segment_ids())  # one read, not one per segment
         for segment in layout.all_segments.values():  # sealed ones serve their backlog
-            if fleet.storage().tiered(segment.segment_id) is None:
+            if segment.segment_id not in tiered:
                 fleet.handle(segment.name(topic))
         self._write_identity()
         fleet.announce_layout()
