@@ -160,6 +160,7 @@ def main(scratch: Path) -> None:
         admin = ScalableTopicsAdmin()
         name = TopicName.parse(TOPIC)
         admin.create_scalable_topic(TOPIC, 2)
+        admin.wait_until_ready(TOPIC)  # its segments start in the background: stats wait for none
         uri = f"file://{scratch / 'tier'}/events"
         admin.set_policy(TOPIC, {"tiering": {"uri": uri, "afterS": 0, "idleS": 600}})
         incarnation = admin.get_stats(TOPIC)["incarnation"]
