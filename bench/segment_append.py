@@ -282,7 +282,7 @@ def run_segments(
 ) -> Iterator[Measurement]:
     import ray
 
-    from actors.segment.actor import segment_actor
+    from actors.segment.actor import start_segment_actor
     from runtime.names import TopicName
     from storage.durability import Durability
 
@@ -293,9 +293,8 @@ def run_segments(
                 # fresh actor (the TCP rows ran 20-30% slower on the actor the Ray-call
                 # rows had just filled), and files (and their cleanup) stay small.
                 topic = TopicName("bench", "append", f"{policy}-{batch_size}-{round_}")
-                handle = segment_actor(
+                handle = start_segment_actor(
                     topic.segment(index, 0, 0xFFFF),
-                    create=True,
                     initialize=True,
                     storage_root=str(root / "segments"),
                     durability=Durability(policy=policy),  # type: ignore[arg-type]

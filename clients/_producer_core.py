@@ -26,6 +26,7 @@ from clients._limits import ClusterLimits
 from clients._ray import background_loop
 from clients._send_results import Chunk
 from runtime.batch import (
+    batch_slices,
     make_batch,
     message_sizes,
     serialize_batch,
@@ -38,7 +39,6 @@ from runtime.errors import (
 )
 from runtime.hashing import key_hashes
 from runtime.layout import SegmentLayout
-from runtime.limits import batch_slices
 from runtime.names import TopicName
 from runtime.remote import call
 from runtime.routing import partition

@@ -11,12 +11,15 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from runtime.errors import InvalidArgumentError
+from runtime.errors import InvalidArgumentError, LimitExceededError
+
+if TYPE_CHECKING:
+    from runtime.limits import Limits
 
 PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
 BATCH_SCHEMA = pa.schema(
@@ -100,6 +103,45 @@ def batch_bytes(batch: pa.RecordBatch) -> int:
     message. Equal to ``message_sizes(batch).sum()``."""
     keys = _keys(batch)
     return _span(batch.column("value")) + (0 if keys is None else _span(keys))
+
+
+def check_batch(limits: Limits, batch: pa.RecordBatch) -> None:
+    """One append's batch against ``limits``. Every append in a segment pays this, so the
+    common case is settled in O(1): when all the batch's buffers together fit both size
+    limits, no message and no batch total can exceed them. Otherwise the sizes per
+    message are read only when the batch's total is over ``max_message_bytes``.
+    """
+    if batch.num_rows > limits.max_batch_messages:
+        raise LimitExceededError(
+            f"batch of {batch.num_rows} messages exceeds max_batch_messages "
+            f"{limits.max_batch_messages}"
+        )
+    if batch.get_total_buffer_size() <= min(limits.max_message_bytes, limits.max_batch_bytes):
+        return
+    total = batch_bytes(batch)
+    if total > limits.max_message_bytes:
+        limits.check_message(int(message_sizes(batch).max()))
+    if total > limits.max_batch_bytes:
+        raise LimitExceededError(
+            f"batch of {total} bytes exceeds max_batch_bytes {limits.max_batch_bytes}"
+        )
+
+
+def batch_slices(sizes: np.ndarray, max_messages: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Cut consecutive messages into ``[start, stop)`` runs within both limits.
+
+    Every single message is assumed to fit (checked at send); a run always holds
+    at least one message, so the cut always makes progress.
+    """
+    slices, start, total = [], 0, len(sizes)
+    ends = np.cumsum(sizes, dtype=np.int64)
+    while start < total:
+        base = ends[start - 1] if start else 0
+        by_bytes = int(np.searchsorted(ends, base + max_bytes, side="right"))
+        stop = min(total, start + max_messages, max(by_bytes, start + 1))
+        slices.append((start, stop))
+        start = stop
+    return slices
 
 
 def _keys(batch: pa.RecordBatch) -> pa.Array | None:

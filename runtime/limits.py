@@ -5,7 +5,10 @@ them for one namespace (``ScalableTopicsAdmin.set_namespace_limits``), kept by
 ``storage.catalog``. Every check raises ``LimitExceededError`` saying
 what was asked and what is allowed, before anything is changed. The segment is
 the authority on message and batch size; producers check the same numbers early
-so that the error names the message, and split batches so none is too large.
+so that the error names the message, and split batches so none is too large
+(``runtime.batch.check_batch`` and ``batch_slices``: the Arrow side of the same
+numbers, kept there so that the processes that never see a batch, such as the
+controllers and coordinators, do not import Arrow).
 """
 
 from __future__ import annotations
@@ -17,10 +20,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
-import numpy as np
-import pyarrow as pa
-
-from runtime.batch import batch_bytes, message_sizes
 from runtime.errors import (
     InconsistentRequestError,
     InvalidArgumentError,
@@ -94,27 +93,6 @@ class Limits:
                 f"{self.max_message_bytes}"
             )
 
-    def check_batch(self, batch: pa.RecordBatch) -> None:
-        """One append's batch. Every append in a segment pays this, so the common case
-        is settled in O(1): when all the batch's buffers together fit both size
-        limits, no message and no batch total can exceed them. Otherwise the sizes
-        per message are read only when the batch's total is over ``max_message_bytes``.
-        """
-        if batch.num_rows > self.max_batch_messages:
-            raise LimitExceededError(
-                f"batch of {batch.num_rows} messages exceeds max_batch_messages "
-                f"{self.max_batch_messages}"
-            )
-        if batch.get_total_buffer_size() <= min(self.max_message_bytes, self.max_batch_bytes):
-            return
-        total = batch_bytes(batch)
-        if total > self.max_message_bytes:
-            self.check_message(int(message_sizes(batch).max()))
-        if total > self.max_batch_bytes:
-            raise LimitExceededError(
-                f"batch of {total} bytes exceeds max_batch_bytes {self.max_batch_bytes}"
-            )
-
     def check_topics(self, namespace: str, existing: int) -> None:
         if existing + 1 > self.max_topics_per_namespace:
             raise LimitExceededError(
@@ -130,23 +108,6 @@ class Limits:
             raise LimitExceededError(
                 f"{where} would have {active_after} active segments; {limit_name} is {limit}"
             )
-
-
-def batch_slices(sizes: np.ndarray, max_messages: int, max_bytes: int) -> list[tuple[int, int]]:
-    """Cut consecutive messages into ``[start, stop)`` runs within both limits.
-
-    Every single message is assumed to fit (checked at send); a run always holds
-    at least one message, so the cut always makes progress.
-    """
-    slices, start, total = [], 0, len(sizes)
-    ends = np.cumsum(sizes, dtype=np.int64)
-    while start < total:
-        base = ends[start - 1] if start else 0
-        by_bytes = int(np.searchsorted(ends, base + max_bytes, side="right"))
-        stop = min(total, start + max_messages, max(by_bytes, start + 1))
-        slices.append((start, stop))
-        start = stop
-    return slices
 
 
 class _Catalog(Protocol):

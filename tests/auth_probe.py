@@ -37,7 +37,7 @@ class Probe:
         from actors.control.controller import controller_actor
         from actors.control.coordinator import coordinator_actor
         from actors.control.dag_watch import dag_watch_actor
-        from actors.segment.actor import segment_actor
+        from actors.segment.lookup import segment_actor
         from runtime.names import SegmentName, TopicName
 
         self.request = request

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from actors.control.controller import controller_actor
 from actors.guard import REFRESH_S, guard
 from actors.registry import alive_actor_names
-from actors.segment.actor import segment_actor
+from actors.segment.lookup import segment_actor
 from clients import CheckpointConsumer, Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from runtime import wire
 from runtime.auth import AuthPolicy, client_credential

@@ -11,7 +11,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from actors.control.controller import ScalableTopicController, controller_actor
-from actors.segment.actor import segment_actor
+from actors.segment.lookup import segment_actor
 from clients import ScalableTopicsAdmin
 from runtime.config import ray_namespace
 from runtime.errors import (

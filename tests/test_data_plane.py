@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from actors.segment import data_plane
-from actors.segment.actor import segment_actor
+from actors.segment.actor import start_segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from clients._data_plane import _WRITE_AHEAD, ChannelError, ReadChannel, SegmentChannel
 from runtime import wire
@@ -66,9 +66,7 @@ def read_request(offset: int, wait_s: float = 0.0, ack: int | None = None) -> wi
 @pytest.fixture
 def segment(ray_cluster, unique):
     name = SegmentName.parse(f"segment://wire/ns/t-{unique}/0000-ffff-0")
-    handle = segment_actor(
-        name, create=True, initialize=True, durability=Durability(policy="fsync")
-    )
+    handle = start_segment_actor(name, initialize=True, durability=Durability(policy="fsync"))
     ray.get(handle.create_subscription.remote("s"))
     yield handle
     ray.kill(handle, no_restart=True)

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from actors.segment.actor import segment_actor
+from actors.segment.lookup import segment_actor
 from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 from clients._data_plane import ReadChannel, SegmentChannel
 from runtime import tls, wire

@@ -10,10 +10,12 @@ import ray
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.segment.actor import segment_actor
+from actors.segment.lookup import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from runtime.batch import (
     batch_bytes,
+    batch_slices,
+    check_batch,
     deserialize_batch,
     equal_runs,
     make_batch,
@@ -26,7 +28,7 @@ from runtime.errors import (
     LimitExceededError,
     is_integer,
 )
-from runtime.limits import Limits, LiveLimits, batch_slices
+from runtime.limits import Limits, LiveLimits
 from runtime.names import TopicName
 
 # --- pure ------------------------------------------------------------------------------
@@ -61,18 +63,18 @@ def test_limits_that_contradict_each_other_are_a_conflict() -> None:
 
 def test_checks_say_what_and_what_is_allowed() -> None:
     limits = Limits(max_message_bytes=10, max_batch_bytes=25, max_batch_messages=3)
-    limits.check_batch(_sized([10, 10, 5]))
-    limits.check_batch(make_batch([b"x" * 4], keys=["k" * 6]))  # key + value count
+    check_batch(limits, _sized([10, 10, 5]))
+    check_batch(limits, make_batch([b"x" * 4], keys=["k" * 6]))  # key + value count
     with pytest.raises(LimitExceededError, match="11 bytes .* max_message_bytes 10"):
-        limits.check_batch(_sized([11]))
+        check_batch(limits, _sized([11]))
     with pytest.raises(LimitExceededError, match="11 bytes .* max_message_bytes 10"):
-        limits.check_batch(make_batch([b"x" * 5], keys=["k" * 6]))
+        check_batch(limits, make_batch([b"x" * 5], keys=["k" * 6]))
     with pytest.raises(LimitExceededError, match="11 bytes .* max_message_bytes 10"):
-        limits.check_batch(_sized([1, 11, 1]).slice(1, 1))  # a slice counts its own rows
+        check_batch(limits, _sized([1, 11, 1]).slice(1, 1))  # a slice counts its own rows
     with pytest.raises(LimitExceededError, match="4 messages exceeds max_batch_messages 3"):
-        limits.check_batch(_sized([1, 1, 1, 1]))
+        check_batch(limits, _sized([1, 1, 1, 1]))
     with pytest.raises(LimitExceededError, match="26 bytes exceeds max_batch_bytes 25"):
-        limits.check_batch(_sized([10, 10, 6]))
+        check_batch(limits, _sized([10, 10, 6]))
     with pytest.raises(LimitExceededError, match="has 3 topics; max_topics_per_namespace is 3"):
         Limits(max_topics_per_namespace=3).check_topics("a/b", 3)
 
@@ -100,10 +102,10 @@ def test_a_batch_decoded_as_stored_is_checked_alike() -> None:
         assert stored.num_columns == 1
         assert batch_bytes(stored) == sum(sizes) == int(message_sizes(stored).sum())
         if error is None:
-            limits.check_batch(stored)
+            check_batch(limits, stored)
         else:
             with pytest.raises(LimitExceededError, match=error):
-                limits.check_batch(stored)
+                check_batch(limits, stored)
 
 
 @given(

@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 import ray
 
-from actors.segment.actor import segment_actor
+from actors.segment.lookup import segment_actor
 from clients import Producer, StreamConsumer
 from runtime.batch import make_batch
 from runtime.errors import SegmentTerminated

@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 import ray
 
-from actors.segment.actor import segment_actor
+from actors.segment.lookup import segment_actor
 from clients import Producer
 from runtime.errors import (
     ClientClosedError,

@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from actors.gateway.server import start_gateway, stop_gateway
-from actors.segment.actor import segment_actor
+from actors.segment.lookup import segment_actor
 from clients import AdminHttpClient, Producer, ScalableTopicsAdmin, StreamConsumer
 from runtime.errors import InvalidArgumentError, TopicNotReadyError, UnavailableSegmentsError
 from runtime.names import TopicName

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 import ray
 
-from actors.segment.actor import segment_actor
+from actors.segment.actor import start_segment_actor
 from runtime.batch import make_batch
 from runtime.errors import SegmentTerminated, StaleEpochError
 from runtime.names import SegmentName, TopicName
@@ -38,9 +38,8 @@ def make_actor(ray_cluster, unique: str) -> Iterator:
     started = []
 
     def start(policy: str = "none") -> ray.actor.ActorHandle:
-        handle = segment_actor(
+        handle = start_segment_actor(
             segment_name(f"{unique}-{len(started)}"),
-            create=True,
             initialize=True,
             durability=Durability(policy=policy),  # type: ignore[arg-type]
         )

@@ -17,8 +17,7 @@ import ray
 from conftest import TIER_ROOT
 
 from actors.registry import alive_actor_names
-from actors.segment.actor import segment_actor
-from actors.segment.lookup import find_segment_actor
+from actors.segment.lookup import find_segment_actor, segment_actor
 from clients import Checkpoint, Producer, ScalableTopicsAdmin
 from clients.ray_data import read_topic_dataset
 from clients.spark import (

@@ -131,7 +131,7 @@ def stored(source: str, sink: str) -> list[str]:
     """Every value the sink topic holds, from each of its segments."""
     import ray
 
-    from actors.segment.actor import segment_actor
+    from actors.segment.lookup import segment_actor
     from clients import ScalableTopicsAdmin
     from runtime.names import TopicName
 

@@ -17,7 +17,7 @@ import ray
 from test_data_plane_tls import _topic as tls_topic
 from test_data_plane_tls import pki  # noqa: F401  (a fixture)
 
-from actors.segment.actor import segment_actor
+from actors.segment.lookup import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from runtime import tls
 from runtime.hashing import key_hash

@@ -19,7 +19,7 @@ from test_gateway import http
 
 from actors.gateway.server import start_gateway, stop_gateway
 from actors.registry import alive_actor_names
-from actors.segment.actor import segment_actor
+from actors.segment.lookup import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from runtime.batch import make_batch
 from runtime.hashing import key_hash

@@ -26,7 +26,8 @@ from actors.control.dag_watch import ACTOR_NAME as DAG_WATCH
 from actors.control.node_disks import NodeDisks
 from actors.guard import guard
 from actors.registry import lookup, named_actors
-from actors.segment.actor import segment_actor
+from actors.segment.actor import start_segment_actor
+from actors.segment.lookup import segment_actor
 from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.hibernation import HibernationMarks
 from runtime.layout import SegmentInfo
@@ -91,9 +92,8 @@ class SegmentFleet:
                     return running
                 tiered = self.storage().tiered(name.segment_id) is not None
                 node = None if tiered else self.disks.node_of_segment(name, self.placements())
-            return segment_actor(
+            return start_segment_actor(
                 name,
-                create=True,
                 storage_root=str(self.cluster_root),
                 durability=self.durability,
                 incarnation=self._current(),

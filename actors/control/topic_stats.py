@@ -19,8 +19,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from actors.control.controller import controller_actor
 from actors.control.readiness import topic_readiness
 from actors.guard import guard
-from actors.segment.actor import segment_actor
-from actors.segment.lookup import find_segment_actor
+from actors.segment.lookup import find_segment_actor, segment_actor
 from runtime.backlog import age_s, subscription_ages
 from runtime.errors import SegmentNotFoundError, UnavailableSegmentsError
 from runtime.layout import SegmentInfo, SegmentLayout

@@ -31,7 +31,7 @@ import ray
 from actors.capacity import segment_memory
 from actors.guard import guard
 from actors.metrics import SegmentMetrics
-from actors.registry import get_or_start, lookup
+from actors.registry import get_or_start
 from actors.segment.appender import SegmentAppender
 from actors.segment.data_plane import DataPlaneServer
 from actors.segment.flusher import IntervalFlusher
@@ -429,26 +429,24 @@ class SegmentActor:
                 await self._new_data.wait()
 
 
-def segment_actor(
+def start_segment_actor(
     name: SegmentName,
     *,
-    create: bool = False,
     storage_root: str | None = None,
     durability: Durability | None = None,
     initialize: bool = False,
     incarnation: str | None = None,
     node: str | None = None,
 ) -> ray.actor.ActorHandle:
-    """Handle to a segment's actor; with ``create`` it is started if missing (on Ray node
-    ``node`` only, when given: the one whose disk has the segment).
+    """Handle to a segment's actor, started if missing (on Ray node ``node`` only, when
+    given: the one whose disk has the segment). Looking a running one up is
+    ``actors.segment.lookup.segment_actor``, which does not import this module.
 
     A started actor opens the existing storage of topic incarnation
     ``incarnation``; ``initialize`` lets a brand-new segment create it (the
     controller initializes storage itself beforehand), and a segment started
     outside any topic (tests, benchmarks) gets an incarnation of its own.
     """
-    if not create:
-        return lookup(name.actor_name)
     if incarnation is None:
         if not initialize:
             raise ValueError("a segment actor opening existing storage needs its incarnation")

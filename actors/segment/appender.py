@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from actors.metrics import SegmentMetrics
 from runtime import wire
-from runtime.batch import deserialize_batch
+from runtime.batch import check_batch, deserialize_batch
 from runtime.errors import OutOfOrderSequenceError, ScalableTopicsError
 from runtime.limits import LiveLimits
 from runtime.names import SegmentName
@@ -151,7 +151,7 @@ class SegmentAppender:
     def _admit(self, append: Append) -> None:
         """Limits are checked before anything is written."""
         try:
-            self._limits.current.check_batch(append.batch)
+            check_batch(self._limits.current, append.batch)
         except ScalableTopicsError as err:
             self._metrics.rejected(err.code)
             self._refuse(append.producer_id, append.sequence)

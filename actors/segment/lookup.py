@@ -18,13 +18,22 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors.registry import gone_for_good, lookup
-from actors.segment.actor import segment_actor
 from runtime.errors import SegmentNotFoundError
 from runtime.names import SegmentName
 from runtime.remote import call
 
 # How long a client waits for a segment named by the layout to register its actor.
 LOOKUP_WAIT_S = 30.0
+
+
+def segment_actor(name: SegmentName) -> ray.actor.ActorHandle:
+    """The segment's running actor, or ``ValueError`` when none is registered: one GCS
+    lookup, nothing started. Starting one is the controller's
+    (``actors.segment.actor.start_segment_actor``); this module does not import the
+    actor's class, so the processes that only talk to segments (coordinators, readers,
+    the gateway) do not load the segment's storage and Arrow code.
+    """
+    return lookup(name.actor_name)
 
 
 async def find_segment_actor(

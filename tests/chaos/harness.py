@@ -306,7 +306,7 @@ def check(run: Run, admin: Any) -> list[str]:
     """Every invariant the issue lists, as human-readable violations."""
     import ray
 
-    from actors.segment.actor import segment_actor
+    from actors.segment.lookup import segment_actor
     from runtime.names import TopicName
     from tests.chaos.invariants import delivery_violations, segment_state_violations
 
