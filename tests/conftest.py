@@ -34,6 +34,16 @@ os.environ.setdefault("RAYTOPICS_SEGMENTS_PER_CPU", "64")
 # length: the client compiler and the serial collector cost them far less CPU on a
 # small machine (tests/README.md).
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# Ray's own background work in every Ray of the session (its own and those the tests
+# start, which inherit this environment), which the suite never reads: the log monitor
+# globs for new log files ten times a second while a session has fewer than 1,000 of
+# them (every worker adds three), the dashboard agent samples every process's stats
+# every 5 s, and each process keeps internal event-loop statistics. Worker logs still
+# reach drivers, and the metrics the tests read are untouched (tests/README.md).
+os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
+os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", "5")
+os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
+os.environ.setdefault("RAY_event_stats", "0")
 
 
 @pytest.fixture(scope="session")
