@@ -247,6 +247,11 @@ class GroupConsumerCore:
                     batch, end_offset, terminated = await self._read_once(reader)
                 except (RayActorError, ChannelError):
                     await asyncio.sleep(0.2)  # the segment is restarting, or hibernated
+                    if reader.revoked or self.closed:
+                        # Given up while the read was out: nothing to reattach to, and
+                        # after a close the program may have shut Ray down, where a
+                        # lookup would make Ray join some cluster again.
+                        return
                     await self._reattach(reader)
                     continue
                 except SegmentNotFoundError as err:  # deleted, with its topic
