@@ -7,8 +7,8 @@ what was asked and what is allowed, before anything is changed. The segment is
 the authority on message and batch size; producers check the same numbers early
 so that the error names the message, and split batches so none is too large
 (``runtime.batch.check_batch`` and ``batch_slices``: the Arrow side of the same
-numbers, kept there so that the processes that never see a batch, such as the
-controllers and coordinators, do not import Arrow).
+numbers, kept there so that a process that never sees a batch, such as a
+coordinator, does not import Arrow through its limits).
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ def segment_actor(name: SegmentName) -> ray.actor.ActorHandle:
     """The segment's running actor, or ``ValueError`` when none is registered: one GCS
     lookup, nothing started. Starting one is the controller's
     (``actors.segment.actor.start_segment_actor``); this module does not import the
-    actor's class, so the processes that only talk to segments (coordinators, readers,
-    the gateway) do not load the segment's storage and Arrow code.
+    actor's class, so a process that only looks segments up (a coordinator, the DAG
+    watch) does not load the segment's storage and Arrow code.
     """
     return lookup(name.actor_name)
 
