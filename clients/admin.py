@@ -19,6 +19,7 @@ from typing import Any
 from actors.admin.caller import AdminServiceCaller
 from actors.admin.service import DEFAULT_RESTART_TIMEOUT_S, DEFAULT_SEGMENT_TIMEOUT_S
 from clients._ray import with_sync_twins
+from runtime.admin_api import operation
 from runtime.auth import AuthPolicy, default_token
 from runtime.config import topic_settings
 from runtime.connect import connect
@@ -153,15 +154,13 @@ class ScalableTopicsAdmin:
 
     async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
         """Split an active segment at its midpoint; returns the completed operation."""
-        return await self._control("split_segment", topic, segment_id, request_id=new_request_id())
+        return await self._control("split_segment", topic, segment_id)
 
     async def merge_segments_async(
         self, topic: str, segment_id1: int, segment_id2: int
     ) -> dict[str, Any]:
         """Merge two adjacent active segments; returns the completed operation."""
-        return await self._control(
-            "merge_segments", topic, segment_id1, segment_id2, request_id=new_request_id()
-        )
+        return await self._control("merge_segments", topic, segment_id1, segment_id2)
 
     # --- operating policy (autoscale, retention; see runtime.policy) --------------------
 
@@ -271,6 +270,11 @@ class ScalableTopicsAdmin:
     # --- internals ------------------------------------------------------------------------
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The admin service's ``method`` with this client's token, and a fresh request id
+        when the operation takes one (``runtime.admin_api``): the service's retries
+        after a restart send the same id, so the operation is applied once."""
+        if operation(method).request_id:
+            kwargs.setdefault("request_id", new_request_id())
         return await self._service.call(method, *args, credential=self._token, **kwargs)
 
     async def _control(self, method: str, *args: Any, **kwargs: Any) -> Any:

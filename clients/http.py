@@ -5,11 +5,11 @@ client, so code (and the CLI) can switch transports by swapping one object. It
 needs no Ray connection: the gateway's JSON error body carries the error's
 ``code``, which is mapped back to the class in ``runtime.errors``.
 
-The REST path templates are the wire contract both sides share
-(``runtime.rest``). An ``https://`` gateway's certificate is verified, host
-name included, against ``ca`` (default ``RAYTOPICS_TLS_CA``); with a CA
-configured a plain ``http://`` URL is refused, so a token is never sent in the
-clear where the operator asked for TLS.
+Each method's REST endpoint (method, path, whether it sends an ``Idempotency-Key``)
+comes from the Admin API table both sides share (``runtime.admin_api``). An
+``https://`` gateway's certificate is verified, host name included, against ``ca``
+(default ``RAYTOPICS_TLS_CA``); with a CA configured a plain ``http://`` URL is
+refused, so a token is never sent in the clear where the operator asked for TLS.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from clients._ray import background_loop, with_sync_twins
+from runtime.admin_api import endpoint, endpoint_operation
 from runtime.auth import AuthPolicy, default_token
 from runtime.errors import (
     InvalidArgumentError,
@@ -35,27 +36,7 @@ from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
 from runtime.operations import CompletedOperation, new_request_id
 from runtime.policy import TopicPolicy
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
-from runtime.rest import (
-    AUTH_PATH,
-    IDEMPOTENCY_KEY,
-    LIMITS_PATH,
-    MERGE_PATH,
-    NAMESPACE_PATH,
-    NAMESPACE_POLICY_PATH,
-    ORPHANED_STORAGE_PATH,
-    POLICY_PATH,
-    RECOVER_PATH,
-    SEGMENT_PATH,
-    SPLIT_PATH,
-    STATS_PATH,
-    STATUS_PATH,
-    STORAGE_PATH,
-    STREAM_INITIAL_PATH,
-    SUBSCRIPTION_PATH,
-    SUBSCRIPTIONS_PATH,
-    TERMINATE_PATH,
-    TOPIC_PATH,
-)
+from runtime.rest import IDEMPOTENCY_KEY
 from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms, time_ms
 from runtime.tls import CA_ENV, client_context
 
@@ -93,26 +74,26 @@ class AdminHttpClient:
 
     async def list_scalable_topics_async(self, namespace: str) -> list[str]:
         """Topics of ``tenant/namespace`` as ``topic://`` names."""
-        return await self._call("GET", _namespace_path(NAMESPACE_PATH, namespace))
+        return await self._rest("listScalableTopics", _namespace(namespace))
 
     async def get_metadata_async(self, topic: str) -> dict[str, Any]:
         """The topic's ``ScalableTopicMetadata`` document (its public JSON shape)."""
-        return await self._call("GET", _topic_path(TOPIC_PATH, topic))
+        return await self._rest("getMetadata", _topic(topic))
 
     async def get_layout_async(self, topic: str) -> SegmentLayout:
         return SegmentLayout.from_dict(await self.get_metadata_async(topic))
 
     async def list_subscriptions_async(self, topic: str) -> list[str]:
-        return await self._call("GET", _topic_path(SUBSCRIPTIONS_PATH, topic))
+        return await self._rest("listSubscriptions", _topic(topic))
 
     async def get_stats_async(self, topic: str) -> dict[str, Any]:
         """Segment counts, per-segment size/records, per-subscription backlog and consumers."""
-        return await self._call("GET", _topic_path(STATS_PATH, topic))
+        return await self._rest("getStats", _topic(topic))
 
     async def get_status_async(self, topic: str) -> dict[str, Any]:
         """Whether every segment of the topic has a running actor (``state`` ``ready`` or
         ``starting``, with the segments not running yet)."""
-        return await self._call("GET", _topic_path(STATUS_PATH, topic))
+        return await self._rest("getStatus", _topic(topic))
 
     async def wait_until_ready_async(
         self, topic: str, timeout_s: float = DEFAULT_READY_TIMEOUT_S
@@ -120,8 +101,8 @@ class AdminHttpClient:
         """Wait until every segment of the topic runs (``TopicNotReadyError`` after
         ``timeout_s``); each request waits on the gateway for at most ``MAX_WAIT_S``."""
         return await wait_until_ready(
-            lambda wait_s: self._call(
-                "GET", _topic_path(STATUS_PATH, topic), params={"waitS": f"{wait_s:.3f}"}
+            lambda wait_s: self._rest(
+                "getStatus", _topic(topic), params={"waitS": f"{wait_s:.3f}"}
             ),
             timeout_s,
         )
@@ -134,10 +115,10 @@ class AdminHttpClient:
         body: dict[str, Any] = {"numSegments": num_segments}
         if properties is not None:
             body["properties"] = properties
-        return await self._call("PUT", _topic_path(TOPIC_PATH, topic), body=body)
+        return await self._rest("createScalableTopic", _topic(topic), body=body)
 
     async def delete_scalable_topic_async(self, topic: str) -> None:
-        await self._call("DELETE", _topic_path(TOPIC_PATH, topic))
+        await self._rest("deleteScalableTopic", _topic(topic))
 
     # --- subscriptions -------------------------------------------------------------------
 
@@ -154,20 +135,20 @@ class AdminHttpClient:
         segments before they move to the others.
         """
         body = {"position": position, "sessionGraceS": session_grace_s}
-        await self._call("PUT", _subscription_path(topic, subscription), body=body)
+        await self._rest("createSubscription", _subscription(topic, subscription), body=body)
 
     async def delete_subscription_async(self, topic: str, subscription: str) -> None:
-        await self._call("DELETE", _subscription_path(topic, subscription))
+        await self._rest("deleteSubscription", _subscription(topic, subscription))
 
     async def reset_subscription_async(
         self, topic: str, subscription: str, to: ResetTo
     ) -> dict[str, Any]:
-        path = f"{_subscription_path(topic, subscription)}/reset"
-        return await self._call("POST", path, body={"to": reset_ms(to)})
+        where = _subscription(topic, subscription)
+        return await self._rest("resetSubscription", where, body={"to": reset_ms(to)})
 
     async def position_at_time_async(self, topic: str, when: ResetTo) -> dict[str, Any]:
         body = {"startingTimestampMs": time_ms(when)}
-        answer = await self._call("POST", _topic_path(STREAM_INITIAL_PATH, topic), body=body)
+        answer = await self._rest("planStreamStart", _topic(topic), body=body)
         position = answer["position"]
         return {"next": dict(position["next"]), "finished": list(position["finished"])}
 
@@ -178,25 +159,24 @@ class AdminHttpClient:
 
     async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
         """Split an active segment at its midpoint; returns the completed operation."""
-        path = _topic_path(SPLIT_PATH, topic, segmentId=segment_id)
-        return _completed(await self._call("POST", path, key=new_request_id()))
+        return _completed(await self._rest("splitSegment", _topic(topic), segmentId=segment_id))
 
     async def merge_segments_async(
         self, topic: str, segment_id1: int, segment_id2: int
     ) -> dict[str, Any]:
         """Merge two adjacent active segments; returns the completed operation."""
-        path = _topic_path(MERGE_PATH, topic, segmentId1=segment_id1, segmentId2=segment_id2)
-        return _completed(await self._call("POST", path, key=new_request_id()))
+        ids = {"segmentId1": segment_id1, "segmentId2": segment_id2}
+        return _completed(await self._rest("mergeSegments", _topic(topic), **ids))
 
     # --- operating policy (autoscale, retention) ------------------------------------------
 
     async def get_policy_async(self, topic: str) -> dict[str, Any]:
-        return await self._call("GET", _topic_path(POLICY_PATH, topic))
+        return await self._rest("getPolicy", _topic(topic))
 
     async def set_policy_async(self, topic: str, policy: dict[str, Any]) -> dict[str, Any]:
         """Replace the topic's policy; returns it as stored (defaults filled in)."""
         TopicPolicy.parse(policy)  # the same typed error the Ray client raises, before any I/O
-        return await self._call("PUT", _topic_path(POLICY_PATH, topic), body=policy)
+        return await self._rest("setPolicy", _topic(topic), body=policy)
 
     # --- segments (docs/reference/admin.md) ----------------------------------------------
 
@@ -204,56 +184,54 @@ class AdminHttpClient:
         self, segment_topic: str, subscriptions: list[str] | None = None
     ) -> None:
         body = {"subscriptions": list(subscriptions or [])}
-        await self._call("PUT", _segment_path(SEGMENT_PATH, segment_topic), body=body)
+        await self._rest("createSegment", _segment(segment_topic), body=body)
 
     async def terminate_segment_async(self, segment_topic: str, force: bool = False) -> int:
         """Seal a segment; returns its end offset."""
         params = {"force": "true" if force else "false"}
-        path = _segment_path(TERMINATE_PATH, segment_topic)
-        reply = await self._call("POST", path, params=params)
+        reply = await self._rest("terminateSegment", _segment(segment_topic), params=params)
         return reply["endOffset"]
 
     async def delete_segment_async(self, segment_topic: str, force: bool = False) -> None:
         params = {"force": "true" if force else "false"}
-        await self._call("DELETE", _segment_path(SEGMENT_PATH, segment_topic), params=params)
+        await self._rest("deleteSegment", _segment(segment_topic), params=params)
 
     # --- namespace default policy ---------------------------------------------------------
 
     async def get_namespace_policy_async(self, namespace: str) -> dict[str, Any]:
-        return await self._call("GET", _namespace_path(NAMESPACE_POLICY_PATH, namespace))
+        return await self._rest("getNamespacePolicy", _namespace(namespace))
 
     async def set_namespace_policy_async(
         self, namespace: str, policy: dict[str, Any]
     ) -> dict[str, Any]:
         """Replace the namespace's default policy; returns it as stored."""
         TopicPolicy.parse(policy)
-        path = _namespace_path(NAMESPACE_POLICY_PATH, namespace)
-        return await self._call("PUT", path, body=policy)
+        return await self._rest("setNamespacePolicy", _namespace(namespace), body=policy)
 
     # --- limits -------------------------------------------------------------------------
 
     async def get_namespace_limits_async(self, namespace: str) -> dict[str, int]:
         """The limits in force in ``tenant/namespace`` (defaults plus its overrides)."""
-        return await self._call("GET", _namespace_path(LIMITS_PATH, namespace))
+        return await self._rest("getNamespaceLimits", _namespace(namespace))
 
     async def set_namespace_limits_async(self, namespace: str, **limits: int) -> dict[str, int]:
         """Override limits (``max_message_bytes=...``) for one namespace; returns those in force."""
-        return await self._call("PUT", _namespace_path(LIMITS_PATH, namespace), body=limits)
+        return await self._rest("setNamespaceLimits", _namespace(namespace), body=limits)
 
     # --- storage: check and recover ------------------------------------------------------
 
     async def check_storage_async(self, delete: bool = False) -> dict[str, Any]:
         """Storage no live metadata names; with ``delete`` that storage removed."""
         if delete:
-            return await self._call("DELETE", ORPHANED_STORAGE_PATH)
-        return await self._call("GET", STORAGE_PATH)
+            return await self._rest("deleteOrphanedStorage", {})
+        return await self._rest("checkStorage", {})
 
     async def recover_topic_async(
         self, topic: str, incarnation: str | None = None
     ) -> dict[str, Any]:
         """Rebuild a topic whose metadata is lost from its storage."""
         body = {} if incarnation is None else {"incarnation": incarnation}
-        return await self._call("POST", _topic_path(RECOVER_PATH, topic), body=body)
+        return await self._rest("recoverTopic", _topic(topic), body=body)
 
     # --- the cluster's authentication policy (admin on every namespace, "*") -----------
 
@@ -261,13 +239,13 @@ class AdminHttpClient:
         """Make ``document`` the cluster's policy; plain tokens are hashed here, so only
         digests go over the wire."""
         config = AuthPolicy.from_config(document).to_config()
-        return await self._call("PUT", AUTH_PATH, body=config)
+        return await self._rest("loadAuth", {}, body=config)
 
     async def disable_auth_async(self) -> dict[str, Any]:
-        return await self._call("DELETE", AUTH_PATH)
+        return await self._rest("disableAuth", {})
 
     async def auth_status_async(self) -> dict[str, Any]:
-        return await self._call("GET", AUTH_PATH)
+        return await self._rest("getAuthStatus", {})
 
     # --- lifecycle of the client itself --------------------------------------------------
 
@@ -289,21 +267,27 @@ class AdminHttpClient:
 
     # --- transport -----------------------------------------------------------------------
 
-    async def _call(
+    async def _rest(
         self,
-        method: str,
-        path: str,
+        operation_id: str,
+        fields: dict[str, Any],
         *,
         body: dict[str, Any] | None = None,
         params: dict[str, str] | None = None,
-        key: str | None = None,
+        **path_values: Any,
     ) -> Any:
-        """``key``: the mutation's ``Idempotency-Key``."""
+        """Call the endpoint ``operation_id`` (``runtime.admin_api``): its method, its path
+        filled from ``fields`` and ``path_values``, and a fresh ``Idempotency-Key`` when
+        its operation takes a request id (sent again unchanged, it is applied once)."""
+        point = endpoint(operation_id)
+        op = endpoint_operation(point)
+        key = new_request_id() if op is not None and op.request_id else None
         try:
             data = None if body is None else json.dumps(body)
         except (TypeError, ValueError) as err:
             raise InvalidArgumentError(f"request body is not JSON-serializable: {err}") from None
-        return await _on_background_loop(self._request(method, path, data, params, key))
+        path = point.path.format(**fields, **path_values)
+        return await _on_background_loop(self._request(point.method, path, data, params, key))
 
     async def _request(
         self,
@@ -383,17 +367,17 @@ def _tls_context(url: str, ca: str | None) -> ssl.SSLContext | bool:
     return True
 
 
-def _namespace_path(template: str, namespace: str) -> str:
-    """Fill a template from ``tenant/namespace``, validated as the Ray client does."""
+def _namespace(namespace: str) -> dict[str, str]:
+    """A path's namespace fields from ``tenant/namespace``, validated as the Ray client does."""
     parse_namespace(namespace)  # raises what ScalableTopicsAdmin raises
     tenant, ns = namespace.split("/")
-    return template.format(tenant=tenant, namespace=ns)
+    return {"tenant": tenant, "namespace": ns}
 
 
-def _topic_path(template: str, topic: str, **extra: object) -> str:
-    """Fill a template from a ``topic://`` name, validated as the Ray client does."""
+def _topic(topic: str) -> dict[str, str]:
+    """A path's topic fields from a ``topic://`` name, validated as the Ray client does."""
     name = TopicName.parse(topic)
-    return template.format(tenant=name.tenant, namespace=name.namespace, topic=name.topic, **extra)
+    return {"tenant": name.tenant, "namespace": name.namespace, "topic": name.topic}
 
 
 def _completed(reply: dict[str, Any]) -> dict[str, Any]:
@@ -401,14 +385,14 @@ def _completed(reply: dict[str, Any]) -> dict[str, Any]:
     return CompletedOperation.model_validate(reply).model_dump(by_alias=True)
 
 
-def _subscription_path(topic: str, subscription: str) -> str:
+def _subscription(topic: str, subscription: str) -> dict[str, str]:
     validate_part("subscription", subscription)
-    return _topic_path(SUBSCRIPTION_PATH, topic, subscription=subscription)
+    return {**_topic(topic), "subscription": subscription}
 
 
-def _segment_path(template: str, segment_topic: str) -> str:
+def _segment(segment_topic: str) -> dict[str, str]:
     segment = SegmentName.parse(segment_topic)
-    return _topic_path(template, str(segment.topic), descriptor=segment.descriptor)
+    return {**_topic(str(segment.topic)), "descriptor": segment.descriptor}
 
 
 async def _on_background_loop(coro: Coroutine[Any, Any, T]) -> T:

@@ -4,8 +4,8 @@ authentication policy (what a policy may be is ``actors.admin.auth``), with admi
 every namespace (``*``); while no policy is stored, anyone may load the first one.
 
 A mixin of ``actors.admin.service.AdminService``, which provides ``_guard`` (the
-cluster's policy), ``_catalog`` and ``_namespace_allowed`` (the caller's credential
-checked for a namespace).
+cluster's policy) and ``_catalog``; each method's caller is checked as the Admin API
+table says (``actors.admin.permits``) before it runs.
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ from dataclasses import asdict
 from typing import Any
 
 from actors.admin.auth import (
-    EVERY_NAMESPACE,
     FIRST_POLICY_IS_THE_OPERATORS,
     load_policy,
     policy_status,
 )
+from actors.admin.permits import admin_operation
 from actors.admin.storage_tasks import storage_report
 from actors.control.tiering import check_policy_tier
 from actors.guard import Guard
-from runtime.auth import Permission
 from runtime.errors import InvalidArgumentError, UnauthorizedError
 from runtime.limits import Limits, namespace_limits
 from runtime.policy import TopicPolicy
@@ -33,24 +32,19 @@ class ClusterOperations:
     _catalog: Catalog
     _guard: Guard
 
-    def _namespace_allowed(
-        self, credential: str | None, action: Permission, namespace: str
-    ) -> None:
-        raise NotImplementedError  # AdminService's
-
     # --- namespace default policy ---------------------------------------------------------
 
+    @admin_operation
     async def get_namespace_policy(
         self, namespace: str, *, credential: str | None = None
     ) -> dict[str, Any]:
-        self._namespace_allowed(credential, Permission.LOOKUP, namespace)
         return (self._catalog.namespace_policy(namespace) or TopicPolicy()).shown()
 
+    @admin_operation
     async def set_namespace_policy(
         self, namespace: str, policy: dict[str, Any], *, credential: str | None = None
     ) -> dict[str, Any]:
         """Replace the namespace's default policy (validated, its tier checked, first)."""
-        self._namespace_allowed(credential, Permission.ADMIN, namespace)
         parsed = TopicPolicy.parse(policy)
         await check_policy_tier(parsed)
         self._catalog.set_namespace_policy(namespace, parsed)
@@ -58,11 +52,11 @@ class ClusterOperations:
 
     # --- limits -------------------------------------------------------------------------
 
+    @admin_operation
     async def set_namespace_limits(
         self, namespace: str, limits: dict[str, int], *, credential: str | None = None
     ) -> dict[str, int]:
         """The whole resulting set is validated before it is stored."""
-        self._namespace_allowed(credential, Permission.ADMIN, namespace)
         if not isinstance(limits, dict):
             raise InvalidArgumentError("limits must be a mapping of limit names to integers")
 
@@ -76,16 +70,17 @@ class ClusterOperations:
 
     # --- storage: what outlives metadata (storage.topic_storage) ----------------------
 
+    @admin_operation
     async def check_storage(
         self, delete: bool = False, *, credential: str | None = None
     ) -> dict[str, Any]:
         """Orphaned storage (and, with ``delete``, its removal); spans every namespace."""
-        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
         check_flag("delete", delete)
         return await storage_report(self._catalog, delete)
 
     # --- the cluster's authentication policy ---------------------------------------------
 
+    @admin_operation
     async def load_auth(
         self, document: dict[str, Any], *, over_rest: bool = False, credential: str | None = None
     ) -> dict[str, Any]:
@@ -96,22 +91,21 @@ class ClusterOperations:
         while no policy is stored anyone who reaches the API would pass the check and
         could lock everyone else out with a token of their own. The first policy is the
         operator's, loaded from inside the cluster's boundary."""
-        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
         if over_rest and self._catalog.auth() is None:
             raise UnauthorizedError(FIRST_POLICY_IS_THE_OPERATORS)
         status = load_policy(self._catalog, document)
         self._guard.refresh()
         return status
 
+    @admin_operation
     async def disable_auth(self, *, credential: str | None = None) -> dict[str, Any]:
         """Turn authentication off: anyone who reaches the cluster may do anything."""
-        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
         self._catalog.disable_auth()
         self._guard.refresh()
         return policy_status(None)
 
+    @admin_operation
     async def auth_status(self, *, credential: str | None = None) -> dict[str, Any]:
-        self._guard.check(credential, Permission.ADMIN, EVERY_NAMESPACE)
         return policy_status(self._catalog.auth())
 
 

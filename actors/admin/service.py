@@ -33,6 +33,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from actors.admin.cluster_service import ClusterOperations, check_flag
+from actors.admin.permits import admin_operation
 from actors.admin.storage_tasks import scan_storage
 from actors.admin.stream_service import StreamOperations
 from actors.capacity import check_capacity
@@ -52,7 +53,7 @@ from runtime.errors import (
 )
 from runtime.layout import MAX_SEGMENTS
 from runtime.limits import check_room, namespace_limits
-from runtime.names import SegmentName, TopicName, parse_namespace, validate_part
+from runtime.names import SegmentName, TopicName, validate_part
 from runtime.operations import checked_request_id
 from runtime.policy import TopicPolicy
 from runtime.readiness import MAX_WAIT_S
@@ -80,6 +81,7 @@ class AdminService(StreamOperations, ClusterOperations):
 
     # --- who is asking --------------------------------------------------------------
 
+    @admin_operation
     async def whoami(self, *, credential: str | None = None) -> dict[str, Any]:
         """The caller's principal (``None`` while authentication is off); an unknown or
         revoked token raises ``UnauthenticatedError``."""
@@ -91,39 +93,43 @@ class AdminService(StreamOperations, ClusterOperations):
 
     # --- reads (no controller involved) --------------------------------------------
 
+    @admin_operation
     async def list_scalable_topics(
         self, namespace: str, *, credential: str | None = None
     ) -> list[str]:
-        self._namespace_allowed(credential, Permission.LOOKUP, namespace)
         return [f"topic://{namespace}/{name}" for name in self._catalog.topics(namespace)]
 
-    async def get_metadata(self, topic: str, *, credential: str | None = None) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.LOOKUP, topic)
+    @admin_operation
+    async def get_metadata(
+        self, name: TopicName, *, credential: str | None = None
+    ) -> dict[str, Any]:
         return self._record(name).layout.to_dict()
 
-    async def list_subscriptions(self, topic: str, *, credential: str | None = None) -> list[str]:
-        name = self._allowed(credential, Permission.LOOKUP, topic)
+    @admin_operation
+    async def list_subscriptions(
+        self, name: TopicName, *, credential: str | None = None
+    ) -> list[str]:
         self._record(name)
         return self._catalog.subscriptions(name)
 
+    @admin_operation
     async def get_stats(
         self,
-        topic: str,
+        name: TopicName,
         *,
         segment_timeout_s: float = DEFAULT_SEGMENT_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
         """Backlog is a bulk read over the whole DAG: a segment that cannot answer
         makes this raise ``UnavailableSegmentsError`` rather than under-report."""
-        name = self._allowed(credential, Permission.LOOKUP, topic)
         return await topic_stats(self._catalog, name, segment_timeout_s)
 
+    @admin_operation
     async def topic_status(
-        self, topic: str, wait_s: float = 0.0, *, credential: str | None = None
+        self, name: TopicName, wait_s: float = 0.0, *, credential: str | None = None
     ) -> dict[str, Any]:
         """Whether every segment of the topic has a running actor (``actors.control.readiness``),
         answered as soon as it has or after ``wait_s`` seconds (at most ``MAX_WAIT_S``)."""
-        name = self._allowed(credential, Permission.LOOKUP, topic)
         if (
             isinstance(wait_s, bool)
             or not isinstance(wait_s, int | float)
@@ -134,21 +140,22 @@ class AdminService(StreamOperations, ClusterOperations):
             )
         return await await_readiness(self._catalog, name, float(wait_s))
 
-    async def get_policy(self, topic: str, *, credential: str | None = None) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.LOOKUP, topic)
+    @admin_operation
+    async def get_policy(self, name: TopicName, *, credential: str | None = None) -> dict[str, Any]:
         return (self._record(name).policy or TopicPolicy()).shown()
 
+    @admin_operation
     async def get_namespace_limits(
         self, namespace: str, *, credential: str | None = None
     ) -> dict[str, int]:
-        self._namespace_allowed(credential, Permission.LOOKUP, namespace)
         return asdict(namespace_limits(self._catalog, namespace))
 
     # --- topic lifecycle --------------------------------------------------------------
 
+    @admin_operation
     async def create_scalable_topic(
         self,
-        topic: str,
+        name: TopicName,
         num_segments: int,
         properties: dict[str, str] | None = None,
         *,
@@ -158,7 +165,6 @@ class AdminService(StreamOperations, ClusterOperations):
     ) -> dict[str, Any]:
         """``settings``: the creating program's ``runtime.config.TOPIC_SETTINGS`` (the
         certificate its segments serve with), for the topic's actors."""
-        name = self._allowed(credential, Permission.ADMIN, topic)
         _check_settings(settings)
         if not is_integer(num_segments, 1, MAX_SEGMENTS):
             raise InvalidArgumentError(
@@ -179,23 +185,24 @@ class AdminService(StreamOperations, ClusterOperations):
             settings=settings,
         )
 
+    @admin_operation
     async def delete_scalable_topic(
         self,
-        topic: str,
+        name: TopicName,
         *,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> None:
-        name = self._allowed(credential, Permission.ADMIN, topic)
         self._record(name)
         await self._control(name, restart_timeout_s, "delete")
         ray.kill(controller_actor(name), no_restart=True)
 
     # --- subscriptions ------------------------------------------------------------------
 
+    @admin_operation
     async def create_subscription(
         self,
-        topic: str,
+        name: TopicName,
         subscription: str,
         position: StartPosition = "earliest",
         session_grace_s: float = DEFAULT_GRACE_S,
@@ -203,7 +210,6 @@ class AdminService(StreamOperations, ClusterOperations):
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> None:
-        name = self._allowed(credential, Permission.CONSUME, topic)
         validate_part("subscription", subscription)
         self._record(name)
         principal = self._guard.authenticate(credential)
@@ -213,16 +219,16 @@ class AdminService(StreamOperations, ClusterOperations):
             session_grace_s, owner=owner,
         )  # fmt: skip
 
+    @admin_operation
     async def delete_subscription(
         self,
-        topic: str,
+        name: TopicName,
         subscription: str,
         *,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> None:
         """Needs ``admin``, or ``consume`` for a subscription the caller created."""
-        name = self._allowed(credential, Permission.CONSUME, topic)
         validate_part("subscription", subscription)
         self._record(name)
         principal = self._guard.authenticate(credential)
@@ -233,16 +239,16 @@ class AdminService(StreamOperations, ClusterOperations):
             name, restart_timeout_s, "delete_subscription", subscription, only_of=only_of
         )
 
+    @admin_operation
     async def reset_subscription(
         self,
-        topic: str,
+        name: TopicName,
         subscription: str,
         to: object,
         *,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.CONSUME, topic)
         validate_part("subscription", subscription)
         reset_target(to)  # refused here, before the topic's controller is asked
         self._record(name)
@@ -250,9 +256,10 @@ class AdminService(StreamOperations, ClusterOperations):
 
     # --- layout changes -----------------------------------------------------------------
 
+    @admin_operation
     async def split_segment(
         self,
-        topic: str,
+        name: TopicName,
         segment_id: int,
         *,
         request_id: str | None = None,
@@ -260,15 +267,15 @@ class AdminService(StreamOperations, ClusterOperations):
         credential: str | None = None,
     ) -> dict[str, Any]:
         """``request_id``: the same id sent again (a caller's retry) is applied once."""
-        name = self._allowed(credential, Permission.ADMIN, topic)
         _check_id(segment_id)
         self._record(name)
         rid = checked_request_id(request_id)
         return await self._control(name, restart_timeout_s, "split_segment", segment_id, rid)
 
+    @admin_operation
     async def merge_segments(
         self,
-        topic: str,
+        name: TopicName,
         segment_id1: int,
         segment_id2: int,
         *,
@@ -276,7 +283,6 @@ class AdminService(StreamOperations, ClusterOperations):
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.ADMIN, topic)
         _check_id(segment_id1)
         _check_id(segment_id2)
         self._record(name)
@@ -287,30 +293,30 @@ class AdminService(StreamOperations, ClusterOperations):
 
     # --- operating policy ---------------------------------------------------------------
 
+    @admin_operation
     async def set_policy(
         self,
-        topic: str,
+        name: TopicName,
         policy: dict[str, Any],
         *,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.ADMIN, topic)
         parsed = TopicPolicy.parse(policy)
         self._record(name)
         return await self._control(name, restart_timeout_s, "set_policy", parsed.to_dict())
 
     # --- segments (routed through the controller) -------------
 
+    @admin_operation
     async def create_segment(
         self,
-        segment_topic: str,
+        segment: SegmentName,
         subscriptions: list[str] | None = None,
         *,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> None:
-        segment = self._segment_allowed(credential, segment_topic)
         if subscriptions is not None and not isinstance(subscriptions, list | tuple):
             raise InvalidArgumentError("subscriptions must be a list of subscription names")
         for sub in subscriptions or []:
@@ -324,39 +330,40 @@ class AdminService(StreamOperations, ClusterOperations):
             list(subscriptions or []),
         )
 
+    @admin_operation
     async def terminate_segment(
         self,
-        segment_topic: str,
+        segment: SegmentName,
         force: bool = False,
         *,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> int:
-        segment = self._segment_allowed(credential, segment_topic)
         check_flag("force", force)
         self._record(segment.topic)
         return await self._control(
             segment.topic, restart_timeout_s, "terminate_segment", str(segment), force
         )
 
+    @admin_operation
     async def delete_segment(
         self,
-        segment_topic: str,
+        segment: SegmentName,
         force: bool = False,
         *,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> None:
-        segment = self._segment_allowed(credential, segment_topic)
         check_flag("force", force)
         self._record(segment.topic)
         await self._control(segment.topic, restart_timeout_s, "delete_segment", str(segment), force)
 
     # --- storage: what outlives metadata (storage.topic_storage) ----------------------
 
+    @admin_operation
     async def recover_topic(
         self,
-        topic: str,
+        name: TopicName,
         incarnation: str | None = None,
         *,
         settings: dict[str, str] | None = None,
@@ -365,7 +372,6 @@ class AdminService(StreamOperations, ClusterOperations):
     ) -> dict[str, Any]:
         """Refused, with nothing changed, while the topic has live metadata, and when
         storage of several incarnations exists and ``incarnation`` does not say which."""
-        name = self._allowed(credential, Permission.ADMIN, topic)
         _check_settings(settings)
         if incarnation is not None and not is_incarnation(incarnation):
             raise InvalidArgumentError(
@@ -386,27 +392,6 @@ class AdminService(StreamOperations, ClusterOperations):
         )
 
     # --- internals ------------------------------------------------------------------------
-
-    def _allowed(self, credential: str | None, action: Permission, topic: str) -> TopicName:
-        """Who asks (401) comes first, then the name (400), then the grant (403)."""
-        self._guard.authenticate(credential)
-        name = TopicName.parse(topic)
-        self._guard.check(credential, action, name.namespace_path)
-        return name
-
-    def _namespace_allowed(
-        self, credential: str | None, action: Permission, namespace: str
-    ) -> None:
-        self._guard.authenticate(credential)
-        parse_namespace(namespace)
-        self._guard.check(credential, action, namespace)
-
-    def _segment_allowed(self, credential: str | None, segment_topic: str) -> SegmentName:
-        """Segment operations are internal: they need admin on the topic's namespace."""
-        self._guard.authenticate(credential)
-        segment = SegmentName.parse(segment_topic)
-        self._guard.check(credential, Permission.ADMIN, segment.topic.namespace_path)
-        return segment
 
     def _record(self, name: TopicName) -> TopicRecord:
         return self._catalog.require_topic(name)

@@ -5,17 +5,18 @@ the tier records a snapshot read is planned from, and the claims that keep a
 batch write's retried tasks from duplicating. Clients never read the metadata
 store themselves: each of these checks the caller's credential first.
 
-A mixin of ``actors.admin.service.AdminService``, which provides ``_allowed`` (the
-caller's credential checked against the cluster's policy) and ``_catalog``.
+A mixin of ``actors.admin.service.AdminService``, which provides ``_guard`` and
+``_catalog``; each method's caller is checked as the Admin API table says
+(``actors.admin.permits``) before it runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from actors.admin.permits import admin_operation
 from actors.admin.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
 from actors.admin.stream_writes import stream_write
-from runtime.auth import Permission
 from runtime.errors import InvalidArgumentError, is_integer
 from runtime.names import TopicName, validate_part
 from storage.catalog import Catalog
@@ -25,23 +26,21 @@ from storage.tier_records import TierRecords
 class StreamOperations:
     _catalog: Catalog
 
-    def _allowed(self, credential: str | None, action: Permission, topic: str) -> TopicName:
-        raise NotImplementedError  # AdminService's
-
+    @admin_operation
     async def stream_initial(
         self,
-        topic: str,
+        name: TopicName,
         starting: str | dict[str, int] | None = None,
         starting_time_ms: int | None = None,
         *,
         credential: str | None = None,
     ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.CONSUME, topic)
         return await stream_initial(self._catalog, name, starting, starting_time_ms)
 
+    @admin_operation
     async def stream_latest(
         self,
-        topic: str,
+        name: TopicName,
         start: dict[str, Any],
         max_messages: int | None = None,
         until: dict[str, Any] | None = None,
@@ -49,26 +48,26 @@ class StreamOperations:
         *,
         credential: str | None = None,
     ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.CONSUME, topic)
         return await stream_latest(
             self._catalog, name, start, max_messages, until, fail_on_data_loss
         )
 
+    @admin_operation
     async def stream_ranges(
         self,
-        topic: str,
+        name: TopicName,
         start: dict[str, Any],
         end: dict[str, Any],
         fail_on_data_loss: bool = True,
         *,
         credential: str | None = None,
     ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.CONSUME, topic)
         return await stream_ranges(self._catalog, name, start, end, fail_on_data_loss)
 
+    @admin_operation
     async def stream_write(
         self,
-        topic: str,
+        name: TopicName,
         query: str,
         batch: int,
         partition: int,
@@ -79,21 +78,20 @@ class StreamOperations:
     ) -> dict[str, Any]:
         """One chunk of a streaming sink's micro-batch partition, stored once however often
         it is replayed (``actors.admin.stream_writes``)."""
-        name = self._allowed(credential, Permission.PRODUCE, topic)
         return await stream_write(self._catalog, name, query, batch, partition, chunk, records)
 
+    @admin_operation
     async def stream_endpoint(
-        self, topic: str, segment_id: int, *, credential: str | None = None
+        self, name: TopicName, segment_id: int, *, credential: str | None = None
     ) -> dict[str, Any]:
-        name = self._allowed(credential, Permission.CONSUME, topic)
         return await stream_endpoint(self._catalog, name, segment_id)
 
+    @admin_operation
     async def tiered_records(
-        self, topic: str, segment_ids: list[int], *, credential: str | None = None
+        self, name: TopicName, segment_ids: list[int], *, credential: str | None = None
     ) -> dict[int, dict[str, Any]]:
         """The records of those of ``segment_ids`` that moved to the tier, read from the
         metadata store (planning a snapshot read must not wake a hibernating segment)."""
-        name = self._allowed(credential, Permission.CONSUME, topic)
         record = self._catalog.topic(name)
         if record is None:
             return {}
@@ -102,23 +100,23 @@ class StreamOperations:
         found = {i: records.get(i) for i in sorted(wanted)}
         return {i: r.model_dump(mode="json", by_alias=True) for i, r in found.items() if r}
 
+    @admin_operation
     async def claim_write_partition(
-        self, topic: str, write_id: str, partition: int, *, credential: str | None = None
+        self, name: TopicName, write_id: str, partition: int, *, credential: str | None = None
     ) -> bool:
         """True for the first attempt of a Spark write's partition, False for every later
         one (a retried or speculative task)."""
-        name = self._allowed(credential, Permission.PRODUCE, topic)
         if not is_integer(partition, 0):
             raise InvalidArgumentError(
                 f"partition must be a non-negative integer, got {partition!r}"
             )
         return self._catalog.claim_write_partition(name, _write_id(write_id), partition)
 
+    @admin_operation
     async def forget_write(
-        self, topic: str, write_id: str, *, credential: str | None = None
+        self, name: TopicName, write_id: str, *, credential: str | None = None
     ) -> None:
         """Drop a finished Spark write's claims."""
-        name = self._allowed(credential, Permission.PRODUCE, topic)
         self._catalog.forget_write(name, _write_id(write_id))
 
 

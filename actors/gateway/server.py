@@ -208,13 +208,29 @@ def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
             time_left_s=deadline - time.monotonic(),
             request_id=_idempotency_key(request),
         )
-        call = functools.partial(request.app[SERVICE].call, credential=token)
+        call = _operation_call(request.app[SERVICE], route, token, params.request_id)
         result = await _by_deadline(request, deadline, route.action(call, params))
         if route.status == 204:
             return web.Response(status=204)
         return web.json_response(result, status=route.status)
 
     return handle
+
+
+def _operation_call(
+    service: Service, route: Route, token: str | None, request_id: str
+) -> Callable[..., Awaitable[Any]]:
+    """The route's operation on the service as the requester, with the request's id when
+    the operation takes one (``runtime.admin_api``); a meta endpoint calls nothing."""
+    op = route.operation
+    if op is None:
+        return _no_operation
+    extra = {"request_id": request_id} if op.request_id else {}
+    return functools.partial(service.call, op.name, credential=token, **extra)
+
+
+async def _no_operation(*_args: Any, **_kwargs: Any) -> Any:
+    raise AssertionError("a meta endpoint runs no admin operation")
 
 
 _KEY = re.compile(r"[\x21-\x7e]{1,64}")  # printable ASCII, no spaces

@@ -1,0 +1,94 @@
+"""``admin_operation``: the admin service's methods check their caller as the Admin API
+table says (``runtime.admin_api``), in one place.
+
+Each method of the service is an ``Operation`` of the same name. Before the method
+runs, the caller's credential is authenticated (401), the argument that names what
+the operation acts on is parsed (400), and the operation's permission is required on
+that namespace (403), in that order, so a refused call reads and changes nothing.
+The method receives the parsed name (``TopicName``, ``SegmentName``, or the checked
+``tenant/namespace``) in place of the string it was called with; however the caller
+passed it (by position or by keyword), it is the checked one the method gets.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from actors.admin.auth import EVERY_NAMESPACE
+from actors.guard import Guard
+from runtime.admin_api import Operation, Scope, operation
+from runtime.errors import InvalidArgumentError
+from runtime.names import SegmentName, TopicName, parse_namespace
+
+Method = TypeVar("Method", bound=Callable[..., Awaitable[Any]])
+
+
+def admin_operation(method: Method) -> Method:
+    """Check the caller of ``method`` (the operation of its name) before it runs; the
+    instance provides the cluster's policy as ``_guard``."""
+    op = operation(method.__name__)
+    signature = inspect.signature(method)
+    target = _target_parameter(op, signature)
+
+    @functools.wraps(method)
+    async def checked(self: Any, *args: Any, credential: str | None = None, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(self, *args, credential=credential, **kwargs)
+        except TypeError as err:
+            raise InvalidArgumentError(f"{op.name}: {err}") from None
+        named = bound.arguments.get(target) if target else None
+        checked_target = permit(self._guard, op, credential, named)
+        if target:
+            bound.arguments[target] = checked_target
+        return await method(*bound.args, **bound.kwargs)
+
+    checked.admin_operation = op  # type: ignore[attr-defined]
+    return checked  # type: ignore[return-value]
+
+
+def permit(guard: Guard, op: Operation, credential: str | None, target: Any) -> Any:
+    """Authenticate, parse ``target`` per the operation's scope, require its permission;
+    the parsed target (``None`` for an operation on the cluster or the caller)."""
+    guard.authenticate(credential)
+    if op.scope is Scope.CALLER:
+        return None
+    if op.scope is Scope.CLUSTER:
+        assert op.permission is not None
+        guard.check(credential, op.permission, EVERY_NAMESPACE)
+        return None
+    parsed, namespace = _parsed(op.scope, target)
+    assert op.permission is not None
+    guard.check(credential, op.permission, namespace)
+    return parsed
+
+
+def _parsed(scope: Scope, target: Any) -> tuple[Any, str]:
+    """The target as its type, and the namespace (``tenant/ns``) it lies in."""
+    if scope is Scope.TOPIC:
+        name = TopicName.parse(target)
+        return name, name.namespace_path
+    if scope is Scope.SEGMENT:
+        segment = SegmentName.parse(target)
+        return segment, segment.topic.namespace_path
+    parse_namespace(target)
+    return target, target
+
+
+def _target_parameter(op: Operation, signature: inspect.Signature) -> str | None:
+    """The parameter naming what ``op`` acts on: the first after ``self``."""
+    if op.scope in (Scope.CALLER, Scope.CLUSTER):
+        return None
+    names = list(signature.parameters)
+    if len(names) < 2:
+        raise TypeError(f"{op.name} acts on a {op.scope.value} but takes no argument naming it")
+    return names[1]
+
+
+def is_admin_operation(method: Any) -> bool:
+    return isinstance(getattr(method, "admin_operation", None), Operation)
+
+
+__all__ = ["admin_operation", "is_admin_operation", "permit"]

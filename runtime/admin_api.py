@@ -1,0 +1,262 @@
+"""The Admin API, declared once: every operation the cluster's admin service carries out,
+the permission it needs and on what, whether it takes a request id, and every REST
+endpoint that reaches it.
+
+Each fact about an operation used to be restated wherever the operation passed: the
+gateway's route, the admin service's check, the HTTP client's method and path, the
+Ray client's request id. They are read from here instead:
+
+- the admin service (``actors.admin.service``) checks ``permission`` on ``scope``
+  before it reads or changes anything (``Operation.scope`` says which argument names
+  the namespace);
+- the gateway (``actors.gateway.routes``) builds one route per ``Endpoint``, checks
+  the same permission before it reads a body, calls the endpoint's ``operation``
+  and hands it the request's ``Idempotency-Key`` when the operation takes a request id;
+- ``AdminHttpClient`` (``clients.http``) sends each call to its endpoint's method and
+  path, with a fresh ``Idempotency-Key`` exactly when the operation takes one, and
+  ``ScalableTopicsAdmin`` (``clients.admin``) a request id under the same rule.
+
+Adding an operation is one ``Operation`` here and its handler on the admin service
+(plus an ``Endpoint`` and a route action when REST reaches it);
+``tests/test_admin_api.py`` checks that every side agrees with this table.
+This module is pure: both the gateway and the clients import it, and neither may
+import the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+
+from runtime.auth import Permission
+from runtime.rest import (
+    AUTH_PATH,
+    CLEAR_BACKLOG_PATH,
+    LIMITS_PATH,
+    MERGE_PATH,
+    NAMESPACE_PATH,
+    NAMESPACE_POLICY_PATH,
+    ORPHANED_STORAGE_PATH,
+    POLICY_PATH,
+    RECOVER_PATH,
+    RESET_PATH,
+    SEGMENT_PATH,
+    SPLIT_PATH,
+    STATS_PATH,
+    STATUS_PATH,
+    STORAGE_PATH,
+    STREAM_ENDPOINT_PATH,
+    STREAM_INITIAL_PATH,
+    STREAM_LATEST_PATH,
+    STREAM_RANGES_PATH,
+    STREAM_WRITE_PATH,
+    SUBSCRIPTION_PATH,
+    SUBSCRIPTIONS_PATH,
+    TERMINATE_PATH,
+    TOPIC_PATH,
+)
+
+
+class Scope(StrEnum):
+    """What an operation's permission is checked on: the namespace named by its first
+    argument (a ``tenant/namespace``, a ``topic://`` name or a segment's name), or every
+    namespace (``*``) for an operation on the whole cluster."""
+
+    NAMESPACE = "namespace"
+    TOPIC = "topic"
+    SEGMENT = "segment"
+    CLUSTER = "cluster"
+    CALLER = "caller"  # about the caller only: authenticated, no grant needed
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operation of the admin service (its method of the same ``name``)."""
+
+    name: str
+    permission: Permission | None  # None: any authenticated caller (``Scope.CALLER``)
+    scope: Scope
+    # Takes a request id: the same id sent again (a retry) is applied once and answered
+    # with the completed operation.
+    request_id: bool = False
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One REST endpoint: what it is called, where it listens, which operation it runs
+    (``None``: a meta endpoint of the gateway itself, open to all)."""
+
+    operation_id: str
+    method: str
+    path: str
+    summary: str
+    operation: str | None
+    status: int = 200
+
+
+_A, _L, _C, _P = Permission.ADMIN, Permission.LOOKUP, Permission.CONSUME, Permission.PRODUCE
+_NS, _T, _S, _ALL = Scope.NAMESPACE, Scope.TOPIC, Scope.SEGMENT, Scope.CLUSTER
+
+# fmt: off
+_OPERATIONS = (
+    Operation("whoami", None, Scope.CALLER),
+    # reads
+    Operation("list_scalable_topics", _L, _NS),
+    Operation("get_metadata", _L, _T),
+    Operation("list_subscriptions", _L, _T),
+    Operation("get_stats", _L, _T),
+    Operation("topic_status", _L, _T),
+    Operation("get_policy", _L, _T),
+    Operation("get_namespace_policy", _L, _NS),
+    Operation("get_namespace_limits", _L, _NS),
+    # topic lifecycle and layout
+    Operation("create_scalable_topic", _A, _T),
+    Operation("delete_scalable_topic", _A, _T),
+    Operation("split_segment", _A, _T, request_id=True),
+    Operation("merge_segments", _A, _T, request_id=True),
+    Operation("recover_topic", _A, _T),
+    # subscriptions (delete: admin, or consume for the caller's own subscription)
+    Operation("create_subscription", _C, _T),
+    Operation("delete_subscription", _C, _T),
+    Operation("reset_subscription", _C, _T),
+    # policy and limits
+    Operation("set_policy", _A, _T),
+    Operation("set_namespace_policy", _A, _NS),
+    Operation("set_namespace_limits", _A, _NS),
+    # segments (low level)
+    Operation("create_segment", _A, _S),
+    Operation("terminate_segment", _A, _S),
+    Operation("delete_segment", _A, _S),
+    # the cluster
+    Operation("check_storage", _A, _ALL),
+    Operation("auth_status", _A, _ALL),
+    Operation("load_auth", _A, _ALL),
+    Operation("disable_auth", _A, _ALL),
+    # Spark: streaming reads and writes, batch writes
+    Operation("stream_initial", _C, _T),
+    Operation("stream_latest", _C, _T),
+    Operation("stream_ranges", _C, _T),
+    Operation("stream_endpoint", _C, _T),
+    Operation("tiered_records", _C, _T),
+    Operation("stream_write", _P, _T),
+    Operation("claim_write_partition", _P, _T),
+    Operation("forget_write", _P, _T),
+)
+
+_ENDPOINTS = (
+    Endpoint("listScalableTopics", "GET", NAMESPACE_PATH,
+             "List the scalable topics of a namespace", "list_scalable_topics"),
+    Endpoint("createScalableTopic", "PUT", TOPIC_PATH, "Create a scalable topic",
+             "create_scalable_topic", status=201),
+    Endpoint("getMetadata", "GET", TOPIC_PATH, "Get the topic's segment DAG metadata",
+             "get_metadata"),
+    Endpoint("deleteScalableTopic", "DELETE", TOPIC_PATH, "Delete a topic and all its segments",
+             "delete_scalable_topic", status=204),
+    Endpoint("getStats", "GET", STATS_PATH,
+             "Aggregated stats: segment counts, per-segment size, per-subscription backlog",
+             "get_stats"),
+    Endpoint("getStatus", "GET", STATUS_PATH,
+             "Whether every segment of the topic has a running actor (a new topic's segments "
+             "start in the background); waits up to waitS seconds for it", "topic_status"),
+    Endpoint("planStreamStart", "POST", STREAM_INITIAL_PATH,
+             "A streaming query's first position (Spark's readStream; see docs/spark.md)",
+             "stream_initial"),
+    Endpoint("planStreamBatch", "POST", STREAM_LATEST_PATH,
+             "The end position of the micro-batch starting at a position: a segment is read "
+             "only after its parents were read to their end", "stream_latest"),
+    Endpoint("getStreamRanges", "POST", STREAM_RANGES_PATH,
+             "The offset ranges between two positions, with each segment's data plane address",
+             "stream_ranges"),
+    Endpoint("writeStreamChunk", "POST", STREAM_WRITE_PATH,
+             "Store one chunk of a streaming sink's micro-batch partition, once however often "
+             "it is replayed (idempotent per queryId, batchId, partitionId, chunk)",
+             "stream_write"),
+    Endpoint("getSegmentEndpoint", "GET", STREAM_ENDPOINT_PATH,
+             "Where a segment's data plane listens now (a reader reconnecting)",
+             "stream_endpoint"),
+    Endpoint("listSubscriptions", "GET", SUBSCRIPTIONS_PATH, "List the topic's subscriptions",
+             "list_subscriptions"),
+    Endpoint("createSubscription", "PUT", SUBSCRIPTION_PATH,
+             "Create a subscription on every segment of the topic", "create_subscription",
+             status=204),
+    Endpoint("deleteSubscription", "DELETE", SUBSCRIPTION_PATH,
+             "Delete a subscription from every segment of the topic (admin, or consume for "
+             "one the caller's principal created)", "delete_subscription", status=204),
+    Endpoint("resetSubscription", "POST", RESET_PATH,
+             "Move a subscription to earliest, latest or a publish time on every segment "
+             "(409 while stream consumers are registered)", "reset_subscription"),
+    Endpoint("clearBacklog", "POST", CLEAR_BACKLOG_PATH,
+             "Acknowledge everything a subscription has not yet (a reset to latest)",
+             "reset_subscription"),
+    Endpoint("splitSegment", "POST", SPLIT_PATH, "Split an ACTIVE segment at its hash midpoint",
+             "split_segment"),
+    Endpoint("mergeSegments", "POST", MERGE_PATH, "Merge two adjacent ACTIVE segments",
+             "merge_segments"),
+    Endpoint("getPolicy", "GET", POLICY_PATH, "Get the topic's autoscale and retention policy",
+             "get_policy"),
+    Endpoint("setPolicy", "PUT", POLICY_PATH,
+             "Replace the topic's autoscale and retention policy", "set_policy"),
+    Endpoint("createSegment", "PUT", SEGMENT_PATH, "Create a segment topic (low level)",
+             "create_segment", status=204),
+    Endpoint("terminateSegment", "POST", TERMINATE_PATH,
+             "Terminate (seal) a segment topic (low level)", "terminate_segment"),
+    Endpoint("deleteSegment", "DELETE", SEGMENT_PATH, "Delete a segment topic (low level)",
+             "delete_segment", status=204),
+    Endpoint("getNamespacePolicy", "GET", NAMESPACE_POLICY_PATH,
+             "The policy a namespace's topics follow where their own policy sets nothing",
+             "get_namespace_policy"),
+    Endpoint("setNamespacePolicy", "PUT", NAMESPACE_POLICY_PATH,
+             "Replace a namespace's default policy (each part applies where a topic sets none)",
+             "set_namespace_policy"),
+    Endpoint("getNamespaceLimits", "GET", LIMITS_PATH,
+             "The limits in force in a namespace (defaults plus its overrides)",
+             "get_namespace_limits"),
+    Endpoint("setNamespaceLimits", "PUT", LIMITS_PATH,
+             "Override limits for a namespace (validated as a whole); returns those in force",
+             "set_namespace_limits"),
+    Endpoint("recoverTopic", "POST", RECOVER_PATH,
+             "Rebuild a topic whose metadata was lost from its storage (DAG, subscriptions, "
+             "cursors)", "recover_topic"),
+    Endpoint("checkStorage", "GET", STORAGE_PATH,
+             "Storage under the storage root that no live metadata names (needs admin on '*')",
+             "check_storage"),
+    Endpoint("deleteOrphanedStorage", "DELETE", ORPHANED_STORAGE_PATH,
+             "Delete the storage no live metadata names; returns the report with what was "
+             "deleted", "check_storage"),
+    Endpoint("getAuthStatus", "GET", AUTH_PATH,
+             "The cluster's authentication policy: principals, grants, 8 hex digits of each "
+             "token's SHA-256, never a token (needs admin on '*')", "auth_status"),
+    Endpoint("loadAuth", "PUT", AUTH_PATH,
+             "Replace the authentication policy, validated whole (needs admin on '*'); returns "
+             "it as getAuthStatus does. While no policy is stored this is refused (403): the "
+             "first policy is the operator's, loaded from inside the cluster (raytopics auth "
+             "load)", "load_auth"),
+    Endpoint("disableAuth", "DELETE", AUTH_PATH,
+             "Turn authentication off: anyone who reaches the API may do anything (needs admin "
+             "on '*')", "disable_auth"),
+    Endpoint("getOpenApi", "GET", "/openapi.json", "This API as an OpenAPI 3.1 document", None),
+    Endpoint("health", "GET", "/healthz", "Liveness probe", None),
+)
+# fmt: on
+
+OPERATIONS: Mapping[str, Operation] = MappingProxyType({op.name: op for op in _OPERATIONS})
+ENDPOINTS: Mapping[str, Endpoint] = MappingProxyType({e.operation_id: e for e in _ENDPOINTS})
+
+
+def operation(name: str) -> Operation:
+    """The declared operation ``name``; an undeclared one is a programming error here."""
+    try:
+        return OPERATIONS[name]
+    except KeyError:
+        raise LookupError(f"{name!r} is not an Admin API operation (runtime.admin_api)") from None
+
+
+def endpoint(operation_id: str) -> Endpoint:
+    return ENDPOINTS[operation_id]
+
+
+def endpoint_operation(point: Endpoint) -> Operation | None:
+    """The operation an endpoint runs (``None`` for the gateway's meta endpoints)."""
+    return None if point.operation is None else OPERATIONS[point.operation]

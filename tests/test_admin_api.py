@@ -1,0 +1,208 @@
+"""The Admin API table (``runtime.admin_api``) against every side that serves or calls it:
+the admin service's methods, the gateway's routes, both clients; and the one check
+every operation of the service runs first (``actors.admin.permits``), on a real
+``Guard`` over an in-memory metadata store. No Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+from typing import Any
+
+import pytest
+
+from actors.admin.permits import admin_operation, is_admin_operation
+from actors.admin.service import AdminService
+from actors.gateway.routes import ROUTES
+from actors.guard import Guard
+from clients.admin import ScalableTopicsAdmin
+from clients.http import AdminHttpClient
+from runtime.admin_api import ENDPOINTS, OPERATIONS, Scope, operation
+from runtime.auth import AuthPolicy, Permission
+from runtime.errors import (
+    InvalidArgumentError,
+    InvalidNameError,
+    UnauthenticatedError,
+    UnauthorizedError,
+)
+from runtime.names import SegmentName, TopicName
+from storage.catalog import Catalog
+from storage.metadata import MemoryKeyValue, MetadataStore
+
+
+def _service_methods() -> dict[str, Any]:
+    return {
+        name: member
+        for name, member in inspect.getmembers(AdminService, inspect.iscoroutinefunction)
+        if not name.startswith("_")
+    }
+
+
+def test_every_operation_is_a_checked_method_of_the_service_and_nothing_else_is() -> None:
+    methods = _service_methods()
+    assert set(methods) == set(OPERATIONS), "service methods and the table differ"
+    for name, method in methods.items():
+        assert is_admin_operation(method), f"AdminService.{name} skips the table's check"
+        assert method.admin_operation is OPERATIONS[name]
+
+
+def test_every_endpoint_has_one_route_and_the_route_follows_its_operation() -> None:
+    by_id = {route.operation_id: route for route in ROUTES}
+    assert len(by_id) == len(ROUTES)
+    assert set(by_id) == set(ENDPOINTS)
+    for operation_id, route in by_id.items():
+        point = ENDPOINTS[operation_id]
+        assert route.endpoint is point
+        op = None if point.operation is None else OPERATIONS[point.operation]
+        assert route.permission == (None if op is None else op.permission)
+        assert route.idempotent == (op is not None and op.request_id)
+
+
+def test_every_endpoints_path_names_what_its_operation_is_checked_on() -> None:
+    """The gateway checks the permission on the namespace the path names, the service
+    on the one its argument names: for both to check the same, they must agree."""
+    expected = {
+        Scope.TOPIC: {"tenant", "namespace", "topic"},
+        Scope.NAMESPACE: {"tenant", "namespace"},
+        Scope.SEGMENT: {"tenant", "namespace", "topic", "descriptor"},
+        Scope.CLUSTER: set(),
+    }
+    for point in ENDPOINTS.values():
+        if point.operation is None:
+            continue
+        fields = set(re.findall(r"{(\w+)}", point.path))
+        scope = OPERATIONS[point.operation].scope
+        assert expected[scope] <= fields, point.operation_id
+        if scope is Scope.CLUSTER:
+            assert not fields & {"tenant", "namespace"}, point.operation_id
+
+
+def test_only_split_and_merge_take_a_request_id() -> None:
+    assert {op.name for op in OPERATIONS.values() if op.request_id} == {
+        "split_segment",
+        "merge_segments",
+    }
+    for name in ("split_segment", "merge_segments"):
+        parameters = inspect.signature(_service_methods()[name]).parameters
+        assert "request_id" in parameters
+
+
+def test_blocking_twins_show_the_parameters_and_doc_of_their_async_methods() -> None:
+    """``help(admin.split_segment)`` shows what it takes (the clients' parity with each
+    other is ``test_gateway.test_http_client_has_the_admin_api``)."""
+    for cls in (ScalableTopicsAdmin, AdminHttpClient):
+        for name in ("split_segment", "merge_segments", "get_stats", "set_namespace_limits"):
+            blocking, twin = getattr(cls, name), getattr(cls, f"{name}_async")
+            assert inspect.signature(blocking) == inspect.signature(twin)
+            assert blocking.__doc__ == twin.__doc__
+            assert blocking.__name__ == name
+
+
+def test_an_undeclared_operation_cannot_be_defined() -> None:
+    with pytest.raises(LookupError, match="not an Admin API operation"):
+
+        @admin_operation
+        async def rename_topic(self: Any, name: TopicName, *, credential: str | None = None):
+            return name
+
+    assert operation("split_segment").permission is Permission.ADMIN
+
+
+# --- the check every operation runs first ------------------------------------------------
+
+ADMIN_TOKEN, READER_TOKEN = "admin-token-" * 3, "reader-token-" * 3
+
+
+class Service:
+    """What ``admin_operation`` needs of the admin service: the cluster's policy."""
+
+    def __init__(self, guard: Guard) -> None:
+        self._guard = guard
+        self.calls: list[tuple[str, Any]] = []
+
+    @admin_operation
+    async def get_metadata(self, name: TopicName, *, credential: str | None = None) -> Any:
+        self.calls.append(("get_metadata", name))
+        return name
+
+    @admin_operation
+    async def split_segment(
+        self,
+        name: TopicName,
+        segment_id: int,
+        *,
+        request_id: str | None = None,
+        credential: str | None = None,
+    ) -> Any:
+        self.calls.append(("split_segment", (name, segment_id, request_id)))
+        return name
+
+    @admin_operation
+    async def delete_segment(
+        self, segment: SegmentName, force: bool = False, *, credential: str | None = None
+    ) -> Any:
+        self.calls.append(("delete_segment", segment))
+        return segment
+
+    @admin_operation
+    async def auth_status(self, *, credential: str | None = None) -> Any:
+        self.calls.append(("auth_status", None))
+        return "status"
+
+
+@pytest.fixture
+def service() -> Service:
+    catalog = Catalog(store=MetadataStore(kv=MemoryKeyValue()))
+    grants = [
+        ("ops", ADMIN_TOKEN, "*", "admin"),
+        ("reader", READER_TOKEN, "t/ns", "lookup"),
+    ]
+    document = {
+        "tokens": [
+            {"principal": p, "token": t, "grants": [{"namespace": ns, "actions": [a]}]}
+            for p, t, ns, a in grants
+        ]
+    }
+    catalog.replace_auth(AuthPolicy.from_config(document))
+    return Service(Guard(catalog))
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_the_method_gets_the_checked_name_however_it_was_passed(service: Service) -> None:
+    topic = "topic://t/ns/orders"
+    by_position = run(service.get_metadata(topic, credential=READER_TOKEN))
+    by_keyword = run(service.get_metadata(name=topic, credential=READER_TOKEN))
+    assert by_position == by_keyword == TopicName.parse(topic)
+    segment = run(
+        service.delete_segment("segment://t/ns/orders/0000-7fff-1", credential=ADMIN_TOKEN)
+    )
+    assert segment == SegmentName.parse("segment://t/ns/orders/0000-7fff-1")
+
+
+def test_who_asks_comes_first_then_the_name_then_the_grant(service: Service) -> None:
+    with pytest.raises(UnauthenticatedError):
+        run(service.get_metadata("not a topic", credential=None))
+    with pytest.raises(InvalidNameError):
+        run(service.get_metadata("not a topic", credential=READER_TOKEN))
+    with pytest.raises(UnauthorizedError):
+        run(service.get_metadata("topic://other/ns/orders", credential=READER_TOKEN))
+    with pytest.raises(UnauthorizedError):  # by keyword: no way around the check
+        run(service.get_metadata(name="topic://other/ns/orders", credential=READER_TOKEN))
+    with pytest.raises(UnauthorizedError):  # lookup is not admin
+        run(service.split_segment("topic://t/ns/orders", 0, credential=READER_TOKEN))
+    with pytest.raises(UnauthorizedError):  # the cluster's operations need admin on "*"
+        run(service.auth_status(credential=READER_TOKEN))
+    assert service.calls == []  # nothing refused ran
+    assert run(service.auth_status(credential=ADMIN_TOKEN)) == "status"
+
+
+def test_arguments_that_do_not_fit_are_a_typed_error(service: Service) -> None:
+    with pytest.raises(InvalidArgumentError, match="split_segment"):
+        run(service.split_segment("topic://t/ns/orders", credential=ADMIN_TOKEN))
+    with pytest.raises(InvalidArgumentError, match="split_segment"):
+        run(service.split_segment("topic://t/ns/orders", 0, 1, credential=ADMIN_TOKEN))
+    assert service.calls == []
