@@ -8,17 +8,14 @@ Reads
     driver.
 
 Writes
-    ``write_topic`` runs a ``Producer`` in each Spark partition over Arrow
-    batches (``mapInArrow``), so rows never pass through the driver. A retried
-    or speculative task must not duplicate rows: every attempt of partition
-    *p* uses the producer id ``spark-write-{write id}-{p}`` and re-chunks its
-    rows at the same boundaries, so its batches get the same per-segment
-    sequence numbers and the segments drop the ones already stored (a task
-    knows it is a retry from a claim it makes with the cluster). That holds
-    while the layout is the one the write started with; a retry that finds the
-    layout changed cannot reproduce the original routing, so it writes under a
-    fresh producer id (at-least-once: no loss, possibly duplicates) and
-    ``write_topic`` warns and reports those partitions.
+    ``write_topic`` writes each Spark partition in fixed-size chunks over Arrow
+    batches (``mapInArrow``), so rows never pass through the driver. Each chunk is
+    stored once however often Spark runs its task (a retry, a speculative copy)
+    and whatever splits and merges happened in between: the cluster records
+    where each part of the chunk goes before the task appends it, and a task that
+    finds the record appends only what is missing (``runtime.sink_writes``, the
+    mechanism the streaming sink uses too). The task appends the parts to their
+    segments itself; only the record goes through the admin service.
 
 Credentials
     Every read and write takes the caller's ``token`` (default ``RAYTOPICS_TOKEN``)
@@ -34,8 +31,6 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-import warnings
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,7 +39,8 @@ import pyarrow as pa
 import ray
 
 from actors.admin.caller import AdminServiceCaller
-from clients.producer import Producer
+from clients._ray import background_loop
+from clients._sink import write_chunks
 from clients.range_reads import OUTPUT_SCHEMA, SegmentRange, TierFile, read_range
 from clients.read_plan import (
     DEFAULT_ROWS_PER_PARTITION,
@@ -58,11 +54,11 @@ from clients.read_plan import (
     plan_read,
 )
 from runtime.auth import Permission, client_credential
+from runtime.batch import batch_slices, message_sizes
 from runtime.connect import connect
 from runtime.errors import (
     InvalidArgumentError,
 )
-from runtime.layout import SegmentLayout
 from runtime.names import TopicName
 
 if TYPE_CHECKING:
@@ -87,21 +83,19 @@ __all__ = [
     "write_topic",
 ]
 
-# Rows per producer batch written by one Spark task (fixed, so retries re-chunk alike).
-DEFAULT_WRITE_CHUNK_ROWS = 50_000
-_WRITE_CHUNKS_IN_FLIGHT = 8
+# Rows per chunk written by one Spark task (fixed, so retries re-chunk alike).
+DEFAULT_WRITE_CHUNK_ROWS = 100_000
 
 SPARK_SCHEMA = (
     "key string, value binary, hash int, segment_id long, offset long, "
     "publish_time timestamp, properties map<string,string>"
 )
-_WRITE_SUMMARY_SCHEMA = "partition int, retry boolean, rows long, exactly_once boolean"
+_WRITE_SUMMARY_SCHEMA = "partition int, retry boolean, rows long"
 _WRITE_SUMMARY_ARROW = pa.schema(
     [
         ("partition", pa.int32()),
         ("retry", pa.bool_()),
         ("rows", pa.int64()),
-        ("exactly_once", pa.bool_()),
     ]
 )
 
@@ -258,9 +252,10 @@ def _warm_partition(
 
 @dataclass(frozen=True)
 class WriteResult:
-    """What ``write_topic`` stored. ``retried_partitions`` needed more than one Spark
-    attempt; ``at_least_once_partitions`` are those of them retried after a layout
-    change, hence written at-least-once rather than exactly once."""
+    """What ``write_topic`` stored. ``retried_partitions`` ran more than once (a Spark
+    retry or speculative copy found some of its chunks stored already); each was still
+    stored exactly once. ``at_least_once_partitions`` is always empty: no retry, layout
+    change or not, writes a row twice (kept for programs that read it)."""
 
     write_id: str
     rows: int
@@ -274,9 +269,9 @@ class _WriteJob:
     cluster: dict[str, str]
     topic: str
     write_id: str
-    epoch: int
     chunk_rows: int
-    producer_config: dict[str, Any] = field(default_factory=dict)
+    max_batch_messages: int
+    max_batch_bytes: int
     credential: str | None = field(default=None, repr=False)
 
 
@@ -288,18 +283,19 @@ def write_topic(
     properties_col: str | None = None,
     *,
     chunk_rows: int = DEFAULT_WRITE_CHUNK_ROWS,
-    producer_config: dict[str, Any] | None = None,
     token: str | None = None,
 ) -> WriteResult:
-    """Publish every row of ``df`` to ``topic``: one producer per Spark partition, in parallel.
+    """Publish every row of ``df`` to ``topic``: the Spark partitions in parallel, each in
+    chunks of ``chunk_rows`` rows (fewer where the namespace's batch limits say so).
 
     ``key_col`` (cast to string; ``None`` for unkeyed rows), ``value_col`` (cast
     to binary: strings become their UTF-8 bytes) and ``properties_col`` (a
     ``map<string,string>``) name the columns. Per-key order follows the row
     order within a partition. Returns once every row is stored. Retried Spark
-    tasks do not duplicate (see the module docstring), provided a partition's
-    rows come out the same on a retry, as for any idempotent Spark sink: persist
-    or checkpoint a DataFrame whose lineage shuffles non-deterministically.
+    tasks do not duplicate, whatever the topic's layout did meanwhile (see the module
+    docstring), provided a partition's rows come out the same on a retry, as for any
+    idempotent Spark sink: persist or checkpoint a DataFrame whose lineage shuffles
+    non-deterministically.
 
     ``token`` (default ``RAYTOPICS_TOKEN``) needs ``produce`` on the topic's namespace
     when the cluster has an auth policy: a refusal is raised here, before any task runs.
@@ -311,13 +307,17 @@ def write_topic(
         raise InvalidArgumentError(f"chunk_rows must be positive, got {chunk_rows}")
     credential = client_credential(token)
     connect()
+    checked_layout(name, credential, Permission.PRODUCE)  # a refusal comes before any task
+    limits = AdminServiceCaller().call_blocking(
+        "get_namespace_limits", name.namespace_path, credential=credential
+    )
     job = _WriteJob(
         _cluster(),
         str(name),
         uuid.uuid4().hex,
-        checked_layout(name, credential, Permission.PRODUCE).epoch,
         chunk_rows,
-        dict(producer_config or {}),
+        limits["max_batch_messages"],
+        limits["max_batch_bytes"],
         credential,
     )
     key = F.col(key_col).cast("string") if key_col else F.lit(None).cast("string")
@@ -339,75 +339,41 @@ def write_topic(
 
 def _write_result(job: _WriteJob, summary: list[Any]) -> WriteResult:
     retried = tuple(sorted(row.partition for row in summary if row.retry))
-    unsafe = tuple(sorted(row.partition for row in summary if not row.exactly_once))
-    if unsafe:
-        warnings.warn(
-            f"{job.topic}: partitions {list(unsafe)} were retried after the topic's layout "
-            "changed, so they were written at-least-once (rows may be duplicated)",
-            stacklevel=3,
-        )
     rows = sum(row.rows for row in summary)
-    return WriteResult(job.write_id, rows, len(summary), retried, unsafe)
+    return WriteResult(job.write_id, rows, len(summary), retried)
 
 
 def _spark_write_partition(
     job: _WriteJob, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
+    """Store the partition's chunks in order, each once (``runtime.sink_writes``); a
+    failure fails the task, whose retry stores what is still missing."""
     from pyspark import TaskContext
 
-    context = TaskContext.get()
-    partition = context.partitionId()
+    partition = TaskContext.get().partitionId()
     _join_ray(job.cluster)
-    retry = not _first_attempt(job, partition)
-    exactly_once = not retry or _job_layout(job).epoch == job.epoch
-    producer_id = f"spark-write-{job.write_id}-{partition}"
-    if not exactly_once:
-        producer_id += f"-retry-{uuid.uuid4().hex[:8]}"
-    rows = _produce(job, producer_id, batches)
+    chunks = _chunks(batches, job)
+    write = write_chunks(
+        AdminServiceCaller(), job.topic, job.write_id, partition, job.credential, chunks
+    )
+    rows, retry = background_loop().run(write)
     summary = {"partition": [partition], "retry": [retry], "rows": [rows]}
-    yield pa.RecordBatch.from_pydict(
-        {**summary, "exactly_once": [exactly_once]}, schema=_WRITE_SUMMARY_ARROW
-    )
+    yield pa.RecordBatch.from_pydict(summary, schema=_WRITE_SUMMARY_ARROW)
 
 
-def _job_layout(job: _WriteJob) -> SegmentLayout:
-    return checked_layout(TopicName.parse(job.topic), job.credential, Permission.PRODUCE)
-
-
-def _first_attempt(job: _WriteJob, partition: int) -> bool:
-    """Claim the partition with the cluster: only its first attempt succeeds. Spark's own
-    attempt number misses stage retries, and a speculative copy may run alongside the first."""
-    return AdminServiceCaller().call_blocking(
-        "claim_write_partition", job.topic, job.write_id, partition, credential=job.credential
-    )
-
-
-def _produce(job: _WriteJob, producer_id: str, batches: Iterator[pa.RecordBatch]) -> int:
-    """Send fixed-size chunks in order and wait for all of them; a failure fails the task.
-
-    Results are collected as they complete (a few chunks behind the sender), so the
-    task holds per-row results for a bounded number of chunks, and an error surfaces
-    early instead of after the whole partition was sent.
-    """
-    rows, pending = 0, deque()
-    token = job.credential or ""  # the writer's, never the executor's environment's
-    with Producer(
-        job.topic, token=token, producer_id=producer_id, **job.producer_config
-    ) as producer:
-        for chunk in _rechunk(batches, job.chunk_rows):
-            values, keys = chunk.column("value"), chunk.column("key")
-            pending.append(producer.send_batch(values, keys, chunk.column("properties")))
-            rows += chunk.num_rows
-            while len(pending) > _WRITE_CHUNKS_IN_FLIGHT or (pending and pending[0].done()):
-                pending.popleft().result()
-        while pending:
-            pending.popleft().result()
-    return rows
+def _chunks(batches: Iterable[pa.RecordBatch], job: _WriteJob) -> Iterator[pa.RecordBatch]:
+    """The partition's rows in chunks that depend only on the rows and the job (so every
+    attempt cuts them alike): ``chunk_rows`` each, cut further where the namespace's
+    batch limits, read once when the write started, need it."""
+    for chunk in _rechunk(batches, job.chunk_rows):
+        sizes = message_sizes(chunk)
+        for start, stop in batch_slices(sizes, job.max_batch_messages, job.max_batch_bytes):
+            yield chunk.slice(start, stop - start)
 
 
 def _rechunk(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.RecordBatch]:
     """Exactly ``size`` rows per chunk (the last one shorter), whatever batches came in:
-    chunk boundaries, hence sequence numbers, depend only on the rows."""
+    chunk boundaries depend only on the rows."""
     held: list[pa.RecordBatch] = []
     count = 0
     for batch in batches:

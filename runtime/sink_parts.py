@@ -74,3 +74,18 @@ def with_sequences(
 def in_append_order(parts: Iterable[SinkPart]) -> list[SinkPart]:
     """Parts in the order they may be appended: per segment, by sequence."""
     return sorted(parts, key=lambda part: (part.segment, part.sequence))
+
+
+class SinkWrite(BaseModel):
+    """One idempotent write's progress (``runtime.sink_writes``) as the cluster records it:
+    the batch it belongs to, and its parts: which records each append carries, to which
+    segment, under which sequence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    batch: int
+    parts: tuple[SinkPart, ...]
+    done: bool = False
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode()

@@ -39,7 +39,6 @@ from storage.metadata import MetadataStore, Version
 from storage.metadata_paths import (
     AUTH_POLICY_PATH,
     INTERNAL_TOKEN_PATH,
-    claim_path,
     consumer_path,
     consumers_path,
     controller_path,
@@ -357,16 +356,9 @@ class Catalog:
 
     # --- Spark writes --------------------------------------------------------------------
 
-    def claim_write_partition(self, topic: TopicName, write_id: str, partition: int) -> bool:
-        """True for the first claim of a Spark write's partition, False for every later one."""
-        try:
-            self.store.put_if_absent(claim_path(topic, write_id, partition), b"")
-        except AlreadyExistsError:
-            return False
-        return True
-
-    def forget_write(self, topic: TopicName, write_id: str) -> None:
-        self.store.delete_tree(claim_path(topic, write_id))
+    def forget_sink_writes(self, topic: TopicName, query: str) -> None:
+        """Drop every chunk record of a finished write (a Spark batch write's id)."""
+        self.store.delete_tree(sink_path(topic, query))
 
     def sink_write(
         self, topic: TopicName, query: str, partition: int, chunk: int

@@ -13,7 +13,6 @@ path                                                                record
 ``/topics/{t}/{ns}/{topic}/placed/{incarnation}/{segmentId}``       the node disk holding it
 ``/topics/{t}/{ns}/{topic}/asleep/{incarnation}/{segmentId}``       a sleeping segment's stats
 ``/topics/{t}/{ns}/{topic}/sinks/{query}/{partition}/{chunk}``      ``SinkWrite``
-``/topics/{t}/{ns}/{topic}/writes/{writeId}/{partition}``           claim of a Spark task
 ``/limits/{tenant}/{namespace}``                                    limit overrides (object)
 ``/policies/{tenant}/{namespace}``                                  default ``TopicPolicy``
 ``/auth/policy``                                                    ``AuthRecord``
@@ -21,8 +20,8 @@ path                                                                record
 ==================================================================  =======================
 
 Everything a topic owns (its record, leadership, subscriptions and their consumers,
-tiered segments' records, placements, sleeping segments' stats, Spark's sink records
-and write claims) lives under the topic's path, so deleting the topic's tree removes
+tiered segments' records, placements, sleeping segments' stats, the records of Spark's
+idempotent writes) lives under the topic's path, so deleting the topic's tree removes
 all of it at once and a grant on the topic covers it. What belongs to a namespace
 (default policy, limit overrides) or to the cluster (the auth policy, the internal
 token) lives under roots of its own.
@@ -96,13 +95,10 @@ def limits_path(namespace: str) -> str:
     return f"{_LIMITS}/{tenant}/{name}"
 
 
-def sink_path(topic: TopicName, query: str, partition: int, chunk: int) -> str:
-    """Under the topic, so a deleted topic's writes go with it."""
-    return f"{topic_path(topic)}/sinks/{query}/{partition}/{chunk}"
-
-
-def claim_path(topic: TopicName, write_id: str, partition: int | None = None) -> str:
-    """Under the topic, like a sink's writes: scoped by the topic's grants, and a deleted
-    topic's claims go with it."""
-    base = f"{topic_path(topic)}/writes/{write_id}"
-    return base if partition is None else f"{base}/{partition}"
+def sink_path(
+    topic: TopicName, query: str, partition: int | None = None, chunk: int | None = None
+) -> str:
+    """Under the topic, so a deleted topic's writes go with it; without ``partition`` and
+    ``chunk``, the root of one query's (or batch write's) records."""
+    base = f"{topic_path(topic)}/sinks/{query}"
+    return base if partition is None else f"{base}/{partition}/{chunk}"

@@ -17,7 +17,7 @@ from runtime.auth import AuthPolicy
 from runtime.layout import ScalableTopicMetadata, SegmentLayout
 from runtime.operations import CompletedOperation, PendingOperation, find_completed
 from runtime.policy import TopicPolicy
-from runtime.sink_parts import SinkPart
+from runtime.sink_parts import SinkPart, SinkWrite  # noqa: F401 - stored here, defined with its parts
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 
 
@@ -170,21 +170,6 @@ class AuthRecord(BaseModel):
 
     def auth_policy(self) -> AuthPolicy:
         return AuthPolicy.from_config(self.policy) if self.policy is not None else AuthPolicy()
-
-
-class SinkWrite(BaseModel):
-    """One idempotent streaming write's progress (``actors.admin.stream_writes``): the batch it
-    belongs to, and its parts (``runtime.sink_parts``): which records each append
-    carries, to which segment, under which sequence."""
-
-    model_config = ConfigDict(frozen=True)
-
-    batch: int
-    parts: tuple[SinkPart, ...]
-    done: bool = False
-
-    def to_bytes(self) -> bytes:
-        return self.model_dump_json().encode()
 
 
 class LeaderRecord(BaseModel):

@@ -274,8 +274,8 @@ def fingerprint(df) -> tuple[int, int, int]:
 
 
 def test_a_retried_write_task_does_not_duplicate(admin, spark, unique) -> None:
-    """The first attempt of partition 1 fails after sending 4 of its 6 chunks; Spark retries
-    it under the same producer id and the segments drop the chunks they already hold."""
+    """The first attempt of partition 1 fails after storing 4 of its 6 chunks; Spark retries
+    it, and the retry finds those chunks recorded as stored and stores only the others."""
     topic = f"topic://spark/write/retry-{unique}"
     admin.create_scalable_topic(topic, num_segments=2)
     from pyspark.sql.functions import udf
@@ -302,6 +302,67 @@ def test_a_retried_write_task_does_not_duplicate(admin, spark, unique) -> None:
     back = read_topic(spark, topic).selectExpr("cast(cast(value as string) as bigint) as n")
     stats = back.selectExpr("count(*) as rows", "sum(n) as s1", "sum(n * n) as s2").first()
     values = range(60_000)  # each of 0..59999 exactly once, no duplicate and no loss
+    assert (stats.rows, stats.s1, stats.s2) == (60_000, sum(values), sum(v * v for v in values))
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_write_task_retried_after_a_split_still_stores_each_row_once(
+    admin, spark, unique, tmp_path
+) -> None:
+    """The first attempt of partition 1 fails after storing some of its 6 chunks and, before
+    Spark retries it, both segments split: the retry stores only the chunks still missing,
+    in the children that own their rows now. Each row once, none lost."""
+    import threading
+
+    topic = f"topic://spark/write/resplit-{unique}"
+    admin.create_scalable_topic(topic, num_segments=2)
+    from pyspark.sql.functions import udf
+
+    failing, split = tmp_path / "failing", tmp_path / "split"
+
+    @udf("binary")
+    def fail_first_attempt(value: bytes, row: int) -> bytes:
+        import time
+
+        from pyspark import TaskContext
+
+        if row == 55_000 and TaskContext.get().attemptNumber() == 0:
+            failing.touch()
+            deadline = time.monotonic() + 60
+            while not split.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise RuntimeError("injected failure")
+        return value
+
+    def split_when_failing() -> None:
+        while not failing.exists():
+            time.sleep(0.05)
+        admin.split_segment(topic, 0)
+        admin.split_segment(topic, 1)
+        split.touch()
+
+    splitter = threading.Thread(target=split_when_failing, daemon=True)
+    splitter.start()
+    source = spark.range(0, 60_000, numPartitions=2).selectExpr(
+        "concat('k', cast(id % 50 as string)) as key",
+        "cast(cast(id as string) as binary) as raw",
+        "id",
+    )
+    failing_rows = source.select("key", fail_first_attempt("raw", "id").alias("value"))
+    result = write_topic(failing_rows, topic, chunk_rows=5_000)
+    splitter.join(timeout=60)
+    assert split.exists() and admin.get_layout(topic).epoch == 2
+    assert (result.rows, result.retried_partitions, result.at_least_once_partitions) == (
+        60_000,
+        (1,),
+        (),
+    )
+    back = read_topic(spark, topic)
+    children = back.where("segment_id >= 2").count()
+    assert children >= 1, "the retried chunk goes to the segments that own its rows now"
+    numbers = back.selectExpr("cast(cast(value as string) as bigint) as n")
+    stats = numbers.selectExpr("count(*) as rows", "sum(n) as s1", "sum(n * n) as s2").first()
+    values = range(60_000)
     assert (stats.rows, stats.s1, stats.s2) == (60_000, sum(values), sum(v * v for v in values))
     admin.delete_scalable_topic(topic)
 

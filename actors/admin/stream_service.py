@@ -1,9 +1,10 @@
 """The admin service's data-pipeline operations, what Spark's sources and sinks call
 (the streaming ones through the REST gateway): planning micro-batches
-(``actors.admin.stream_reads``), storing a sink's writes once (``actors.admin.stream_writes``),
-the tier records a snapshot read is planned from, and the claims that keep a
-batch write's retried tasks from duplicating. Clients never read the metadata
-store themselves: each of these checks the caller's credential first.
+(``actors.admin.stream_reads``), storing a streaming sink's chunk once
+(``actors.admin.stream_writes``), the records through which a batch write's tasks store
+their chunks once themselves (``runtime.sink_writes``), and the tier records a snapshot
+read is planned from. Clients never read the metadata store themselves: each of these
+checks the caller's credential first.
 
 A mixin of ``actors.admin.service.AdminService``, which provides ``_guard`` and
 ``_catalog``; each method's caller is checked as the Admin API table says
@@ -16,15 +17,20 @@ from typing import Any
 
 from actors.admin.permits import admin_operation
 from actors.admin.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
-from actors.admin.stream_writes import stream_write
+from actors.admin.stream_writes import CatalogLedger, hashes_of, stream_write
+from actors.guard import Guard
+from actors.segment.calls import SegmentCalls
 from runtime.errors import InvalidArgumentError, is_integer
 from runtime.names import TopicName, validate_part
+from runtime.sink_parts import SinkPart
+from runtime.sink_writes import Opened, Recorded
 from storage.catalog import Catalog
 from storage.tier_records import TierRecords
 
 
 class StreamOperations:
     _catalog: Catalog
+    _guard: Guard
 
     @admin_operation
     async def stream_initial(
@@ -100,24 +106,77 @@ class StreamOperations:
         found = {i: records.get(i) for i in sorted(wanted)}
         return {i: r.model_dump(mode="json", by_alias=True) for i, r in found.items() if r}
 
+    # --- a Spark task's idempotent write: the cluster keeps the record of each chunk, the
+    # task appends the chunk's parts to their segments itself (runtime.sink_writes)
+
     @admin_operation
-    async def claim_write_partition(
-        self, name: TopicName, write_id: str, partition: int, *, credential: str | None = None
-    ) -> bool:
-        """True for the first attempt of a Spark write's partition, False for every later
-        one (a retried or speculative task)."""
-        if not is_integer(partition, 0):
-            raise InvalidArgumentError(
-                f"partition must be a non-negative integer, got {partition!r}"
-            )
-        return self._catalog.claim_write_partition(name, _write_id(write_id), partition)
+    async def sink_open(
+        self,
+        name: TopicName,
+        query: str,
+        partition: int,
+        chunk: int,
+        batch: int,
+        hashes: Any,
+        *,
+        credential: str | None = None,
+    ) -> Opened:
+        if not is_integer(batch, 0):
+            raise InvalidArgumentError(f"batch must be a non-negative integer, got {batch!r}")
+        return await self._ledger(name, query, partition, chunk).open(batch, hashes_of(hashes))
+
+    @admin_operation
+    async def sink_reroute(
+        self,
+        name: TopicName,
+        query: str,
+        partition: int,
+        chunk: int,
+        recorded: Recorded,
+        part: SinkPart,
+        hashes: Any,
+        *,
+        credential: str | None = None,
+    ) -> Recorded:
+        ledger = self._ledger(name, query, partition, chunk)
+        if not isinstance(part, SinkPart):
+            raise InvalidArgumentError("part must be one of the write's parts")
+        return await ledger.reroute(_recorded(recorded), part, hashes_of(hashes))
+
+    @admin_operation
+    async def sink_finish(
+        self,
+        name: TopicName,
+        query: str,
+        partition: int,
+        chunk: int,
+        recorded: Recorded,
+        *,
+        credential: str | None = None,
+    ) -> None:
+        await self._ledger(name, query, partition, chunk).finish(_recorded(recorded))
 
     @admin_operation
     async def forget_write(
         self, name: TopicName, write_id: str, *, credential: str | None = None
     ) -> None:
-        """Drop a finished Spark write's claims."""
-        self._catalog.forget_write(name, _write_id(write_id))
+        """Drop a finished Spark batch write's records (its chunks' ``sink_*`` records)."""
+        self._catalog.forget_sink_writes(name, _write_id(write_id))
+
+    def _ledger(self, name: TopicName, query: str, partition: int, chunk: int) -> CatalogLedger:
+        for what, value in (("partition", partition), ("chunk", chunk)):
+            if not is_integer(value, 0):
+                raise InvalidArgumentError(f"{what} must be a non-negative integer, got {value!r}")
+        internal = SegmentCalls(self._guard.internal_token())
+        return CatalogLedger(self._catalog, internal, name, _write_id(query), partition, chunk)
+
+
+def _recorded(recorded: Any) -> Any:
+    """A record a writer sends back: the one it was given (its version is checked by the
+    store's compare-and-swap, so a stale or made-up one changes nothing)."""
+    if recorded is not None and not isinstance(recorded, Recorded):
+        raise InvalidArgumentError("recorded must be a record the cluster returned")
+    return recorded
 
 
 def _segment_ids(segment_ids: Any) -> list[int]:
