@@ -17,11 +17,9 @@ import numpy as np
 import pyarrow as pa
 
 from actors.admin.caller import AdminServiceCaller
-from actors.segment.lookup import find_segment_actor
+from actors.segment.calls import SegmentCalls
 from clients._data_plane import SegmentChannel
 from runtime.batch import make_batch, serialize_batch
-from runtime.names import SegmentName
-from runtime.remote import call
 from runtime.sink_parts import SinkPart
 from runtime.sink_writes import Opened, Recorded, producer_id, routing_hashes, write_chunk
 
@@ -55,17 +53,13 @@ class ClusterLedger:
         return await self._service.call(operation, *self._key, *args, credential=self._credential)
 
 
-class DataPlaneSegments:
-    """``runtime.sink_writes.Segments`` over the segments' data planes: one channel per
-    segment, kept across the chunks of a task, closed by ``close``."""
+class DataPlaneSegments(SegmentCalls):
+    """``runtime.sink_writes.Segments`` whose appends go over the segments' data planes:
+    one channel per segment, kept across the chunks of a task, closed by ``close``."""
 
     def __init__(self, credential: str | None) -> None:
-        self._credential = credential
+        super().__init__(credential)
         self._channels: dict[str, SegmentChannel] = {}
-
-    async def last_sequence(self, segment: str, producer_id: str) -> int:
-        handle = await self._handle(segment)
-        return await call(handle.last_sequence.remote(producer_id, credential=self._credential))
 
     async def append(
         self, segment: str, batch: pa.RecordBatch, producer_id: str, sequence: int
@@ -81,9 +75,6 @@ class DataPlaneSegments:
         for channel in channels:
             await channel.close()
 
-    async def _handle(self, segment: str) -> Any:
-        return await find_segment_actor(SegmentName.parse(segment), credential=self._credential)
-
 
 async def write_chunks(
     service: AdminServiceCaller,
@@ -92,6 +83,7 @@ async def write_chunks(
     partition: int,
     credential: str | None,
     chunks: Iterator[pa.RecordBatch],
+    segments: DataPlaneSegments | None = None,
     in_flight: int = 2,
 ) -> tuple[int, bool]:
     """Store ``chunks`` (batches with ``key``, ``value`` and ``properties`` columns, numbered
@@ -101,9 +93,10 @@ async def write_chunks(
     Up to ``in_flight`` chunks overlap: the next chunk's record is opened and the last
     one's finished while a chunk's parts are appended (``write_chunk``'s ``after``), so
     the task waits on the segments, not on round trips. ``chunks`` is read on an
-    executor thread (Spark's rows arrive through it)."""
+    executor thread (Spark's rows arrive through it). ``segments``: where the parts go
+    (by default over the data planes with ``credential``); closed at the end."""
     loop = asyncio.get_running_loop()
-    segments = DataPlaneSegments(credential)
+    segments = segments or DataPlaneSegments(credential)
     running: deque[tuple[asyncio.Task[dict[str, Any]], int]] = deque()
     previous: asyncio.Future[None] | None = None
     rows, retried = 0, False

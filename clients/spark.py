@@ -253,8 +253,8 @@ def _warm_partition(
 @dataclass(frozen=True)
 class WriteResult:
     """What ``write_topic`` stored. ``retried_partitions`` ran more than once (a Spark
-    retry or speculative copy found some of its chunks stored already); each was still
-    stored exactly once. ``at_least_once_partitions`` is always empty: no retry, layout
+    task retried, or a copy that found some of its chunks stored already); each row was
+    still stored exactly once. ``at_least_once_partitions`` is always empty: no retry, layout
     change or not, writes a row twice (kept for programs that read it)."""
 
     write_id: str
@@ -350,13 +350,18 @@ def _spark_write_partition(
     failure fails the task, whose retry stores what is still missing."""
     from pyspark import TaskContext
 
-    partition = TaskContext.get().partitionId()
+    context = TaskContext.get()
+    partition = context.partitionId()
     _join_ray(job.cluster)
     chunks = _chunks(batches, job)
     write = write_chunks(
         AdminServiceCaller(), job.topic, job.write_id, partition, job.credential, chunks
     )
-    rows, retry = background_loop().run(write)
+    rows, stored_before = background_loop().run(write)
+    # Spark's attempt number misses a stage's retry and a speculative copy; chunks found
+    # stored by another attempt catch those (an attempt that died before storing any
+    # shows only in the number)
+    retry = stored_before or context.attemptNumber() > 0
     summary = {"partition": [partition], "retry": [retry], "rows": [rows]}
     yield pa.RecordBatch.from_pydict(summary, schema=_WRITE_SUMMARY_ARROW)
 

@@ -338,3 +338,64 @@ def test_a_query_plans_over_hibernating_tiered_segments_without_waking_them(
     sealed = admin.get_layout(topic).get(0).name(name)
     assert sealed.actor_name not in alive_actor_names(f"segment:{name.short}/")
     admin.delete_scalable_topic(topic)
+
+
+def test_a_batch_writers_parts_refused_by_a_split_segment_go_to_its_children_once(
+    admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """What a Spark batch write's task does (``clients._sink.write_chunks``), without Spark:
+    chunk 1's record is opened against two segments, then segment 0 splits before its
+    part is appended; the data plane refuses the part (``SegmentTerminated``), the
+    cluster gives its range to the children, and every row is stored once, in order."""
+    import asyncio
+
+    import pyarrow as pa
+
+    from actors.admin.caller import AdminServiceCaller
+    from clients import _sink
+    from clients._ray import background_loop
+
+    topic = f"topic://{TENANT}/{NAMESPACE}/batch-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    admin.wait_until_ready(topic, 60)
+    split = []
+
+    class SplitFirst(_sink.DataPlaneSegments):
+        """The segments, segment 0 split just before chunk 1's first append to it."""
+
+        async def append(self, segment: str, batch: pa.RecordBatch, producer: str, seq: int):
+            if producer.endswith(":1") and segment.endswith(descriptor) and not split:
+                split.append(await asyncio.to_thread(admin.split_segment, topic, 0))
+                await asyncio.to_thread(admin.wait_until_ready, topic, 60)
+            await super().append(segment, batch, producer, seq)
+
+    descriptor = admin.get_layout(topic).get(0).name(TopicName.parse(topic)).descriptor
+    chunks = [
+        pa.RecordBatch.from_pydict(
+            {
+                "key": [f"k{i % 40}" for i in range(n * 200, n * 200 + 200)],
+                "value": [f"v{i}".encode() for i in range(n * 200, n * 200 + 200)],
+                "properties": pa.nulls(200, pa.map_(pa.string(), pa.string())),
+            }
+        )
+        for n in range(3)
+    ]
+    write = _sink.write_chunks(
+        AdminServiceCaller(), topic, f"w{unique}", 0, None, iter(chunks), SplitFirst(None)
+    )
+    rows, retried = background_loop().run(write)
+    assert (rows, retried, len(split)) == (600, False, 1)
+    assert admin.get_layout(topic).epoch == 1
+    values = stored_values(topic, admin)
+    assert sorted(values) == sorted(f"v{i}" for i in range(600))
+    layout = admin.get_layout(topic)
+    by_key: dict[str, list[int]] = defaultdict(list)  # the parent's rows, then its children's
+    for segment_id in (0, 2, 3):
+        handle = segment_actor(layout.get(segment_id).name(TopicName.parse(topic)))
+        batch = ray.get(handle.read.remote(0, 1000))
+        assert batch.num_rows > 0
+        keys, values = batch.column("key").to_pylist(), batch.column("value").to_pylist()
+        for key, value in zip(keys, values, strict=True):
+            by_key[key].append(int(value.decode()[1:]))
+    assert all(numbers == sorted(numbers) for numbers in by_key.values())  # per-key order
+    admin.delete_scalable_topic(topic)
