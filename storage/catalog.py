@@ -35,6 +35,7 @@ from runtime.errors import (
 )
 from runtime.names import TopicName, parse_namespace
 from runtime.policy import TopicPolicy
+from runtime.sink_parts import SinkWrite
 from storage.metadata import MetadataStore, Version
 from storage.metadata_paths import (
     AUTH_POLICY_PATH,
@@ -54,7 +55,6 @@ from storage.records import (
     AuthRecord,
     ConsumerRegistration,
     LeaderRecord,
-    SinkWrite,
     SubscriptionKind,
     SubscriptionMetadata,
     SubscriptionState,

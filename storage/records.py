@@ -17,7 +17,6 @@ from runtime.auth import AuthPolicy
 from runtime.layout import ScalableTopicMetadata, SegmentLayout
 from runtime.operations import CompletedOperation, PendingOperation, find_completed
 from runtime.policy import TopicPolicy
-from runtime.sink_parts import SinkPart, SinkWrite  # noqa: F401 - stored here, defined with its parts
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 
 

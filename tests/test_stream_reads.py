@@ -24,9 +24,8 @@ from clients import Producer, ScalableTopicsAdmin
 from runtime.batch import make_batch
 from runtime.hashing import key_hash
 from runtime.names import TopicName
-from runtime.sink_parts import SinkPart, with_sequences
+from runtime.sink_parts import SinkPart, SinkWrite, with_sequences
 from storage.catalog import Catalog
-from storage.records import SinkWrite
 
 TENANT, NAMESPACE = "stream", "ns"
 
