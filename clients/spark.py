@@ -39,6 +39,7 @@ import pyarrow as pa
 import ray
 
 from actors.admin.caller import AdminServiceCaller
+from actors.control.dag_watch import fetch_layout
 from clients._ray import background_loop
 from clients._sink import write_chunks
 from clients.range_reads import OUTPUT_SCHEMA, SegmentRange, TierFile, read_range
@@ -50,7 +51,6 @@ from clients.read_plan import (
     PartialReadWarning,
     ReadPlan,
     annotate,
-    checked_layout,
     plan_read,
 )
 from runtime.auth import Permission, client_credential
@@ -307,7 +307,8 @@ def write_topic(
         raise InvalidArgumentError(f"chunk_rows must be positive, got {chunk_rows}")
     credential = client_credential(token)
     connect()
-    checked_layout(name, credential, Permission.PRODUCE)  # a refusal comes before any task
+    # A refusal comes before any task: the layout is read as the writer.
+    background_loop().run(fetch_layout(name, credential, Permission.PRODUCE))
     limits = AdminServiceCaller().call_blocking(
         "get_namespace_limits", name.namespace_path, credential=credential
     )

@@ -134,12 +134,13 @@ _OPERATIONS = (
     Operation("auth_status", _A, _ALL),
     Operation("load_auth", _A, _ALL),
     Operation("disable_auth", _A, _ALL),
-    # Spark: streaming reads and writes; the records of idempotent writes (runtime.sink_writes)
+    # Spark and Ray Data: reads planned (streaming, snapshot), streaming writes, the records
+    # of idempotent writes (runtime.sink_writes)
     Operation("stream_initial", _C, _T),
     Operation("stream_latest", _C, _T),
     Operation("stream_ranges", _C, _T),
     Operation("stream_endpoint", _C, _T),
-    Operation("tiered_records", _C, _T),
+    Operation("plan_snapshot", _C, _T),
     Operation("stream_write", _P, _T),
     Operation("sink_open", _P, _T),
     Operation("sink_reroute", _P, _T),

@@ -1,4 +1,5 @@
-"""Micro-batch planning over a topic's segment DAG, for Spark Structured Streaming.
+"""Read planning over a topic's segment DAG: Spark Structured Streaming's micro-batches,
+and the snapshot reads of Spark's ``read_topic`` and Ray Data.
 
 A streaming query reads a topic as a sequence of micro-batches, each from one
 ``StreamPosition`` to the next. Spark keeps the positions in its checkpoint
@@ -20,6 +21,13 @@ The rules that keep every key's order across splits and merges:
   ``UnavailableSegmentsError`` when ``fail_on_data_loss``, else skipped for good
   with a warning (an unreachable segment then counts as read), as Spark's Kafka
   source does.
+
+A snapshot read is planned with the same positions: it reads from a start
+position (``earliest``, a checkpoint, a subscription's cursors) to where every
+segment stands when it is planned (``snapshot_end``) or to an end checkpoint,
+parents and children in one batch of ranges: every key's records in it are a prefix
+of the key's history, since the parents of every child the layout lists are sealed,
+so read to their final end.
 
 Positions name the topic's incarnation: a topic deleted and created again under
 the same name is another topic, and an old query's position does not apply.
@@ -234,6 +242,63 @@ def ranges_between(
         for s, last in sorted(ends.items())
         if last > start.offset(s)
     ]
+
+
+# --- snapshots: a read between two positions fixed when it is planned -------------------
+
+
+def snapshot_segments(
+    layout: SegmentLayout, start: StreamPosition | None, end: StreamPosition | None
+) -> list[int]:
+    """The segments a snapshot from ``start`` to ``end`` may read (``None``: from the
+    earliest, to what the topic holds now): those ``start`` has not finished, and of
+    those, with an ``end``, only what it reached beyond ``start``."""
+    wanted = []
+    for segment_id in sorted(layout.all_segments):  # ids grow down the DAG
+        if start is not None and segment_id in start.finished:
+            continue
+        first = start.offset(segment_id) if start is not None else 0
+        if end is None or segment_id in end.finished or end.next.get(segment_id, 0) > first:
+            wanted.append(segment_id)
+    return wanted
+
+
+def snapshot_end(
+    start: StreamPosition, layout: SegmentLayout, offsets: Mapping[int, SegmentOffsets]
+) -> StreamPosition:
+    """Where a snapshot taken now ends: every segment that answered at its end offset, a
+    sealed one finished (its end is final). A child that a split registers after the
+    layout was read is not in it, and its parent, sealed by then, is read to its final
+    end, so each key's records in the snapshot are a prefix of its history."""
+    sealed = {s for s in offsets if not layout.get(s).is_active}
+    finished = start.finished | sealed
+    ends = {s: held.end for s, held in offsets.items() if s not in finished}
+    return StreamPosition(start.topic, start.incarnation, ends, frozenset(finished))
+
+
+def snapshot_ranges(
+    start: StreamPosition,
+    end: StreamPosition | None,
+    layout: SegmentLayout,
+    offsets: Mapping[int, SegmentOffsets],
+) -> list[Range]:
+    """The records of a snapshot from ``start`` to ``end`` (``None``: ``snapshot_end``),
+    each segment's range from where ``start`` has it or, when retention has deleted
+    that, from what it still holds: a snapshot reads what is retained (the readers skip
+    deleted offsets alike), where a streaming query calls the gap data loss."""
+    past = sorted(s for s, held in offsets.items() if start.offset(s) > held.end)
+    if past:
+        raise ConflictError(
+            f"the start is past the end of segments {past} (a checkpoint of another topic, "
+            "or of an earlier topic of this name)"
+        )
+    last = snapshot_end(start, layout, offsets) if end is None else end
+    retained = []
+    for r in ranges_between(start, last, offsets):
+        first = max(r.start, offsets[r.segment_id].start) if r.segment_id in offsets else r.start
+        if r.end > first:
+            retained.append(Range(r.segment_id, first, r.end))
+    return retained
 
 
 # --- internals ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Micro-batch planning over the DAG (``runtime.stream_plan``), without Ray: a simulated
-topic is produced to, split, merged and pruned while a query plans batch after batch;
-whatever happens, the batches hold every record once and each key in order."""
+"""Read planning over the DAG (``runtime.stream_plan``), without Ray: a simulated topic is
+produced to, split, merged and pruned while a query plans batch after batch, or while
+a snapshot is planned; whatever happens, the batches hold every record once and each
+key in order, and a snapshot a prefix of each key's history."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from runtime.stream_plan import (
     initial_position,
     next_position,
     ranges_between,
+    snapshot_end,
+    snapshot_ranges,
+    snapshot_segments,
 )
 
 
@@ -49,6 +53,23 @@ class Topic:
         return {
             s: SegmentOffsets(self.start[s], len(self.records[s])) for s in self.layout.all_segments
         }
+
+
+def apply(topic: Topic, actions: list[tuple[str, int]]) -> None:
+    for action, arg in actions:
+        active = sorted(topic.layout.active_segments)
+        if action == "produce":
+            topic.produce(arg)
+        elif action == "split":
+            segment = active[arg % len(active)]
+            if topic.layout.get(segment).hash_range.width > 1:
+                topic.layout = topic.layout.split_segment(segment)
+        elif action == "merge" and len(active) > 1:
+            ordered = list(topic.layout.active_segments.values())
+            i = arg % (len(ordered) - 1)
+            topic.layout = topic.layout.merge_segments(
+                ordered[i].segment_id, ordered[i + 1].segment_id
+            )
 
 
 def read(topic: Topic, start: StreamPosition, end: StreamPosition) -> list[list[tuple[int, int]]]:
@@ -90,21 +111,10 @@ def test_batches_hold_every_record_once_and_each_key_in_order(
         position = end
 
     for action, arg in actions:
-        active = sorted(topic.layout.active_segments)
-        if action == "produce":
-            topic.produce(arg)
-        elif action == "split":
-            segment = active[arg % len(active)]
-            if topic.layout.get(segment).hash_range.width > 1:
-                topic.layout = topic.layout.split_segment(segment)
-        elif action == "merge" and len(active) > 1:
-            ordered = list(topic.layout.active_segments.values())
-            i = arg % (len(ordered) - 1)
-            topic.layout = topic.layout.merge_segments(
-                ordered[i].segment_id, ordered[i + 1].segment_id
-            )
-        elif action == "batch":
+        if action == "batch":
             plan(arg)
+        else:
+            apply(topic, [(action, arg)])
     for _ in range(200):  # drain: every batch makes progress until nothing is left
         plan(None)
     seen = [r for batch in batches for r in batch]
@@ -224,3 +234,87 @@ def test_positions_round_trip_and_bad_ones_are_refused() -> None:
     past = StreamPosition("t", "i1", {0: 50})
     with pytest.raises(ConflictError, match="past the end of segment 0"):
         next_position(past, SegmentLayout.initial(1), {0: SegmentOffsets(0, 10)})
+
+
+# --- snapshots (what read_topic and Ray Data plan) --------------------------------------
+
+
+def snapshot(
+    topic: Topic, start: StreamPosition | None, end: StreamPosition | None, later: list
+) -> tuple[list[tuple[int, int]], StreamPosition]:
+    """A snapshot planned as the cluster plans one: the layout read first, then ``later``
+    happens (produces, splits, merges), then the listed segments are asked their offsets."""
+    layout = topic.layout
+    wanted = snapshot_segments(layout, start, end)
+    apply(topic, later)
+    offsets = {s: held for s, held in topic.offsets().items() if s in wanted}
+    first = start or initial_position("t", "i1", layout, offsets, "earliest")
+    last = end or snapshot_end(first, layout, offsets)
+    ranges = snapshot_ranges(first, end, layout, offsets)
+    return [r for x in ranges for r in topic.records[x.segment_id][x.start : x.end]], last
+
+
+LAYOUT_ACTIONS = st.lists(
+    st.tuples(st.sampled_from(["produce", "produce", "split", "merge"]), st.integers(0, 100)),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    segments=st.integers(1, 4),
+    before=LAYOUT_ACTIONS,
+    during=LAYOUT_ACTIONS,
+    between=LAYOUT_ACTIONS,
+    during_second=LAYOUT_ACTIONS,
+)
+def test_snapshots_hold_a_prefix_of_every_key_and_chain_without_gaps_or_overlaps(
+    segments: int,
+    before: list[tuple[str, int]],
+    during: list[tuple[str, int]],
+    between: list[tuple[str, int]],
+    during_second: list[tuple[str, int]],
+) -> None:
+    """A snapshot holds everything produced before it was planned, each key's records a
+    prefix of its history, whatever splits and merges race its planning; the next
+    snapshot from where it ended holds the rest once."""
+    topic = Topic(segments)
+    apply(topic, before)
+    produced_before = {(k, n) for k, count in topic.sent.items() for n in range(count)}
+    first, end = snapshot(topic, None, None, during)
+    assert len(first) == len(set(first))
+    assert produced_before <= set(first)
+    for key in {k for k, _ in first}:
+        sequences = sorted(n for k, n in first if k == key)
+        assert sequences == list(range(len(sequences))), key
+    apply(topic, between)
+    second, _ = snapshot(topic, end, None, during_second)
+    assert not set(first) & set(second)
+    every = {(k, n) for k, count in topic.sent.items() for n in range(count)}
+    assert set(first) | set(second) <= every
+    settled, _ = snapshot(topic, end, None, [])  # nothing racing: all of the rest
+    assert set(first) | set(settled) == every
+
+
+def test_snapshot_bounds_and_what_retention_deleted() -> None:
+    topic = Topic(2)
+    for key in range(40):
+        topic.produce(key)
+    counts = {s: len(topic.records[s]) for s in (0, 1)}
+    middle = StreamPosition("t", "i1", {0: 3, 1: 4})
+    assert snapshot_segments(topic.layout, middle, StreamPosition("t", "i1", {0: 3})) == []
+    read, _ = snapshot(topic, None, middle, [])
+    assert len(read) == 7
+    topic.start[0] = 5  # retention deleted offsets 0 to 4: a snapshot reads what is held
+    ranges = snapshot_ranges(middle, None, topic.layout, topic.offsets())
+    assert [(r.segment_id, r.start, r.end) for r in ranges] == [
+        (0, 5, counts[0]),
+        (1, 4, counts[1]),
+    ]
+    with pytest.raises(ConflictError, match=r"past the end of segments \[1\]"):
+        snapshot_ranges(
+            StreamPosition("t", "i1", {1: counts[1] + 1}), None, topic.layout, topic.offsets()
+        )
+    topic.layout = topic.layout.split_segment(0)
+    done = StreamPosition("t", "i1", {}, frozenset({0}))
+    assert snapshot_segments(topic.layout, done, None) == [1, 2, 3]

@@ -12,7 +12,9 @@ already reported its final end.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ray.exceptions import RayActorError
@@ -24,11 +26,12 @@ from runtime.errors import (
     InconsistentRequestError,
     InvalidArgumentError,
     SegmentNotFoundError,
+    SubscriptionNotFoundError,
     UnavailableError,
     UnavailableSegmentsError,
 )
 from runtime.layout import SegmentLayout
-from runtime.names import TopicName
+from runtime.names import SegmentName, TopicName
 from runtime.remote import call
 from runtime.stream_plan import (
     SegmentOffsets,
@@ -44,6 +47,7 @@ from storage.tier import TieredSegment, open_tier
 from storage.tier_records import TieredRecord, tier_records
 
 SEGMENT_TIMEOUT_S = 10.0
+RETRY_PAUSE_S = 0.2  # between attempts to reach a restarting segment actor
 
 
 async def stream_initial(
@@ -176,22 +180,52 @@ async def _offsets(
 ) -> dict[int, SegmentOffsets]:
     """Each segment's retained start and end (but those in ``skip``, already read to their
     end); one that does not answer is left out (the planner decides what that means),
-    or, when ``required``, refused here. A tiered segment's come from its record: asking
-    must not wake it."""
-    layout = record.layout
-    ids = [s for s in layout.all_segments if s not in skip]
-    tiered = await _tiered(name, record, ids)
-    answers = await asyncio.gather(
-        *(_recorded(tiered[s]) if s in tiered else _offsets_of(name, layout, s) for s in ids)
-    )
-    missing = [s for s, answer in zip(ids, answers, strict=True) if answer is None]
+    or, when ``required``, refused here."""
+    ids = [s for s in record.layout.all_segments if s not in skip]
+    facts = await segment_facts(name, record, ids, timeout_s=SEGMENT_TIMEOUT_S)
+    missing = [s for s in ids if s not in facts]
     if missing and required:
         raise UnavailableSegmentsError(
             f"{name}: segments {missing} did not answer (their actors died for good, or "
             f"none ran within {SEGMENT_TIMEOUT_S:g}s)",
             missing,
         )
-    return {s: a for s, a in zip(ids, answers, strict=True) if a is not None}
+    return {s: f.offsets for s, f in facts.items()}
+
+
+@dataclass(frozen=True)
+class SegmentFacts:
+    """What a planner learns of a segment: the offsets it holds, a subscription's cursor
+    in it when one was asked for, and its tier record when it moved to the tier."""
+
+    offsets: SegmentOffsets
+    cursor: int | None = None
+    tiered: TieredRecord | None = None
+
+
+async def segment_facts(
+    name: TopicName,
+    record: TopicRecord,
+    ids: Collection[int],
+    *,
+    timeout_s: float,
+    subscription: str | None = None,
+) -> dict[int, SegmentFacts]:
+    """The facts of each of ``ids``, asked of all at once; one whose actor died for good,
+    or did not answer within ``timeout_s`` (restarts ridden out), is left out. A tiered
+    segment's come from its record: asking must not wake it."""
+    tiered = await _tiered(name, record, ids)
+    asked = [s for s in ids if s not in tiered]
+    deadline = time.monotonic() + timeout_s
+    answers = await asyncio.gather(
+        *(_status(record.layout.get(s).name(name), subscription, deadline) for s in asked)
+    )
+    facts = {s: _recorded(tiered[s], subscription) for s in ids if s in tiered}
+    for segment_id, status in zip(asked, answers, strict=True):
+        if status is not None:
+            offsets = SegmentOffsets(status["startOffset"], status["endOffset"])
+            facts[segment_id] = SegmentFacts(offsets, status.get("position"))
+    return facts
 
 
 async def _tiered(
@@ -204,27 +238,38 @@ async def _tiered(
     return {s: r for s, r in zip(found, read, strict=True) if r is not None}
 
 
-async def _recorded(record: TieredRecord) -> SegmentOffsets:
-    return SegmentOffsets(record.start_offset, record.end_offset)
+def _recorded(record: TieredRecord, subscription: str | None) -> SegmentFacts:
+    """What the segment's actor would answer, from its tier record."""
+    offsets = SegmentOffsets(record.start_offset, record.end_offset)
+    if subscription is None:
+        return SegmentFacts(offsets, tiered=record)
+    cursor = record.cursors.get(subscription)
+    if cursor is None:
+        raise SubscriptionNotFoundError(f"subscription {subscription!r} does not exist")
+    return SegmentFacts(offsets, max(cursor["mark_delete"], record.start_offset), record)
 
 
-async def _offsets_of(
-    name: TopicName, layout: SegmentLayout, segment_id: int
-) -> SegmentOffsets | None:
-    async def ask() -> SegmentOffsets:
-        handle = await find_segment_actor(
-            layout.get(segment_id).name(name),
-            SEGMENT_TIMEOUT_S,
-            unless_dead=True,
-            credential=guard().internal_token(),
-        )
-        status = await call(handle.position.remote(credential=guard().internal_token()))
-        return SegmentOffsets(status["startOffset"], status["endOffset"])
-
-    try:
-        return await asyncio.wait_for(ask(), SEGMENT_TIMEOUT_S)
-    except (TimeoutError, SegmentNotFoundError, RayActorError):
-        return None
+async def _status(
+    segment: SegmentName, subscription: str | None, deadline: float
+) -> dict[str, Any] | None:
+    """The segment actor's ``position`` answer; None once it died for good or did not
+    answer by ``deadline``. A restarting actor is asked again; none is ever created (a
+    recreated actor over lost storage would answer for data it does not have)."""
+    credential = guard().internal_token()
+    while True:
+        remaining = max(deadline - time.monotonic(), 0.001)
+        try:
+            handle = await find_segment_actor(
+                segment, remaining, unless_dead=True, credential=credential
+            )
+            answer = handle.position.remote(subscription, credential=credential)
+            return await asyncio.wait_for(call(answer), remaining)
+        except SegmentNotFoundError:
+            return None
+        except (TimeoutError, RayActorError):
+            if time.monotonic() + RETRY_PAUSE_S >= deadline:
+                return None
+            await asyncio.sleep(RETRY_PAUSE_S)
 
 
 async def _offsets_at_time(name: TopicName, record: TopicRecord, time_ms: int) -> dict[int, int]:

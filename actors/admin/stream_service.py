@@ -2,9 +2,9 @@
 (the streaming ones through the REST gateway): planning micro-batches
 (``actors.admin.stream_reads``), storing a streaming sink's chunk once
 (``actors.admin.stream_writes``), the records through which a batch write's tasks store
-their chunks once themselves (``runtime.sink_writes``), and the tier records a snapshot
-read is planned from. Clients never read the metadata store themselves: each of these
-checks the caller's credential first.
+their chunks once themselves (``runtime.sink_writes``), and planning the snapshot reads
+of ``read_topic`` and Ray Data (``actors.admin.snapshot_reads``). Clients never read the
+metadata store themselves: each of these checks the caller's credential first.
 
 A mixin of ``actors.admin.service.AdminService``, which provides ``_guard`` and
 ``_catalog``; each method's caller is checked as the Admin API table says
@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.admin.permits import admin_operation
+from actors.admin.snapshot_reads import plan_snapshot
 from actors.admin.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
 from actors.admin.stream_writes import CatalogLedger, hashes_of, stream_write
 from actors.guard import Guard
@@ -25,7 +26,6 @@ from runtime.names import TopicName, validate_part
 from runtime.sink_parts import SinkPart
 from runtime.sink_writes import Opened, Recorded
 from storage.catalog import Catalog
-from storage.tier_records import TierRecords
 
 
 class StreamOperations:
@@ -93,18 +93,21 @@ class StreamOperations:
         return await stream_endpoint(self._catalog, name, segment_id)
 
     @admin_operation
-    async def tiered_records(
-        self, name: TopicName, segment_ids: list[int], *, credential: str | None = None
-    ) -> dict[int, dict[str, Any]]:
-        """The records of those of ``segment_ids`` that moved to the tier, read from the
-        metadata store (planning a snapshot read must not wake a hibernating segment)."""
-        record = self._catalog.topic(name)
-        if record is None:
-            return {}
-        records = TierRecords(self._catalog.store, name, record.incarnation)
-        wanted = set(records.segment_ids()) & set(_segment_ids(segment_ids))
-        found = {i: records.get(i) for i in sorted(wanted)}
-        return {i: r.model_dump(mode="json", by_alias=True) for i, r in found.items() if r}
+    async def plan_snapshot(
+        self,
+        name: TopicName,
+        start: Any = "earliest",
+        end: Any = "latest",
+        subscription: str | None = None,
+        unavailable_timeout_s: float = 20.0,
+        allow_partial: bool = False,
+        *,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """The ranges of a snapshot read (``actors.admin.snapshot_reads``)."""
+        return await plan_snapshot(
+            self._catalog, name, start, end, subscription, unavailable_timeout_s, allow_partial
+        )
 
     # --- a Spark task's idempotent write: the cluster keeps the record of each chunk, the
     # task appends the chunk's parts to their segments itself (runtime.sink_writes)
@@ -177,12 +180,6 @@ def _recorded(recorded: Any) -> Any:
     if recorded is not None and not isinstance(recorded, Recorded):
         raise InvalidArgumentError("recorded must be a record the cluster returned")
     return recorded
-
-
-def _segment_ids(segment_ids: Any) -> list[int]:
-    if not isinstance(segment_ids, list | tuple) or not all(is_integer(i, 0) for i in segment_ids):
-        raise InvalidArgumentError("segment_ids must be a list of segment ids")
-    return list(segment_ids)
 
 
 def _write_id(write_id: str) -> str:
