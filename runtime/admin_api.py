@@ -16,6 +16,10 @@ Ray client's request id. They are read from here instead:
   path, with a fresh ``Idempotency-Key`` exactly when the operation takes one, and
   ``ScalableTopicsAdmin`` (``clients.admin``) a request id under the same rule.
 
+An operation's typed parameters are its handler's signature: the admin service checks
+every argument against the parameter's annotation, strictly, before the handler runs
+(``actors.admin.permits``); the constrained types the handlers share are below.
+
 Adding an operation is one ``Operation`` here and its handler on the admin service
 (plus an ``Endpoint`` and a route action when REST reaches it);
 ``tests/test_admin_api.py`` checks that every side agrees with this table.
@@ -29,6 +33,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Annotated
+
+from pydantic import Field
 
 from runtime.auth import Permission
 from runtime.rest import (
@@ -57,6 +64,11 @@ from runtime.rest import (
     TERMINATE_PATH,
     TOPIC_PATH,
 )
+
+# Constrained parameter types of the operations' handlers (``Annotated`` for pydantic).
+SegmentId = Annotated[int, Field(ge=0)]
+Ordinal = Annotated[int, Field(ge=0)]  # a batch, partition or chunk number
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Scope(StrEnum):

@@ -18,7 +18,7 @@ from actors.gateway.routes import ROUTES
 from actors.guard import Guard
 from clients.admin import ScalableTopicsAdmin
 from clients.http import AdminHttpClient
-from runtime.admin_api import ENDPOINTS, OPERATIONS, Scope, operation
+from runtime.admin_api import ENDPOINTS, OPERATIONS, Scope, SegmentId, operation
 from runtime.auth import AuthPolicy, Permission
 from runtime.errors import (
     InvalidArgumentError,
@@ -130,7 +130,7 @@ class Service:
     async def split_segment(
         self,
         name: TopicName,
-        segment_id: int,
+        segment_id: SegmentId,
         *,
         request_id: str | None = None,
         credential: str | None = None,
@@ -206,3 +206,41 @@ def test_arguments_that_do_not_fit_are_a_typed_error(service: Service) -> None:
     with pytest.raises(InvalidArgumentError, match="split_segment"):
         run(service.split_segment("topic://t/ns/orders", 0, 1, credential=ADMIN_TOKEN))
     assert service.calls == []
+
+
+def test_each_argument_is_checked_against_its_parameters_type(service: Service) -> None:
+    topic, segment = "topic://t/ns/orders", "segment://t/ns/orders/0000-7fff-1"
+    for bad in ("0", True, 0.0, None, -1):
+        with pytest.raises(InvalidArgumentError, match=r"split_segment: segment_id: "):
+            run(service.split_segment(topic, bad, credential=ADMIN_TOKEN))
+    with pytest.raises(InvalidArgumentError, match=r"delete_segment: force: .*boolean"):
+        run(service.delete_segment(segment, "yes", credential=ADMIN_TOKEN))
+    with pytest.raises(InvalidArgumentError, match=r"request_id: .*string"):
+        run(service.split_segment(topic, 0, request_id=7, credential=ADMIN_TOKEN))
+    assert service.calls == []  # nothing refused ran
+    run(service.split_segment(topic, 2, request_id="r-1", credential=ADMIN_TOKEN))
+    assert service.calls == [("split_segment", (TopicName.parse(topic), 2, "r-1"))]
+
+
+def test_the_real_services_parameters_are_typed_and_refuse_what_does_not_fit() -> None:
+    """Every handler's annotations resolve (pydantic built each check when the service
+    was imported), and a constrained one refuses out-of-range values before running."""
+    catalog = Catalog(store=MetadataStore(kv=MemoryKeyValue()))
+    service = AdminService.__new__(AdminService)  # its checks need only the policy
+    service._guard, service._catalog = Guard(catalog), catalog
+    topic = "topic://t/ns/orders"
+    refused = [
+        ("create_scalable_topic", (topic, 0), "num_segments"),
+        ("create_scalable_topic", (topic, 2, {"k": 1}), "properties.k"),
+        ("topic_status", (topic, 61.0), "wait_s"),
+        ("topic_status", (topic, float("nan")), "wait_s"),
+        ("merge_segments", (topic, 0, -3), "segment_id2"),
+        ("set_namespace_limits", ("t/ns", {"max_batch_bytes": "10"}), "limits.max_batch_bytes"),
+        ("plan_snapshot", (topic, "earliest", "latest", None, -1), "unavailable_timeout_s"),
+        ("sink_open", (topic, "q", 0, -1, 0, []), "chunk"),
+        ("stream_write", (topic, "q", 0, 0, 0, [["k", b"v", None]]), "records.0"),
+    ]
+    for name, args, parameter in refused:
+        method = getattr(service, name)
+        with pytest.raises(InvalidArgumentError, match=rf"{name}: {re.escape(parameter)}"):
+            run(method(*args))

@@ -233,13 +233,18 @@ def before(out: Path) -> None:
     keys = _keys()
     produced: list[tuple[str, int]] = []
     sent_rounds = threading.Semaphore(0)
+    split = threading.Event()
     with Producer(TOPIC) as producer:
 
         def produce() -> None:
-            for seq in range(ROUNDS):
+            seq, after_split = 0, 0
+            # At least ROUNDS rounds, and some after the split however long it takes
+            while seq < ROUNDS or after_split < ROUNDS - SPLIT_AT_ROUND:
                 producer.send_batch([f"{k}:{seq}".encode() for k in keys], keys=keys)
                 produced.extend((k, seq) for k in keys)
                 sent_rounds.release()
+                after_split += split.is_set()
+                seq += 1
                 time.sleep(0.02)
 
         writer = threading.Thread(target=produce)
@@ -248,6 +253,7 @@ def before(out: Path) -> None:
             sent_rounds.acquire()
         admin.split_segment(TOPIC, SPLIT)
         split_done_at = len(produced)
+        split.set()
         writer.join()
     assert 0 < split_done_at < len(produced), "the split did not happen while producing"
 

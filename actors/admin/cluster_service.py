@@ -22,7 +22,7 @@ from actors.admin.permits import admin_operation
 from actors.admin.storage_tasks import storage_report
 from actors.control.tiering import check_policy_tier
 from actors.guard import Guard
-from runtime.errors import InvalidArgumentError, UnauthorizedError
+from runtime.errors import UnauthorizedError
 from runtime.limits import Limits, namespace_limits
 from runtime.policy import TopicPolicy
 from storage.catalog import Catalog
@@ -57,8 +57,6 @@ class ClusterOperations:
         self, namespace: str, limits: dict[str, int], *, credential: str | None = None
     ) -> dict[str, int]:
         """The whole resulting set is validated before it is stored."""
-        if not isinstance(limits, dict):
-            raise InvalidArgumentError("limits must be a mapping of limit names to integers")
 
         def merged(stored: dict[str, Any]) -> dict[str, Any]:
             overrides = {**stored, **limits}
@@ -75,7 +73,6 @@ class ClusterOperations:
         self, delete: bool = False, *, credential: str | None = None
     ) -> dict[str, Any]:
         """Orphaned storage (and, with ``delete``, its removal); spans every namespace."""
-        check_flag("delete", delete)
         return await storage_report(self._catalog, delete)
 
     # --- the cluster's authentication policy ---------------------------------------------
@@ -107,9 +104,3 @@ class ClusterOperations:
     @admin_operation
     async def auth_status(self, *, credential: str | None = None) -> dict[str, Any]:
         return policy_status(self._catalog.auth())
-
-
-def check_flag(name: str, value: Any) -> None:
-    """A boolean argument, refused as a 400 otherwise (``True``/``False``, not truthy)."""
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")

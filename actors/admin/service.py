@@ -27,12 +27,13 @@ import asyncio
 import json
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
 import ray
+from pydantic import Field
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from actors.admin.cluster_service import ClusterOperations, check_flag
+from actors.admin.cluster_service import ClusterOperations
 from actors.admin.permits import admin_operation
 from actors.admin.storage_tasks import scan_storage
 from actors.admin.stream_service import StreamOperations
@@ -43,13 +44,13 @@ from actors.control.readiness import await_readiness
 from actors.control.topic_stats import topic_stats
 from actors.guard import guard
 from actors.registry import get_or_start
+from runtime.admin_api import Seconds, SegmentId
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, apply_settings
 from runtime.errors import (
     InvalidArgumentError,
     TopicAlreadyExistsError,
     UnavailableError,
-    is_integer,
 )
 from runtime.layout import MAX_SEGMENTS
 from runtime.limits import check_room, namespace_limits
@@ -126,19 +127,15 @@ class AdminService(StreamOperations, ClusterOperations):
 
     @admin_operation
     async def topic_status(
-        self, name: TopicName, wait_s: float = 0.0, *, credential: str | None = None
+        self,
+        name: TopicName,
+        wait_s: Annotated[Seconds, Field(le=MAX_WAIT_S)] = 0.0,
+        *,
+        credential: str | None = None,
     ) -> dict[str, Any]:
         """Whether every segment of the topic has a running actor (``actors.control.readiness``),
         answered as soon as it has or after ``wait_s`` seconds (at most ``MAX_WAIT_S``)."""
-        if (
-            isinstance(wait_s, bool)
-            or not isinstance(wait_s, int | float)
-            or not 0 <= wait_s <= MAX_WAIT_S
-        ):
-            raise InvalidArgumentError(
-                f"wait_s must be a number of seconds from 0 to {MAX_WAIT_S:g}, got {wait_s!r}"
-            )
-        return await await_readiness(self._catalog, name, float(wait_s))
+        return await await_readiness(self._catalog, name, wait_s)
 
     @admin_operation
     async def get_policy(self, name: TopicName, *, credential: str | None = None) -> dict[str, Any]:
@@ -156,7 +153,7 @@ class AdminService(StreamOperations, ClusterOperations):
     async def create_scalable_topic(
         self,
         name: TopicName,
-        num_segments: int,
+        num_segments: Annotated[int, Field(ge=1, le=MAX_SEGMENTS)],
         properties: dict[str, str] | None = None,
         *,
         settings: dict[str, str] | None = None,
@@ -166,10 +163,6 @@ class AdminService(StreamOperations, ClusterOperations):
         """``settings``: the creating program's ``runtime.config.TOPIC_SETTINGS`` (the
         certificate its segments serve with), for the topic's actors."""
         _check_settings(settings)
-        if not is_integer(num_segments, 1, MAX_SEGMENTS):
-            raise InvalidArgumentError(
-                f"num_segments must be an integer from 1 to {MAX_SEGMENTS}, got {num_segments!r}"
-            )
         _check_properties(properties)
         if self._catalog.topic_exists(name):
             raise TopicAlreadyExistsError(f"topic {name} already exists")
@@ -260,14 +253,13 @@ class AdminService(StreamOperations, ClusterOperations):
     async def split_segment(
         self,
         name: TopicName,
-        segment_id: int,
+        segment_id: SegmentId,
         *,
         request_id: str | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
         """``request_id``: the same id sent again (a caller's retry) is applied once."""
-        _check_id(segment_id)
         self._record(name)
         rid = checked_request_id(request_id)
         return await self._control(name, restart_timeout_s, "split_segment", segment_id, rid)
@@ -276,15 +268,13 @@ class AdminService(StreamOperations, ClusterOperations):
     async def merge_segments(
         self,
         name: TopicName,
-        segment_id1: int,
-        segment_id2: int,
+        segment_id1: SegmentId,
+        segment_id2: SegmentId,
         *,
         request_id: str | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
-        _check_id(segment_id1)
-        _check_id(segment_id2)
         self._record(name)
         rid = checked_request_id(request_id)
         return await self._control(
@@ -317,8 +307,6 @@ class AdminService(StreamOperations, ClusterOperations):
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> None:
-        if subscriptions is not None and not isinstance(subscriptions, list | tuple):
-            raise InvalidArgumentError("subscriptions must be a list of subscription names")
         for sub in subscriptions or []:
             validate_part("subscription", sub)
         self._record(segment.topic)
@@ -339,7 +327,6 @@ class AdminService(StreamOperations, ClusterOperations):
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> int:
-        check_flag("force", force)
         self._record(segment.topic)
         return await self._control(
             segment.topic, restart_timeout_s, "terminate_segment", str(segment), force
@@ -354,7 +341,6 @@ class AdminService(StreamOperations, ClusterOperations):
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> None:
-        check_flag("force", force)
         self._record(segment.topic)
         await self._control(segment.topic, restart_timeout_s, "delete_segment", str(segment), force)
 
@@ -440,10 +426,6 @@ def _check_settings(settings: Any) -> None:
     """Only a topic's own settings (``TOPIC_SETTINGS``) may come from its creator."""
     if settings is None:
         return
-    if not isinstance(settings, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in settings.items()
-    ):
-        raise InvalidArgumentError("settings must map names to strings")
     foreign = sorted(set(settings) - set(TOPIC_SETTINGS))
     if foreign:
         raise InvalidArgumentError(
@@ -452,17 +434,6 @@ def _check_settings(settings: Any) -> None:
         )
 
 
-def _check_id(segment_id: Any) -> None:
-    if not is_integer(segment_id, 0):
-        raise InvalidArgumentError(f"segment id must be a non-negative integer, got {segment_id!r}")
-
-
 def _check_properties(properties: Any) -> None:
-    if properties is None:
-        return
-    if not isinstance(properties, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
-    ):
-        raise InvalidArgumentError("properties must be a mapping of strings to strings")
-    if len(json.dumps(properties)) > 64 * 1024:
+    if properties is not None and len(json.dumps(properties)) > 64 * 1024:
         raise InvalidArgumentError("properties must serialize to at most 64 KiB")

@@ -20,7 +20,6 @@ partial read; the plan then names them, and the reader says so.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,14 +44,13 @@ async def plan_snapshot(
     start: Any,
     end: Any,
     subscription: str | None,
-    unavailable_timeout_s: Any,
+    timeout_s: float,
     allow_partial: bool,
 ) -> dict[str, Any]:
     """The ranges of a snapshot from ``start`` (``"earliest"``, a position, or a
     subscription's cursors) to ``end`` (``"latest"``: what each segment holds now, or
     a position): ``{"epoch", "ranges": [{"segmentId", "segment", "from", "to",
     "tier"}], "missing": [segment ids]}``."""
-    timeout_s = _timeout(unavailable_timeout_s)
     if subscription is not None and start != "earliest":
         raise InvalidArgumentError("pass either subscription= or start=, not both")
     record = catalog.require_topic(name)
@@ -92,14 +90,6 @@ async def plan_snapshot(
         ],
         "missing": missing,
     }
-
-
-def _timeout(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgumentError(f"unavailable_timeout_s must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise InvalidArgumentError(f"unavailable_timeout_s must be 0 or more, got {value!r}")
-    return float(value)
 
 
 def _bound(

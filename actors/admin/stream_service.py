@@ -21,7 +21,7 @@ from actors.admin.stream_reads import stream_endpoint, stream_initial, stream_la
 from actors.admin.stream_writes import CatalogLedger, hashes_of, stream_write
 from actors.guard import Guard
 from actors.segment.calls import SegmentCalls
-from runtime.errors import InvalidArgumentError, is_integer
+from runtime.admin_api import Ordinal, Seconds, SegmentId
 from runtime.names import TopicName, validate_part
 from runtime.sink_parts import SinkPart
 from runtime.sink_writes import Opened, Recorded
@@ -75,9 +75,9 @@ class StreamOperations:
         self,
         name: TopicName,
         query: str,
-        batch: int,
-        partition: int,
-        chunk: int,
+        batch: Ordinal,
+        partition: Ordinal,
+        chunk: Ordinal,
         records: list[tuple[str | None, bytes, dict[str, str] | None]],
         *,
         credential: str | None = None,
@@ -88,7 +88,7 @@ class StreamOperations:
 
     @admin_operation
     async def stream_endpoint(
-        self, name: TopicName, segment_id: int, *, credential: str | None = None
+        self, name: TopicName, segment_id: SegmentId, *, credential: str | None = None
     ) -> dict[str, Any]:
         return await stream_endpoint(self._catalog, name, segment_id)
 
@@ -99,7 +99,7 @@ class StreamOperations:
         start: Any = "earliest",
         end: Any = "latest",
         subscription: str | None = None,
-        unavailable_timeout_s: float = 20.0,
+        unavailable_timeout_s: Seconds = 20.0,
         allow_partial: bool = False,
         *,
         credential: str | None = None,
@@ -117,15 +117,13 @@ class StreamOperations:
         self,
         name: TopicName,
         query: str,
-        partition: int,
-        chunk: int,
-        batch: int,
+        partition: Ordinal,
+        chunk: Ordinal,
+        batch: Ordinal,
         hashes: Any,
         *,
         credential: str | None = None,
     ) -> Opened:
-        if not is_integer(batch, 0):
-            raise InvalidArgumentError(f"batch must be a non-negative integer, got {batch!r}")
         return await self._ledger(name, query, partition, chunk).open(batch, hashes_of(hashes))
 
     @admin_operation
@@ -133,8 +131,8 @@ class StreamOperations:
         self,
         name: TopicName,
         query: str,
-        partition: int,
-        chunk: int,
+        partition: Ordinal,
+        chunk: Ordinal,
         recorded: Recorded,
         part: SinkPart,
         hashes: Any,
@@ -142,22 +140,20 @@ class StreamOperations:
         credential: str | None = None,
     ) -> Recorded:
         ledger = self._ledger(name, query, partition, chunk)
-        if not isinstance(part, SinkPart):
-            raise InvalidArgumentError("part must be one of the write's parts")
-        return await ledger.reroute(_recorded(recorded), part, hashes_of(hashes))
+        return await ledger.reroute(recorded, part, hashes_of(hashes))
 
     @admin_operation
     async def sink_finish(
         self,
         name: TopicName,
         query: str,
-        partition: int,
-        chunk: int,
+        partition: Ordinal,
+        chunk: Ordinal,
         recorded: Recorded,
         *,
         credential: str | None = None,
     ) -> None:
-        await self._ledger(name, query, partition, chunk).finish(_recorded(recorded))
+        await self._ledger(name, query, partition, chunk).finish(recorded)
 
     @admin_operation
     async def forget_write(
@@ -167,19 +163,8 @@ class StreamOperations:
         self._catalog.forget_sink_writes(name, _write_id(write_id))
 
     def _ledger(self, name: TopicName, query: str, partition: int, chunk: int) -> CatalogLedger:
-        for what, value in (("partition", partition), ("chunk", chunk)):
-            if not is_integer(value, 0):
-                raise InvalidArgumentError(f"{what} must be a non-negative integer, got {value!r}")
         internal = SegmentCalls(self._guard.internal_token())
         return CatalogLedger(self._catalog, internal, name, _write_id(query), partition, chunk)
-
-
-def _recorded(recorded: Any) -> Any:
-    """A record a writer sends back: the one it was given (its version is checked by the
-    store's compare-and-swap, so a stale or made-up one changes nothing)."""
-    if recorded is not None and not isinstance(recorded, Recorded):
-        raise InvalidArgumentError("recorded must be a record the cluster returned")
-    return recorded
 
 
 def _write_id(write_id: str) -> str:
