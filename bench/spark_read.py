@@ -62,8 +62,8 @@ def main() -> None:
 
     from clients import ScalableTopicsAdmin
     from clients.spark import read_topic
+    from clients.spark_session import spark_session, stop_spark
     from runtime import connect
-    from runtime.spark import spark_session, stop_spark
 
     connect(include_dashboard=False, log_to_driver=False)
     admin = ScalableTopicsAdmin()

@@ -46,9 +46,8 @@ def main() -> None:
 
     from clients import ScalableTopicsAdmin
     from clients.spark import read_topic
-    from clients.spark_streaming import enable_streaming
+    from clients.spark_session import spark_session, stop_spark
     from runtime import connect, disconnect
-    from runtime.spark import spark_session, stop_spark
 
     connect(include_dashboard=False, log_to_driver=False)
     admin = ScalableTopicsAdmin()
@@ -57,7 +56,6 @@ def main() -> None:
     try:
         produce(topic, args.records)
         spark = spark_session("bench-spark-stream")
-        enable_streaming(spark)
         parquet = str(scratch / "parquet")
         read_topic(spark, topic).write.mode("overwrite").parquet(parquet)
         runs = measure(spark, topic, parquet, scratch, args.records, args.runs)

@@ -46,8 +46,8 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from clients.admin import ScalableTopicsAdmin
     from clients.spark import write_topic
+    from clients.spark_session import spark_session, stop_spark
     from runtime import connect, disconnect
-    from runtime.spark import spark_session, stop_spark
 
     connect()
     spark = spark_session("bench-spark-write")

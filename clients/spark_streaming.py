@@ -2,12 +2,13 @@
 ``df.writeStream.format("raytopics")``.
 
 The source and sink are a JVM DataSource V2 (``java/``, put on the classpath by
-``runtime.spark.spark_session``): Spark tasks read segments' data planes and
+``clients.spark_session.spark_session``): Spark tasks read segments' data planes and
 never go through a Python worker. What they cannot decide alone, the cluster
 decides for them through the REST gateway: where a micro-batch ends so that no
 segment is read before its parents (``runtime.stream_plan``), and how a replayed
 micro-batch is stored only once (``actors.admin.stream_writes``). This module points a
-Spark session at a gateway, starting one for it when none is given.
+Spark session at a gateway (``spark.raytopics.url``), starting one for it when none is
+given: ``spark_session`` does so for every session it makes.
 """
 
 from __future__ import annotations

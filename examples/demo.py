@@ -250,7 +250,7 @@ def spark_query(produced: int) -> None:
     from pyspark.sql import functions as F
 
     from clients.spark import read_topic
-    from runtime.spark import spark_session, stop_spark
+    from clients.spark_session import spark_session, stop_spark
 
     print("starting Spark on Ray (RayDP) ...", flush=True)
     spark = spark_session("raytopics-demo")

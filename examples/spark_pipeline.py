@@ -52,7 +52,7 @@ def main() -> int:
             counts, sums = ingest(admin, topic, args.events)
             mismatches = aggregate_and_check(spark.result(), topic, counts, sums)
     finally:
-        from runtime.spark import stop_spark
+        from clients.spark_session import stop_spark
 
         stop_spark()
         admin.delete_scalable_topic(topic)
@@ -96,7 +96,7 @@ def ingest(admin, topic: str, events: int) -> tuple[np.ndarray, np.ndarray]:
 def start_spark() -> Any:
     """Spark on this Ray cluster, with its Python workers started and joined to Ray."""
     from clients.spark import warm_up
-    from runtime.spark import spark_session
+    from clients.spark_session import spark_session
 
     started = time.perf_counter()
     spark = spark_session("raytopics-pipeline")

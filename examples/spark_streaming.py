@@ -68,12 +68,11 @@ def main() -> int:
 
 def start_spark() -> Any:
     from clients.spark import warm_up
-    from clients.spark_streaming import enable_streaming
-    from runtime.spark import spark_session
+    from clients.spark_session import spark_session
 
+    # Its raytopics source and sink plan through this node's gateway (started if none runs)
     spark = spark_session("raytopics-streaming", configs={"spark.sql.shuffle.partitions": "2"})
     warm_up(spark)
-    enable_streaming(spark)
     return spark
 
 
@@ -123,7 +122,7 @@ def demo() -> int:
     compare B with A: each message exactly once, upper-cased."""
     from clients import Producer, ScalableTopicsAdmin
     from clients.spark import read_topic
-    from runtime.spark import stop_spark
+    from clients.spark_session import stop_spark
 
     admin = ScalableTopicsAdmin()
     run = uuid.uuid4().hex[:8]

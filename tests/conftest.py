@@ -63,12 +63,11 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def spark(ray_cluster):
     """One Spark session on Ray (RayDP, one small executor) for every test that asks,
-    its streaming source and sink pointed at a gateway. A parallel run gives all of
+    as ``spark_session`` makes it: its streaming source and sink ready. A parallel run gives all of
     them to one worker (``SPARK_GROUP``): RayDP names its app master actor alike in
     every session, so a Ray namespace holds one Spark at a time."""
     from clients.spark import warm_up
-    from clients.spark_streaming import enable_streaming
-    from runtime.spark import spark_session, stop_spark
+    from clients.spark_session import spark_session, stop_spark
 
     session = spark_session(
         "raytopics-tests",
@@ -76,8 +75,7 @@ def spark(ray_cluster):
         executor_memory="1g",
         configs={"spark.ui.enabled": "false"},
     )
-    warm_up(session)
-    enable_streaming(session)
+    warm_up(session)  # its streaming source and sink need no other call
     yield session
     stop_spark()
 

@@ -26,10 +26,10 @@ import pytest
 import clients
 import runtime
 from clients import cli, ray_data, spark, spark_streaming
+from clients import spark_session as session_module
 from clients._group_consumer import ConsumerConfig
 from clients.producer import ProducerConfig
 from runtime import errors
-from runtime import spark as runtime_spark
 from runtime.limits import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,9 +194,9 @@ PAGES = {
     "spark.md": documented(
         [spark.WriteResult, ray_data.TopicDatasink],
         [
-            runtime_spark.spark_session,
-            runtime_spark.stop_spark,
-            runtime_spark.connector_jar,
+            session_module.spark_session,
+            session_module.stop_spark,
+            session_module.connector_jar,
             spark.read_topic,
             spark.write_topic,
             spark.warm_up,

@@ -44,7 +44,7 @@ def test_the_driver_agent_is_told_where_to_log(ray_cluster) -> None:
     """RayDP's Java agent kills the Spark driver when it cannot create its log directory,
     and its default (``/tmp/ray/session_latest/logs``) is a stale link whenever Ray runs
     with another temp dir or ``/tmp/ray`` was cleaned: the driver gets this session's."""
-    from runtime.spark import default_configs
+    from clients.spark_session import default_configs
 
     options = default_configs()["spark.driver.extraJavaOptions"].split()
     (logs,) = [o.split("=", 1)[1] for o in options if o.startswith("-Dray.logging.dir=")]

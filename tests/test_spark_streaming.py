@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -299,3 +300,21 @@ def test_a_query_reads_segments_that_speak_only_tls_when_it_trusts_their_ca(
         refused.awaitTermination(120)
     assert rogue.values() == []
     ScalableTopicsAdmin().delete_scalable_topic(topic)
+
+
+def test_spark_session_points_streaming_at_a_gateway_and_keeps_one_it_was_given(spark) -> None:
+    """Every streaming test here runs on ``spark_session``'s session with no other call;
+    a gateway set for the session stays its own."""
+    from clients.spark_session import spark_session
+    from clients.spark_streaming import URL_CONF
+
+    url = spark.conf.get(URL_CONF)
+    with urllib.request.urlopen(f"{url}/openapi.json", timeout=10) as answer:
+        assert answer.status == 200
+    try:
+        spark.conf.set(URL_CONF, "http://127.0.0.1:9")
+        assert spark_session().conf.get(URL_CONF) == "http://127.0.0.1:9"
+        spark.conf.unset(URL_CONF)
+        assert spark_session().conf.get(URL_CONF) == url  # this node's gateway again
+    finally:
+        spark.conf.set(URL_CONF, url)

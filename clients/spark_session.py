@@ -1,4 +1,5 @@
-"""Spark on Ray: one RayDP session per process, set up for this project and for Java 17.
+"""Spark on Ray: one RayDP session per process, set up for this project and for Java 17,
+its ``raytopics`` streaming source and sink ready to use.
 
 RayDP runs the Spark executors as Ray actors, so a Spark job shares the
 cluster (and the segment actors) with everything else. Three things must be
@@ -14,6 +15,9 @@ right for that to work here, and this module is where they are decided once:
   directory; its default, ``/tmp/ray/session_latest/logs``, may not exist.
 - Executors hold CPUs for their whole life, so by default they take only
   half of the cluster and leave the rest to Ray Data read tasks and producers.
+- ``spark.readStream.format("raytopics")`` plans through a REST gateway: the
+  session is pointed at one (``spark.raytopics.url``, ``clients.spark_streaming``)
+  unless its configs name one already.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import ray
 
+from clients.spark_streaming import URL_CONF, enable_streaming
 from runtime.connect import connect
 
 # What Spark's own launcher adds on Java 17 (JavaModuleOptions), plus Arrow's
@@ -77,7 +82,10 @@ def spark_session(
     ``num_executors=None`` sizes Spark to half of the cluster's CPUs (at least
     one executor): one executor on a 2-core machine, and room left on a large
     cluster for Ray Data tasks and producers. ``configs`` override any default.
-    Calling it again returns the running session; ``stop_spark()`` ends it.
+    Calling it again returns the running session; ``stop_spark()`` ends it. Its
+    ``raytopics`` source and sink work at once: they plan through the gateway that
+    ``spark.raytopics.url`` in ``configs`` names, else through this node's gateway for
+    Spark (``clients.spark_streaming.enable_streaming``, started if none runs).
     """
     import raydp
     from pyspark.sql import SparkSession
@@ -85,10 +93,10 @@ def spark_session(
     connect()
     active = SparkSession.getActiveSession()
     if active is not None and _raydp_running():
-        return active
+        return _streaming(active)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     executors = num_executors or default_num_executors(executor_cores)
-    return raydp.init_spark(
+    session = raydp.init_spark(
         app_name,
         executors,
         executor_cores,
@@ -96,6 +104,14 @@ def spark_session(
         fault_tolerant_mode=False,  # only ray.data.from_spark needs it; we never use it
         configs={**default_configs(executors * executor_cores), **(configs or {})},
     )
+    return _streaming(session)
+
+
+def _streaming(session: Any) -> Any:
+    """``session``, its streaming source and sink pointed at a gateway unless they are."""
+    if not session.conf.get(URL_CONF, None):
+        enable_streaming(session)
+    return session
 
 
 def stop_spark() -> None:
