@@ -318,7 +318,8 @@ class GroupConsumerCore:
                 except REFUSALS as err:
                     self.fail(err)
                     return
-                except ConflictError as err:
+                except (ConflictError, RayActorError) as err:
+                    # Not sealed yet, or the coordinator restarting: asked again
                     refused_since = refused_since or time.monotonic()
                     lasting = time.monotonic() - refused_since >= FINISH_QUIET_S
                     log.log(
