@@ -31,6 +31,7 @@ from typing import Any
 import ray
 
 from clients.spark_streaming import URL_CONF, enable_streaming
+from runtime.config import ray_namespace
 from runtime.connect import connect
 
 # What Spark's own launcher adds on Java 17 (JavaModuleOptions), plus Arrow's
@@ -151,7 +152,9 @@ def default_configs(total_cores: int = 1) -> dict[str, str]:
     for name in _WORKER_ENV:
         if name in os.environ:
             configs[f"spark.executorEnv.{name}"] = os.environ[name]
-    configs["spark.executorEnv.RAYTOPICS_NAMESPACE"] = ray.get_runtime_context().namespace
+    # The system's namespace, which a driver that joined Ray in a namespace of its own
+    # does not share: the executors' tasks address the system's actors in it
+    configs["spark.executorEnv.RAYTOPICS_NAMESPACE"] = ray_namespace()
     return configs
 
 

@@ -52,6 +52,18 @@ def test_the_driver_agent_is_told_where_to_log(ray_cluster) -> None:
     assert Path(logs).parent.name.startswith("session_")
 
 
+def test_executors_address_the_systems_namespace_not_the_drivers(ray_cluster, monkeypatch) -> None:
+    """A program that joined Ray in a namespace of its own (``ray.init(namespace=...)``,
+    then ``connect()``) keeps the system's in ``RAYTOPICS_NAMESPACE``: its executors'
+    read and write tasks must look the system's actors up there."""
+    from clients.spark_session import default_configs
+
+    monkeypatch.setenv("RAYTOPICS_NAMESPACE", "the-systems-namespace")
+    assert ray.get_runtime_context().namespace != "the-systems-namespace"
+    configs = default_configs()
+    assert configs["spark.executorEnv.RAYTOPICS_NAMESPACE"] == "the-systems-namespace"
+
+
 def send(producer: Producer, first: int, count: int, keys: int = 97) -> dict[str, list[int]]:
     """Values first..first+count-1 under ``keys`` keys; returns what each key got."""
     values = list(range(first, first + count))
