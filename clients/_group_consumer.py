@@ -318,8 +318,9 @@ class GroupConsumerCore:
                 except REFUSALS as err:
                     self.fail(err)
                     return
-                except (ConflictError, RayActorError) as err:
-                    # Not sealed yet, or the coordinator restarting: asked again
+                except (ConflictError, RayActorError, TimeoutError) as err:
+                    # Not sealed yet, the coordinator restarting, or the segment not
+                    # answering it: asked again
                     refused_since = refused_since or time.monotonic()
                     lasting = time.monotonic() - refused_since >= FINISH_QUIET_S
                     log.log(

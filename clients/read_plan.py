@@ -108,7 +108,7 @@ def plan_read(
     credential = client_credential(token)
     name = TopicName.parse(topic)
     start, end = (_at_time(name, bound, token) for bound in (start, end))
-    _check_bounds(name, start, end, subscription, rows_per_partition)
+    _check_bounds(name, start, end, rows_per_partition)
     timeout_s = float(
         DEFAULT_UNAVAILABLE_TIMEOUT_S if unavailable_timeout_s is None else unavailable_timeout_s
     )
@@ -136,9 +136,7 @@ def _at_time(name: TopicName, bound: Any, token: str | None) -> Any:
     return bound
 
 
-def _check_bounds(
-    name: TopicName, start: Any, end: Any, subscription: str | None, rows_per_partition: int
-) -> None:
+def _check_bounds(name: TopicName, start: Any, end: Any, rows_per_partition: int) -> None:
     for label, bound, word in (("start", start, "earliest"), ("end", end, "latest")):
         if isinstance(bound, Checkpoint):
             if bound.topic != str(name):
@@ -148,8 +146,6 @@ def _check_bounds(
                 f"{label} must be {word!r}, a Checkpoint or a time (an aware datetime, epoch "
                 f"milliseconds), got {bound!r}"
             )
-    if subscription is not None and start != "earliest":
-        raise InvalidArgumentError("pass either subscription= or start=, not both")
     if rows_per_partition < 1:
         raise InvalidArgumentError(f"rows_per_partition must be positive: {rows_per_partition}")
 

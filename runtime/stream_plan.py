@@ -282,10 +282,11 @@ def snapshot_ranges(
     layout: SegmentLayout,
     offsets: Mapping[int, SegmentOffsets],
 ) -> list[Range]:
-    """The records of a snapshot from ``start`` to ``end`` (``None``: ``snapshot_end``),
-    each segment's range from where ``start`` has it or, when retention has deleted
-    that, from what it still holds: a snapshot reads what is retained (the readers skip
-    deleted offsets alike), where a streaming query calls the gap data loss."""
+    """The records of a snapshot from ``start`` to ``end`` (``None``: ``snapshot_end``)
+    in the segments of ``offsets`` (those that answered; the others are the caller's to
+    report missing), each segment's range from where ``start`` has it or, when retention
+    has deleted that, from what it still holds: a snapshot reads what is retained (the
+    readers skip deleted offsets alike), where a streaming query calls the gap data loss."""
     past = sorted(s for s, held in offsets.items() if start.offset(s) > held.end)
     if past:
         raise ConflictError(
@@ -295,8 +296,9 @@ def snapshot_ranges(
     last = snapshot_end(start, layout, offsets) if end is None else end
     retained = []
     for r in ranges_between(start, last, offsets):
-        first = max(r.start, offsets[r.segment_id].start) if r.segment_id in offsets else r.start
-        if r.end > first:
+        held = offsets.get(r.segment_id)
+        first = r.start if held is None else max(r.start, held.start)
+        if held is not None and r.end > first:
             retained.append(Range(r.segment_id, first, r.end))
     return retained
 

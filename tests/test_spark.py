@@ -28,7 +28,12 @@ from clients.spark import (
     write_topic,
 )
 from runtime.batch import make_batch
-from runtime.errors import UnauthenticatedError, UnauthorizedError, UnavailableSegmentsError
+from runtime.errors import (
+    InvalidArgumentError,
+    UnauthenticatedError,
+    UnauthorizedError,
+    UnavailableSegmentsError,
+)
 from runtime.hashing import key_hash
 from runtime.names import TopicName
 from storage.durability import default_storage_root
@@ -201,6 +206,8 @@ def test_ray_dataset_and_bounds(admin, unique) -> None:
     assert plan_read(topic, end=middle).rows == 30
     assert plan_read(topic, start=middle).rows == 3_000 - 30
     assert plan_read(topic, start=Checkpoint(topic, finished=(0,))).rows == ends[1]
+    with pytest.raises(InvalidArgumentError, match="not both"):  # refused by the cluster
+        plan_read(topic, subscription="audit", start=middle)
     tail = read_topic_dataset(topic, start=middle, end=Checkpoint(topic, positions={0: 15}))
     rows = sorted(tail.take_all(), key=lambda r: r["offset"])
     assert [(r["segment_id"], r["offset"]) for r in rows] == [(0, n) for n in range(10, 15)]

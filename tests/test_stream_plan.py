@@ -315,6 +315,12 @@ def test_snapshot_bounds_and_what_retention_deleted() -> None:
         snapshot_ranges(
             StreamPosition("t", "i1", {1: counts[1] + 1}), None, topic.layout, topic.offsets()
         )
+    silent = {1: topic.offsets()[1]}  # segment 0 did not answer: no range, it is missing
+    assert [r.segment_id for r in snapshot_ranges(middle, None, topic.layout, silent)] == [1]
+    assert [
+        r.segment_id
+        for r in snapshot_ranges(StreamPosition("t", "i1"), middle, topic.layout, silent)
+    ] == [1]
     topic.layout = topic.layout.split_segment(0)
     done = StreamPosition("t", "i1", {}, frozenset({0}))
     assert snapshot_segments(topic.layout, done, None) == [1, 2, 3]

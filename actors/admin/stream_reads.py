@@ -20,7 +20,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.guard import guard
-from actors.segment.lookup import find_segment_actor
+from actors.segment.lookup import find_segment_actor, segment_position
 from runtime.errors import (
     ConflictError,
     InconsistentRequestError,
@@ -47,7 +47,6 @@ from storage.tier import TieredSegment, open_tier
 from storage.tier_records import TieredRecord, tier_records
 
 SEGMENT_TIMEOUT_S = 10.0
-RETRY_PAUSE_S = 0.2  # between attempts to reach a restarting segment actor
 
 
 async def stream_initial(
@@ -253,23 +252,14 @@ async def _status(
     segment: SegmentName, subscription: str | None, deadline: float
 ) -> dict[str, Any] | None:
     """The segment actor's ``position`` answer; None once it died for good or did not
-    answer by ``deadline``. A restarting actor is asked again; none is ever created (a
-    recreated actor over lost storage would answer for data it does not have)."""
-    credential = guard().internal_token()
-    while True:
-        remaining = max(deadline - time.monotonic(), 0.001)
-        try:
-            handle = await find_segment_actor(
-                segment, remaining, unless_dead=True, credential=credential
-            )
-            answer = handle.position.remote(subscription, credential=credential)
-            return await asyncio.wait_for(call(answer), remaining)
-        except SegmentNotFoundError:
-            return None
-        except (TimeoutError, RayActorError):
-            if time.monotonic() + RETRY_PAUSE_S >= deadline:
-                return None
-            await asyncio.sleep(RETRY_PAUSE_S)
+    answer by ``deadline`` (restarts waited through). None is ever created: a recreated
+    actor over lost storage would answer for data it does not have."""
+    try:
+        return await segment_position(
+            segment, subscription, deadline, unless_dead=True, credential=guard().internal_token()
+        )
+    except (SegmentNotFoundError, TimeoutError, RayActorError):
+        return None
 
 
 async def _offsets_at_time(name: TopicName, record: TopicRecord, time_ms: int) -> dict[int, int]:

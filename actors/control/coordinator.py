@@ -22,23 +22,21 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
 
 from actors.control.dag_watch import DagWatch
 from actors.guard import guard
 from actors.registry import get_or_start
-from actors.segment.lookup import LOOKUP_WAIT_S, find_segment_actor
+from actors.segment.lookup import LOOKUP_WAIT_S, segment_position
 from runtime.auth import Permission
 from runtime.config import apply_settings
 from runtime.coordination import GroupState
 from runtime.errors import ConflictError, ConsumerNotRegisteredError
-from runtime.names import SegmentName, TopicName, validate_part
+from runtime.names import TopicName, validate_part
 from storage.catalog import Catalog
 from storage.records import ConsumerRegistration, SubscriptionKind, SubscriptionMetadata
 
 # Past a session's deadline by this much before looking, so it is found expired then.
 _EXPIRY_SLACK_S = 0.05
-RESTART_PAUSE_S = 0.1  # between calls to a sealed segment whose actor went away
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -278,11 +276,17 @@ class SubscriptionCoordinator:
             raise ConflictError(f"segment {segment_id} is not sealed: it cannot be finished")
         rng = info.hash_range
         segment = self.topic.segment(segment_id, rng.start, rng.end)
-        if self.meta.kind == SubscriptionKind.SUBSCRIPTION:
-            status = await _position(segment, self.subscription)
+        # A sealed segment may hibernate between its lookup and the call: asked again
+        subscribed = self.meta.kind == SubscriptionKind.SUBSCRIPTION
+        status = await segment_position(
+            segment,
+            self.subscription if subscribed else None,
+            time.monotonic() + LOOKUP_WAIT_S,
+            credential=self._guard.internal_token(),
+        )
+        if subscribed:
             done, detail = status["drained"], f"cursor at {status['position']}"
         else:
-            status = await _position(segment, None)
             done = status["terminated"] and position is not None and position >= status["endOffset"]
             detail = f"reported position {position}"
         if not done:
@@ -302,23 +306,6 @@ class SubscriptionCoordinator:
             r.consumer_name: r.assigned_segments
             for r in self.catalog.registrations(self.topic, self.subscription)
         }
-
-
-async def _position(segment: SegmentName, subscription: str | None) -> dict[str, Any]:
-    """The sealed segment's ``position`` answer. A sealed segment may hibernate at any
-    moment once it is idle (its actor exits, and the next lookup starts it again), or
-    restart: a call that meets its actor gone is sent again to the one looked up anew,
-    until ``LOOKUP_WAIT_S``."""
-    credential = guard().internal_token()
-    deadline = time.monotonic() + LOOKUP_WAIT_S
-    while True:
-        handle = await find_segment_actor(segment, credential=credential)
-        try:
-            return await handle.position.remote(subscription, credential=credential)
-        except RayActorError:
-            if time.monotonic() >= deadline:
-                raise
-            await asyncio.sleep(RESTART_PAUSE_S)
 
 
 def coordinator_actor(topic: TopicName, subscription: str) -> ray.actor.ActorHandle:

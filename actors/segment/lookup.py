@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
@@ -24,6 +25,8 @@ from runtime.remote import call
 
 # How long a client waits for a segment named by the layout to register its actor.
 LOOKUP_WAIT_S = 30.0
+# Between calls to a segment whose actor went away (restarting, or hibernated).
+RETRY_PAUSE_S = 0.2
 
 
 def segment_actor(name: SegmentName) -> ray.actor.ActorHandle:
@@ -91,6 +94,34 @@ async def _wake(name: SegmentName, credential: str | None) -> bool:
         return await call(controller.wake_segment.remote(name.segment_id, credential=credential))
     except RayActorError:
         return False
+
+
+async def segment_position(
+    name: SegmentName,
+    subscription: str | None,
+    deadline: float,
+    *,
+    unless_dead: bool = False,
+    credential: str | None = None,
+) -> dict[str, Any]:
+    """The segment actor's ``position`` answer (with ``subscription``'s cursor). A call
+    that meets the actor gone (restarting, or hibernated between the lookup and the
+    call: a sealed or tiered segment's exits when idle) is sent again to the actor
+    looked up anew, until ``deadline`` (``time.monotonic()``); then the last error is
+    raised, ``TimeoutError`` when no answer came. ``unless_dead``: as for
+    ``find_segment_actor``, ``SegmentNotFoundError`` at once for an actor gone for good."""
+    while True:
+        remaining = max(deadline - time.monotonic(), 0.001)
+        try:
+            handle = await find_segment_actor(
+                name, remaining, unless_dead=unless_dead, credential=credential
+            )
+            answer = handle.position.remote(subscription, credential=credential)
+            return await asyncio.wait_for(call(answer), remaining)
+        except (TimeoutError, RayActorError):
+            if time.monotonic() + RETRY_PAUSE_S >= deadline:
+                raise
+            await asyncio.sleep(RETRY_PAUSE_S)
 
 
 async def find_segment_again(
