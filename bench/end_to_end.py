@@ -20,7 +20,10 @@ For each segment count, on the public client API (``Producer.send_batch`` and
 The same workload goes through Redis Streams (a redis-server this script
 starts, AOF ``everysec``): XADD in one redis-py pipeline per batch, one stream
 per "segment" (the key's Murmur3 hash picks the stream exactly as it picks our
-segment) and a consumer group read with XREADGROUP (COUNT = batch) + XACK.
+segment) and a consumer group read with XREADGROUP (COUNT = batch) + XACK; and
+through NATS JetStream (a nats-server this script starts, file storage): a stream
+per "segment", every message published with an acknowledgement, a durable pull
+consumer per stream (``bench/e2e_redis.py``, ``bench/e2e_nats.py``).
 
 ``--security`` runs our measurements once per mode, so that one run compares
 them on the same machine in the same state: ``off``; ``auth``, a policy stored
@@ -30,7 +33,7 @@ made for the run; ``auth+tls``, both. The table then says what each costs
 against ``off`` (rates and CPU per message).
 
     .venv/bin/python bench/end_to_end.py                 # everything, ~4-6 minutes
-    .venv/bin/python bench/end_to_end.py --segments 4 --seconds 5 --skip-redis
+    .venv/bin/python bench/end_to_end.py --segments 4 --seconds 5 --skip-redis --skip-nats
     .venv/bin/python bench/end_to_end.py --segments 1 8 --skip-redis --security off auth tls
 
 Prints a table and writes ``bench/results/end_to_end.json``.
@@ -40,22 +43,37 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
-import operator
 import os
-import struct
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from _common import machine_info, redis_server, report, write_report
+from e2e_common import (
+    KEYS,
+    RECORD_BYTES,
+    SUBSCRIPTION,
+    VALUE_OF,
+    CpuMeter,
+    LatencyLog,
+    PacedSends,
+    Workload,
+    measurement,
+    producer_spec,
+    sample_rows,
+    stamps_of,
+    value_stamps,
+    wait_until,
+)
+from e2e_nats import nats_server, run_nats_case
+from e2e_redis import run_redis_case
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -63,425 +81,10 @@ sys.path.insert(0, str(REPO))
 if TYPE_CHECKING:
     from runtime.auth import AuthPolicy
 
-RECORD_BYTES = 100
-KEYS = 10_000
 DEFAULT_RESULTS = REPO / "bench" / "results" / "end_to_end.json"
-SUBSCRIPTION = "bench"
-LATENCY_SAMPLE_CAP = 2_000_000  # per consumer; later messages are counted, not timed
+SYSTEM_NAMES = {"ray": "scalable-topics", "redis": "redis-streams", "nats": "nats-jetstream"}
 # A policy change reaches every actor within the guard's refresh interval (1 s).
 AUTH_SETTLE_S = 1.5
-
-
-# --- the workload, identical for both systems ----------------------------------------
-
-
-class Workload:
-    """Pre-built values and keys, so producing costs only the timestamp stamp."""
-
-    def __init__(self, batch: int, seed: int = 0, values: str = "random") -> None:
-        rng = np.random.default_rng(seed)
-        self.batch = batch
-        # Record i: 8-byte send stamp (filled per batch), 8-byte counter, 84 random bytes
-        # (``values="json"``: 84 bytes of an event in JSON, one of 40 users', as event
-        # streams repeat themselves).
-        self.template = rng.integers(0, 256, size=(batch, RECORD_BYTES), dtype=np.uint8)
-        if values == "json":
-            events = np.frombuffer(b"".join(_json_event(i) for i in range(40)), np.uint8)
-            self.template[:, 16:] = events.reshape(40, RECORD_BYTES - 16)[np.arange(batch) % 40]
-        self.template[:, 8:16] = np.arange(batch, dtype="<u8").view(np.uint8).reshape(batch, 8)
-        self.offsets = np.arange(0, (batch + 1) * RECORD_BYTES, RECORD_BYTES, dtype=np.int32)
-        self.key_names = [f"key-{i:05d}" for i in range(KEYS)]
-        # A pool of key indices; batch k uses a rotating window of it.
-        self.key_pool = rng.integers(0, KEYS, size=batch * 16 + batch)
-        self.pool_starts = [i * batch for i in range(16)]
-
-    def keys_index(self, k: int) -> np.ndarray:
-        start = self.pool_starts[k % len(self.pool_starts)]
-        return self.key_pool[start : start + self.batch]
-
-    def stamped(self, count: int) -> tuple[np.ndarray, int]:
-        """A fresh copy of ``count`` records with the send time in their first 8 bytes."""
-        records = self.template[:count].copy()
-        stamp = time.time_ns()
-        records[:, :8] = np.frombuffer(struct.pack("<q", stamp), dtype=np.uint8)
-        return records, stamp
-
-
-def _json_event(user: int) -> bytes:
-    text = f'{{"user":"user-{user:04d}","event":"page_view","page":"/p/{user % 7}"}}'
-    return text.encode().ljust(RECORD_BYTES - 16, b" ")
-
-
-_STAMP = operator.itemgetter(slice(0, 8))
-_VALUE = operator.attrgetter("value")
-
-
-def stamps_of(values: Iterable[bytes]) -> np.ndarray:
-    return np.frombuffer(b"".join(map(_STAMP, values)), dtype="<i8")
-
-
-def value_stamps(values: Any) -> np.ndarray:
-    """The send stamps of an Arrow binary array of values, read off its buffers."""
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)
-    starts = offsets[values.offset : values.offset + len(values)]
-    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)
-    return data[starts[:, None] + np.arange(8)].view("<i8").ravel()
-
-
-def summarize_latency(latencies_ns: np.ndarray) -> dict[str, float | None]:
-    if not len(latencies_ns):
-        return {"p50_ms": None, "p99_ms": None, "max_ms": None, "samples": 0}
-    p50, p99 = np.percentile(latencies_ns, [50, 99])
-    return {
-        "p50_ms": round(float(p50) / 1e6, 2),
-        "p99_ms": round(float(p99) / 1e6, 2),
-        "max_ms": round(float(latencies_ns.max()) / 1e6, 2),
-        "samples": int(len(latencies_ns)),
-    }
-
-
-class LatencyLog:
-    """Latencies of received messages, kept as arrays (subsampled past a cap).
-
-    Messages stamped before ``measure_from_ns`` (a warm-up) are counted in
-    ``received`` but timed apart, in ``warmup``."""
-
-    def __init__(self, measure_from_ns: int = 0) -> None:
-        self.measure_from_ns = measure_from_ns
-        self.parts: list[np.ndarray] = []
-        self.warmup: list[np.ndarray] = []
-        self.stored: list[np.ndarray] = []  # sampled: (publish - send, receive - publish)
-        self.count = 0
-        self.received = 0
-        self.measured = 0
-        self.first_ns = 0
-        self.last_ns = 0
-        self.lock = threading.Lock()
-
-    def add(
-        self,
-        stamps: np.ndarray,
-        now_ns: int,
-        sampled: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> None:
-        """``sampled``: (send stamps, store times in ns) of a few of the messages, which
-        split the latency at the moment the log stored them (ms precision)."""
-        with self.lock:
-            self.received += len(stamps)
-            if len(stamps) and stamps.min() < self.measure_from_ns:
-                warm = stamps < self.measure_from_ns
-                self.warmup.append(now_ns - stamps[warm])
-                stamps, sampled = stamps[~warm], None
-                if not len(stamps):
-                    return
-            if not self.measured:
-                self.first_ns = now_ns
-            self.measured += len(stamps)
-            self.last_ns = now_ns
-            if self.count < LATENCY_SAMPLE_CAP:
-                self.parts.append(now_ns - stamps)
-                self.count += len(stamps)
-                if sampled is not None:
-                    sent, stored = sampled
-                    self.stored.append(np.stack([stored - sent, now_ns - stored]))
-
-    def snapshot(self, with_latencies: bool) -> dict[str, Any]:
-        with self.lock:
-            out: dict[str, Any] = {
-                "received": self.received,
-                "measured": self.measured,
-                "first_ns": self.first_ns,
-                "last_ns": self.last_ns,
-            }
-            if with_latencies:
-                out["latencies"] = (
-                    np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
-                )
-                out["split"] = (
-                    np.concatenate(self.stored, axis=1) if self.stored else np.zeros((2, 0))
-                )
-                out["warmup"] = (
-                    np.concatenate(self.warmup) if self.warmup else np.zeros(0, np.int64)
-                )
-            return out
-
-
-def sample_rows(count: int, samples: int = 16) -> range:
-    return range(0, count, max(1, count // samples))
-
-
-class PacedSends:
-    """``(k, stamped records)`` of each send of a producer, and their accounting. It
-    starts at ``go_at_ns``; a paced run first warms up at its rate until
-    ``measure_from_ns`` (every warm-up stamp is earlier, which is how consumers tell
-    them apart), counted in ``warmup`` instead of ``sent``."""
-
-    def __init__(self, spec: dict[str, Any], workload: Workload) -> None:
-        self.spec, self.workload = spec, workload
-        self.sent, self.warmup, self.started_ns = 0, 0, 0
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        spec, workload, measure_from = self.spec, self.workload, self.spec["measure_from_ns"]
-        time.sleep(max(0.0, (spec["go_at_ns"] - time.time_ns()) / 1e9))
-        if spec.get("rate") and measure_from > time.time_ns():
-            warm = {**spec, "messages": 1 << 62, "seconds": (measure_from - time.time_ns()) / 1e9}
-            for k, count in send_ticks(warm, workload.batch):
-                records, stamp = workload.stamped(count)
-                if stamp >= measure_from:
-                    break
-                self.warmup += count
-                yield k, records
-            time.sleep(max(0.0, (measure_from - time.time_ns()) / 1e9))
-        self.started_ns = time.time_ns()
-        for k, count in send_ticks(spec, workload.batch):
-            self.sent += count
-            yield k, workload.stamped(count)[0]
-
-    def report(self, end_ns: int, cpu_s: float) -> dict[str, Any]:
-        return {
-            "sent": self.sent,
-            "warmup": self.warmup,
-            "start_ns": self.started_ns,
-            "end_ns": end_ns,
-            "cpu_s": cpu_s,
-        }
-
-
-def send_ticks(spec: dict[str, Any], batch: int) -> Iterator[tuple[int, int]]:
-    """``(k, count)`` of each send of a producer: ``count`` messages due now (paced at
-    the spec's rate, if any, in ticks of ``tick_records``), until its caps are reached."""
-    limit, seconds, rate = spec["messages"], spec["seconds"], spec.get("rate")
-    tick = min(spec["tick_records"], batch) if rate else batch
-    started, sent, k = time.perf_counter(), 0, 0
-    while sent < limit and time.perf_counter() - started < seconds:
-        delay = started + sent / rate - time.perf_counter() if rate else 0
-        if delay > 0:
-            time.sleep(delay)
-        count = min(tick, limit - sent)
-        yield k, count
-        sent += count
-        k += 1
-
-
-class CpuMeter:
-    """CPU seconds used by a set of process trees (utime + stime from /proc), so a
-    measurement can report CPU per message, which is far steadier than wall-clock
-    rates when the machine is shared, and which process spent it."""
-
-    TICK = os.sysconf("SC_CLK_TCK")
-
-    def __init__(self, roots: list[int]) -> None:
-        self.roots = roots
-        self.start = self._sample()
-
-    def _sample(self) -> dict[int, tuple[str, float]]:
-        children: dict[int, list[int]] = {}
-        stats: dict[int, float] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                raw = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = raw[raw.rfind(")") + 2 :].split()
-            children.setdefault(int(fields[1]), []).append(int(entry))
-            stats[int(entry)] = (int(fields[11]) + int(fields[12])) / self.TICK
-        seen: dict[int, tuple[str, float]] = {}
-        stack = list(self.roots)
-        while stack:
-            pid = stack.pop()
-            if pid in seen or pid not in stats:
-                continue
-            seen[pid] = (_process_label(pid), stats[pid])
-            stack.extend(children.get(pid, []))
-        return seen
-
-    def used(self) -> tuple[float, dict[str, float]]:
-        """CPU seconds since construction, in total and per kind of process
-        (processes that exited meanwhile are missed)."""
-        by_label: dict[str, float] = {}
-        for pid, (label, cpu) in self._sample().items():
-            spent = cpu - self.start.get(pid, (label, 0.0))[1]
-            if spent > 0:
-                by_label[label] = by_label.get(label, 0.0) + spent
-        return sum(by_label.values()), dict(sorted(by_label.items(), key=lambda kv: -kv[1]))
-
-
-def _process_label(pid: int) -> str:
-    """``ray::SegmentActor``, ``raylet``, ``redis-server``... (method names dropped)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        first = argv[0].decode(errors="replace").strip()
-        if not first:  # exiting, or a fork without a command line of its own
-            return Path(f"/proc/{pid}/comm").read_text().strip() or "?"
-    except OSError:
-        return "?"
-    if first.startswith("ray::"):
-        return first.split(".")[0].split()[0]
-    if len(argv) > 1 and first.endswith(("python", "python3", "python3.11")):
-        script = next((a.decode() for a in argv[1:] if a and not a.startswith(b"-")), "")
-        return "python " + Path(script).name
-    return Path(first.split()[0]).name
-
-
-# --- Redis Streams ------------------------------------------------------------------------
-
-
-def redis_streams(n: int) -> list[str]:
-    return [f"bench-{n}-{i}" for i in range(n)]
-
-
-def redis_key_streams(workload: Workload, n: int) -> np.ndarray:
-    """Stream index of every key: the segment our initial layout of ``n`` gives it."""
-    from runtime.hashing import key_hashes
-    from runtime.layout import SegmentLayout
-    from runtime.routing import partition
-
-    hashes = key_hashes(workload.key_names)
-    stream = np.zeros(KEYS, dtype=np.int64)
-    layout = SegmentLayout.initial(n)
-    for segment_id, rows in partition(layout, hashes, 0).groups.items():
-        stream[rows] = segment_id
-    return stream
-
-
-def redis_producer(
-    port: int,
-    n: int,
-    spec: dict[str, Any],
-    out: Any,  # mp.Queue
-) -> None:
-    import redis
-
-    workload = Workload(spec["batch"], seed=spec["seed"], values=spec["values"])
-    streams = redis_streams(n)
-    key_stream = redis_key_streams(workload, n)
-    names = [s.encode() for s in streams]
-    client = redis.Redis(host="127.0.0.1", port=port)
-    client.ping()
-    cpu = time.process_time()
-    sends = PacedSends(spec, workload)
-    for k, records in sends:
-        count = len(records)
-        data = records.tobytes()
-        keys = workload.keys_index(k)[:count]
-        targets, keys = key_stream[keys].tolist(), keys.tolist()
-        key_names = workload.key_names
-        pipe = client.pipeline(transaction=False)
-        for i in range(count):
-            pipe.xadd(
-                names[targets[i]], {b"k": key_names[keys[i]], b"v": data[i * 100 : i * 100 + 100]}
-            )
-        pipe.execute()
-    out.put(sends.report(time.time_ns(), time.process_time() - cpu))
-    client.close()
-
-
-def redis_consumer(
-    port: int,
-    n: int,
-    name: str,
-    spec: dict[str, Any],
-    stop: Any,
-    received: Any,
-    out: Any,
-) -> None:
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=port)
-    streams = {s: ">" for s in redis_streams(n)}
-    log, batch = LatencyLog(spec["measure_from_ns"]), spec["batch"]
-    cpu = time.process_time()
-    while not stop.is_set():
-        reply = client.xreadgroup(SUBSCRIPTION, name, streams, count=batch, block=100)
-        if not reply:
-            continue
-        now = time.time_ns()
-        values: list[bytes] = []
-        all_ids: list[bytes] = []
-        pipe = client.pipeline(transaction=False)
-        for stream, entries in reply:
-            ids = []
-            for entry_id, fields in entries:
-                ids.append(entry_id)
-                values.append(fields[b"v"])
-            pipe.xack(stream, SUBSCRIPTION, *ids)
-            all_ids.extend(ids)
-        pipe.execute()
-        rows = sample_rows(len(values))
-        stored = np.array([int(all_ids[i].split(b"-")[0]) * 1_000_000 for i in rows])
-        sent = stamps_of([values[i] for i in rows])
-        log.add(stamps_of(values), now, (sent, stored))
-        with received.get_lock():
-            received.value += len(values)
-    snap = log.snapshot(with_latencies=True)
-    out.put({"name": name, "cpu_s": time.process_time() - cpu, **snap})
-    client.close()
-
-
-def producer_spec(
-    args: argparse.Namespace, rate: float | None, seconds: float
-) -> tuple[int, dict[str, Any]]:
-    """How many producers a run uses and what each is told: a paced (half-load) run
-    has one producer; a peak run splits the message cap over ``--producers``."""
-    producers = 1 if rate else args.producers
-    go_at = time.time_ns() + int(1.5e9)  # everyone starts at once, after setting up
-    return producers, {
-        "go_at_ns": go_at,
-        "measure_from_ns": go_at + (int(args.warmup_seconds * 1e9) if rate else 0),
-        "batch": args.batch,
-        "messages": args.messages // producers if not rate else 1 << 62,
-        "seconds": seconds,
-        "rate": rate / producers if rate else None,
-        "tick_records": max(1, int((rate or 0) / producers * args.tick_ms / 1000)),
-        "values": args.values,
-    }
-
-
-def run_redis_case(
-    server: tuple[int, int], n: int, args: argparse.Namespace, rate: float | None, seconds: float
-) -> dict[str, Any]:
-    """One measurement: producers (processes) -> n streams -> consumer group (processes)."""
-    import redis
-
-    port, server_pid = server
-    ctx = multiprocessing.get_context("fork")  # before Ray starts: no threads to worry about
-    client = redis.Redis(host="127.0.0.1", port=port)
-    for stream in redis_streams(n):
-        client.delete(stream)
-        client.xgroup_create(stream, SUBSCRIPTION, id="0", mkstream=True)
-    producers, spec = producer_spec(args, rate, seconds)
-    stop = ctx.Event()
-    received = ctx.Value("q", 0)
-    results, consumed = ctx.Queue(), ctx.Queue()
-    consumers = [
-        ctx.Process(target=redis_consumer, args=(port, n, f"c{i}", spec, stop, received, consumed))
-        for i in range(args.consumers)
-    ]
-    workers = [
-        ctx.Process(target=redis_producer, args=(port, n, {**spec, "seed": i}, results))
-        for i in range(producers)
-    ]
-    for p in consumers + workers:
-        p.start()
-    time.sleep(max(0.0, (spec["go_at_ns"] - time.time_ns()) / 1e9))
-    meter = CpuMeter([server_pid])
-    sent_reports = [results.get() for _ in workers]
-    sent = sum(r["sent"] + r["warmup"] for r in sent_reports)
-    drained = wait_until(lambda: received.value >= sent, args.drain_seconds)
-    stop.set()
-    server_cpu, breakdown = meter.used()
-    reports = [consumed.get() for _ in consumers]
-    for p in consumers + workers:
-        p.join(timeout=10)
-    cpu = server_cpu + sum(r["cpu_s"] for r in sent_reports + reports)
-    breakdown["producers"] = sum(r["cpu_s"] for r in sent_reports)
-    breakdown["consumers"] = sum(r["cpu_s"] for r in reports)
-    for stream in redis_streams(n):
-        client.delete(stream)
-    client.close()
-    return measurement("redis", n, sent_reports, reports, drained, rate, cpu, breakdown)
 
 
 # --- security modes -----------------------------------------------------------------------
@@ -709,7 +312,7 @@ def make_consumer_class() -> Any:
                 [round(messages[i].publish_time.timestamp() * 1e3) * 1_000_000 for i in rows]
             )
             sent = stamps_of([messages[i].value for i in rows])
-            return stamps_of(map(_VALUE, messages)), now, (sent, stored)
+            return stamps_of(map(VALUE_OF, messages)), now, (sent, stored)
 
         def assigned(self) -> list[int]:
             return self.consumer.assigned_segments()
@@ -875,71 +478,6 @@ def ray_topic(
         admin.delete_scalable_topic(topic)
 
 
-# --- measurements and reporting ------------------------------------------------------------
-
-
-def wait_until(predicate: Any, timeout_s: float, every_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every_s)
-    return True
-
-
-def measurement(
-    system: str,
-    n: int,
-    sent_reports: list[dict[str, Any]],
-    consumer_reports: list[dict[str, Any]],
-    drained: bool,
-    rate: float | None,
-    cpu_s: float,
-    cpu_breakdown: dict[str, float],
-) -> dict[str, Any]:
-    sent = sum(r["sent"] for r in sent_reports)
-    start_ns = min(r["start_ns"] for r in sent_reports)
-    produced_ns = max(r["end_ns"] for r in sent_reports)
-    received = sum(r["measured"] for r in consumer_reports)
-    received_all = sum(r["received"] for r in consumer_reports)  # with the warm-up's
-    last_ns = max((r["last_ns"] for r in consumer_reports if r["measured"]), default=start_ns)
-    latencies = np.concatenate([r["latencies"] for r in consumer_reports])
-    split = np.concatenate([r["split"] for r in consumer_reports], axis=1)
-    return {
-        "system": system,
-        "segments": n,
-        "security": "off",
-        "mode": "half_load" if rate else "peak",
-        "target_rate": round(rate) if rate else None,
-        "sent": sent,
-        "received": received,
-        "all_received": drained,
-        "failed_batches": sum(r.get("failed_batches", 0) for r in sent_reports),
-        "produce_s": round((produced_ns - start_ns) / 1e9, 3),
-        "e2e_s": round((last_ns - start_ns) / 1e9, 3),
-        "produce_msgs_per_s": round(sent / ((produced_ns - start_ns) / 1e9)),
-        "e2e_msgs_per_s": round(min(sent, received) / max((last_ns - start_ns) / 1e9, 1e-9)),
-        "latency": summarize_latency(latencies),
-        "latency_send_to_stored": summarize_latency(split[0]),
-        "latency_stored_to_received": summarize_latency(split[1]),
-        "warmup_sent": sum(r["warmup"] for r in sent_reports),
-        "warmup_latency": summarize_latency(
-            np.concatenate([r["warmup"] for r in consumer_reports])
-        ),
-        "cpu_s": round(cpu_s, 2),  # the warm-up's too, so per message over every message
-        "cpu_us_per_msg": round(cpu_s / max(received_all, 1) * 1e6, 2),
-        "cpu_us_per_msg_by_process": {
-            label: round(spent / max(received_all, 1) * 1e6, 2)
-            for label, spent in cpu_breakdown.items()
-            if spent / max(received_all, 1) * 1e6 >= 0.01
-        },
-        "producer_process_cpu_us_per_msg": round(
-            sum(r["cpu_s"] for r in sent_reports) / max(received_all, 1) * 1e6, 2
-        ),
-        "load_average_after": round(os.getloadavg()[0], 1),
-    }
-
-
 def describe(m: dict[str, Any]) -> str:
     lat = m["latency"]
     stored, delivered = m["latency_send_to_stored"], m["latency_stored_to_received"]
@@ -973,9 +511,10 @@ def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         peak, half = found[system, n, mode, "peak"], found.get((system, n, mode, "half_load"))
         redis, off = found.get(("redis", n, "off", "peak")), found.get((system, n, "off", "peak"))
+        nats = found.get(("nats", n, "off", "peak"))
         rows.append(
             {
-                "system": "scalable-topics" if system == "ray" else "redis-streams",
+                "system": SYSTEM_NAMES[system],
                 "segments": n,
                 "security": mode,
                 "produce_msgs_per_s": peak["produce_msgs_per_s"],
@@ -988,6 +527,8 @@ def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cpu_us_per_msg": peak["cpu_us_per_msg"],
                 "stored_bytes_per_msg": peak.get("stored_bytes_per_msg"),
                 "e2e_vs_redis": _ratio(peak, redis, "e2e_msgs_per_s") if system == "ray" else None,
+                "e2e_vs_nats": _ratio(peak, nats, "e2e_msgs_per_s") if system == "ray" else None,
+                "cpu_vs_nats": _ratio(peak, nats, "cpu_us_per_msg") if system == "ray" else None,
                 **_against_off(peak, off if mode != "off" else None),
             }
         )
@@ -996,7 +537,7 @@ def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _row_order(key: tuple[str, int, str, str]) -> tuple[int, int, int, str]:
     system, n, mode, kind = key
-    return (system != "ray", n, MODES.index(mode), kind)
+    return (list(SYSTEM_NAMES).index(system), n, MODES.index(mode), kind)
 
 
 def _against_off(peak: dict[str, Any], off: dict[str, Any] | None) -> dict[str, float | None]:
@@ -1023,7 +564,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     header = (
         f"{'system':<16} {'seg':>3} {'security':<8} {'produce/s':>11} {'e2e/s':>11}"
         f" {'p50 ms':>8} {'p99 ms':>8} {'half rate':>10} {'½ p50':>7} {'½ p99':>7}"
-        f" {'CPU us/msg':>10} {'vs Redis':>8} {'e2e/off':>7} {'CPU/off':>7} {'disk/off':>8}"
+        f" {'CPU us/msg':>10} {'vs Redis':>8} {'vs NATS':>7}"
+        f" {'e2e/off':>7} {'CPU/off':>7} {'disk/off':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -1038,7 +580,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f" {num(r['p50_ms'], '.1f'):>8} {num(r['p99_ms'], '.1f'):>8}"
             f" {num(r['half_load_rate'], ','):>10} {num(r['half_p50_ms'], '.1f'):>7}"
             f" {num(r['half_p99_ms'], '.1f'):>7} {num(r['cpu_us_per_msg'], '.2f'):>10}"
-            f" {num(r['e2e_vs_redis'], '.2f', 'x'):>8} {num(r['e2e_vs_off'], '.2f', 'x'):>7}"
+            f" {num(r['e2e_vs_redis'], '.2f', 'x'):>8} {num(r['e2e_vs_nats'], '.2f', 'x'):>7}"
+            f" {num(r['e2e_vs_off'], '.2f', 'x'):>7}"
             f" {num(r['cpu_vs_off'], '.2f', 'x'):>7} {num(r['stored_vs_off'], '.2f', 'x'):>8}"
         )
 
@@ -1130,6 +673,7 @@ def parse_args() -> argparse.Namespace:
         help="84 random bytes per value, or repetitive JSON events (what compression is for)",
     )
     parser.add_argument("--skip-redis", action="store_true")
+    parser.add_argument("--skip-nats", action="store_true")
     parser.add_argument("--skip-half", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
     return parser.parse_args()
@@ -1160,12 +704,30 @@ def main() -> int:
                             print(describe(half), flush=True)
             except FileNotFoundError as exc:
                 print(f"skipping Redis: {exc}")
+        if not args.skip_nats:
+            try:
+                with nats_server(root) as nats:
+                    info["nats_server"] = nats.version
+                    for n in args.segments:
+                        peak = run_nats_case(nats, n, args, None, args.seconds)
+                        results.append(peak)
+                        print(describe(peak), flush=True)
+                        if not args.skip_half:
+                            rate = args.half_rate or peak["e2e_msgs_per_s"] / 2
+                            half = run_nats_case(nats, n, args, rate, args.half_seconds)
+                            results.append(half)
+                            print(describe(half), flush=True)
+            except FileNotFoundError as exc:
+                print(f"skipping NATS: {exc}")
         import ray
 
         from clients import ScalableTopicsAdmin
         from runtime import connect
 
         os.environ["RAYTOPICS_STORAGE_ROOT"] = str(root / "segments")
+        # Admission's CPU share per segment (16 per CPU) is not what is measured here:
+        # 64 segments on this 2-CPU Ray.
+        os.environ.setdefault("RAYTOPICS_SEGMENTS_PER_CPU", str(max(16, max(args.segments))))
         os.environ.setdefault("RAYTOPICS_NAMESPACE", f"bench-{uuid.uuid4().hex[:8]}")
         connect(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
@@ -1209,6 +771,12 @@ def main() -> int:
             if args.consume == "table"
             else "receive_batch (Message objects) + acknowledge_cumulative(messages)",
             "ray": "embedded, num_cpus=2, durability default (interval 200 ms)",
+            "nats": "nats-server with JetStream, file storage (the server's default "
+            "sync_interval: writes reach the OS at once, fsync within 2 min); a stream per "
+            "segment, "
+            "subjects carry the key; publish with an acknowledgement per message, a batch "
+            "in flight at a time; a durable pull consumer per stream, AckPolicy.ALL, "
+            "the last message of each fetch acknowledged",
             "redis": "appendonly yes, appendfsync everysec; XADD pipeline per batch, "
             "XREADGROUP COUNT=batch + XACK; producers and consumers in processes",
             "latency": "receive time minus the time.time_ns() stamp written into each value "

@@ -4,15 +4,19 @@ Issue 47's goal is a topic of 32 idle segments at under 5% of one core, Ray's ow
 processes included. Each round starts a fresh local Ray (the embedded settings,
 ``runtime.connect.LOCAL_SYSTEM_CONFIG``) in a child process and measures, over
 ``--idle`` (60) seconds, the CPU seconds of every process of that Ray, grouped by
-what it is. Two variants alternate:
+what it is, and the CPU of the segment processes' threads, grouped by thread (the
+main thread apart: it runs Ray's task loop). For each of ``--segments`` (1, 32, 128),
+two variants alternate:
 
-- ``topic``: a topic of ``--segments`` (32) segments with two subscriptions, written to
+- ``topic``: a topic of that many segments with two subscriptions, written to
   (``--messages`` sends) and read by a stream consumer that then closes, so every
-  segment has flushed, served reads and been maintained before it goes quiet;
+  segment has flushed, served reads and been maintained before it goes quiet; no
+  hibernation policy, so every segment keeps its process;
 - ``peer``: as many trivial async Ray actors, each a process that does nothing: the
   floor any design with one process per segment pays on this Ray.
 
-    .venv/bin/python bench/idle.py            # 2 rounds of each, ~6 min
+    .venv/bin/python bench/idle.py                          # 2 rounds of each, ~25 min
+    .venv/bin/python bench/idle.py --segments 32 --rounds 1
 
 Prints a summary and writes bench/results/idle.json.
 """
@@ -54,7 +58,7 @@ GROUPS = {
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--segments", type=int, default=32)
+    parser.add_argument("--segments", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--idle", type=float, default=60.0)
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
@@ -73,6 +77,25 @@ def group_of(process: Any) -> str:
     return "driver" if process.pid == os.getpid() else "other ray workers"
 
 
+def thread_cpu(processes: list[Any]) -> dict[tuple[int, int], tuple[str, float]]:
+    """CPU seconds of every thread of ``processes``, labelled by its name (Ray names its
+    C++ threads; Python's threads keep the process's title, so they share a label)."""
+    found = {}
+    for process in processes:
+        try:
+            threads = process.threads()
+        except Exception:  # ended meanwhile
+            continue
+        for thread in threads:
+            try:
+                name = Path(f"/proc/{process.pid}/task/{thread.id}/comm").read_text().strip()
+            except OSError:
+                continue
+            label = "main thread (Ray's task loop)" if thread.id == process.pid else name
+            found[process.pid, thread.id] = (label, thread.user_time + thread.system_time)
+    return found
+
+
 def cpu_by_group(processes: list[Any]) -> dict[int, tuple[str, float]]:
     found = {}
     for process in processes:
@@ -84,12 +107,12 @@ def cpu_by_group(processes: list[Any]) -> dict[int, tuple[str, float]]:
     return found
 
 
-def make_topic(args: argparse.Namespace) -> None:
+def make_topic(args: argparse.Namespace, count: int) -> None:
     from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 
     admin = ScalableTopicsAdmin()
     topic = "topic://bench/idle/events"
-    admin.create_scalable_topic(topic, args.segments)
+    admin.create_scalable_topic(topic, count)
     for name in ("a", "b"):
         admin.create_subscription(topic, name)
     with Producer(topic) as producer:
@@ -107,7 +130,7 @@ def make_topic(args: argparse.Namespace) -> None:
     assert received == args.messages, f"read {received} of {args.messages}"
 
 
-def make_peer(args: argparse.Namespace) -> list[Any]:
+def make_peer(count: int) -> list[Any]:
     import ray
 
     @ray.remote(num_cpus=0)
@@ -115,7 +138,7 @@ def make_peer(args: argparse.Namespace) -> list[Any]:
         async def ping(self) -> int:
             return os.getpid()
 
-    actors = [Idle.remote() for _ in range(args.segments)]
+    actors = [Idle.remote() for _ in range(count)]
     ray.get([a.ping.remote() for a in actors])
     return actors  # held: an actor whose handle goes away exits
 
@@ -127,6 +150,9 @@ def one_round(variant: str, args: argparse.Namespace) -> dict[str, Any]:
 
     from runtime.connect import LOCAL_SYSTEM_CONFIG
 
+    # Admission's CPU share per segment is not what is measured: 128 segments on 2 CPUs.
+    os.environ["RAYTOPICS_SEGMENTS_PER_CPU"] = "128"
+
     ray.init(
         address="local",
         num_cpus=2,
@@ -135,27 +161,47 @@ def one_round(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         _system_config=dict(LOCAL_SYSTEM_CONFIG),
     )
     try:
-        held = make_topic(args) if variant == "topic" else make_peer(args)
+        count = args.segments[0]
+        held = make_topic(args, count) if variant == "topic" else make_peer(count)
         time.sleep(10)  # stragglers, the first maintenance rounds, hibernation checks
         me = psutil.Process()
         processes = [me, *me.children(recursive=True)]
         before = cpu_by_group(processes)
+        segments = [p for p in processes if before.get(p.pid, ("",))[0] == "segments"]
+        threads_before = thread_cpu(segments)
         time.sleep(args.idle)
         after = cpu_by_group(processes)
-        groups: dict[str, float] = {}
-        for pid, (group, seconds) in after.items():
-            if pid in before:
-                groups[group] = groups.get(group, 0.0) + seconds - before[pid][1]
+        threads_after = thread_cpu(segments)
         del held
-        share = {g: round(s / args.idle, 4) for g, s in sorted(groups.items())}
         return {
             "variant": variant,
+            "segments": count,
             "processes": len(processes),
-            "cores": round(sum(groups.values()) / args.idle, 4),
-            "cores_by_group": share,
+            "cores": round(sum(_spent(before, after).values()) / args.idle, 4),
+            "cores_by_group": _share(_spent(before, after), args.idle),
+            # per segment process, in ms of CPU a second
+            "segment_thread_ms_per_s": {
+                label: round(seconds / args.idle / max(len(segments), 1) * 1000, 2)
+                for label, seconds in _share(_spent(threads_before, threads_after), 1).items()
+            },
         }
     finally:
         ray.shutdown()
+
+
+def _spent(
+    before: dict[Any, tuple[str, float]], after: dict[Any, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds spent between two samples, by label (entries in both samples only)."""
+    spent: dict[str, float] = {}
+    for key, (label, seconds) in after.items():
+        if key in before:
+            spent[label] = spent.get(label, 0.0) + seconds - before[key][1]
+    return spent
+
+
+def _share(spent: dict[str, float], seconds: float) -> dict[str, float]:
+    return {label: round(s / seconds, 4) for label, s in sorted(spent.items()) if s > 0}
 
 
 def main() -> int:
@@ -166,23 +212,22 @@ def main() -> int:
     info = machine_info()
     started = time.perf_counter()
     rounds: list[dict[str, Any]] = []
-    for _ in range(args.rounds):
-        for variant in VARIANTS:
-            result = round_in_child(
-                __file__,
-                *("--variant", variant),
-                *("--segments", str(args.segments), "--messages", str(args.messages)),
-                *("--idle", str(args.idle)),
-            )
-            rounds.append(result)
-            print(result, flush=True)
+    for count in args.segments:
+        for _ in range(args.rounds):
+            for variant in VARIANTS:
+                result = round_in_child(
+                    __file__,
+                    *("--variant", variant),
+                    *("--segments", str(count), "--messages", str(args.messages)),
+                    *("--idle", str(args.idle)),
+                )
+                rounds.append(result)
+                print(result, flush=True)
     summary = {
-        variant: {
-            "cores": statistics.median(r["cores"] for r in rounds if r["variant"] == variant),
-            "segments_cores": statistics.median(
-                r["cores_by_group"].get("segments", 0.0) for r in rounds if r["variant"] == variant
-            ),
-        }
+        f"{variant} {count}": _median_of(
+            [r for r in rounds if r["variant"] == variant and r["segments"] == count]
+        )
+        for count in args.segments
         for variant in VARIANTS
     }
     print(json.dumps(summary, indent=2))
@@ -192,6 +237,22 @@ def main() -> int:
         report("idle", started, info, settings=settings, rounds=rounds, median=summary),
     )
     return 0
+
+
+def _median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over rounds: whole Ray, each process group, each segment thread label."""
+
+    def median(field: str, key: str | None = None) -> float:
+        values = [r[field] if key is None else r[field].get(key, 0.0) for r in rounds]
+        return round(statistics.median(values), 4)
+
+    groups = sorted({g for r in rounds for g in r["cores_by_group"]})
+    threads = sorted({t for r in rounds for t in r["segment_thread_ms_per_s"]})
+    return {
+        "cores": median("cores"),
+        "cores_by_group": {g: median("cores_by_group", g) for g in groups},
+        "segment_thread_ms_per_s": {t: median("segment_thread_ms_per_s", t) for t in threads},
+    }
 
 
 if __name__ == "__main__":
