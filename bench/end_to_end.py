@@ -719,10 +719,8 @@ def main() -> int:
                             print(describe(half), flush=True)
             except FileNotFoundError as exc:
                 print(f"skipping NATS: {exc}")
-        import ray
-
         from clients import ScalableTopicsAdmin
-        from runtime import connect
+        from runtime import connect, disconnect
 
         os.environ["RAYTOPICS_STORAGE_ROOT"] = str(root / "segments")
         # Admission's CPU share per segment (16 per CPU) is not what is measured here:
@@ -736,7 +734,7 @@ def main() -> int:
             for n in args.segments:
                 results += run_security_modes(ScalableTopicsAdmin, n, args, root)
         finally:
-            ray.shutdown()
+            disconnect()  # while the storage root, which holds the embedded Ray's lock, exists
     info["load_average_at_end"] = os.getloadavg()
     rows = rows_of(results)
     print()
