@@ -1,5 +1,5 @@
-"""What the benchmarks share: the machine they ran on and the peer they compare against,
-a private Redis server on loopback."""
+"""What the benchmarks share: the machine they ran on and the peers they compare
+against, a private Redis server and a private NATS JetStream server on loopback."""
 
 from __future__ import annotations
 
@@ -39,11 +39,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def redis_server(directory: Path) -> Iterator[RedisServer]:
     """A private redis-server with AOF + everysec, the setting Redis recommends."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise FileNotFoundError(
-            "redis-server is not installed; on Debian/Ubuntu: apt-get install -y redis-server"
-        )
+    binary = server_binary("redis-server")
     import redis
 
     port = free_port()
@@ -72,6 +68,51 @@ def redis_server(directory: Path) -> Iterator[RedisServer]:
         client.close()
         process.terminate()
         process.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class NatsServer:
+    url: str
+    version: str
+    pid: int
+
+
+@contextlib.contextmanager
+def nats_server(directory: Path) -> Iterator[NatsServer]:
+    """A private nats-server with JetStream on (file storage under ``directory``)."""
+    binary = server_binary("nats-server")
+    port, store = free_port(), directory / "nats"
+    store.mkdir()
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    process = subprocess.Popen(
+        [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("nats-server did not start") from None
+                time.sleep(0.05)
+        yield NatsServer(f"nats://127.0.0.1:{port}", version.split()[-1], process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def server_binary(name: str) -> str:
+    """The path of a peer's server program (Debian's package has the same name)."""
+    binary = shutil.which(name)
+    if binary is None:
+        raise FileNotFoundError(
+            f"{name} is not installed; on Debian/Ubuntu: apt-get install -y {name}"
+        )
+    return binary
 
 
 def machine_info() -> dict[str, Any]:

@@ -17,19 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import shutil
-import socket
-import subprocess
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import free_port
+from _common import NatsServer
 from e2e_common import (
     SUBSCRIPTION,
     LatencyLog,
@@ -42,45 +36,6 @@ from e2e_common import (
 from e2e_redis import redis_key_streams
 
 FETCH_WAIT_S = 0.1
-
-
-@dataclass(frozen=True)
-class NatsServer:
-    url: str
-    version: str
-    pid: int
-
-
-@contextlib.contextmanager
-def nats_server(directory: Path) -> Iterator[NatsServer]:
-    """A private nats-server with JetStream on (file storage under ``directory``)."""
-    binary = shutil.which("nats-server")
-    if binary is None:
-        raise FileNotFoundError(
-            "nats-server is not installed; on Debian/Ubuntu: apt-get install -y nats-server"
-        )
-    port, store = free_port(), directory / "nats"
-    store.mkdir()
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
-    process = subprocess.Popen(
-        [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("nats-server did not start") from None
-                time.sleep(0.05)
-        yield NatsServer(f"nats://127.0.0.1:{port}", version.split()[-1], process.pid)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def _stream(n: int, i: int) -> str:

@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from _common import RedisServer
 from e2e_common import (
     KEYS,
     SUBSCRIPTION,
@@ -110,12 +111,12 @@ def redis_consumer(
 
 
 def run_redis_case(
-    server: tuple[int, int], n: int, args: argparse.Namespace, rate: float | None, seconds: float
+    server: RedisServer, n: int, args: argparse.Namespace, rate: float | None, seconds: float
 ) -> dict[str, Any]:
     """One measurement: producers (processes) -> n streams -> consumer group (processes)."""
     import redis
 
-    port, server_pid = server
+    port, server_pid = server.port, server.pid
     client = redis.Redis(host="127.0.0.1", port=port)
     for stream in redis_streams(n):
         client.delete(stream)

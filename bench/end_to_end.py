@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from _common import machine_info, redis_server, report, write_report
+from _common import machine_info, nats_server, redis_server, report, write_report
 from e2e_common import (
     KEYS,
     RECORD_BYTES,
@@ -72,7 +72,7 @@ from e2e_common import (
     value_stamps,
     wait_until,
 )
-from e2e_nats import nats_server, run_nats_case
+from e2e_nats import run_nats_case
 from e2e_redis import run_redis_case
 
 REPO = Path(__file__).resolve().parent.parent
@@ -623,6 +623,33 @@ def _cost(row: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def peer_runs(
+    label: str,
+    server: Any,
+    run_case: Any,
+    root: Path,
+    args: argparse.Namespace,
+    info: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """A peer's peak and half-load runs at every segment count, on a server it starts
+    (``server(root)``); none, with a message, when the server is not installed."""
+    found: list[dict[str, Any]] = []
+    try:
+        with server(root) as running:
+            info[f"{label.lower()}_server"] = running.version
+            for n in args.segments:
+                peak = run_case(running, n, args, None, args.seconds)
+                found.append(peak)
+                print(describe(peak), flush=True)
+                if not args.skip_half:
+                    rate = args.half_rate or peak["e2e_msgs_per_s"] / 2
+                    found.append(half := run_case(running, n, args, rate, args.half_seconds))
+                    print(describe(half), flush=True)
+    except FileNotFoundError as exc:
+        print(f"skipping {label}: {exc}")
+    return found
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--segments", type=int, nargs="+", default=[1, 4, 8])
@@ -687,38 +714,11 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="end-to-end-bench-") as tmp:
         root = Path(tmp)
-        # Redis first, before Ray starts: it gets the quiet machine.
+        # The peers first, before Ray starts: they get the quiet machine.
         if not args.skip_redis:
-            try:
-                with redis_server(root) as redis:
-                    port, version, pid = redis.port, redis.version, redis.pid
-                    info["redis_server"] = version
-                    for n in args.segments:
-                        peak = run_redis_case((port, pid), n, args, None, args.seconds)
-                        results.append(peak)
-                        print(describe(peak), flush=True)
-                        if not args.skip_half:
-                            rate = args.half_rate or peak["e2e_msgs_per_s"] / 2
-                            half = run_redis_case((port, pid), n, args, rate, args.half_seconds)
-                            results.append(half)
-                            print(describe(half), flush=True)
-            except FileNotFoundError as exc:
-                print(f"skipping Redis: {exc}")
+            results += peer_runs("Redis", redis_server, run_redis_case, root, args, info)
         if not args.skip_nats:
-            try:
-                with nats_server(root) as nats:
-                    info["nats_server"] = nats.version
-                    for n in args.segments:
-                        peak = run_nats_case(nats, n, args, None, args.seconds)
-                        results.append(peak)
-                        print(describe(peak), flush=True)
-                        if not args.skip_half:
-                            rate = args.half_rate or peak["e2e_msgs_per_s"] / 2
-                            half = run_nats_case(nats, n, args, rate, args.half_seconds)
-                            results.append(half)
-                            print(describe(half), flush=True)
-            except FileNotFoundError as exc:
-                print(f"skipping NATS: {exc}")
+            results += peer_runs("NATS", nats_server, run_nats_case, root, args, info)
         from clients import ScalableTopicsAdmin
         from runtime import connect, disconnect
 

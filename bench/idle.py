@@ -173,12 +173,13 @@ def one_round(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         after = cpu_by_group(processes)
         threads_after = thread_cpu(segments)
         del held
+        spent = _spent(before, after)
         return {
             "variant": variant,
             "segments": count,
             "processes": len(processes),
-            "cores": round(sum(_spent(before, after).values()) / args.idle, 4),
-            "cores_by_group": _share(_spent(before, after), args.idle),
+            "cores": round(sum(spent.values()) / args.idle, 4),
+            "cores_by_group": _share(spent, args.idle),
             # per segment process, in ms of CPU a second
             "segment_thread_ms_per_s": {
                 label: round(seconds / args.idle / max(len(segments), 1) * 1000, 2)
