@@ -18,6 +18,9 @@ right for that to work here, and this module is where they are decided once:
 - ``spark.readStream.format("raytopics")`` plans through a REST gateway: the
   session is pointed at one (``spark.raytopics.url``, ``clients.spark_streaming``)
   unless its configs name one already.
+- RayDP names its masters alike in every session; each session's go to a Ray
+  namespace of its own (``clients.spark_masters``), so any number of Spark programs
+  run at once on one deployment.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import ray
 
+from clients import spark_masters
 from clients.spark_streaming import URL_CONF, enable_streaming
 from runtime.config import ray_namespace
 from runtime.connect import connect
@@ -97,6 +101,7 @@ def spark_session(
         return _streaming(active)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     executors = num_executors or default_num_executors(executor_cores)
+    spark_masters.install()
     session = raydp.init_spark(
         app_name,
         executors,
@@ -155,6 +160,7 @@ def default_configs(total_cores: int = 1) -> dict[str, str]:
     # The system's namespace, which a driver that joined Ray in a namespace of its own
     # does not share: the executors' tasks address the system's actors in it
     configs["spark.executorEnv.RAYTOPICS_NAMESPACE"] = ray_namespace()
+    configs[spark_masters.NAMESPACE_CONF] = spark_masters.session_namespace(ray_namespace())
     return configs
 
 

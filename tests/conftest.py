@@ -64,8 +64,7 @@ def ray_cluster():
 def spark(ray_cluster):
     """One Spark session on Ray (RayDP, one small executor) for every test that asks,
     as ``spark_session`` makes it: its streaming source and sink ready. A parallel run gives all of
-    them to one worker (``SPARK_GROUP``): RayDP names its app master actor alike in
-    every session, so a Ray namespace holds one Spark at a time."""
+    them to one worker (``SPARK_GROUP``), so only one worker starts Spark's JVMs."""
     from clients.spark import warm_up
     from clients.spark_session import spark_session, stop_spark
 
