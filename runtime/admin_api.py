@@ -179,8 +179,9 @@ _ENDPOINTS = (
              "A streaming query's first position (Spark's readStream; see docs/spark.md)",
              "stream_initial"),
     Endpoint("planStreamBatch", "POST", STREAM_LATEST_PATH,
-             "The end position of the micro-batch starting at a position: a segment is read "
-             "only after its parents were read to their end", "stream_latest"),
+             "The end position of the micro-batch starting at a position (a segment is read "
+             "only after its parents were read to their end), the records it reads, those it "
+             "would read uncapped, and the records each segment holds past it", "stream_latest"),
     Endpoint("getStreamRanges", "POST", STREAM_RANGES_PATH,
              "The offset ranges between two positions, with each segment's data plane address",
              "stream_ranges"),

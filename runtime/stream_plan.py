@@ -117,11 +117,16 @@ class Range:
 
 @dataclass
 class Plan:
-    """A micro-batch's end position (or ranges), and what it had to skip."""
+    """A micro-batch's end position (or ranges), and what it had to skip. ``records``: how
+    many the batch reads, from ``segments`` segments; ``available``: how many it would
+    read under no record limit (Spark's ``minOffsetsPerTrigger`` waits on it)."""
 
     position: StreamPosition
     ranges: list[Range] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    records: int = 0
+    segments: int = 0
+    available: int = 0
 
 
 def initial_position(
@@ -205,6 +210,7 @@ def next_position(
         if until is not None:
             last = min(last, _limit_in(until, segment_id, offsets))
         planned[segment_id] = (first, max(first, last))
+    available = _records(planned)
     if max_messages is not None:
         planned = _capped(planned, max_messages)
     next_offsets = dict(start.next)
@@ -219,7 +225,29 @@ def next_position(
         next_offsets.pop(segment_id, None)
         finished.add(segment_id)
     position = StreamPosition(start.topic, start.incarnation, next_offsets, frozenset(finished))
-    return Plan(position, warnings=warnings)
+    return Plan(
+        position,
+        warnings=warnings,
+        records=_records(planned),
+        segments=sum(1 for first, last in planned.values() if last > first),
+        available=available,
+    )
+
+
+def behind(position: StreamPosition, offsets: Mapping[int, SegmentOffsets]) -> dict[int, int]:
+    """The records each segment holds past ``position`` (Spark's "offsets behind latest"):
+    every segment it has not finished, one not reached yet from its first retained record,
+    children waiting for their parents included, since the query reads them all in the
+    end."""
+    return {
+        s: max(0, held.end - max(position.offset(s), held.start))
+        for s, held in sorted(offsets.items())
+        if s not in position.finished
+    }
+
+
+def _records(planned: Mapping[int, tuple[int, int]]) -> int:
+    return sum(last - first for first, last in planned.values())
 
 
 def ranges_between(

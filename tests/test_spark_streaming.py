@@ -179,6 +179,60 @@ def test_a_query_restarted_from_its_checkpoint_reads_exactly_what_came_after(
     check_key_order(first.rows + [(b + 10_000, *rest) for b, *rest in second.rows])
 
 
+def test_progress_says_how_far_behind_and_a_minimum_per_trigger_waits_for_records_or_the_delay(
+    spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
+) -> None:
+    topic = f"topic://{TENANT}/{NAMESPACE}/behind-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    sent = Sent(topic)
+    sent.produce(300)
+    sink = Batches()
+    query = start(
+        spark, topic, sink, tmp_path / "cp", startingOffsets="earliest", maxMessagesPerTrigger="100"
+    )
+    try:
+        sink.wait_for(300)
+        _wait_for_progress(query, lambda p: p["numInputRows"] == 0)
+        ran = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    finally:
+        query.stop()
+    behind = [p["sources"][0]["metrics"] for p in ran]
+    assert [int(m["totalOffsetsBehindLatest"]) for m in behind] == [200, 100, 0], behind
+    first = behind[0]  # 200 left in two segments, shared as the cap shares a batch
+    assert int(first["minOffsetsBehindLatest"]) + int(first["maxOffsetsBehindLatest"]) == 200
+    assert float(first["avgOffsetsBehindLatest"]) == 100.0
+    assert int(first["segmentsRead"]) == 2 and all(int(m["segmentsRead"]) >= 1 for m in behind)
+
+    few = f"topic://{TENANT}/{NAMESPACE}/few-{unique}"
+    admin.create_scalable_topic(few, 1)
+    sent = Sent(few)
+    sent.produce(10)
+    sink = Batches()
+    options = {"minMessagesPerTrigger": "50", "maxTriggerDelay": "6s"}
+    query = start(spark, few, sink, tmp_path / "few", startingOffsets="earliest", **options)
+    try:
+        began = time.monotonic()
+        sink.wait_for(10)
+        waited = time.monotonic() - began
+        sent.produce(60)  # enough: read at once
+        sink.wait_for(70)
+    finally:
+        query.stop()
+    assert waited >= 4, f"10 of the 50 records asked for were read after {waited:.1f} s, not 6"
+    assert sorted(sink.values()) == sorted(sent.values)
+    sizes = sorted(Counter(b for b, *_ in sink.rows).items())
+    assert sizes[0][1] == 10, f"the first batch held the 10 there were: {sizes}"
+
+
+def _wait_for_progress(query: Any, done: Any, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if query.lastProgress is not None and done(query.lastProgress):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no such progress within {timeout_s} s: {query.lastProgress}")
+
+
 def test_a_query_from_a_publish_time_runs_once_then_available_now_and_stops_by_itself(
     spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
 ) -> None:
@@ -216,6 +270,8 @@ def test_a_query_from_a_publish_time_runs_once_then_available_now_and_stops_by_i
         ({"maxMessagesPerTrigger": "-5"}, "maxMessagesPerTrigger must be an integer >= 1"),
         ({"startingOffsets": "earliest", "startingTimestamp": "0"}, "exclude each other"),
         ({"failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
+        ({"minMessagesPerTrigger": "0"}, "minMessagesPerTrigger must be an integer >= 1"),
+        ({"maxTriggerDelay": "soon"}, "maxTriggerDelay must be a duration"),
     ],
 )
 def test_bad_options_fail_at_load_naming_the_option(

@@ -25,6 +25,7 @@ from runtime.stream_plan import (
     LATEST,
     SegmentOffsets,
     StreamPosition,
+    behind,
     initial_position,
     next_position,
     ranges_between,
@@ -152,6 +153,30 @@ def test_latest_starts_after_what_exists_and_json_offsets_count_ancestors_as_rea
     assert chosen.finished == {0} and chosen.next == {1: len(topic.records[1]), 2: 0, 3: 0}
     everything = initial_position("t", "i1", topic.layout, topic.offsets(), {1: EARLIEST})
     assert everything.next[0] == 0 and not everything.finished
+
+
+def test_a_batch_counts_its_records_what_it_left_and_what_each_segment_holds_past_it() -> None:
+    topic = Topic(1)
+    for key in range(10):
+        topic.produce(key)
+    start = initial_position("t", "i1", topic.layout, topic.offsets(), "earliest")
+    topic.layout = topic.layout.split_segment(0)  # 0 → 1, 2
+    for key in range(10):
+        topic.produce(key)
+    children = {s: len(topic.records[s]) for s in (1, 2)}
+    topic.start[0] = 2  # retention deleted two records nobody read yet
+    assert behind(start, topic.offsets()) == {0: 8, **children}
+
+    lossy = {"fail_on_data_loss": False}
+    capped = next_position(start, topic.layout, topic.offsets(), max_messages=3, **lossy)
+    assert (capped.records, capped.segments, capped.available) == (3, 1, 8)
+    assert behind(capped.position, topic.offsets()) == {0: 5, **children}
+    whole = next_position(start, topic.layout, topic.offsets(), **lossy)
+    assert (whole.records, whole.available) == (8, 8)
+    assert behind(whole.position, topic.offsets()) == children  # 0 finished: not listed
+    last = next_position(whole.position, topic.layout, topic.offsets())
+    assert (last.records, last.segments, last.available) == (10, 2, 10)
+    assert behind(last.position, topic.offsets()) == {1: 0, 2: 0}
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from runtime.remote import call
 from runtime.stream_plan import (
     SegmentOffsets,
     StreamPosition,
+    behind,
     initial_position,
     next_position,
     ranges_between,
@@ -98,7 +99,14 @@ async def stream_latest(
         until=last,
         fail_on_data_loss=fail_on_data_loss,
     )
-    return {"end": plan.position.to_dict(), "warnings": plan.warnings}
+    return {
+        "end": plan.position.to_dict(),
+        "warnings": plan.warnings,
+        "records": plan.records,
+        "segments": plan.segments,
+        "available": plan.available,
+        "behind": {str(s): n for s, n in behind(plan.position, offsets).items()},
+    }
 
 
 async def stream_ranges(

@@ -5,6 +5,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.TextNode;
 import java.util.Locale;
 import java.util.Map;
+import org.apache.spark.network.util.JavaUtils;
 
 /**
  * The source's own options (the connection's are in {@link ConnectionConfig}).
@@ -12,13 +13,21 @@ import java.util.Map;
  * @param startingOffsets "earliest", "latest" or a {@code {"<segmentId>": offset}} object, or null
  * @param startingTimestampMs publish time (epoch ms) to start from, or null (not with the other)
  * @param maxMessagesPerTrigger the per-batch cap, or null for none
+ * @param minMessagesPerTrigger the fewest records a batch waits for, or null for none
+ *     (Kafka's {@code minOffsetsPerTrigger})
+ * @param maxTriggerDelayMs how long a batch waits for {@code minMessagesPerTrigger} at most
  * @param failOnDataLoss whether records lost to retention fail the query
  */
 record ReadOptions(
         JsonNode startingOffsets,
         Long startingTimestampMs,
         Long maxMessagesPerTrigger,
+        Long minMessagesPerTrigger,
+        long maxTriggerDelayMs,
         boolean failOnDataLoss) {
+
+    /** Kafka's default for {@code maxTriggerDelay}. */
+    static final String DEFAULT_MAX_TRIGGER_DELAY = "15m";
 
     /** Neither start option given: null for both, and the gateway starts at "latest". */
     static ReadOptions parse(Map<String, String> options) {
@@ -33,7 +42,23 @@ record ReadOptions(
                 offsets == null ? null : startingOffsets(offsets),
                 timestamp,
                 longAtLeast(options, "maxMessagesPerTrigger", 1),
+                longAtLeast(options, "minMessagesPerTrigger", 1),
+                duration(options.getOrDefault("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY)),
                 bool(options.getOrDefault("failOnDataLoss", "true")));
+    }
+
+    /** A time as Spark writes them ("15m", "30s", "500ms"; a bare number is milliseconds). */
+    private static long duration(String text) {
+        try {
+            long ms = JavaUtils.timeStringAsMs(text.trim());
+            if (ms >= 0) {
+                return ms;
+            }
+        } catch (NumberFormatException e) {
+            // reported below
+        }
+        throw new IllegalArgumentException("raytopics option maxTriggerDelay must be a duration "
+                + "such as 30s, 15m or 500ms, got " + text);
     }
 
     private static JsonNode startingOffsets(String text) {

@@ -4,6 +4,8 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -43,10 +45,21 @@ final class StreamGateway {
     }
 
     /**
+     * The next batch from a position, as the gateway planned it.
+     *
+     * @param end where the batch ends
+     * @param records how many records it reads
+     * @param segments from how many segments
+     * @param available how many it would read under no record limit
+     * @param behind per segment, the records held past {@code end} when it was planned
+     */
+    record Batch(TopicPosition end, long records, long segments, long available, Map<Long, Long> behind) {}
+
+    /**
      * The end of the next batch from {@code start}: at most {@code maxMessages} records
      * (null: all available), never beyond {@code until} (null: no bound).
      */
-    TopicPosition latest(TopicPosition start, Long maxMessages, TopicPosition until, boolean failOnDataLoss) {
+    Batch latest(TopicPosition start, Long maxMessages, TopicPosition until, boolean failOnDataLoss) {
         ObjectNode body = Json.MAPPER.createObjectNode();
         body.set("start", start.node());
         body.put("maxMessages", maxMessages);
@@ -54,7 +67,11 @@ final class StreamGateway {
         body.put("failOnDataLoss", failOnDataLoss);
         JsonNode answer = client.post("/stream/latest", body);
         logWarnings(answer);
-        return TopicPosition.of(answer.get("end"));
+        Map<Long, Long> behind = new TreeMap<>();
+        answer.path("behind").fields().forEachRemaining(
+                e -> behind.put(Long.parseLong(e.getKey()), e.getValue().asLong()));
+        return new Batch(TopicPosition.of(answer.get("end")), answer.path("records").asLong(),
+                answer.path("segments").asLong(), answer.path("available").asLong(), behind);
     }
 
     /** The segment ranges between two positions, one partition each (empty ranges dropped). */

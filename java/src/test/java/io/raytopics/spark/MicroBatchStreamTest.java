@@ -3,6 +3,7 @@ package io.raytopics.spark;
 import com.fasterxml.jackson.databind.JsonNode;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.streaming.Offset;
 import org.apache.spark.sql.connector.read.streaming.ReadLimit;
@@ -17,8 +18,10 @@ public final class MicroBatchStreamTest {
         try (FakeGateway gateway = new FakeGateway()) {
             gateway.route("/stream/initial", "{\"position\": " + P0 + "}");
             gateway.route("/stream/latest", body -> new FakeGateway.Answer(200, body.get("maxMessages").isNull()
-                    ? "{\"end\": " + P2 + ", \"warnings\": [\"segment 3 is slow\"]}"
-                    : "{\"end\": " + P1 + ", \"warnings\": []}"));
+                    ? "{\"end\": " + P2 + ", \"warnings\": [\"segment 3 is slow\"], \"records\": 90,"
+                            + " \"available\": 90, \"behind\": {\"0\": 0, \"2\": 6}}"
+                    : "{\"end\": " + P1 + ", \"warnings\": [], \"records\": 50, \"available\": 90,"
+                            + " \"segments\": 1, \"behind\": {\"0\": 40, \"2\": 6}}"));
             gateway.route("/stream/ranges", "{\"ranges\": ["
                     + "{\"segmentId\": 0, \"descriptor\": \"segment://t/ns/orders/0\", \"from\": 0, \"to\": 50,"
                     + " \"endpoint\": {\"host\": \"h0\", \"port\": 7000, \"tls\": true}},"
@@ -42,6 +45,12 @@ public final class MicroBatchStreamTest {
             Check.equal("{\"start\":" + P0 + ",\"maxMessages\":50,\"until\":null,\"failOnDataLoss\":false}",
                     gateway.requests("/stream/latest").get(0).body().toString(), "latest request");
 
+            Check.equal(Map.of("minOffsetsBehindLatest", "6", "maxOffsetsBehindLatest", "40",
+                    "avgOffsetsBehindLatest", "23.0", "totalOffsetsBehindLatest", "46", "segmentsRead", "1"),
+                    stream.metrics(Optional.of(end)), "offsets behind the planned batch's end");
+            Check.equal(Map.of(), stream.metrics(Optional.of(initial)), "not the planned batch: no figures");
+            Check.equal(Map.of(), stream.metrics(Optional.empty()), "no batch yet");
+
             InputPartition[] partitions = stream.planInputPartitions(initial, end);
             Check.equal(1, partitions.length, "the empty range is skipped");
             SegmentPartition p = (SegmentPartition) partitions[0];
@@ -63,6 +72,8 @@ public final class MicroBatchStreamTest {
             Check.equal(P0, latest.get(2).body().get("until").toString(), "uncapped batch up to the bound");
             Check.isTrue(latest.get(2).body().get("maxMessages").isNull(), "all available: no cap");
 
+            minimumPerTrigger(gateway, config);
+
             gateway.route("/stream/latest", body -> new FakeGateway.Answer(503,
                     "{\"error\": \"unavailable_segments\", \"message\": \"segments [3] are missing\"}"));
             Check.fails(RayTopicsException.class, () -> stream.latestOffset(end, ReadLimit.allAvailable()),
@@ -72,6 +83,11 @@ public final class MicroBatchStreamTest {
                 "startingOffsets");
         Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of("maxMessagesPerTrigger", "0")),
                 "maxMessagesPerTrigger");
+        Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of("minMessagesPerTrigger", "x")),
+                "minMessagesPerTrigger");
+        Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of("maxTriggerDelay", "soon")),
+                "maxTriggerDelay");
+        Check.equal(900_000L, ReadOptions.parse(Map.of()).maxTriggerDelayMs(), "Kafka's default delay, 15m");
         Check.equal(null, ReadOptions.parse(Map.of()).startingOffsets(), "no start given: the gateway's");
         Check.equal("\"earliest\"", ReadOptions.parse(Map.of("startingOffsets", "EARLIEST"))
                 .startingOffsets().toString(), "a start word");
@@ -82,5 +98,34 @@ public final class MicroBatchStreamTest {
         Check.fails(IllegalArgumentException.class, () -> ConnectionConfig.resolve(Map.of("url", "http://x")),
                 "topic");
         System.out.println("MicroBatchStreamTest: ok");
+    }
+
+    /**
+     * minMessagesPerTrigger: no batch while fewer records are there, until maxTriggerDelay
+     * has passed since the last batch; with maxMessagesPerTrigger both limits apply.
+     */
+    private static void minimumPerTrigger(FakeGateway gateway, ConnectionConfig config) {
+        gateway.route("/stream/latest", body -> new FakeGateway.Answer(200, "{\"end\": " + P1
+                + ", \"warnings\": [], \"records\": 50, \"available\": 90, \"behind\": {\"0\": 40}}"));
+        long[] now = {1_000};
+        ReadOptions options = ReadOptions.parse(Map.of(
+                "minMessagesPerTrigger", "100", "maxTriggerDelay", "1m", "maxMessagesPerTrigger", "50"));
+        RayTopicsMicroBatchStream stream = new RayTopicsMicroBatchStream(
+                new StreamGateway(config), options, () -> now[0]);
+        Check.equal(ReadLimit.compositeLimit(new ReadLimit[] {ReadLimit.minRows(100, 60_000), ReadLimit.maxRows(50)}),
+                stream.getDefaultReadLimit(), "both limits");
+        Offset start = stream.deserializeOffset(P0);
+        Check.equal(P0, stream.latestOffset(start, stream.getDefaultReadLimit()).json(), "90 < 100: no batch");
+        Check.equal(Map.of(), stream.metrics(Optional.of(start)), "nothing planned yet");
+        now[0] += 59_000;
+        Check.equal(P0, stream.latestOffset(start, stream.getDefaultReadLimit()).json(), "still within the delay");
+        now[0] += 1_000;
+        Check.equal(P1, stream.latestOffset(start, stream.getDefaultReadLimit()).json(), "the delay passed");
+        Check.equal("50", String.valueOf(
+                gateway.requests("/stream/latest").get(gateway.requests("/stream/latest").size() - 1)
+                        .body().get("maxMessages")), "capped by the maximum all along");
+        Check.equal(P0, stream.latestOffset(start, ReadLimit.minRows(100, 60_000)).json(),
+                "a batch just ran: the delay starts again");
+        Check.equal(P1, stream.latestOffset(start, ReadLimit.minRows(90, 60_000)).json(), "90 are enough for 90");
     }
 }
