@@ -54,10 +54,12 @@ EARLIEST, LATEST = -2, -1  # in a JSON of per-segment starting offsets, as Kafka
 
 @dataclass(frozen=True)
 class SegmentOffsets:
-    """What a segment holds now: ``[start, end)`` (``start`` moves with retention)."""
+    """What a segment holds now: ``[start, end)`` (``start`` moves with retention), in
+    ``bytes`` as stored (0: not known)."""
 
     start: int
     end: int
+    bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -192,12 +194,14 @@ def next_position(
     offsets: Mapping[int, SegmentOffsets],
     *,
     max_messages: int | None = None,
+    max_bytes: int | None = None,
     until: StreamPosition | None = None,
     fail_on_data_loss: bool = True,
 ) -> Plan:
     """The end of the micro-batch that starts at ``start``: every readable segment up to
     what it holds now (or up to ``until``, a position captured earlier, for Spark's
-    ``Trigger.AvailableNow``), at most ``max_messages`` records in all."""
+    ``Trigger.AvailableNow``), at most ``max_messages`` records in all, and about
+    ``max_bytes`` bytes (``_byte_budget``)."""
     warnings: list[str] = []
     planned: dict[int, tuple[int, int]] = {}
     unreachable: list[int] = []
@@ -211,6 +215,9 @@ def next_position(
             last = min(last, _limit_in(until, segment_id, offsets))
         planned[segment_id] = (first, max(first, last))
     available = _records(planned)
+    if max_bytes is not None:
+        records = _byte_budget(planned, offsets, max_bytes)
+        max_messages = records if max_messages is None else min(max_messages, records)
     if max_messages is not None:
         planned = _capped(planned, max_messages)
     next_offsets = dict(start.next)
@@ -244,6 +251,22 @@ def behind(position: StreamPosition, offsets: Mapping[int, SegmentOffsets]) -> d
         for s, held in sorted(offsets.items())
         if s not in position.finished
     }
+
+
+def _byte_budget(
+    planned: Mapping[int, tuple[int, int]], offsets: Mapping[int, SegmentOffsets], max_bytes: int
+) -> int:
+    """The records that ``max_bytes`` buys in the planned segments, at their mean stored
+    record size (what a segment's bytes and records say); never fewer than one, so a
+    record larger than the budget still gets read. An estimate, as a file source's
+    ``maxBytesPerTrigger`` is: records differ in size, and a segment's size counts its
+    framing and compression."""
+    held = [offsets[s] for s in planned if offsets[s].end > offsets[s].start]
+    records = sum(o.end - o.start for o in held)
+    stored = sum(o.bytes for o in held)
+    if records == 0 or stored == 0:
+        return max(1, _records(planned))  # nothing to go by: the byte cap does not apply
+    return max(1, max_bytes * records // stored)
 
 
 def _records(planned: Mapping[int, tuple[int, int]]) -> int:

@@ -130,6 +130,11 @@ class SegmentStore:
         return self.log.end_offset
 
     @property
+    def size_bytes(self) -> int:
+        """Bytes of the retained records."""
+        return self.log.size_bytes
+
+    @property
     def terminated(self) -> bool:
         return self.log.terminated
 

@@ -223,6 +223,22 @@ def test_progress_says_how_far_behind_and_a_minimum_per_trigger_waits_for_record
     sizes = sorted(Counter(b for b, *_ in sink.rows).items())
     assert sizes[0][1] == 10, f"the first batch held the 10 there were: {sizes}"
 
+    sized = f"topic://{TENANT}/{NAMESPACE}/sized-{unique}"
+    admin.create_scalable_topic(sized, 1)
+    sent = Sent(sized)
+    sent.produce(200)
+    sink = Batches()
+    query = start(
+        spark, sized, sink, tmp_path / "sized", startingOffsets="earliest", maxBytesPerTrigger="1k"
+    )
+    try:
+        sink.wait_for(200)
+    finally:
+        query.stop()
+    assert sorted(sink.values()) == sorted(sent.values)
+    sizes = Counter(b for b, *_ in sink.rows)
+    assert len(sizes) >= 2 and max(sizes.values()) < 200, f"1 KiB a batch: {sizes}"
+
 
 def _wait_for_progress(query: Any, done: Any, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
@@ -272,6 +288,7 @@ def test_a_query_from_a_publish_time_runs_once_then_available_now_and_stops_by_i
         ({"failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
         ({"minMessagesPerTrigger": "0"}, "minMessagesPerTrigger must be an integer >= 1"),
         ({"maxTriggerDelay": "soon"}, "maxTriggerDelay must be a duration"),
+        ({"maxBytesPerTrigger": "lots"}, "maxBytesPerTrigger must be a size"),
     ],
 )
 def test_bad_options_fail_at_load_naming_the_option(

@@ -179,6 +179,27 @@ def test_a_batch_counts_its_records_what_it_left_and_what_each_segment_holds_pas
     assert behind(last.position, topic.offsets()) == {1: 0, 2: 0}
 
 
+def test_a_byte_cap_buys_records_at_their_mean_stored_size_and_at_least_one() -> None:
+    topic = Topic(2)
+    for key in range(40):
+        topic.produce(key)
+    start = initial_position("t", "i1", topic.layout, topic.offsets(), "earliest")
+    sized = {
+        s: SegmentOffsets(o.start, o.end, 100 * (o.end - o.start))
+        for s, o in topic.offsets().items()
+    }
+
+    def records(**caps: int) -> int:
+        return next_position(start, topic.layout, sized, **caps).records
+
+    assert records(max_bytes=1_050) == 10  # 100 bytes a record
+    assert records(max_bytes=50) == 1  # a record larger than the cap is still read
+    assert records(max_bytes=1_050, max_messages=4) == 4  # the smaller cap wins
+    assert records(max_bytes=10**9) == 40
+    unsized = next_position(start, topic.layout, topic.offsets(), max_bytes=50)
+    assert unsized.records == 40  # no sizes known: nothing to go by
+
+
 @pytest.mark.parametrize(
     ("starting", "error", "message"),
     [

@@ -86,6 +86,7 @@ async def stream_latest(
     max_messages: int | None,
     until: Mapping[str, Any] | None,
     fail_on_data_loss: bool,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
     record = catalog.require_topic(name)
     first = _position(name, record, start)
@@ -96,6 +97,7 @@ async def stream_latest(
         record.layout,
         offsets,
         max_messages=max_messages,
+        max_bytes=max_bytes,
         until=last,
         fail_on_data_loss=fail_on_data_loss,
     )
@@ -230,7 +232,9 @@ async def segment_facts(
     facts = {s: _recorded(tiered[s], subscription) for s in ids if s in tiered}
     for segment_id, status in zip(asked, answers, strict=True):
         if status is not None:
-            offsets = SegmentOffsets(status["startOffset"], status["endOffset"])
+            offsets = SegmentOffsets(
+                status["startOffset"], status["endOffset"], status.get("sizeBytes", 0)
+            )
             facts[segment_id] = SegmentFacts(offsets, status.get("position"))
     return facts
 
@@ -247,7 +251,7 @@ async def _tiered(
 
 def _recorded(record: TieredRecord, subscription: str | None) -> SegmentFacts:
     """What the segment's actor would answer, from its tier record."""
-    offsets = SegmentOffsets(record.start_offset, record.end_offset)
+    offsets = SegmentOffsets(record.start_offset, record.end_offset, record.size_bytes)
     if subscription is None:
         return SegmentFacts(offsets, tiered=record)
     cursor = record.cursors.get(subscription)

@@ -51,11 +51,12 @@ class StreamOperations:
         max_messages: int | None = None,
         until: dict[str, Any] | None = None,
         fail_on_data_loss: bool = True,
+        max_bytes: int | None = None,
         *,
         credential: str | None = None,
     ) -> dict[str, Any]:
         return await stream_latest(
-            self._catalog, name, start, max_messages, until, fail_on_data_loss
+            self._catalog, name, start, max_messages, until, fail_on_data_loss, max_bytes
         )
 
     @admin_operation

@@ -259,6 +259,12 @@ class StreamLatestBody(Body):
     max_messages: json_int(ge=1, le=_INT64) | None = Field(
         default=None, alias="maxMessages", description="at most this many records in the batch"
     )
+    max_bytes: json_int(ge=1, le=_INT64) | None = Field(
+        default=None,
+        alias="maxBytes",
+        description="about this many bytes at most in the batch, estimated from each "
+        "segment's mean stored record size (at least one record)",
+    )
     until: StreamPositionDoc | None = Field(
         default=None, description="go no further than this earlier answer (Trigger.AvailableNow)"
     )

@@ -165,7 +165,9 @@ async def _stream_initial(call: Call, p: Params) -> dict[str, Any]:
 async def _stream_latest(call: Call, p: Params) -> dict[str, Any]:
     b = p.body
     until = b.until.model_dump() if b.until is not None else None
-    return await call(p.topic, b.start.model_dump(), b.max_messages, until, b.fail_on_data_loss)
+    return await call(
+        p.topic, b.start.model_dump(), b.max_messages, until, b.fail_on_data_loss, b.max_bytes
+    )
 
 
 async def _stream_ranges(call: Call, p: Params) -> dict[str, Any]:

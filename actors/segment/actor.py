@@ -297,6 +297,7 @@ class SegmentActor:
         status = {
             "startOffset": store.start_offset,
             "endOffset": store.end_offset,
+            "sizeBytes": store.size_bytes,
             "terminated": store.terminated,
         }
         if subscription is not None:

@@ -21,7 +21,7 @@ import org.apache.spark.sql.connector.read.streaming.SupportsTriggerAvailableNow
  * comes from the gateway, which alone knows the topic's segment DAG.
  *
  * <p>Admission control as Spark's Kafka source has it: at most {@code maxMessagesPerTrigger}
- * records a batch, and with {@code minMessagesPerTrigger} no batch until that many are
+ * records a batch (and about {@code maxBytesPerTrigger} bytes, as a file source), and with {@code minMessagesPerTrigger} no batch until that many are
  * there or {@code maxTriggerDelay} has passed since the last one. Each batch's progress
  * reports how far the query is behind what the segments held when it was planned
  * ({@code minOffsetsBehindLatest}, {@code maxOffsetsBehindLatest}, {@code avgOffsetsBehindLatest}
@@ -64,8 +64,8 @@ final class RayTopicsMicroBatchStream
         TopicPosition from = TopicPosition.of(start);
         ReadMaxRows max = part(limit, ReadMaxRows.class);
         ReadMinRows min = part(limit, ReadMinRows.class);
-        StreamGateway.Batch batch = gateway.latest(
-                from, max == null ? null : max.maxRows(), until, options.failOnDataLoss());
+        StreamGateway.Batch batch = gateway.latest(from, max == null ? null : max.maxRows(),
+                options.maxBytesPerTrigger(), until, options.failOnDataLoss());
         long now = clockMs.getAsLong();
         if (min != null && until == null && batch.available() < min.minRows()
                 && now - lastBatchMs < min.maxTriggerDelayMs()) {

@@ -13,6 +13,8 @@ import org.apache.spark.network.util.JavaUtils;
  * @param startingOffsets "earliest", "latest" or a {@code {"<segmentId>": offset}} object, or null
  * @param startingTimestampMs publish time (epoch ms) to start from, or null (not with the other)
  * @param maxMessagesPerTrigger the per-batch cap, or null for none
+ * @param maxBytesPerTrigger about the most bytes per batch (estimated by the gateway from
+ *     each segment's mean stored record size), or null for no byte cap
  * @param minMessagesPerTrigger the fewest records a batch waits for, or null for none
  *     (Kafka's {@code minOffsetsPerTrigger})
  * @param maxTriggerDelayMs how long a batch waits for {@code minMessagesPerTrigger} at most
@@ -22,6 +24,7 @@ record ReadOptions(
         JsonNode startingOffsets,
         Long startingTimestampMs,
         Long maxMessagesPerTrigger,
+        Long maxBytesPerTrigger,
         Long minMessagesPerTrigger,
         long maxTriggerDelayMs,
         boolean failOnDataLoss) {
@@ -42,9 +45,27 @@ record ReadOptions(
                 offsets == null ? null : startingOffsets(offsets),
                 timestamp,
                 longAtLeast(options, "maxMessagesPerTrigger", 1),
+                bytes(options.get("maxBytesPerTrigger")),
                 longAtLeast(options, "minMessagesPerTrigger", 1),
                 duration(options.getOrDefault("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY)),
                 bool(options.getOrDefault("failOnDataLoss", "true")));
+    }
+
+    /** A size as Spark writes them ("64m", "1g", "512k"; a bare number is bytes), or null. */
+    private static Long bytes(String text) {
+        if (text == null) {
+            return null;
+        }
+        try {
+            long value = JavaUtils.byteStringAsBytes(text.trim());
+            if (value >= 1) {
+                return value;
+            }
+        } catch (NumberFormatException e) {
+            // reported below
+        }
+        throw new IllegalArgumentException("raytopics option maxBytesPerTrigger must be a size "
+                + "of at least one byte, such as 64m, 1g or 1048576, got " + text);
     }
 
     /** A time as Spark writes them ("15m", "30s", "500ms"; a bare number is milliseconds). */

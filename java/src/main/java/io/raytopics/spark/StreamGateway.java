@@ -57,12 +57,17 @@ final class StreamGateway {
 
     /**
      * The end of the next batch from {@code start}: at most {@code maxMessages} records
-     * (null: all available), never beyond {@code until} (null: no bound).
+     * (null: all available) and about {@code maxBytes} bytes (null: no byte cap), never
+     * beyond {@code until} (null: no bound).
      */
-    Batch latest(TopicPosition start, Long maxMessages, TopicPosition until, boolean failOnDataLoss) {
+    Batch latest(TopicPosition start, Long maxMessages, Long maxBytes, TopicPosition until,
+            boolean failOnDataLoss) {
         ObjectNode body = Json.MAPPER.createObjectNode();
         body.set("start", start.node());
         body.put("maxMessages", maxMessages);
+        if (maxBytes != null) {
+            body.put("maxBytes", maxBytes);
+        }
         body.set("until", until == null ? null : until.node());
         body.put("failOnDataLoss", failOnDataLoss);
         JsonNode answer = client.post("/stream/latest", body);

@@ -87,6 +87,10 @@ public final class MicroBatchStreamTest {
                 "minMessagesPerTrigger");
         Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of("maxTriggerDelay", "soon")),
                 "maxTriggerDelay");
+        Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of("maxBytesPerTrigger", "0")),
+                "maxBytesPerTrigger");
+        Check.fails(IllegalArgumentException.class, () -> ReadOptions.parse(Map.of("maxBytesPerTrigger", "lots")),
+                "maxBytesPerTrigger");
         Check.equal(900_000L, ReadOptions.parse(Map.of()).maxTriggerDelayMs(), "Kafka's default delay, 15m");
         Check.equal(null, ReadOptions.parse(Map.of()).startingOffsets(), "no start given: the gateway's");
         Check.equal("\"earliest\"", ReadOptions.parse(Map.of("startingOffsets", "EARLIEST"))
@@ -109,7 +113,8 @@ public final class MicroBatchStreamTest {
                 + ", \"warnings\": [], \"records\": 50, \"available\": 90, \"behind\": {\"0\": 40}}"));
         long[] now = {1_000};
         ReadOptions options = ReadOptions.parse(Map.of(
-                "minMessagesPerTrigger", "100", "maxTriggerDelay", "1m", "maxMessagesPerTrigger", "50"));
+                "minMessagesPerTrigger", "100", "maxTriggerDelay", "1m", "maxMessagesPerTrigger", "50",
+                "maxBytesPerTrigger", "2k"));
         RayTopicsMicroBatchStream stream = new RayTopicsMicroBatchStream(
                 new StreamGateway(config), options, () -> now[0]);
         Check.equal(ReadLimit.compositeLimit(new ReadLimit[] {ReadLimit.minRows(100, 60_000), ReadLimit.maxRows(50)}),
@@ -124,6 +129,9 @@ public final class MicroBatchStreamTest {
         Check.equal("50", String.valueOf(
                 gateway.requests("/stream/latest").get(gateway.requests("/stream/latest").size() - 1)
                         .body().get("maxMessages")), "capped by the maximum all along");
+        Check.equal("2048", String.valueOf(
+                gateway.requests("/stream/latest").get(gateway.requests("/stream/latest").size() - 1)
+                        .body().get("maxBytes")), "and by the byte cap");
         Check.equal(P0, stream.latestOffset(start, ReadLimit.minRows(100, 60_000)).json(),
                 "a batch just ran: the delay starts again");
         Check.equal(P1, stream.latestOffset(start, ReadLimit.minRows(90, 60_000)).json(), "90 are enough for 90");
