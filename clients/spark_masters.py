@@ -46,7 +46,7 @@ def session_namespace(project_namespace: str) -> str:
 
 
 @ray.remote
-class SessionSparkMaster(RayDPSparkMaster.__ray_actor_class__):  # type: ignore[name-defined,misc]
+class SessionSparkMaster(RayDPSparkMaster.__ray_actor_class__):  # type: ignore[attr-defined]
     """RayDP's Python master, whose JVM joins Ray in the session's namespace."""
 
     def _generate_ray_configs(self) -> str:

@@ -21,8 +21,9 @@ import org.apache.spark.sql.connector.read.streaming.SupportsTriggerAvailableNow
  * comes from the gateway, which alone knows the topic's segment DAG.
  *
  * <p>Admission control as Spark's Kafka source has it: at most {@code maxMessagesPerTrigger}
- * records a batch (and about {@code maxBytesPerTrigger} bytes, as a file source), and with {@code minMessagesPerTrigger} no batch until that many are
- * there or {@code maxTriggerDelay} has passed since the last one. Each batch's progress
+ * records a batch (and about {@code maxBytesPerTrigger} bytes, as a file source), and with
+ * {@code minMessagesPerTrigger} no batch until that many are there or {@code maxTriggerDelay}
+ * has passed since the last one. Each batch's progress
  * reports how far the query is behind what the segments held when it was planned
  * ({@code minOffsetsBehindLatest}, {@code maxOffsetsBehindLatest}, {@code avgOffsetsBehindLatest}
  * over the segments it has not finished, as Kafka's over partitions, and
