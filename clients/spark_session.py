@@ -33,7 +33,6 @@ from typing import Any
 
 import ray
 
-from clients import spark_masters
 from clients.spark_streaming import URL_CONF, enable_streaming
 from runtime.config import ray_namespace
 from runtime.connect import connect
@@ -94,6 +93,8 @@ def spark_session(
     """
     import raydp
     from pyspark.sql import SparkSession
+
+    from clients import spark_masters  # imports RayDP: only where a session starts
 
     connect()
     active = SparkSession.getActiveSession()
@@ -160,6 +161,8 @@ def default_configs(total_cores: int = 1) -> dict[str, str]:
     # The system's namespace, which a driver that joined Ray in a namespace of its own
     # does not share: the executors' tasks address the system's actors in it
     configs["spark.executorEnv.RAYTOPICS_NAMESPACE"] = ray_namespace()
+    from clients import spark_masters
+
     configs[spark_masters.NAMESPACE_CONF] = spark_masters.session_namespace(ray_namespace())
     return configs
 
