@@ -55,18 +55,16 @@ class SessionSparkMaster(RayDPSparkMaster.__ray_actor_class__):  # type: ignore[
         return json.dumps(options)
 
 
-class _StartInSessionNamespace:
+class _SessionMasterStarter:
     """Stands in for ``RayDPSparkMaster`` where RayDP's ``SparkCluster`` starts it:
     ``.options(...).remote(configs)`` starts a ``SessionSparkMaster`` in the namespace the
     configs name (RayDP's own class when they name none: a session built by hand)."""
 
-    def options(self, **options: Any) -> _Start:
-        return _Start(options)
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        self._options = options or {}
 
-
-class _Start:
-    def __init__(self, options: dict[str, Any]) -> None:
-        self._options = options
+    def options(self, **options: Any) -> _SessionMasterStarter:
+        return _SessionMasterStarter(options)
 
     def remote(self, configs: dict[str, Any]) -> ray.actor.ActorHandle:
         namespace = configs.get(NAMESPACE_CONF)
@@ -77,4 +75,4 @@ class _Start:
 
 def install() -> None:
     """Make RayDP start its masters through ``SessionSparkMaster`` in this process."""
-    ray_cluster.RayDPSparkMaster = _StartInSessionNamespace()
+    ray_cluster.RayDPSparkMaster = _SessionMasterStarter()

@@ -6,10 +6,12 @@ defined."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import urllib.request
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,20 +184,11 @@ def test_a_query_restarted_from_its_checkpoint_reads_exactly_what_came_after(
 def test_progress_says_how_far_behind_and_a_minimum_per_trigger_waits_for_records_or_the_delay(
     spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
 ) -> None:
-    topic = f"topic://{TENANT}/{NAMESPACE}/behind-{unique}"
-    admin.create_scalable_topic(topic, 2)
-    sent = Sent(topic)
-    sent.produce(300)
-    sink = Batches()
-    query = start(
-        spark, topic, sink, tmp_path / "cp", startingOffsets="earliest", maxMessagesPerTrigger="100"
-    )
-    try:
+    sent = _produced(admin, f"behind-{unique}", 2, 300)
+    with _reading(spark, sent.topic, tmp_path / "cp", maxMessagesPerTrigger="100") as (query, sink):
         sink.wait_for(300)
         _wait_for_progress(query, lambda p: p["numInputRows"] == 0)
         ran = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    finally:
-        query.stop()
     behind = [p["sources"][0]["metrics"] for p in ran]
     assert [int(m["totalOffsetsBehindLatest"]) for m in behind] == [200, 100, 0], behind
     first = behind[0]  # 200 left in two segments, shared as the cap shares a batch
@@ -203,41 +196,44 @@ def test_progress_says_how_far_behind_and_a_minimum_per_trigger_waits_for_record
     assert float(first["avgOffsetsBehindLatest"]) == 100.0
     assert int(first["segmentsRead"]) == 2 and all(int(m["segmentsRead"]) >= 1 for m in behind)
 
-    few = f"topic://{TENANT}/{NAMESPACE}/few-{unique}"
-    admin.create_scalable_topic(few, 1)
-    sent = Sent(few)
-    sent.produce(10)
-    sink = Batches()
+    sent = _produced(admin, f"few-{unique}", 1, 10)
     options = {"minMessagesPerTrigger": "50", "maxTriggerDelay": "6s"}
-    query = start(spark, few, sink, tmp_path / "few", startingOffsets="earliest", **options)
-    try:
+    with _reading(spark, sent.topic, tmp_path / "few", **options) as (_, sink):
         began = time.monotonic()
         sink.wait_for(10)
         waited = time.monotonic() - began
         sent.produce(60)  # enough: read at once
         sink.wait_for(70)
-    finally:
-        query.stop()
     assert waited >= 4, f"10 of the 50 records asked for were read after {waited:.1f} s, not 6"
     assert sorted(sink.values()) == sorted(sent.values)
     sizes = sorted(Counter(b for b, *_ in sink.rows).items())
     assert sizes[0][1] == 10, f"the first batch held the 10 there were: {sizes}"
 
-    sized = f"topic://{TENANT}/{NAMESPACE}/sized-{unique}"
-    admin.create_scalable_topic(sized, 1)
-    sent = Sent(sized)
-    sent.produce(200)
-    sink = Batches()
-    query = start(
-        spark, sized, sink, tmp_path / "sized", startingOffsets="earliest", maxBytesPerTrigger="1k"
-    )
-    try:
+    sent = _produced(admin, f"sized-{unique}", 1, 200)
+    with _reading(spark, sent.topic, tmp_path / "sized", maxBytesPerTrigger="1k") as (_, sink):
         sink.wait_for(200)
-    finally:
-        query.stop()
     assert sorted(sink.values()) == sorted(sent.values)
     sizes = Counter(b for b, *_ in sink.rows)
     assert len(sizes) >= 2 and max(sizes.values()) < 200, f"1 KiB a batch: {sizes}"
+
+
+def _produced(admin: ScalableTopicsAdmin, name: str, segments: int, count: int) -> Sent:
+    """A new topic of ``segments`` segments holding ``count`` records."""
+    sent = Sent(f"topic://{TENANT}/{NAMESPACE}/{name}")
+    admin.create_scalable_topic(sent.topic, segments)
+    sent.produce(count)
+    return sent
+
+
+@contextlib.contextmanager
+def _reading(spark, topic: str, checkpoint: Path, **options: str) -> Iterator[tuple[Any, Batches]]:
+    """A query from the earliest record into a ``Batches`` sink, stopped after the block."""
+    sink = Batches()
+    query = start(spark, topic, sink, checkpoint, startingOffsets="earliest", **options)
+    try:
+        yield query, sink
+    finally:
+        query.stop()
 
 
 def _wait_for_progress(query: Any, done: Any, timeout_s: float = 60) -> None:

@@ -5,6 +5,8 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.TextNode;
 import java.util.Locale;
 import java.util.Map;
+import java.util.Objects;
+import java.util.function.ToLongFunction;
 import org.apache.spark.network.util.JavaUtils;
 
 /**
@@ -29,8 +31,8 @@ record ReadOptions(
         long maxTriggerDelayMs,
         boolean failOnDataLoss) {
 
-    /** Kafka's default for {@code maxTriggerDelay}. */
-    static final String DEFAULT_MAX_TRIGGER_DELAY = "15m";
+    /** Kafka's default for {@code maxTriggerDelay}, 15m. */
+    static final long DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000;
 
     /** Neither start option given: null for both, and the gateway starts at "latest". */
     static ReadOptions parse(Map<String, String> options) {
@@ -45,41 +47,12 @@ record ReadOptions(
                 offsets == null ? null : startingOffsets(offsets),
                 timestamp,
                 longAtLeast(options, "maxMessagesPerTrigger", 1),
-                bytes(options.get("maxBytesPerTrigger")),
+                parsed(options, "maxBytesPerTrigger", JavaUtils::byteStringAsBytes, 1,
+                        "a size of at least one byte, such as 64m, 1g or 1048576"),
                 longAtLeast(options, "minMessagesPerTrigger", 1),
-                duration(options.getOrDefault("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY)),
+                Objects.requireNonNullElse(parsed(options, "maxTriggerDelay", JavaUtils::timeStringAsMs,
+                        0, "a duration such as 30s, 15m or 500ms"), DEFAULT_MAX_TRIGGER_DELAY_MS),
                 bool(options.getOrDefault("failOnDataLoss", "true")));
-    }
-
-    /** A size as Spark writes them ("64m", "1g", "512k"; a bare number is bytes), or null. */
-    private static Long bytes(String text) {
-        if (text == null) {
-            return null;
-        }
-        try {
-            long value = JavaUtils.byteStringAsBytes(text.trim());
-            if (value >= 1) {
-                return value;
-            }
-        } catch (NumberFormatException e) {
-            // reported below
-        }
-        throw new IllegalArgumentException("raytopics option maxBytesPerTrigger must be a size "
-                + "of at least one byte, such as 64m, 1g or 1048576, got " + text);
-    }
-
-    /** A time as Spark writes them ("15m", "30s", "500ms"; a bare number is milliseconds). */
-    private static long duration(String text) {
-        try {
-            long ms = JavaUtils.timeStringAsMs(text.trim());
-            if (ms >= 0) {
-                return ms;
-            }
-        } catch (NumberFormatException e) {
-            // reported below
-        }
-        throw new IllegalArgumentException("raytopics option maxTriggerDelay must be a duration "
-                + "such as 30s, 15m or 500ms, got " + text);
     }
 
     private static JsonNode startingOffsets(String text) {
@@ -100,12 +73,21 @@ record ReadOptions(
     }
 
     private static Long longAtLeast(Map<String, String> options, String key, long min) {
+        return parsed(options, key, Long::parseLong, min, "an integer >= " + min);
+    }
+
+    /**
+     * Option {@code key} read by {@code parse} (null when absent), refused unless it is at
+     * least {@code min}; the error says what was {@code expected}.
+     */
+    private static Long parsed(Map<String, String> options, String key, ToLongFunction<String> parse,
+            long min, String expected) {
         String text = options.get(key);
         if (text == null) {
             return null;
         }
         try {
-            long value = Long.parseLong(text.trim());
+            long value = parse.applyAsLong(text.trim());
             if (value >= min) {
                 return value;
             }
@@ -113,7 +95,7 @@ record ReadOptions(
             // reported below
         }
         throw new IllegalArgumentException(
-                "raytopics option " + key + " must be an integer >= " + min + ", got " + text);
+                "raytopics option " + key + " must be " + expected + ", got " + text);
     }
 
     private static boolean bool(String text) {

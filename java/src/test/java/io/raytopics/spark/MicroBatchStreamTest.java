@@ -126,14 +126,16 @@ public final class MicroBatchStreamTest {
         Check.equal(P0, stream.latestOffset(start, stream.getDefaultReadLimit()).json(), "still within the delay");
         now[0] += 1_000;
         Check.equal(P1, stream.latestOffset(start, stream.getDefaultReadLimit()).json(), "the delay passed");
-        Check.equal("50", String.valueOf(
-                gateway.requests("/stream/latest").get(gateway.requests("/stream/latest").size() - 1)
-                        .body().get("maxMessages")), "capped by the maximum all along");
-        Check.equal("2048", String.valueOf(
-                gateway.requests("/stream/latest").get(gateway.requests("/stream/latest").size() - 1)
-                        .body().get("maxBytes")), "and by the byte cap");
+        JsonNode last = lastRequest(gateway, "/stream/latest");
+        Check.equal("50", last.get("maxMessages").toString(), "capped by the maximum all along");
+        Check.equal("2048", last.get("maxBytes").toString(), "and by the byte cap");
         Check.equal(P0, stream.latestOffset(start, ReadLimit.minRows(100, 60_000)).json(),
                 "a batch just ran: the delay starts again");
         Check.equal(P1, stream.latestOffset(start, ReadLimit.minRows(90, 60_000)).json(), "90 are enough for 90");
+    }
+
+    private static JsonNode lastRequest(FakeGateway gateway, String suffix) {
+        List<FakeGateway.Request> requests = gateway.requests(suffix);
+        return requests.get(requests.size() - 1).body();
     }
 }
