@@ -282,7 +282,7 @@ def run_segments(
 ) -> Iterator[Measurement]:
     import ray
 
-    from actors.segment.actor import start_segment_actor
+    from actors.segment.host import start_segment_actor
     from runtime.names import TopicName
     from storage.durability import Durability
 

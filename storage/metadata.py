@@ -59,6 +59,10 @@ class KeyValue(Protocol):
 
     def keys(self, prefix: bytes) -> list[bytes]: ...
 
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """The values of those of ``keys`` that exist, in one round trip."""
+        ...
+
 
 class GcsKeyValue:
     """Ray's GCS key-value store (the process must be connected to Ray)."""
@@ -77,6 +81,12 @@ class GcsKeyValue:
 
     def keys(self, prefix: bytes) -> list[bytes]:
         return kv._internal_kv_list(prefix, namespace=self.namespace)
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        if not keys:
+            return {}
+        client = kv.internal_kv_get_gcs_client()
+        return client.internal_kv_multi_get(keys, namespace=self.namespace.encode())
 
 
 class MemoryKeyValue:
@@ -105,6 +115,10 @@ class MemoryKeyValue:
     def keys(self, prefix: bytes) -> list[bytes]:
         with self._lock:
             return [k for k in self._data if k.startswith(prefix)]
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        with self._lock:
+            return {k: self._data[k] for k in keys if k in self._data}
 
 
 @dataclass(frozen=True, order=True)

@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,12 @@ class Probe:
             "segment.retain": lambda: seg.retain.remote(None, 1, credential=c),
             "segment.terminate": lambda: seg.terminate.remote(credential=c),
             "segment.delete": lambda: seg.delete.remote(credential=c),
+            # the host's own methods: a segment opened, closed, or opened by a call
+            "host.open": lambda: seg.host.open.remote(seg.segment, self._opening(c)),
+            "host.close": lambda: seg.host.close.remote(seg.segment, time.time_ns(), credential=c),
+            "host.call(opening)": lambda: seg.host.call.remote(
+                seg.segment.replace("0000-", "0001-"), "ready", self._opening(c), credential=c
+            ),
             "coordinator.register": lambda: coord.register.remote("intruder", credential=c),
             "coordinator.poll": lambda: coord.poll.remote("intruder", -1, 0.1, credential=c),
             "coordinator.release": lambda: coord.release.remote("intruder", 0, credential=c),
@@ -190,6 +197,13 @@ class Probe:
             "dagwatch.notify": lambda: watch.notify.remote(self.topic, credential=c),
             "controller.wake_segment": lambda: self.controller.wake_segment.remote(0, credential=c),
         }
+
+    def _opening(self, credential: str | None) -> Any:
+        """What a host is told to open a segment with, under ``credential``."""
+        from actors.segment.handle import Opening
+
+        stolen = self.segment.opening or Opening("/tmp", {}, False, "x", 0, None)
+        return Opening("/tmp/intruder", stolen.durability, False, "x", time.time_ns(), credential)
 
     def run(self, token: str | None, operations: list[str] | None) -> dict[str, str]:
         import ray

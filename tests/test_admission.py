@@ -98,7 +98,9 @@ def produce_and_consume(topic: str, count: int) -> None:
 
 def topic_actors(topic: str) -> list[str]:
     short = TopicName.parse(topic).short
-    return [n for p in ("segment:", "controller:", "coordinator:") for n in named_actors(p + short)]
+    return [
+        n for p in ("segment-host:", "controller:", "coordinator:") for n in named_actors(p + short)
+    ]
 
 
 def test_a_topic_larger_than_the_cluster_is_refused_and_changes_nothing(
@@ -129,7 +131,7 @@ def test_the_controller_refuses_too_even_when_asked_directly(admin, unique, room
     with pytest.raises(InsufficientCapacityError, match="3 new segment actors"):
         ray.get(controller.create.remote(3))
     assert topic not in admin.list_scalable_topics("capacity/ns")
-    assert [n for n in topic_actors(topic) if n.startswith("segment:")] == []
+    assert [n for n in topic_actors(topic) if n.startswith("segment-host:")] == []
     ray.kill(controller)
 
 

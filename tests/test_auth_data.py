@@ -35,7 +35,6 @@ from hypothesis import strategies as st
 from actors.control.controller import controller_actor
 from actors.guard import REFRESH_S, guard
 from actors.registry import alive_actor_names
-from actors.segment.lookup import segment_actor
 from clients import CheckpointConsumer, Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from runtime import wire
 from runtime.auth import AuthPolicy, client_credential
@@ -43,6 +42,7 @@ from runtime.batch import make_batch, serialize_batch
 from runtime.errors import UnauthenticatedError, UnauthorizedError
 from runtime.names import SegmentName, TopicName
 from storage.catalog import Catalog
+from tests.segments import segment_actor
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "authdata/orders"
@@ -100,6 +100,9 @@ ADMIN_OPS = {
     "segment.delete_subscription",
     "segment.seek",
     "segment.delete",
+    "host.open",
+    "host.close",
+    "host.call(opening)",
     "coordinator.shutdown",
     "dagwatch.notify",
 }

@@ -15,7 +15,6 @@ import ray
 
 from actors.control.controller import controller_actor
 from actors.control.coordinator import coordinator_actor
-from actors.registry import lookup
 from clients import (
     RECEIVED_SCHEMA,
     Checkpoint,
@@ -27,6 +26,7 @@ from clients import (
 )
 from runtime.errors import InvalidArgumentError, SendTimeoutError
 from runtime.names import TopicName
+from tests.segments import served_segments, stop_serving
 
 
 @pytest.fixture(scope="module")
@@ -227,18 +227,19 @@ def test_stream_consumer_waits_out_a_segment_actor_that_is_gone(admin, unique, m
     parent_message = consumer.receive(timeout=30)  # not acked: the parent is not drained
     children = admin.split_segment(topic, 0)["children"]
     layout, name = admin.get_layout(topic), TopicName.parse(topic)
-    actor_names = [
-        name.segment(i, s.hash_range.start, s.hash_range.end).actor_name
+    segments = [
+        name.segment(i, s.hash_range.start, s.hash_range.end)
         for i, s in layout.all_segments.items()
         if i in children
     ]
-    wait_for(lambda: all(map(alive_actor, actor_names)), what="the children's actors")
-    for actor_name in actor_names:
-        ray.kill(lookup(actor_name), no_restart=True)  # gone for good, as if deleted
+    actor_names = {s.actor_name for s in segments}
+    wait_for(lambda: actor_names <= served_segments(name), what="the children's actors")
+    for segment in segments:
+        stop_serving(segment)  # gone for good, as if deleted
     consumer.acknowledge_cumulative(parent_message)  # drained: the children are assigned
     time.sleep(3)  # ... and their lookups give up, more than once
     ray.kill(controller_actor(name), no_restart=False)  # its next incarnation recovers
-    wait_for(lambda: all(map(alive_actor, actor_names)), 60, "the children's actors back")
+    wait_for(lambda: actor_names <= served_segments(name), 60, "the children's actors back")
     with Producer(topic) as prod:
         for i in range(20):
             prod.send(f"m{i}".encode(), key=f"k{i}")
@@ -303,13 +304,6 @@ def test_a_failed_layout_adoption_is_retried_and_sends_go_on(admin, unique, monk
         }
     assert failures and ids <= set(children)
     admin.delete_scalable_topic(topic)
-
-
-def alive_actor(actor_name: str) -> ray.actor.ActorHandle | None:
-    try:
-        return lookup(actor_name)
-    except ValueError:
-        return None
 
 
 def test_queue_consumers_with_splits_and_negative_acks(admin, unique):

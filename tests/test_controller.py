@@ -11,7 +11,6 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from actors.control.controller import ScalableTopicController, controller_actor
-from actors.segment.lookup import segment_actor
 from clients import ScalableTopicsAdmin
 from runtime.config import ray_namespace
 from runtime.errors import (
@@ -31,6 +30,7 @@ from runtime.names import TopicName
 from runtime.remote import call
 from storage.catalog import Catalog
 from storage.topic_storage import incarnation_directory, segment_directory
+from tests.segments import segment_actor
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from actors.segment import data_plane
-from actors.segment.actor import start_segment_actor
+from actors.segment.host import start_segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from clients._data_plane import _WRITE_AHEAD, ChannelError, ReadChannel, SegmentChannel
 from runtime import wire
@@ -69,7 +69,7 @@ def segment(ray_cluster, unique):
     handle = start_segment_actor(name, initialize=True, durability=Durability(policy="fsync"))
     ray.get(handle.create_subscription.remote("s"))
     yield handle
-    ray.kill(handle, no_restart=True)
+    ray.kill(handle.host, no_restart=True)
 
 
 def test_appends_over_tcp_with_typed_errors(segment):

@@ -26,7 +26,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from actors.segment.lookup import segment_actor
 from clients import Producer, ScalableTopicsAdmin, StreamConsumer
 from clients._data_plane import ReadChannel, SegmentChannel
 from runtime import tls, wire
@@ -34,6 +33,7 @@ from runtime.batch import make_batch, serialize_batch
 from runtime.errors import TlsError
 from runtime.names import TopicName
 from storage.catalog import Catalog
+from tests.segments import segment_actor
 
 # --- a small PKI ------------------------------------------------------------------------
 

@@ -158,13 +158,18 @@ def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
 
 
 def _actor_names(layout: dict[str, Any], subscription: str) -> frozenset[str]:
-    """What Ray must restart for the topic: its controller, every segment of the
-    layout (sealed ones too: their backlog is still read) and the coordinator."""
+    """What Ray must restart for the topic: its controller, the host of every segment of
+    the layout (sealed ones too: their backlog is still read) and the coordinator."""
+    from actors.segment.directory import host_name, hosts_per_topic
     from runtime.names import TopicName
 
     name = TopicName.parse(TOPIC)
     segments = {
-        name.segment(int(sid), s["hashRange"]["start"], s["hashRange"]["end"]).actor_name
+        host_name(
+            name.segment(int(sid), s["hashRange"]["start"], s["hashRange"]["end"]),
+            None,
+            hosts_per_topic(),
+        )
         for sid, s in layout["segments"].items()
     }
     return frozenset(

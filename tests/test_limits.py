@@ -10,7 +10,6 @@ import ray
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.segment.lookup import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from runtime.batch import (
     batch_bytes,
@@ -30,6 +29,7 @@ from runtime.errors import (
 )
 from runtime.limits import Limits, LiveLimits
 from runtime.names import TopicName
+from tests.segments import segment_actor
 
 # --- pure ------------------------------------------------------------------------------
 

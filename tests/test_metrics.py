@@ -14,11 +14,11 @@ from collections import defaultdict
 import pytest
 import ray
 
-from actors.segment.lookup import segment_actor
 from clients import Producer, StreamConsumer
 from runtime.batch import make_batch
 from runtime.errors import SegmentTerminated
 from runtime.names import TopicName
+from tests.segments import segment_actor
 
 _SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

@@ -11,7 +11,6 @@ from collections import defaultdict
 import pytest
 import ray
 
-from actors.segment.lookup import segment_actor
 from clients import Producer
 from runtime.errors import (
     ClientClosedError,
@@ -20,6 +19,7 @@ from runtime.errors import (
     UnseenSendFailuresError,
 )
 from runtime.names import TopicName
+from tests.segments import segment_actor
 
 
 def _stored(admin, topic: str) -> dict[tuple[int, int], tuple[str, bytes]]:

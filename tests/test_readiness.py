@@ -10,13 +10,12 @@ import time
 import urllib.request
 
 import pytest
-import ray
 
 from actors.gateway.server import start_gateway, stop_gateway
-from actors.segment.lookup import segment_actor
 from clients import AdminHttpClient, Producer, ScalableTopicsAdmin, StreamConsumer
 from runtime.errors import InvalidArgumentError, TopicNotReadyError, UnavailableSegmentsError
 from runtime.names import TopicName
+from tests.segments import stop_serving
 
 
 def test_create_returns_while_the_segments_start_and_the_wait_sees_them_up(
@@ -58,7 +57,7 @@ def test_a_segment_without_a_running_actor_is_named_everywhere(
     admin.wait_until_ready(topic, 120)
     layout = admin.get_layout(topic)
     down = layout.get(1).name(TopicName.parse(topic))
-    ray.kill(segment_actor(down), no_restart=True)
+    stop_serving(down)
     deadline = time.monotonic() + 30
     while admin.get_status(topic)["state"] == "ready" and time.monotonic() < deadline:
         time.sleep(0.1)

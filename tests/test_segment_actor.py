@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 import ray
 
-from actors.segment.actor import start_segment_actor
+from actors.segment.host import start_segment_actor
 from runtime.batch import make_batch
 from runtime.errors import SegmentTerminated, StaleEpochError
 from runtime.names import SegmentName, TopicName
@@ -48,7 +48,7 @@ def make_actor(ray_cluster, unique: str) -> Iterator:
 
     yield start
     for handle in started:
-        ray.kill(handle, no_restart=True)
+        ray.kill(handle.host, no_restart=True)
 
 
 def records(start: int, count: int) -> pa.RecordBatch:

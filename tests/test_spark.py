@@ -16,8 +16,7 @@ import pytest
 import ray
 from conftest import TIER_ROOT
 
-from actors.registry import alive_actor_names
-from actors.segment.lookup import find_segment_actor, segment_actor
+from actors.segment.lookup import find_segment_actor
 from clients import Checkpoint, Producer, ScalableTopicsAdmin
 from clients.ray_data import read_topic_dataset
 from clients.spark import (
@@ -38,6 +37,7 @@ from runtime.hashing import key_hash
 from runtime.names import TopicName
 from storage.durability import default_storage_root
 from storage.topic_storage import segment_directory
+from tests.segments import segment_actor, served_segments, stop_serving
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_read_after_splits_and_merges_returns_every_record_once(
     if storage != "local":
         plan = after.read_plan
         assert {r.segment_id for r in plan.ranges if r.tier is not None} == {0, 1, 3, 4}
-        alive = alive_actor_names(f"segment:{name.short}/")
+        alive = served_segments(name)
         woken = [i for i, s in layout.all_segments.items() if s.name(name).actor_name in alive]
         assert sorted(woken) == sorted(layout.active_segments)  # reading woke none
     admin.delete_scalable_topic(topic)
@@ -245,7 +245,7 @@ def test_unavailable_segments_fail_the_read_or_are_reported(admin, spark, unique
     for sid in lost:  # the actor dies for good and its storage is gone
         info = layout.all_segments[sid]
         segment = name.segment(sid, info.hash_range.start, info.hash_range.end)
-        ray.kill(segment_actor(segment), no_restart=True)
+        stop_serving(segment)
         directory = segment_directory(Path(default_storage_root()), segment, incarnation)
         shutil.move(directory, directory.with_name(directory.name + ".moved"))
 

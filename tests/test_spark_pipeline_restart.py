@@ -131,9 +131,9 @@ def stored(source: str, sink: str) -> list[str]:
     """Every value the sink topic holds, from each of its segments."""
     import ray
 
-    from actors.segment.lookup import segment_actor
     from clients import ScalableTopicsAdmin
     from runtime.names import TopicName
+    from tests.segments import segment_actor
 
     values = []
     for info in ScalableTopicsAdmin().get_layout(sink).all_segments.values():

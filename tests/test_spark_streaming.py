@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 from test_data_plane_tls import _topic as tls_topic
 from test_data_plane_tls import pki  # noqa: F401  (a fixture)
 
-from actors.segment.lookup import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from runtime import tls
 from runtime.hashing import key_hash
 from runtime.names import TopicName
+from tests.segments import crash_host_of, stop_serving
 
 TENANT, NAMESPACE = "sparkstream", "ns"
 
@@ -144,7 +143,7 @@ def test_a_streaming_read_through_two_splits_and_a_merge_gets_everything_once_in
         sent.produce(300)
         sink.wait_for(900)
         restarted = admin.get_layout(topic).find_active_segment(0)  # its process dies;
-        ray.kill(segment_actor(restarted.name(TopicName.parse(topic))), no_restart=False)
+        crash_host_of(restarted.name(TopicName.parse(topic)))
         sent.produce(300)  # Ray starts it again, and the executors find it anew
         sink.wait_for(len(sent.values))
         time.sleep(2)  # nothing more may come
@@ -313,7 +312,7 @@ def test_a_segment_gone_for_good_fails_the_query_or_is_skipped_with_a_warning(
     sent.produce(200)
     layout = admin.get_layout(topic)
     lost = layout.get(1).name(TopicName.parse(topic))
-    ray.kill(segment_actor(lost), no_restart=True)
+    stop_serving(lost)
     deadline = time.monotonic() + 30
     while admin.get_status(topic)["state"] == "ready" and time.monotonic() < deadline:
         time.sleep(0.2)

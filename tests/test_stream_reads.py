@@ -18,14 +18,13 @@ from conftest import TIER_ROOT
 from test_gateway import http
 
 from actors.gateway.server import start_gateway, stop_gateway
-from actors.registry import alive_actor_names
-from actors.segment.lookup import segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from runtime.batch import make_batch
 from runtime.hashing import key_hash
 from runtime.names import TopicName
 from runtime.sink_parts import SinkPart, SinkWrite, with_sequences
 from storage.catalog import Catalog
+from tests.segments import segment_actor, served_segments
 
 TENANT, NAMESPACE = "stream", "ns"
 
@@ -335,7 +334,7 @@ def test_a_query_plans_over_hibernating_tiered_segments_without_waking_them(
     assert status == 200 and earliest["position"]["next"]["0"] == 0, earliest
     name = TopicName.parse(topic)
     sealed = admin.get_layout(topic).get(0).name(name)
-    assert sealed.actor_name not in alive_actor_names(f"segment:{name.short}/")
+    assert sealed.actor_name not in served_segments(name)
     admin.delete_scalable_topic(topic)
 
 

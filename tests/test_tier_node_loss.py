@@ -109,17 +109,6 @@ def _order_violations(received: list[tuple[str, int]]) -> int:
     return bad
 
 
-def _segment_nodes(prefix: str) -> dict[str, str]:
-    """Alive actors whose name starts with ``prefix``: name → node id."""
-    import ray._private.state as state
-
-    return {
-        a["Name"]: a["Address"]["NodeID"]
-        for a in state.actors().values()
-        if a["State"] == "ALIVE" and a["Name"].startswith(prefix)
-    }
-
-
 def _segment_dirs(disk: Path, descriptors: set[str] | None = None) -> list[str]:
     """Segment directories under a node's storage root (those named in ``descriptors``)."""
     found = [p for p in disk.rglob("segment.json")]
@@ -145,6 +134,7 @@ def main(scratch: Path) -> None:
     from storage.catalog import Catalog
     from storage.durability import NODE_STORAGE_ROOT_ENV
     from storage.placements import SegmentPlacements, disk_id
+    from tests.segments import crash_host_of, segment_nodes
 
     disks = {node: scratch / "disks" / node for node in ("head", "a", "b", "c")}
 
@@ -209,7 +199,7 @@ def main(scratch: Path) -> None:
 
         admin.create_subscription(TOPIC, "before", "earliest")
         before = _read_all(TOPIC, "before", sent)  # wakes every sealed segment
-        running = _segment_nodes(f"segment:{name.short}/")
+        running = segment_nodes(name)
         on_a = sorted(
             n.actor_name for n in sealed.values() if running.get(n.actor_name) == node_a.node_id
         )
@@ -219,14 +209,12 @@ def main(scratch: Path) -> None:
         cluster.wait_for_nodes()
 
         # an active segment's process dies: Ray restarts it on B, the node with its disk
-        crashed = layout.active_segments[min(layout.active_segments)].name(name).actor_name
-        ray.kill(
-            ray.get_actor(crashed, namespace=ray.get_runtime_context().namespace),
-            no_restart=False,
-        )
+        crashed_segment = layout.active_segments[min(layout.active_segments)].name(name)
+        crash_host_of(crashed_segment)
+        crashed = crashed_segment.actor_name
         admin.create_subscription(TOPIC, "after", "earliest")
         after = _read_all(TOPIC, "after", sent)
-        moved = _segment_nodes(f"segment:{name.short}/")
+        moved = segment_nodes(name)
         restarted = all(moved.get(a) not in (None, node_a.node_id) for a in on_a)
         crashed_on_b = moved.get(crashed) == node_b.node_id
         try:

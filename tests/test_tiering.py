@@ -23,7 +23,6 @@ from object_store import PORTS, s3_server, s3_uri
 from pyarrow import fs as pafs
 from test_metrics import scrape, total
 
-from actors.registry import alive_actor_names
 from clients import Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from runtime.config import ray_namespace
 from runtime.errors import TierRefusedError
@@ -33,6 +32,7 @@ from storage.catalog import Catalog
 from storage.tier import open_tier, read_manifest, tier_directory
 from storage.tier_records import TierRecords
 from storage.topic_storage import segment_directory
+from tests.segments import crash_host_of, served_segments
 
 
 def produce(topic: str, sent: list[tuple[str, int]], count: dict[str, int], n: int) -> None:
@@ -78,7 +78,7 @@ def wait_hibernating(admin: ScalableTopicsAdmin, topic: str, timeout_s: float = 
 def running_segments(admin: ScalableTopicsAdmin, topic: str) -> set[int]:
     """Ids of the topic's segments whose actor is alive, from Ray's own actor table."""
     name = TopicName.parse(topic)
-    alive = alive_actor_names(f"segment:{name.short}/")
+    alive = served_segments(name)
     segments = admin.get_layout(topic).all_segments.values()
     return {info.segment_id for info in segments if info.name(name).actor_name in alive}
 
@@ -297,10 +297,12 @@ class OffloadKiller:
         while self.plan and time.monotonic() < deadline:
             for segment_id, (step, victim) in list(self.plan.items()):
                 if self._reached(segment_id, step):
-                    actor = self.controller if victim == "controller" else None
-                    actor = actor or self.names[segment_id].actor_name
                     with contextlib.suppress(ValueError):
-                        ray.kill(ray.get_actor(actor, namespace=ray_namespace()), no_restart=False)
+                        if victim == "controller":
+                            actor = ray.get_actor(self.controller, namespace=ray_namespace())
+                            ray.kill(actor, no_restart=False)
+                        else:
+                            crash_host_of(self.names[segment_id])
                     self.seen[segment_id] = f"{victim} killed at {step}"
                     del self.plan[segment_id]
             time.sleep(0.002)

@@ -7,11 +7,12 @@ take minutes. Clients that arrive early wait for the segment they need
 (``actors.segment.lookup.find_segment_actor``); an operator or a pipeline that wants
 the whole topic up asks here, and may wait.
 
-A topic is ``ready`` when every segment of its layout has a live, constructed
-actor in Ray's actor table; otherwise it is ``starting``, naming the segments
-that are not (still booting, waiting for a node with room, or restarting after
-a crash). The answer comes from one read of Ray's actor table, not a call per
-segment, so asking often costs the segments nothing.
+A topic is ``ready`` when every segment of its layout is open in a host that is
+live and constructed in Ray's actor table; otherwise it is ``starting``, naming the
+segments that are not (their host still booting, waiting for a node with room, or
+restarting after a crash). The answer comes from two reads (Ray's actor table and
+the segment directory), not a call per segment, so asking often costs the segments
+nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import asyncio
 import time
 from typing import Any
 
-from actors.registry import alive_actor_names
+from actors.segment.lookup import served_segments
 from runtime.names import TopicName
 from runtime.readiness import MAX_LISTED
 from storage.asleep import SleepingSegments
@@ -35,7 +36,7 @@ def topic_readiness(catalog: Catalog, name: TopicName) -> dict[str, Any]:
     (``TopicNotFoundError`` if the topic does not exist)."""
     record = catalog.require_topic(name)
     layout = record.layout
-    alive = alive_actor_names(f"segment:{name.short}/")
+    alive = served_segments(name)
     # A tiered or sleeping segment's actor runs only while readers use it, and starts on
     # demand.
     on_demand = set(TierRecords(catalog.store, name, record.incarnation).segment_ids())

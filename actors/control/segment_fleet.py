@@ -25,8 +25,10 @@ from ray.exceptions import RayActorError
 from actors.control.dag_watch import ACTOR_NAME as DAG_WATCH
 from actors.control.node_disks import NodeDisks
 from actors.guard import guard
-from actors.registry import lookup, named_actors
-from actors.segment.actor import start_segment_actor
+from actors.registry import alive_actor_names, lookup, named_actors
+from actors.segment.directory import SegmentDirectory, host_prefix
+from actors.segment.handle import SegmentHandle
+from actors.segment.host import close_segment, start_segment_actor
 from actors.segment.lookup import segment_actor
 from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.hibernation import HibernationMarks
@@ -69,7 +71,7 @@ class SegmentFleet:
         self.durability = durability
         self.incarnation: str | None = None
         self._on_start_failure = on_start_failure
-        self._watch_handles: dict[SegmentName, ray.actor.ActorHandle] = {}
+        self._watch_handles: dict[SegmentName, SegmentHandle] = {}
         self._starting: set[asyncio.Future] = set()
         # Bumped by every change the fleet makes to a tiered segment's record itself, so
         # an observer caching records knows to read them again.
@@ -78,7 +80,7 @@ class SegmentFleet:
 
     # --- handles -------------------------------------------------------------------------
 
-    def handle(self, name: SegmentName) -> ray.actor.ActorHandle:
+    def handle(self, name: SegmentName) -> SegmentHandle:
         """The segment's actor, started (on its existing storage) if it is not running: on
         the node whose disk has it, when every node keeps its own (``UnavailableError``
         while no live node has that disk). Blocking: GCS round trips; called from a
@@ -102,14 +104,14 @@ class SegmentFleet:
         finally:
             self._marks.started(name)
 
-    def running(self, name: SegmentName) -> ray.actor.ActorHandle | None:
+    def running(self, name: SegmentName) -> SegmentHandle | None:
         """The segment's actor if one runs now (never started by asking)."""
         try:
             return segment_actor(name)
         except ValueError:
             return None
 
-    def watched(self, name: SegmentName) -> ray.actor.ActorHandle | None:
+    def watched(self, name: SegmentName) -> SegmentHandle | None:
         """Handles for the maintenance rounds, cached: a lookup per segment per round would
         cost a GCS round trip each. Looked up, never started: observing must not bring back
         a segment an operator stopped (``None`` then, and the round goes on without it)."""
@@ -166,7 +168,7 @@ class SegmentFleet:
             *(h.retain.remote(oldest_ms, max_bytes, credential=token) for h in watched)
         )
 
-    async def offload(self, handle: ray.actor.ActorHandle, uri: str) -> None:
+    async def offload(self, handle: SegmentHandle, uri: str) -> None:
         """Have the segment behind ``handle`` move itself to the tier at ``uri``."""
         await handle.offload.remote(uri, credential=guard().internal_token())
 
@@ -183,13 +185,14 @@ class SegmentFleet:
         return True
 
     def hibernate(self, name: SegmentName) -> None:
-        """End a tiered segment's actor: nothing of it is on a node, so the next reader
-        starts it again anywhere (``wake``). A call in flight fails and is retried by its
-        client, which wakes it."""
+        """Close a tiered segment in its host: nothing of it is on a node, so the next
+        reader opens it again anywhere (``wake``). A call in flight fails and is retried
+        by its client, which wakes it."""
         self.forget(name)
         self._marks.ended(name)
         with contextlib.suppress(ValueError):
-            ray.kill(segment_actor(name), no_restart=True)
+            # Not waited for: a later open of it wins over this close (``Opening.at``).
+            close_segment(segment_actor(name), guard().internal_token())
         if self.node_local and self.storage().tiered(name.segment_id) is not None:
             self.placements().delete(name.segment_id)  # its files left the node's disk
 
@@ -337,7 +340,8 @@ class SegmentFleet:
             handle = segment_actor(name)
             with contextlib.suppress(RayActorError, SegmentNotFoundError):
                 await handle.delete.remote(epoch, credential=guard().internal_token())
-            ray.kill(handle, no_restart=True)
+            with contextlib.suppress(RayActorError):
+                await close_segment(handle, guard().internal_token())
         self.sleeping().woken(name.segment_id)
         if not self.node_local:
             self.storage().delete_segment(name)
@@ -352,12 +356,15 @@ class SegmentFleet:
         self.placements().delete(name.segment_id)
 
     def leftover_segments(self) -> int:
-        """How many segment actors of this topic's name run (what ``clear_leftovers``
+        """How many segments of this topic's name are served (what ``clear_leftovers``
         would stop, so the room they hold counts as free for the incarnation starting)."""
-        return len(named_actors(f"segment:{self.topic.short}/"))
+        alive = alive_actor_names(host_prefix(self.topic))
+        entries = SegmentDirectory().of_topic(self.topic).values()
+        return sum(1 for entry in entries if entry.host in alive)
 
     async def clear_leftovers(self) -> None:
-        """Stop every segment and coordinator actor of this topic's name.
+        """Stop every segment host and coordinator actor of this topic's name, and forget
+        where its segments were served.
 
         Called when an incarnation starts (create, recover): no actor can belong
         to it yet, so any that runs was left by an earlier incarnation whose
@@ -365,11 +372,12 @@ class SegmentFleet:
         """
         await self.settle()
         self._watch_handles.clear()
-        prefixes = (f"segment:{self.topic.short}/", f"coordinator:{self.topic.short}/")
+        prefixes = (host_prefix(self.topic), f"coordinator:{self.topic.short}/")
         names = [n for p in prefixes for n in named_actors(p)]
         for name in names:
             with contextlib.suppress(ValueError):
                 ray.kill(lookup(name), no_restart=True)
+        SegmentDirectory().remove_topic(self.topic)
         await _gone(names)
 
     async def delete_incarnation(self) -> None:
@@ -415,8 +423,8 @@ class SegmentFleet:
             raise UnavailableError(f"{self.topic}: no incarnation known yet (metadata not read)")
         return self.incarnation
 
-    async def _own_actor(self, name: SegmentName) -> ray.actor.ActorHandle | None:
-        """The running actor of ``name`` if it serves this incarnation; any other is stopped."""
+    async def _own_actor(self, name: SegmentName) -> SegmentHandle | None:
+        """The served segment ``name`` if it serves this incarnation; any other is closed."""
         try:
             handle = segment_actor(name)
         except ValueError:
@@ -428,8 +436,8 @@ class SegmentFleet:
         if status is not None and status.get("incarnation") == self.incarnation:
             return handle
         self.forget(name)
-        ray.kill(handle, no_restart=True)
-        await _gone([name.actor_name])
+        with contextlib.suppress(RayActorError):
+            await close_segment(handle, guard().internal_token())
         return None
 
     def _started(self, starting: asyncio.Future) -> None:

@@ -1,10 +1,12 @@
-"""The segment actor: one detached, restartable Ray actor per segment.
+"""A segment served: one object per open segment, living in a segment host's process.
 
-An async actor so that consumers can long-poll (``read(..., wait_s)``) without
-occupying a thread, while appends from many producers interleave. All rules
-live in ``storage.segment_store``; this shell adds waiting, timers and naming.
-Calls are retried by Ray across restarts (``max_task_retries=-1``): appends
-are idempotent per (producer id, sequence), everything else is idempotent too.
+Async, so that consumers can long-poll (``read(..., wait_s)``) without occupying a
+thread, while appends from many producers interleave. All rules live in
+``storage.segment_store``; this shell adds waiting, timers and the data plane. Its
+host (``actors.segment.host``) is a detached, restartable Ray actor that serves many
+segments and routes each call to one; calls are retried by Ray across a restart of
+the host (``max_task_retries=-1``): appends are idempotent per (producer id,
+sequence), everything else is idempotent too.
 
 Every method takes the caller's ``credential`` and checks it here, where the data
 lives, against the cluster's policy (``actors.guard``) for the segment's
@@ -21,24 +23,22 @@ import asyncio
 import contextlib
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import ray
+from ray.exceptions import ActorUnavailableError
 
-from actors.capacity import segment_memory
 from actors.guard import guard
 from actors.metrics import SegmentMetrics
-from actors.registry import get_or_start
 from actors.segment.appender import SegmentAppender
 from actors.segment.data_plane import DataPlaneServer
 from actors.segment.flusher import IntervalFlusher
 from runtime import tls, wire
 from runtime.auth import Permission
 from runtime.batch import ipc_parts
-from runtime.config import apply_settings, env_float
+from runtime.config import env_float
 from runtime.errors import (
     InvalidArgumentError,
     ScalableTopicsError,
@@ -49,16 +49,10 @@ from runtime.subscription import ResetTarget, reset_target
 from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.cursors import Position
-from storage.durability import (
-    Durability,
-    default_storage_root,
-    node_storage_root,
-    storage_scope,
-)
+from storage.durability import Durability, node_storage_root, storage_scope
 from storage.incarnation_storage import IncarnationStorage
 from storage.segment_store import SealedBy
 from storage.tier import open_tier, tier_directory
-from storage.topic_storage import new_incarnation
 
 MAX_READ_RECORDS = 100_000
 MAX_READ_WAIT_S = 60.0
@@ -70,24 +64,22 @@ DEFAULT_ACK_TIMEOUT_S = 30.0
 MAX_REDELIVERY_DELAY_S = 86_400.0
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
-class SegmentActor:
+class Segment:
     def __init__(
         self,
-        segment: str,
+        segment: SegmentName,
         storage_root: str,
         durability: dict[str, Any],
-        initialize: bool,
+        create: bool,
         incarnation: str,
-        settings: dict[str, str] | None = None,
     ) -> None:
-        apply_settings(settings)
-        self._name = SegmentName.parse(segment)
-        # Only a first start may create storage: a restart (or a re-created actor)
-        # whose storage is gone must fail, not serve an empty log in its place.
-        create = initialize and not ray.get_runtime_context().was_current_actor_reconstructed
+        """Open ``segment``'s storage of topic incarnation ``incarnation``; ``create``: lay it
+        out if it is missing (a first open only: one after a restart whose storage is gone
+        must fail, not serve an empty log in its place)."""
+        self._name = segment
+        self._closed = False
         # With a disk per node, the segment is on this node's own (the controller pinned
-        # the actor here); else on the root every node shares.
+        # its host here); else on the root every node shares.
         root = node_storage_root(storage_root) if storage_scope() == "node" else storage_root
         storage = IncarnationStorage(
             Path(root), self._name.topic, incarnation, Durability(**durability)
@@ -198,11 +190,28 @@ class SegmentActor:
         waits = not self._store.terminated or due_in is not None
         if batch.num_rows == 0 and wait_s > 0 and waits:
             await self._wait(wait_s if due_in is None else min(wait_s, due_in))
+            self._still_open()
             batch = self._store.queue_receive(subscription, consumer, max_records)
         self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
 
     # --- lifecycle (fenced by controller epoch) ---------------------------------
+
+    async def close(self) -> None:
+        """Stop serving (the host's, when the segment hibernates, is deleted or is replaced):
+        the data plane's connections drop, waiting reads and appends return, what the
+        flusher owes is written, and the files are released. Calls after it fail as calls
+        to an exited process would (``ActorUnavailableError``), and clients look the
+        segment up again."""
+        self._closed = True
+        if self._data_plane is not None:
+            self._data_plane.stop()
+        self._appender.release_turns()
+        self._wake()
+        if self._flusher is not None and self._flusher.pending:
+            with contextlib.suppress(ScalableTopicsError):
+                await asyncio.to_thread(self._store.sync)
+        self._store.close()
 
     async def ready(self, *, credential: str | None = None) -> dict[str, Any]:
         """Cheap liveness probe: the segment is loaded and can serve."""
@@ -373,6 +382,7 @@ class SegmentActor:
     # --- internals ---------------------------------------------------------------
 
     def _check(self, credential: str | None, permission: Permission) -> None:
+        self._still_open()
         if permission is not Permission.ADMIN:
             self._last_used = time.monotonic()
         try:
@@ -380,6 +390,10 @@ class SegmentActor:
         except ScalableTopicsError as err:
             self._metrics.rejected(err.code)
             raise
+
+    def _still_open(self) -> None:
+        if self._closed:
+            raise ActorUnavailableError(f"{self._name} is closed here; look it up again", None)
 
     def _authorize_connection(self, credential: str | None, access: int) -> None:
         """A data-plane connection's admission (and re-admission when the policy changes)."""
@@ -411,6 +425,7 @@ class SegmentActor:
         self._last_used = time.monotonic()
         if wait_s > 0 and max_records > 0 and self._store.waits_at(offset):
             await self._wait(min(wait_s, MAX_READ_WAIT_S))  # nothing yet: read once woken
+            self._still_open()
         batch = self._store.read(offset, max_records)
         self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
@@ -428,38 +443,3 @@ class SegmentActor:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s):  # no task per long-poll, unlike wait_for
                 await self._new_data.wait()
-
-
-def start_segment_actor(
-    name: SegmentName,
-    *,
-    storage_root: str | None = None,
-    durability: Durability | None = None,
-    initialize: bool = False,
-    incarnation: str | None = None,
-    node: str | None = None,
-) -> ray.actor.ActorHandle:
-    """Handle to a segment's actor, started if missing (on Ray node ``node`` only, when
-    given: the one whose disk has the segment). Looking a running one up is
-    ``actors.segment.lookup.segment_actor``, which does not import this module.
-
-    A started actor opens the existing storage of topic incarnation
-    ``incarnation``; ``initialize`` lets a brand-new segment create it (the
-    controller initializes storage itself beforehand), and a segment started
-    outside any topic (tests, benchmarks) gets an incarnation of its own.
-    """
-    if incarnation is None:
-        if not initialize:
-            raise ValueError("a segment actor opening existing storage needs its incarnation")
-        incarnation = new_incarnation()
-    durability = durability or Durability.from_env()
-    root = str(storage_root or default_storage_root())
-    args = (str(name), root, asdict(durability), initialize, incarnation)
-    return get_or_start(
-        SegmentActor,
-        name.actor_name,
-        *args,
-        topic=name.topic,
-        memory=segment_memory(),
-        node=node,
-    )

@@ -92,6 +92,16 @@ class DataPlaneServer:
         self._rechecking = loop.create_task(self._recheck_forever())
         return self.endpoint
 
+    def stop(self) -> None:
+        """Stop listening and drop every connection: the segment closed (it hibernates or
+        was deleted), and its clients find it again through its host."""
+        if self._server is not None:
+            self._server.close()
+        if self._rechecking is not None:
+            self._rechecking.cancel()
+        for connection in list(self.connections):
+            connection.drop()
+
     def admit(self, credential: str | None, access: int) -> None:
         """Raise the typed refusal unless ``credential`` may have ``access`` now."""
         try:
@@ -160,6 +170,11 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
             self._hello_timer.cancel()
         self._server.connections.discard(self)
         self._transport = None
+
+    def drop(self) -> None:
+        """Close the connection without an answer, as a process that exits would."""
+        if self._transport is not None:
+            self._transport.abort()
 
     def pause_writing(self) -> None:
         self._transport.pause_reading()  # the producer is not reading its responses

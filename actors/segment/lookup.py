@@ -1,12 +1,13 @@
 """Finding a segment's running actor from a layout: what producers, consumers, the
 coordinators and the streaming planner call before they talk to a segment.
 
-A layout names segments whose actor may not be there yet (a split's children are
-registered around the layout commit), may be restarting (Ray restarts a crashed one
-behind the same handle), or may hibernate (a tiered or drained segment's process
-exits when idle, and its topic's controller starts it again on demand, under the
-same name, so a handle from before is dead for good). So callers look a segment up
-here, and look it up again when a call to it fails.
+A segment is served by a host process (``actors.segment.directory``); its handle is
+a ``SegmentHandle`` on that host. A layout names segments that may not be served yet
+(a split's children are opened around the layout commit), whose host may be
+restarting (Ray restarts a crashed one behind the same handle), or that may hibernate
+(a tiered or drained segment is closed when idle, and its topic's controller opens it
+again on demand, perhaps in another host, so a handle from before fails). So callers
+look a segment up here, and look it up again when a call to it fails.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import asyncio
 import time
 from typing import Any
 
-import ray
 from ray.exceptions import RayActorError
 
-from actors.registry import gone_for_good, lookup
+from actors.registry import alive_actor_names, gone_for_good, lookup
+from actors.segment.directory import SegmentDirectory, host_prefix
+from actors.segment.handle import SegmentHandle
 from runtime.errors import SegmentNotFoundError
-from runtime.names import SegmentName
+from runtime.names import SegmentName, TopicName
 from runtime.remote import call
 
 # How long a client waits for a segment named by the layout to register its actor.
@@ -29,14 +31,33 @@ LOOKUP_WAIT_S = 30.0
 RETRY_PAUSE_S = 0.2
 
 
-def segment_actor(name: SegmentName) -> ray.actor.ActorHandle:
-    """The segment's running actor, or ``ValueError`` when none is registered: one GCS
-    lookup, nothing started. Starting one is the controller's
-    (``actors.segment.actor.start_segment_actor``); this module does not import the
-    actor's class, so a process that only looks segments up (a coordinator, the DAG
-    watch) does not load the segment's storage and Arrow code.
+def segment_actor(name: SegmentName) -> SegmentHandle:
+    """The segment on its running host, or ``ValueError`` when it is not served: two GCS
+    reads (its directory entry, its host's name), nothing started. Starting one is the
+    controller's (``actors.segment.host.start_segment_actor``); this module does not
+    import the segment's class, so a process that only looks segments up (a
+    coordinator, the DAG watch) does not load the segment's storage and Arrow code.
     """
-    return lookup(name.actor_name)
+    entry = SegmentDirectory().get(name)
+    if entry is None:
+        raise ValueError(f"{name} is not served by any host")
+    return SegmentHandle(lookup(entry.host), str(name))
+
+
+def segment_gone_for_good(name: SegmentName) -> bool:
+    """Whether ``name``'s host died for good (killed without restart, or out of restarts),
+    so nobody serves it until its controller opens it elsewhere."""
+    entry = SegmentDirectory().get(name)
+    return entry is not None and gone_for_good(entry.host)
+
+
+def served_segments(topic: TopicName) -> set[str]:
+    """The segments of ``topic`` (by ``SegmentName.actor_name``) open in a host whose
+    process is up and constructed: two reads (Ray's actor table, the directory), not a
+    call per segment."""
+    alive = alive_actor_names(host_prefix(topic))
+    entries = SegmentDirectory().of_topic(topic)
+    return {name for name, entry in entries.items() if entry.host in alive}
 
 
 async def find_segment_actor(
@@ -45,7 +66,7 @@ async def find_segment_actor(
     *,
     unless_dead: bool = False,
     credential: str | None = None,
-) -> ray.actor.ActorHandle:
+) -> SegmentHandle:
     """The segment's running actor, started again if it hibernates, waiting while it is not
     registered yet.
 
@@ -66,7 +87,7 @@ async def find_segment_actor(
         pass
     if await _wake(name, credential):
         unless_dead = False  # its controller is starting it
-    if unless_dead and await asyncio.to_thread(gone_for_good, name.actor_name):
+    if unless_dead and await asyncio.to_thread(segment_gone_for_good, name):
         raise SegmentNotFoundError(f"{name}'s actor died and Ray will not restart it")
     deadline = time.monotonic() + timeout_s
     delay = 0.01
@@ -126,7 +147,7 @@ async def segment_position(
 
 async def find_segment_again(
     name: SegmentName, *, credential: str | None = None
-) -> ray.actor.ActorHandle | None:
+) -> SegmentHandle | None:
     """The segment's actor looked up again after a call to it failed: Ray restarts a
     crashed actor behind the same handle, but a hibernated segment (a tiered one unused
     for its ``idleS``, even with a backlog) is started anew by this lookup, and the old

@@ -249,7 +249,10 @@ class Faults:
         name = TopicName.parse(self.run.topic).segment(
             info.segment_id, info.hash_range.start, info.hash_range.end
         )
-        return self._kill_node_of(name.actor_name)
+        from actors.segment.directory import SegmentDirectory
+
+        entry = SegmentDirectory().get(name)  # the segment's host process
+        return self._kill_node_of(entry.host) if entry is not None else f"{name} not served"
 
     def _coordinator(self, _rng: random.Random) -> str:
         import ray
@@ -306,9 +309,9 @@ def check(run: Run, admin: Any) -> list[str]:
     """Every invariant the issue lists, as human-readable violations."""
     import ray
 
-    from actors.segment.lookup import segment_actor
     from runtime.names import TopicName
     from tests.chaos.invariants import delivery_violations, segment_state_violations
+    from tests.segments import segment_actor
 
     problems = [
         f"stream: {p}" for p in delivery_violations(run.acked, run.stream, exactly_once=True)

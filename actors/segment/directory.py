@@ -1,0 +1,126 @@
+"""Which process serves a segment: the directory of segments and their hosts.
+
+Segments share processes. A Ray actor is a whole process, with a start-up cost and
+a steady cost while it idles that are Ray's own (bench/README.md, ``idle.py``), so
+one process per segment made every split dearer and every idle segment a tax. A
+topic's segments live in *segment hosts* (``actors.segment.host``): one per topic,
+or ``RAYTOPICS_SEGMENT_HOSTS`` per topic, and one per node disk where every node
+keeps its own (``RAYTOPICS_STORAGE_SCOPE=node``: a segment runs where its files are).
+
+This directory maps each segment's name to its host and to what the host needs to
+open it again. The host writes a segment's entry once the segment is open and
+removes it when the segment closes (hibernates or is deleted), so an entry whose
+host is alive is a segment that serves; a host that Ray restarts finds its segments
+here and opens each again on its first call. Entries live in Ray's GCS key-value
+store, beside the actors' names and as short-lived as they: in their own KV
+namespace, never in the metadata store (which may be Redis, and outlives Ray).
+
+Who calls: the hosts write and remove entries; lookups (``actors.segment.lookup``),
+readiness and capacity read them; a topic's controller removes a whole topic's
+when it clears what an earlier incarnation left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from runtime.config import ray_namespace
+from runtime.names import SegmentName, TopicName
+from storage.metadata import GcsKeyValue, KeyValue
+
+HOSTS_ENV = "RAYTOPICS_SEGMENT_HOSTS"
+DEFAULT_HOSTS_PER_TOPIC = 1
+HOST_PREFIX = "segment-host:"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A segment's host and how that host opens it (the arguments a restart needs)."""
+
+    host: str
+    node: str
+    storage_root: str
+    durability: dict[str, Any]
+    incarnation: str
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Entry:
+        return cls(**json.loads(raw))
+
+
+def hosts_per_topic() -> int:
+    """How many hosts share a topic's segments on shared storage (``RAYTOPICS_SEGMENT_HOSTS``):
+    1 keeps a topic in one process; more spread a busy topic over more cores and nodes."""
+    raw = os.environ.get(HOSTS_ENV, "")
+    try:
+        value = int(raw) if raw else DEFAULT_HOSTS_PER_TOPIC
+    except ValueError:
+        raise ValueError(f"{HOSTS_ENV} must be a whole number of hosts, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{HOSTS_ENV} must be at least 1, got {value}")
+    return value
+
+
+def host_name(segment: SegmentName, node: str | None, hosts: int) -> str:
+    """The host of ``segment``: the one on Ray node ``node`` (a disk per node) or one of
+    its topic's ``hosts`` by segment id. Names start with ``host_prefix(topic)``."""
+    slot = f"node-{node}" if node else str(segment.segment_id % hosts)
+    return f"{host_prefix(segment.topic)}{slot}"
+
+
+def host_prefix(topic: TopicName) -> str:
+    """What every host name of ``topic`` starts with (and no other topic's)."""
+    return f"{HOST_PREFIX}{topic.short}/"
+
+
+class SegmentDirectory:
+    """The entries of one Ray namespace's segments, in a ``KeyValue``."""
+
+    def __init__(self, kv: KeyValue | None = None) -> None:
+        self._kv = kv if kv is not None else GcsKeyValue(f"raytopics-hosts/{ray_namespace()}")
+
+    def get(self, segment: SegmentName) -> Entry | None:
+        raw = self._kv.get(_key(segment))
+        return Entry.from_bytes(raw) if raw is not None else None
+
+    def put(self, segment: SegmentName, entry: Entry) -> None:
+        self._kv.put(_key(segment), entry.to_bytes(), True)
+
+    def remove(self, segment: SegmentName, host: str) -> None:
+        """Remove ``segment``'s entry if ``host`` still owns it (a segment moved to another
+        host, a hibernated tiered one woken elsewhere, keeps the newer entry)."""
+        entry = self.get(segment)
+        if entry is not None and entry.host == host:
+            self._kv.delete(_key(segment))
+
+    def of_topic(self, topic: TopicName) -> dict[str, Entry]:
+        """Every entry of ``topic``'s segments, by segment actor name."""
+        return self._entries(_topic_prefix(topic))
+
+    def remove_topic(self, topic: TopicName) -> None:
+        self._kv.delete(_topic_prefix(topic), by_prefix=True)
+
+    def per_node(self, hosts_alive: set[str]) -> Counter[str]:
+        """Segments served per node id, counting only those whose host is in ``hosts_alive``."""
+        return Counter(
+            entry.node for entry in self._entries(b"segment:").values() if entry.host in hosts_alive
+        )
+
+    def _entries(self, prefix: bytes) -> dict[str, Entry]:
+        found = self._kv.get_many(self._kv.keys(prefix))
+        return {key.decode(): Entry.from_bytes(raw) for key, raw in found.items()}
+
+
+def _key(segment: SegmentName) -> bytes:
+    return segment.actor_name.encode()
+
+
+def _topic_prefix(topic: TopicName) -> bytes:
+    return f"segment:{topic.short}/".encode()

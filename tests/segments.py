@@ -1,0 +1,54 @@
+"""What tests do to segments' processes: segments share host processes
+(``actors.segment.directory``), so "the segment's actor dies" is either its host
+crashing (every segment it serves restarts with it) or its host closing it."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from actors.guard import guard
+from actors.registry import alive_actor_names
+from actors.segment import lookup
+from actors.segment.directory import SegmentDirectory, host_prefix
+from actors.segment.handle import SegmentHandle
+from actors.segment.host import close_segment
+from actors.segment.lookup import served_segments
+from runtime.names import SegmentName, TopicName
+
+__all__ = ["crash_host_of", "segment_actor", "segment_nodes", "served_segments", "stop_serving"]
+
+
+def stop_serving(name: SegmentName) -> None:
+    """End ``name``'s service until its controller opens it again: as if its own process
+    had died for good (its host and the host's other segments go on)."""
+    ray.get(close_segment(lookup.segment_actor(name), guard().internal_token()), timeout=60)
+
+
+def crash_host_of(name: SegmentName) -> ray.actor.ActorHandle:
+    """Kill the process serving ``name``, as a crash would: Ray restarts it (with every
+    segment it serves, each opened again on its first call)."""
+    host = lookup.segment_actor(name).host
+    ray.kill(host, no_restart=False)
+    return host
+
+
+def segment_nodes(topic: TopicName) -> dict[str, str]:
+    """The node of each served segment of ``topic`` (by actor name), its host alive."""
+    alive = alive_actor_names(host_prefix(topic))
+    entries = SegmentDirectory().of_topic(topic)
+    return {name: entry.node for name, entry in entries.items() if entry.host in alive}
+
+
+def segment_actor(name: SegmentName, timeout_s: float = 60.0) -> SegmentHandle:
+    """The segment's handle, waiting while its host has not opened it yet (a topic's
+    segments are opened in the background after it is created)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return lookup.segment_actor(name)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
