@@ -41,6 +41,8 @@ def main() -> None:
     import ray
 
     from actors.control.controller import controller_actor
+    from actors.guard import guard
+    from actors.segment.host import close_segment
     from actors.segment.lookup import find_segment_actor
     from clients import ScalableTopicsAdmin
     from runtime import connect
@@ -73,8 +75,8 @@ def main() -> None:
         merged = admin.merge_segments(topic, *children)["children"][0]
         merges.append(time.perf_counter() - started)
         wait_booted([merged])
-        for handle in handles([active, *children]):
-            ray.kill(handle, no_restart=True)
+        for handle in handles([active, *children]):  # sealed: closed as hibernation would
+            ray.get(close_segment(handle, guard().internal_token()))
         active = merged
 
     failovers = []

@@ -262,7 +262,7 @@ class CpuMeter:
 
 
 def _process_label(pid: int) -> str:
-    """``ray::SegmentActor``, ``raylet``, ``redis-server``... (method names dropped)."""
+    """``ray::SegmentHost``, ``raylet``, ``redis-server``... (method names dropped)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         first = argv[0].decode(errors="replace").strip()

@@ -41,7 +41,7 @@ DEFAULT_RESULTS = REPO / "bench" / "results" / "idle.json"
 VARIANTS = ("peer", "topic")
 # Process groups, by the title Ray gives a worker (``ray::ClassName``) or the program.
 GROUPS = {
-    "ray::SegmentActor": "segments",
+    "ray::SegmentHost": "segments",
     "ray::Idle": "segments",  # the peer's stand-ins
     "ray::ScalableTopicControllerActor": "controller",
     "ray::SubscriptionCoordinator": "coordinators",

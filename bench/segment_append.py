@@ -307,7 +307,7 @@ def run_segments(
                     )
                     ray.get(handle.delete.remote())
                 finally:
-                    ray.kill(handle, no_restart=True)
+                    ray.kill(handle.host, no_restart=True)
 
 
 def run_round(

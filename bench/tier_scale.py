@@ -41,7 +41,7 @@ MIB = 1 << 20
 
 
 def segment_processes(prefix: str) -> list[int]:
-    """Pids of the alive segment actors whose name starts with ``prefix``."""
+    """Pids of the alive segment hosts whose name starts with ``prefix``."""
     import ray._private.state as state
 
     return [
@@ -99,11 +99,12 @@ def main() -> None:
     connect("local", include_dashboard=False, log_to_driver=False)
     from clients import Producer, ScalableTopicsAdmin
     from runtime.names import TopicName
+    from runtime.segment_hosts import host_prefix
 
     rng = random.Random(args.seed)
     admin = ScalableTopicsAdmin()
     topic = "topic://bench/tiers/history"
-    prefix = f"segment:{TopicName.parse(topic).short}/"
+    prefix = host_prefix(TopicName.parse(topic))
     admin.create_scalable_topic(topic, args.active)
     admin.wait_until_ready(topic, 300)
     uri = f"file://{scratch / 'tier'}/history"

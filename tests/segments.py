@@ -4,20 +4,32 @@ crashing (every segment it serves restarts with it) or its host closing it."""
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 
 import ray
 
 from actors.guard import guard
 from actors.registry import alive_actor_names
 from actors.segment import lookup
-from actors.segment.directory import SegmentDirectory, host_prefix
+from actors.segment.directory import SegmentDirectory
 from actors.segment.handle import SegmentHandle
 from actors.segment.host import close_segment
 from actors.segment.lookup import served_segments
 from runtime.names import SegmentName, TopicName
+from runtime.segment_hosts import host_prefix
+from storage.durability import default_storage_root
+from storage.topic_storage import segment_directory
 
-__all__ = ["crash_host_of", "segment_actor", "segment_nodes", "served_segments", "stop_serving"]
+__all__ = [
+    "crash_host_of",
+    "lose_storage",
+    "segment_actor",
+    "segment_nodes",
+    "served_segments",
+    "stop_serving",
+]
 
 
 def stop_serving(name: SegmentName) -> None:
@@ -52,3 +64,14 @@ def segment_actor(name: SegmentName, timeout_s: float = 60.0) -> SegmentHandle:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def lose_storage(names: list[SegmentName], incarnation: str) -> None:
+    """Move the segments' files away (a disk lost) and crash the process serving them:
+    opened again after the restart, each finds its storage gone and cannot be served
+    (its directory entry says why), while the host's other segments serve on."""
+    for name in names:
+        directory = segment_directory(Path(default_storage_root()), name, incarnation)
+        shutil.move(directory, directory.with_name(directory.name + ".moved"))
+    for host in {lookup.segment_actor(name).host for name in names}:
+        ray.kill(host, no_restart=False)

@@ -160,8 +160,8 @@ def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
 def _actor_names(layout: dict[str, Any], subscription: str) -> frozenset[str]:
     """What Ray must restart for the topic: its controller, the host of every segment of
     the layout (sealed ones too: their backlog is still read) and the coordinator."""
-    from actors.segment.directory import host_name, hosts_per_topic
     from runtime.names import TopicName
+    from runtime.segment_hosts import host_name, hosts_per_topic
 
     name = TopicName.parse(TOPIC)
     segments = {

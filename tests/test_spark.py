@@ -7,7 +7,6 @@ module: starting Spark costs far more than any test here.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -35,9 +34,7 @@ from runtime.errors import (
 )
 from runtime.hashing import key_hash
 from runtime.names import TopicName
-from storage.durability import default_storage_root
-from storage.topic_storage import segment_directory
-from tests.segments import segment_actor, served_segments, stop_serving
+from tests.segments import lose_storage, segment_actor, served_segments
 
 
 @pytest.fixture(scope="module")
@@ -242,12 +239,7 @@ def test_unavailable_segments_fail_the_read_or_are_reported(admin, spark, unique
     )
     lost = [0, 2]
     incarnation = admin.get_stats(topic)["incarnation"]
-    for sid in lost:  # the actor dies for good and its storage is gone
-        info = layout.all_segments[sid]
-        segment = name.segment(sid, info.hash_range.start, info.hash_range.end)
-        stop_serving(segment)
-        directory = segment_directory(Path(default_storage_root()), segment, incarnation)
-        shutil.move(directory, directory.with_name(directory.name + ".moved"))
+    lose_storage([layout.get(sid).name(name) for sid in lost], incarnation)
 
     started = time.monotonic()
     with pytest.raises(UnavailableSegmentsError) as failure:

@@ -23,7 +23,7 @@ from clients import Producer, ScalableTopicsAdmin
 from runtime import tls
 from runtime.hashing import key_hash
 from runtime.names import TopicName
-from tests.segments import crash_host_of, stop_serving
+from tests.segments import crash_host_of, lose_storage
 
 TENANT, NAMESPACE = "sparkstream", "ns"
 
@@ -312,7 +312,7 @@ def test_a_segment_gone_for_good_fails_the_query_or_is_skipped_with_a_warning(
     sent.produce(200)
     layout = admin.get_layout(topic)
     lost = layout.get(1).name(TopicName.parse(topic))
-    stop_serving(lost)
+    lose_storage([lost], admin.get_stats(topic)["incarnation"])
     deadline = time.monotonic() + 30
     while admin.get_status(topic)["state"] == "ready" and time.monotonic() < deadline:
         time.sleep(0.2)

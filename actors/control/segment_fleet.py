@@ -25,15 +25,16 @@ from ray.exceptions import RayActorError
 from actors.control.dag_watch import ACTOR_NAME as DAG_WATCH
 from actors.control.node_disks import NodeDisks
 from actors.guard import guard
-from actors.registry import alive_actor_names, lookup, named_actors
-from actors.segment.directory import SegmentDirectory, host_prefix
+from actors.registry import lookup, named_actors
+from actors.segment.directory import SegmentDirectory
 from actors.segment.handle import SegmentHandle
 from actors.segment.host import close_segment, start_segment_actor
-from actors.segment.lookup import segment_actor
+from actors.segment.lookup import segment_actor, served_segments
 from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.hibernation import HibernationMarks
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
+from runtime.segment_hosts import host_prefix, hosts_per_topic
 from runtime.subscription import ResetTarget
 from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
@@ -67,6 +68,7 @@ class SegmentFleet:
         # what the controller keeps itself (``topic.json``) goes to its own node's.
         self.disks = NodeDisks(topic, self.cluster_root, durability, catalog.store.namespace)
         self.node_local = storage_scope() == "node"
+        self.hosts = hosts_per_topic()  # the operator's setting, checked when the fleet starts
         self.root = node_storage_root(storage_root) if self.node_local else self.cluster_root
         self.durability = durability
         self.incarnation: str | None = None
@@ -100,6 +102,7 @@ class SegmentFleet:
                 durability=self.durability,
                 incarnation=self._current(),
                 node=node,
+                hosts=self.hosts,
             )
         finally:
             self._marks.started(name)
@@ -146,16 +149,31 @@ class SegmentFleet:
             elif segment_id in on_demand:  # after a controller restart, say
                 self._marks.found_without_process(name, starts)
         token = guard().internal_token()
-        found = await asyncio.gather(
-            *(asyncio.wait_for(h.stats.remote(credential=token), wait_s) for h in handles.values()),
-            return_exceptions=True,
-        )
+        by_host: dict[ray.actor.ActorHandle, list[int]] = {}
+        for segment_id, handle in handles.items():
+            by_host.setdefault(handle.host, []).append(segment_id)
+
+        async def ask(host: ray.actor.ActorHandle, ids: list[int]) -> dict[int, Any]:
+            """One call per host for all its segments (None: not served there now)."""
+            asked = [handles[i].segment for i in ids]
+            try:
+                answer = await asyncio.wait_for(
+                    host.stats_of.remote(asked, credential=token), wait_s
+                )
+            except RayActorError:
+                answer = dict.fromkeys(asked)
+            except Exception as err:  # noqa: BLE001 - a round goes on without this host
+                log.warning("%s: stats of %d segments not read: %r", self.topic, len(ids), err)
+                return {}
+            return {i: answer[handles[i].segment] for i in ids}
+
         stats = {}
-        for segment_id, st in zip(handles, found, strict=True):
-            if isinstance(st, dict):
-                stats[segment_id] = st
-            elif isinstance(st, RayActorError):
-                self.forget(names[segment_id])  # look it up afresh next round
+        for found in await asyncio.gather(*(ask(h, ids) for h, ids in by_host.items())):
+            for segment_id, st in found.items():
+                if st is not None:
+                    stats[segment_id] = st
+                else:
+                    self.forget(names[segment_id])  # look it up afresh next round
         return stats
 
     async def retain(
@@ -358,9 +376,7 @@ class SegmentFleet:
     def leftover_segments(self) -> int:
         """How many segments of this topic's name are served (what ``clear_leftovers``
         would stop, so the room they hold counts as free for the incarnation starting)."""
-        alive = alive_actor_names(host_prefix(self.topic))
-        entries = SegmentDirectory().of_topic(self.topic).values()
-        return sum(1 for entry in entries if entry.host in alive)
+        return len(served_segments(self.topic))
 
     async def clear_leftovers(self) -> None:
         """Stop every segment host and coordinator actor of this topic's name, and forget
@@ -370,19 +386,13 @@ class SegmentFleet:
         to it yet, so any that runs was left by an earlier incarnation whose
         metadata is gone, and must not be found by clients looking up names.
         """
-        await self.settle()
-        self._watch_handles.clear()
-        prefixes = (host_prefix(self.topic), f"coordinator:{self.topic.short}/")
-        names = [n for p in prefixes for n in named_actors(p)]
-        for name in names:
-            with contextlib.suppress(ValueError):
-                ray.kill(lookup(name), no_restart=True)
-        SegmentDirectory().remove_topic(self.topic)
-        await _gone(names)
+        await _gone(await self._stop_hosts(f"coordinator:{self.topic.short}/"))
 
     async def delete_incarnation(self) -> None:
-        """Remove what is left of the incarnation's directory (its ``topic.json``), on
-        every live node's disk when each node keeps its own."""
+        """Stop the topic's segment hosts (their segments are gone) and remove what is left
+        of the incarnation's directory (its ``topic.json``), on every live node's disk when
+        each node keeps its own."""
+        await self._stop_hosts()
         self.storage().delete()
         self.sleeping().delete_all()
         if self.node_local:
@@ -439,6 +449,18 @@ class SegmentFleet:
         with contextlib.suppress(RayActorError):
             await close_segment(handle, guard().internal_token())
         return None
+
+    async def _stop_hosts(self, *also: str) -> list[str]:
+        """Stop the topic's segment hosts (and the actors named with prefixes ``also``) and
+        forget where its segments were served; the names of the actors stopped."""
+        await self.settle()
+        self._watch_handles.clear()
+        names = [n for p in (host_prefix(self.topic), *also) for n in named_actors(p)]
+        for name in names:
+            with contextlib.suppress(ValueError):
+                ray.kill(lookup(name), no_restart=True)
+        SegmentDirectory().remove_topic(self.topic)
+        return names
 
     def _started(self, starting: asyncio.Future) -> None:
         self._starting.discard(starting)

@@ -39,10 +39,7 @@ from runtime import tls, wire
 from runtime.auth import Permission
 from runtime.batch import ipc_parts
 from runtime.config import env_float
-from runtime.errors import (
-    InvalidArgumentError,
-    ScalableTopicsError,
-)
+from runtime.errors import InvalidArgumentError, ScalableTopicsError, UnavailableError
 from runtime.limits import LiveLimits
 from runtime.names import SegmentName
 from runtime.subscription import ResetTarget, reset_target
@@ -415,6 +412,8 @@ class Segment:
             batch = await self._read(request.offset, request.max_records, request.wait_s)
         except (ScalableTopicsError, ValueError) as err:
             return wire.encode_failure(err)
+        except ActorUnavailableError:  # closed while it waited: its connection is gone too
+            return wire.encode_failure(UnavailableError(f"{self._name} closed"))
         store = self._store
         return wire.encode_records(store.end_offset, store.terminated, ipc_parts(batch))
 

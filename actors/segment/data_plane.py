@@ -89,8 +89,14 @@ class DataPlaneServer:
         )
         bound_host, port = self._server.sockets[0].getsockname()[:2]
         self.endpoint = wire.Endpoint(bound_host, port, tls is not None)
-        self._rechecking = loop.create_task(self._recheck_forever())
         return self.endpoint
+
+    def connected(self, connection: DataPlaneProtocol) -> None:
+        """A connection opened: the policy is watched from now until the last one closes
+        (a segment nobody is connected to does no periodic work)."""
+        self.connections.add(connection)
+        if self._rechecking is None or self._rechecking.done():
+            self._rechecking = asyncio.get_running_loop().create_task(self._recheck_while_used())
 
     def stop(self) -> None:
         """Stop listening and drop every connection: the segment closed (it hibernates or
@@ -115,12 +121,10 @@ class DataPlaneServer:
     def refused(self, error: ScalableTopicsError) -> None:
         self._on_refused(error)
 
-    async def _recheck_forever(self) -> None:
+    async def _recheck_while_used(self) -> None:
         seen = self._policy_version()
-        while True:
+        while self.connections:
             await asyncio.sleep(RECHECK_S)
-            if not self.connections:
-                continue
             try:
                 version = self._policy_version()
             except Exception as err:  # noqa: BLE001 - keep serving; look again next round
@@ -159,7 +163,7 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._server.connections.add(self)
+        self._server.connected(self)
         loop = asyncio.get_running_loop()
         self._hello_timer = loop.call_later(HELLO_TIMEOUT_S, self._no_hello)
 

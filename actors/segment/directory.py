@@ -8,14 +8,16 @@ or ``RAYTOPICS_SEGMENT_HOSTS`` per topic, and one per node disk where every node
 keeps its own (``RAYTOPICS_STORAGE_SCOPE=node``: a segment runs where its files are).
 
 This directory maps each segment's name to its host and to what the host needs to
-open it again. The host writes a segment's entry once the segment is open and
-removes it when the segment closes (hibernates or is deleted), so an entry whose
-host is alive is a segment that serves; a host that Ray restarts finds its segments
-here and opens each again on its first call. Entries live in Ray's GCS key-value
+open it (again). Whoever starts a segment enters it before its host opens it, the
+host enters it again (with its node) once open and removes it when the segment
+closes (hibernates or is deleted), so an entry whose host is alive is a segment that
+serves: a call that reaches the host before the segment is open, or after the host
+restarted, opens it from its entry. Entries live in Ray's GCS key-value
 store, beside the actors' names and as short-lived as they: in their own KV
 namespace, never in the metadata store (which may be Redis, and outlives Ray).
 
-Who calls: the hosts write and remove entries; lookups (``actors.segment.lookup``),
+Who calls: the starters (a topic's controller) and the hosts write entries, the hosts
+remove them; lookups (``actors.segment.lookup``),
 readiness and capacity read them; a topic's controller removes a whole topic's
 when it clears what an earlier incarnation left.
 """
@@ -23,7 +25,6 @@ when it clears what an earlier incarnation left.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -32,20 +33,19 @@ from runtime.config import ray_namespace
 from runtime.names import SegmentName, TopicName
 from storage.metadata import GcsKeyValue, KeyValue
 
-HOSTS_ENV = "RAYTOPICS_SEGMENT_HOSTS"
-DEFAULT_HOSTS_PER_TOPIC = 1
-HOST_PREFIX = "segment-host:"
-
 
 @dataclass(frozen=True)
 class Entry:
-    """A segment's host and how that host opens it (the arguments a restart needs)."""
+    """A segment's host and how that host opens it (the arguments a restart needs);
+    ``failed``: why the host could not open it (its storage is gone), until it is opened
+    anew."""
 
     host: str
     node: str
     storage_root: str
     durability: dict[str, Any]
     incarnation: str
+    failed: str | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -53,31 +53,6 @@ class Entry:
     @classmethod
     def from_bytes(cls, raw: bytes) -> Entry:
         return cls(**json.loads(raw))
-
-
-def hosts_per_topic() -> int:
-    """How many hosts share a topic's segments on shared storage (``RAYTOPICS_SEGMENT_HOSTS``):
-    1 keeps a topic in one process; more spread a busy topic over more cores and nodes."""
-    raw = os.environ.get(HOSTS_ENV, "")
-    try:
-        value = int(raw) if raw else DEFAULT_HOSTS_PER_TOPIC
-    except ValueError:
-        raise ValueError(f"{HOSTS_ENV} must be a whole number of hosts, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{HOSTS_ENV} must be at least 1, got {value}")
-    return value
-
-
-def host_name(segment: SegmentName, node: str | None, hosts: int) -> str:
-    """The host of ``segment``: the one on Ray node ``node`` (a disk per node) or one of
-    its topic's ``hosts`` by segment id. Names start with ``host_prefix(topic)``."""
-    slot = f"node-{node}" if node else str(segment.segment_id % hosts)
-    return f"{host_prefix(segment.topic)}{slot}"
-
-
-def host_prefix(topic: TopicName) -> str:
-    """What every host name of ``topic`` starts with (and no other topic's)."""
-    return f"{HOST_PREFIX}{topic.short}/"
 
 
 class SegmentDirectory:
@@ -110,7 +85,9 @@ class SegmentDirectory:
     def per_node(self, hosts_alive: set[str]) -> Counter[str]:
         """Segments served per node id, counting only those whose host is in ``hosts_alive``."""
         return Counter(
-            entry.node for entry in self._entries(b"segment:").values() if entry.host in hosts_alive
+            entry.node
+            for entry in self._entries(b"segment:").values()
+            if entry.host in hosts_alive and entry.failed is None
         )
 
     def _entries(self, prefix: bytes) -> dict[str, Entry]:

@@ -7,7 +7,7 @@ an ``ObjectRef``), so callers need not know that segments share processes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -46,7 +46,7 @@ class SegmentHandle:
 
     host: ray.actor.ActorHandle
     segment: str
-    opening: Opening | None = None
+    opening: Opening | None = field(default=None, compare=False)
 
     def __getattr__(self, method: str) -> SegmentMethod:
         if method.startswith("_"):

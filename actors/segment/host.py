@@ -28,12 +28,13 @@ from actors.capacity import segment_memory
 from actors.guard import guard
 from actors.registry import get_or_start
 from actors.segment.actor import Segment
-from actors.segment.directory import Entry, SegmentDirectory, host_name, hosts_per_topic
+from actors.segment.directory import Entry, SegmentDirectory
 from actors.segment.handle import Opening, SegmentHandle
 from runtime.auth import Permission
 from runtime.config import apply_settings
-from runtime.errors import SegmentNotFoundError, UnavailableError
+from runtime.errors import ScalableTopicsError, SegmentNotFoundError, UnavailableError
 from runtime.names import SegmentName
+from runtime.segment_hosts import host_name, hosts_per_topic
 from storage.durability import Durability, default_storage_root
 from storage.topic_storage import new_incarnation
 
@@ -64,7 +65,8 @@ class SegmentHost:
 
     async def open(self, segment: str, opening: Opening) -> None:
         """Serve ``segment`` as ``opening`` says, unless it is served here already or was
-        closed after ``opening`` was made."""
+        closed after ``opening`` was made. Its starter entered it in the directory already
+        (``start_segment_actor``); the host enters it again with its own node."""
         name = SegmentName.parse(segment)
         guard().check(opening.credential, Permission.ADMIN, name.topic.namespace_path)
         self._open_as(name, opening)
@@ -98,6 +100,21 @@ class SegmentHost:
         await served.close()
         return True
 
+    async def stats_of(
+        self, segments: list[str], *, credential: str | None = None
+    ) -> dict[str, dict[str, Any] | None]:
+        """``stats`` of each of ``segments`` in one call (the controller's maintenance round
+        asks every segment each round); ``None`` for one not served here."""
+        found: dict[str, dict[str, Any] | None] = {}
+        for segment in segments:
+            try:
+                found[segment] = await self._serving(SegmentName.parse(segment)).stats(
+                    credential=credential
+                )
+            except (ActorUnavailableError, ScalableTopicsError):  # closed, gone, or failing
+                found[segment] = None
+        return found
+
     async def serving(self) -> list[str]:
         """The segments open here now (opened again lazily after a restart)."""
         return sorted(str(name) for name in self._segments)
@@ -109,11 +126,10 @@ class SegmentHost:
         entry = self._directory.get(name)
         if entry is None or entry.host != self._name:
             raise ActorUnavailableError(f"{name} is not served by {self._name}", None)
-        try:
-            # After a restart of this host, perhaps on another node.
-            return self._open(name, replace(entry, node=self._node), create=False)
-        except UnavailableError as err:  # its storage is gone: it cannot be served again
-            raise SegmentNotFoundError(f"{name} cannot be opened again: {err.message}") from None
+        if entry.failed is not None:
+            raise SegmentNotFoundError(entry.failed)
+        # After a restart of this host, perhaps on another node.
+        return self._open(name, replace(entry, node=self._node), create=False)
 
     def _open_as(self, name: SegmentName, opening: Opening) -> None:
         if name in self._segments or not self._newer(name, opening.at):
@@ -131,9 +147,16 @@ class SegmentHost:
         return True
 
     def _open(self, name: SegmentName, entry: Entry, create: bool) -> Segment:
-        served = Segment(name, entry.storage_root, entry.durability, create, entry.incarnation)
+        """Open ``name`` and enter it; one whose storage is gone is entered as failed (it
+        cannot be served: readers need not wait for it) and ``SegmentNotFoundError`` raised."""
+        try:
+            served = Segment(name, entry.storage_root, entry.durability, create, entry.incarnation)
+        except UnavailableError as err:
+            failed = f"{name} cannot be opened: {err.message}"
+            self._directory.put(name, replace(entry, failed=failed))
+            raise SegmentNotFoundError(failed) from None
         self._segments[name] = served
-        self._directory.put(name, entry)
+        self._directory.put(name, replace(entry, failed=None))
         return served
 
 
@@ -151,9 +174,11 @@ def start_segment_actor(
     initialize: bool = False,
     incarnation: str | None = None,
     node: str | None = None,
+    hosts: int | None = None,
 ) -> SegmentHandle:
     """Handle to the segment, served by its host (started if missing; on Ray node ``node``
-    only, when given: the one whose disk has the segment). Looking a served one up is
+    only, when given: the one whose disk has the segment; else one of ``hosts`` per topic,
+    ``RAYTOPICS_SEGMENT_HOSTS`` by default). Looking a served one up is
     ``actors.segment.lookup.segment_actor``, which does not import this module.
 
     The host opens the existing storage of topic incarnation ``incarnation``;
@@ -167,12 +192,15 @@ def start_segment_actor(
         incarnation = new_incarnation()
     durability = durability or Durability.from_env()
     root = str(storage_root or default_storage_root())
-    host_of = host_name(name, node, hosts_per_topic())
+    host_of = host_name(name, node, hosts or hosts_per_topic())
     host = get_or_start(
         SegmentHost, host_of, host_of, topic=name.topic, memory=segment_memory(), node=node
     )
     opening = Opening(
         root, asdict(durability), initialize, incarnation, time.time_ns(), guard().internal_token()
     )
+    # Entered before the host runs ``open``: whoever looks the segment up from now on finds
+    # its host, and a call that overtakes the open opens it there (``_serving``).
+    SegmentDirectory().put(name, Entry(host_of, node or "", root, opening.durability, incarnation))
     host.open.remote(str(name), opening)
     return SegmentHandle(host, str(name), opening)

@@ -19,11 +19,12 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.registry import alive_actor_names, gone_for_good, lookup
-from actors.segment.directory import SegmentDirectory, host_prefix
+from actors.segment.directory import SegmentDirectory
 from actors.segment.handle import SegmentHandle
 from runtime.errors import SegmentNotFoundError
 from runtime.names import SegmentName, TopicName
 from runtime.remote import call
+from runtime.segment_hosts import host_prefix
 
 # How long a client waits for a segment named by the layout to register its actor.
 LOOKUP_WAIT_S = 30.0
@@ -45,10 +46,10 @@ def segment_actor(name: SegmentName) -> SegmentHandle:
 
 
 def segment_gone_for_good(name: SegmentName) -> bool:
-    """Whether ``name``'s host died for good (killed without restart, or out of restarts),
-    so nobody serves it until its controller opens it elsewhere."""
+    """Whether ``name`` cannot be served until its controller opens it anew: its host could
+    not open it (its storage is gone), or died for good (killed without restart)."""
     entry = SegmentDirectory().get(name)
-    return entry is not None and gone_for_good(entry.host)
+    return entry is not None and (entry.failed is not None or gone_for_good(entry.host))
 
 
 def served_segments(topic: TopicName) -> set[str]:
@@ -57,7 +58,7 @@ def served_segments(topic: TopicName) -> set[str]:
     call per segment."""
     alive = alive_actor_names(host_prefix(topic))
     entries = SegmentDirectory().of_topic(topic)
-    return {name for name, entry in entries.items() if entry.host in alive}
+    return {n for n, entry in entries.items() if entry.host in alive and entry.failed is None}
 
 
 async def find_segment_actor(

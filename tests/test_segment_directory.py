@@ -1,0 +1,62 @@
+"""The segment directory and host naming, as pure logic over an in-memory KV."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.segment.directory import Entry, SegmentDirectory
+from runtime.errors import InvalidArgumentError
+from runtime.names import TopicName
+from runtime.segment_hosts import HOSTS_ENV, host_name, host_prefix, hosts_per_topic
+from storage.metadata import MemoryKeyValue
+
+TOPIC = TopicName("t", "ns", "orders")
+OTHER = TopicName("t", "ns", "orders2")  # shares a prefix with TOPIC's name
+
+
+def entry(host: str, node: str = "n1") -> Entry:
+    return Entry(host, node, "/data", {"policy": "fsync", "interval_s": 0.2}, "inc-1")
+
+
+def test_an_entry_round_trips_and_only_its_host_removes_it() -> None:
+    directory = SegmentDirectory(MemoryKeyValue())
+    segment = TOPIC.segment(3, 0, 0x7FFF)
+    assert directory.get(segment) is None
+    directory.put(segment, entry("h1"))
+    assert directory.get(segment) == entry("h1")
+    directory.put(segment, entry("h2"))  # opened in another host (woken elsewhere)
+    directory.remove(segment, "h1")  # the old host's late close leaves the newer entry
+    assert directory.get(segment) == entry("h2")
+    directory.remove(segment, "h2")
+    assert directory.get(segment) is None
+
+
+def test_a_topic_s_entries_are_its_own() -> None:
+    directory = SegmentDirectory(MemoryKeyValue())
+    mine = [TOPIC.segment(i, 0, 0xFFFF) for i in range(3)]
+    theirs = OTHER.segment(0, 0, 0xFFFF)
+    for segment in mine:
+        directory.put(segment, entry("h1"))
+    directory.put(theirs, entry("h2", node="n2"))
+    assert set(directory.of_topic(TOPIC)) == {s.actor_name for s in mine}
+    assert directory.per_node({"h1", "h2"}) == {"n1": 3, "n2": 1}
+    assert directory.per_node({"h2"}) == {"n2": 1}, "a dead host's segments count nowhere"
+    directory.remove_topic(TOPIC)
+    assert directory.of_topic(TOPIC) == {} and directory.get(theirs) is not None
+
+
+def test_host_names_follow_the_node_or_the_segment_id(monkeypatch) -> None:
+    segment = TOPIC.segment(5, 0, 0xFFFF)
+    assert host_name(segment, None, 1) == "segment-host:t/ns/orders/0"
+    assert host_name(segment, None, 4) == "segment-host:t/ns/orders/1"
+    assert host_name(segment, "abc", 4) == "segment-host:t/ns/orders/node-abc"
+    assert host_name(segment, None, 1).startswith(host_prefix(TOPIC))
+    assert not host_name(OTHER.segment(0, 0, 1), None, 1).startswith(host_prefix(TOPIC))
+    monkeypatch.delenv(HOSTS_ENV, raising=False)
+    assert hosts_per_topic() == 1
+    monkeypatch.setenv(HOSTS_ENV, "3")
+    assert hosts_per_topic() == 3
+    for bad in ("0", "-1", "two"):
+        monkeypatch.setenv(HOSTS_ENV, bad)
+        with pytest.raises(InvalidArgumentError, match=HOSTS_ENV):
+            hosts_per_topic()
