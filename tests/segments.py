@@ -11,14 +11,11 @@ from pathlib import Path
 import ray
 
 from actors.guard import guard
-from actors.registry import alive_actor_names
 from actors.segment import lookup
-from actors.segment.directory import SegmentDirectory
 from actors.segment.handle import SegmentHandle
 from actors.segment.host import close_segment
-from actors.segment.lookup import served_segments
+from actors.segment.lookup import served_entries, served_segments
 from runtime.names import SegmentName, TopicName
-from runtime.segment_hosts import host_prefix
 from storage.durability import default_storage_root
 from storage.topic_storage import segment_directory
 
@@ -48,9 +45,7 @@ def crash_host_of(name: SegmentName) -> ray.actor.ActorHandle:
 
 def segment_nodes(topic: TopicName) -> dict[str, str]:
     """The node of each served segment of ``topic`` (by actor name), its host alive."""
-    alive = alive_actor_names(host_prefix(topic))
-    entries = SegmentDirectory().of_topic(topic)
-    return {name: entry.node for name, entry in entries.items() if entry.host in alive}
+    return {name: entry.node for name, entry in served_entries(topic).items()}
 
 
 def segment_actor(name: SegmentName, timeout_s: float = 60.0) -> SegmentHandle:

@@ -41,6 +41,10 @@ def test_a_topic_s_entries_are_its_own() -> None:
     assert set(directory.of_topic(TOPIC)) == {s.actor_name for s in mine}
     assert directory.per_node({"h1", "h2"}) == {"n1": 3, "n2": 1}
     assert directory.per_node({"h2"}) == {"n2": 1}, "a dead host's segments count nowhere"
+    failed = Entry("h2", "n2", "/data", {}, "inc-1", failed="its storage is gone")
+    directory.put(theirs, failed)
+    assert directory.per_node({"h1", "h2"}) == {"n1": 3}, "nor does one its host cannot open"
+    assert not failed.serves({"h2"}) and entry("h1").serves({"h1"})
     directory.remove_topic(TOPIC)
     assert directory.of_topic(TOPIC) == {} and directory.get(theirs) is not None
 

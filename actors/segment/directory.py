@@ -47,6 +47,10 @@ class Entry:
     incarnation: str
     failed: str | None = None
 
+    def serves(self, hosts_alive: set[str]) -> bool:
+        """Whether the segment is served: its host is alive and did not fail to open it."""
+        return self.host in hosts_alive and self.failed is None
+
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
@@ -84,11 +88,8 @@ class SegmentDirectory:
 
     def per_node(self, hosts_alive: set[str]) -> Counter[str]:
         """Segments served per node id, counting only those whose host is in ``hosts_alive``."""
-        return Counter(
-            entry.node
-            for entry in self._entries(b"segment:").values()
-            if entry.host in hosts_alive and entry.failed is None
-        )
+        entries = self._entries(b"segment:").values()
+        return Counter(entry.node for entry in entries if entry.serves(hosts_alive))
 
     def _entries(self, prefix: bytes) -> dict[str, Entry]:
         found = self._kv.get_many(self._kv.keys(prefix))

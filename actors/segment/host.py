@@ -54,10 +54,11 @@ class SegmentHost:
         apply_settings(settings)
         self._name = name
         self._node = ray.get_runtime_context().get_node_id()
-        self._segments: dict[SegmentName, Segment] = {}
+        # Keyed by the name as callers send it (``segment://...``): no parsing per call.
+        self._segments: dict[str, Segment] = {}
         # The time (``Opening.at``) of the last open or close applied to each segment: Ray
         # may run an async actor's calls out of order, and an older one must not undo it.
-        self._last_change: dict[SegmentName, int] = {}
+        self._last_change: dict[str, int] = {}
         self._directory = SegmentDirectory()
         # Only a first start may create storage: after a restart, a segment whose storage
         # is gone must fail, not serve an empty log in its place.
@@ -67,9 +68,7 @@ class SegmentHost:
         """Serve ``segment`` as ``opening`` says, unless it is served here already or was
         closed after ``opening`` was made. Its starter entered it in the directory already
         (``start_segment_actor``); the host enters it again with its own node."""
-        name = SegmentName.parse(segment)
-        guard().check(opening.credential, Permission.ADMIN, name.topic.namespace_path)
-        self._open_as(name, opening)
+        self._open_as(segment, opening)
 
     async def call(
         self, segment: str, method: str, opening: Opening | None, *args: Any, **kwargs: Any
@@ -79,11 +78,9 @@ class SegmentHost:
         segment open even if it runs before the ``open`` sent ahead of it."""
         if method not in SEGMENT_METHODS:
             raise AttributeError(f"a segment has no method {method!r}")
-        name = SegmentName.parse(segment)
-        if opening is not None and name not in self._segments:
-            guard().check(opening.credential, Permission.ADMIN, name.topic.namespace_path)
-            self._open_as(name, opening)
-        return await getattr(self._serving(name), method)(*args, **kwargs)
+        if opening is not None and segment not in self._segments:
+            self._open_as(segment, opening)
+        return await getattr(self._serving(segment), method)(*args, **kwargs)
 
     async def close(self, segment: str, at: int, *, credential: str | None = None) -> bool:
         """Stop serving ``segment`` (it hibernates, was deleted, or belongs to an incarnation
@@ -91,10 +88,10 @@ class SegmentHost:
         goes first, so nobody looks it up here meanwhile."""
         name = SegmentName.parse(segment)
         guard().check(credential, Permission.ADMIN, name.topic.namespace_path)
-        if not self._newer(name, at):
+        if not self._newer(segment, at):
             return False
         self._directory.remove(name, self._name)
-        served = self._segments.pop(name, None)
+        served = self._segments.pop(segment, None)
         if served is None:
             return False
         await served.close()
@@ -108,21 +105,16 @@ class SegmentHost:
         found: dict[str, dict[str, Any] | None] = {}
         for segment in segments:
             try:
-                found[segment] = await self._serving(SegmentName.parse(segment)).stats(
-                    credential=credential
-                )
+                found[segment] = await self._serving(segment).stats(credential=credential)
             except (ActorUnavailableError, ScalableTopicsError):  # closed, gone, or failing
                 found[segment] = None
         return found
 
-    async def serving(self) -> list[str]:
-        """The segments open here now (opened again lazily after a restart)."""
-        return sorted(str(name) for name in self._segments)
-
-    def _serving(self, name: SegmentName) -> Segment:
-        served = self._segments.get(name)
+    def _serving(self, segment: str) -> Segment:
+        served = self._segments.get(segment)
         if served is not None:
             return served
+        name = SegmentName.parse(segment)
         entry = self._directory.get(name)
         if entry is None or entry.host != self._name:
             raise ActorUnavailableError(f"{name} is not served by {self._name}", None)
@@ -131,19 +123,23 @@ class SegmentHost:
         # After a restart of this host, perhaps on another node.
         return self._open(name, replace(entry, node=self._node), create=False)
 
-    def _open_as(self, name: SegmentName, opening: Opening) -> None:
-        if name in self._segments or not self._newer(name, opening.at):
+    def _open_as(self, segment: str, opening: Opening) -> None:
+        """Open ``segment`` as its starter says (``opening`` needs ``admin``), unless it is
+        open or was closed after ``opening`` was made."""
+        name = SegmentName.parse(segment)
+        guard().check(opening.credential, Permission.ADMIN, name.topic.namespace_path)
+        if segment in self._segments or not self._newer(segment, opening.at):
             return
         entry = Entry(
             self._name, self._node, opening.storage_root, opening.durability, opening.incarnation
         )
         self._open(name, entry, opening.create and self._may_create)
 
-    def _newer(self, name: SegmentName, at: int) -> bool:
-        """Whether a change made at ``at`` is the latest for ``name`` (and record it)."""
-        if at < self._last_change.get(name, 0):
+    def _newer(self, segment: str, at: int) -> bool:
+        """Whether a change made at ``at`` is the latest for ``segment`` (and record it)."""
+        if at < self._last_change.get(segment, 0):
             return False
-        self._last_change[name] = at
+        self._last_change[segment] = at
         return True
 
     def _open(self, name: SegmentName, entry: Entry, create: bool) -> Segment:
@@ -155,7 +151,7 @@ class SegmentHost:
             failed = f"{name} cannot be opened: {err.message}"
             self._directory.put(name, replace(entry, failed=failed))
             raise SegmentNotFoundError(failed) from None
-        self._segments[name] = served
+        self._segments[str(name)] = served
         self._directory.put(name, replace(entry, failed=None))
         return served
 

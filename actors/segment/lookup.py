@@ -19,7 +19,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.registry import alive_actor_names, gone_for_good, lookup
-from actors.segment.directory import SegmentDirectory
+from actors.segment.directory import Entry, SegmentDirectory
 from actors.segment.handle import SegmentHandle
 from runtime.errors import SegmentNotFoundError
 from runtime.names import SegmentName, TopicName
@@ -52,13 +52,18 @@ def segment_gone_for_good(name: SegmentName) -> bool:
     return entry is not None and (entry.failed is not None or gone_for_good(entry.host))
 
 
-def served_segments(topic: TopicName) -> set[str]:
-    """The segments of ``topic`` (by ``SegmentName.actor_name``) open in a host whose
-    process is up and constructed: two reads (Ray's actor table, the directory), not a
-    call per segment."""
+def served_entries(topic: TopicName) -> dict[str, Entry]:
+    """The directory entries of ``topic``'s segments (by ``SegmentName.actor_name``) that a
+    host whose process is up and constructed serves: two reads (Ray's actor table, the
+    directory), not a call per segment."""
     alive = alive_actor_names(host_prefix(topic))
     entries = SegmentDirectory().of_topic(topic)
-    return {n for n, entry in entries.items() if entry.host in alive and entry.failed is None}
+    return {name: entry for name, entry in entries.items() if entry.serves(alive)}
+
+
+def served_segments(topic: TopicName) -> set[str]:
+    """The names (``SegmentName.actor_name``) of ``served_entries``."""
+    return set(served_entries(topic))
 
 
 async def find_segment_actor(
