@@ -46,6 +46,9 @@ os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
 os.environ.setdefault("RAY_event_stats", "0")
 
 
+_session_ray: list[str] = []  # the GCS address of the session's Ray, once started
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real local Ray shared by the tests that need one: the embedded Ray of this
@@ -56,8 +59,46 @@ def ray_cluster():
     if not ray.is_initialized():
         address = None if os.environ.get("RAY_ADDRESS") else "local"
         connect(address, num_cpus=4, include_dashboard=False, log_to_driver=False)
+    _session_ray[:] = [ray.get_runtime_context().gcs_address]
     yield
     disconnect()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _topics_deleted_after_module() -> Iterator[None]:
+    """Deletes the topics a module created on the session's Ray when the module ends.
+
+    Every topic keeps a controller and a segment host running (and a coordinator per
+    subscription), each a process that costs Ray's per-process floor for as long as it
+    lives and reports metrics to the node's agent every second: left running, the
+    topics of earlier modules were a steady share of the whole suite's CPU. The
+    product's own delete stops them."""
+    before = session_topics()
+    yield
+    after = session_topics()
+    if after is None:
+        return
+    from clients import ScalableTopicsAdmin
+
+    admin = ScalableTopicsAdmin(controller_restart_timeout_s=10)
+    for topic in sorted(after - (before or set())):
+        try:
+            admin.delete_scalable_topic(topic)
+        except Exception as err:  # noqa: BLE001 - a topic a test left broken on purpose
+            print(f"\nleft {topic} running: {type(err).__name__}: {err}")
+
+
+def session_topics() -> set[str] | None:
+    """The topics on the session's Ray (None: this process is not connected to it)."""
+    if not (_session_ray and ray.is_initialized()):
+        return None
+    context = ray.get_runtime_context()
+    if context.gcs_address != _session_ray[0]:
+        return None
+    from storage.metadata import MetadataStore
+
+    paths = MetadataStore(context.namespace).list("/topics/")
+    return {"topic://" + "/".join(p.split("/")[2:5]) for p in paths if p.count("/") >= 4}
 
 
 @pytest.fixture(scope="session")
