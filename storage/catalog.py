@@ -40,6 +40,7 @@ from storage.metadata import MetadataStore, Version
 from storage.metadata_paths import (
     AUTH_POLICY_PATH,
     INTERNAL_TOKEN_PATH,
+    TOPICS_ROOT,
     consumer_path,
     consumers_path,
     controller_path,
@@ -49,6 +50,7 @@ from storage.metadata_paths import (
     sink_path,
     subscription_path,
     subscriptions_path,
+    topic_of_path,
     topic_path,
 )
 from storage.records import (
@@ -100,6 +102,11 @@ class Catalog:
     def topics(self, namespace: str) -> list[str]:
         """Short names (``orders``) of the topics of ``tenant/namespace``, sorted."""
         return self.store.children(namespace_path(namespace))
+
+    def all_topics(self) -> list[TopicName]:
+        """Every topic of every namespace, in one listing of the store."""
+        found = (topic_of_path(path) for path in self.store.list(TOPICS_ROOT))
+        return sorted((topic for topic in found if topic is not None), key=str)
 
     def create_topic(self, topic: TopicName, record: TopicRecord) -> None:
         try:

@@ -42,6 +42,18 @@ def topic_path(topic: TopicName) -> str:
     return f"{_TOPICS}/{topic.short}"
 
 
+TOPICS_ROOT = f"{_TOPICS}/"  # every topic's tree is under it
+
+
+def topic_of_path(path: str) -> TopicName | None:
+    """The topic whose record ``topic_path`` puts at ``path``; None for any other path
+    (a namespace, or something a topic owns)."""
+    parts = path.split("/")
+    if len(parts) != 5 or f"/{parts[1]}" != _TOPICS:
+        return None
+    return TopicName.parse(f"topic://{parts[2]}/{parts[3]}/{parts[4]}")
+
+
 def namespace_path(namespace: str) -> str:
     tenant, name = parse_namespace(namespace)
     return f"{_TOPICS}/{tenant}/{name}"

@@ -92,13 +92,11 @@ def session_topics() -> set[str] | None:
     """The topics on the session's Ray (None: this process is not connected to it)."""
     if not (_session_ray and ray.is_initialized()):
         return None
-    context = ray.get_runtime_context()
-    if context.gcs_address != _session_ray[0]:
+    if ray.get_runtime_context().gcs_address != _session_ray[0]:
         return None
-    from storage.metadata import MetadataStore
+    from storage.catalog import Catalog
 
-    paths = MetadataStore(context.namespace).list("/topics/")
-    return {"topic://" + "/".join(p.split("/")[2:5]) for p in paths if p.count("/") >= 4}
+    return {str(topic) for topic in Catalog().all_topics()}
 
 
 @pytest.fixture(scope="session")

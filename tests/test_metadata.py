@@ -82,6 +82,21 @@ def test_a_stale_controller_is_fenced_off_in_memory():
     assert catalog.require_topic(topic).controller_epoch == 10
 
 
+
+def test_every_topic_of_every_namespace_is_listed_and_nothing_else():
+    """``all_topics`` names the topics whose records exist, not the namespaces or the
+    records a topic owns, nor a topic of which only such records are left."""
+    catalog = Catalog(store=MetadataStore(kv=MemoryKeyValue()))
+    topics = [TopicName.parse(n) for n in ("topic://a/x/one", "topic://a/y/two", "topic://b/x/one")]
+    for topic in topics:
+        catalog.create_topic(topic, TopicRecord.new(SegmentLayout.initial(1), new_incarnation(), 1))
+        catalog.elect(topic)
+    catalog.ensure_group(topics[0], "group", 5.0)
+    assert catalog.all_topics() == topics
+    catalog.delete_topic(topics[1])
+    catalog.elect(topics[1])  # a leftover leadership record is not a topic
+    assert catalog.all_topics() == [topics[0], topics[2]]
+
 def check_store_semantics(store: MetadataStore, unique: str) -> None:
     path = f"/test/{unique}/a"
     assert store.get(path) is None

@@ -54,7 +54,8 @@ class SegmentHost:
         apply_settings(settings)
         self._name = name
         self._node = ray.get_runtime_context().get_node_id()
-        # Keyed by the name as callers send it (``segment://...``): no parsing per call.
+        # Keyed by the name as callers send it (``segment://...``), no parsing per call:
+        # ``SegmentName.parse`` accepts no other spelling of a name than ``str()`` gives.
         self._segments: dict[str, Segment] = {}
         # The time (``Opening.at``) of the last open or close applied to each segment: Ray
         # may run an async actor's calls out of order, and an older one must not undo it.
