@@ -8,6 +8,7 @@ that cannot be used, are refused when the policy is set, with the reason.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -23,11 +24,13 @@ from object_store import PORTS, s3_server, s3_uri
 from pyarrow import fs as pafs
 from test_metrics import scrape, total
 
+from actors.control.topic_stats import _kept, _segment_stats
 from clients import Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from runtime.config import ray_namespace
 from runtime.errors import TierRefusedError
 from runtime.names import TopicName
 from runtime.tiering import retry_delay_s
+from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.tier import open_tier, read_manifest, tier_directory
 from storage.tier_records import TierRecords
@@ -207,6 +210,40 @@ def test_readers_that_pause_past_idle_s_find_the_segment_started_again(
     )
     queue.close()
     assert set(got) == set(sent)  # at least once: what was in flight may come again
+    admin.delete_scalable_topic(topic)
+
+
+def test_stats_of_a_segment_whose_actor_just_ended_wake_nothing(
+    admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """A move to the tier may commit, and its actor end, while a stats request is under
+    way: the request reads what is kept of the segment when it finds no actor, not a
+    list of tiered segments read before, and starts nothing (a woken tiered segment
+    would run for its whole ``idleS``)."""
+    topic = f"topic://tier/ns/ended-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    tiering = {"uri": f"file://{TIER_ROOT}/{unique}", "afterS": 0, "idleS": 600}
+    admin.set_policy(topic, {"tiering": tiering})
+    produce(topic, [], defaultdict(int), 50)
+    admin.split_segment(topic, 0)
+    incarnation = wait_hibernating(admin, topic)["incarnation"]
+    name = TopicName.parse(topic)
+    segment = admin.get_layout(topic).get(0).name(name)
+    kept = _kept(
+        segment,
+        TierRecords(Catalog().store, name, incarnation),
+        SleepingSegments(Catalog().store, name, incarnation),
+    )
+    reads = []
+
+    def committed_after_the_first_read() -> dict | None:
+        reads.append(1)
+        return None if len(reads) == 1 else kept()
+
+    stats = asyncio.run(_segment_stats(segment, committed_after_the_first_read, 10))
+    assert stats is not None and stats["tiered"] and stats["hibernating"], stats
+    assert len(reads) == 2
+    assert running_segments(admin, topic) == set(admin.get_layout(topic).active_segments)
     admin.delete_scalable_topic(topic)
 
 

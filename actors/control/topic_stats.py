@@ -19,7 +19,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutErro
 from actors.control.controller import controller_actor
 from actors.control.readiness import topic_readiness
 from actors.guard import guard
-from actors.segment.lookup import find_segment_actor, segment_actor
+from actors.segment.handle import SegmentHandle
+from actors.segment.lookup import segment_actor
 from runtime.backlog import age_s, subscription_ages
 from runtime.errors import SegmentNotFoundError, UnavailableSegmentsError
 from runtime.layout import SegmentInfo, SegmentLayout
@@ -50,15 +51,12 @@ async def topic_stats(catalog: Catalog, name: TopicName, timeout_s: float) -> di
     segments = list(record.layout.all_segments.values())
     records = tier_records(name, record.incarnation)
     sleeping = SleepingSegments(catalog.store, name, record.incarnation)
-    on_demand = set(await asyncio.to_thread(records.segment_ids))
-    on_demand |= set(await asyncio.to_thread(sleeping.segment_ids))
     stats, autoscale = await asyncio.gather(
         asyncio.gather(
             *(
                 _segment_stats(
                     s.name(name),
                     _kept(s.name(name), records, sleeping),
-                    s.segment_id in on_demand,
                     timeout_s,
                 )
                 for s in segments
@@ -111,27 +109,38 @@ def _kept(
 async def _segment_stats(
     name: SegmentName,
     kept: Callable[[], dict[str, Any] | None],
-    on_demand: bool,
     timeout_s: float,
 ) -> dict[str, Any] | None:
-    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``. A
-    hibernating segment (``on_demand``: tiered, or sleeping drained) answers from what is
-    ``kept`` of it (asking must not wake it); so does one whose actor is ending meanwhile
-    (a move to the tier that just committed, an idle actor stopped), since a call to an
-    actor on its way out may hang until Ray gives up on it: while no answer comes, what
-    is kept is looked for every few seconds."""
+    """One segment's stats, ``None`` when it cannot answer within ``timeout_s``. A segment
+    with no actor answers from what is ``kept`` of it (a tiered or sleeping one: asking
+    must not wake it, or it would run for its whole ``idleS``); so does one whose actor
+    is ending meanwhile (a move to the tier that just committed, an idle actor stopped),
+    since a call to an actor on its way out may hang until Ray gives up on it: while no
+    answer comes, what is kept is looked for every few seconds."""
 
     async def from_record() -> dict[str, Any] | None:
         return await asyncio.to_thread(kept)
 
+    async def running() -> SegmentHandle | dict[str, Any]:
+        """Its actor, or what is kept of it; waits while it has neither (a new segment
+        whose actor is not registered yet). The kept stats are read after each failed
+        lookup, not once before: a move to the tier may commit and end the actor
+        between the two."""
+        delay = 0.01
+        while True:
+            try:
+                return segment_actor(name)
+            except ValueError:
+                if (stored := await from_record()) is not None:
+                    return stored
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
     async def ask() -> dict[str, Any]:
         credential = guard().internal_token()
-        try:
-            handle = segment_actor(name)
-        except ValueError:
-            if on_demand and (stored := await from_record()) is not None:
-                return stored
-            handle = await find_segment_actor(name, timeout_s, credential=credential)
+        handle = await running()
+        if isinstance(handle, dict):
+            return handle
         answer = asyncio.ensure_future(call(handle.stats.remote(credential=credential)))
         try:
             while True:
