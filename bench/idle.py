@@ -44,7 +44,7 @@ GROUPS = {
     "ray::SegmentHost": "segments",
     "ray::Idle": "segments",  # the peer's stand-ins
     "ray::ScalableTopicControllerActor": "controller",
-    "ray::SubscriptionCoordinator": "coordinators",
+    "ray::CoordinatorHost": "coordinators",
     "ray::DagWatchServer": "dag watch",
     "ray::AdminService": "admin service",
     "gcs_server": "gcs",

@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 from ray.exceptions import RayActorError
 
-from actors.control.coordinator import coordinator_actor
+from actors.control.coordinator_host import coordinator_actor
 from actors.segment.lookup import find_segment_actor, find_segment_again
 from clients._data_plane import REFUSALS, ChannelError, ReadChannel
 from clients._inbox import Inbox

@@ -79,9 +79,10 @@ class TopicName:
     def controller_actor_name(self) -> str:
         return f"controller:{self.short}"
 
-    def coordinator_actor_name(self, subscription: str) -> str:
-        validate_part("subscription", subscription)
-        return f"coordinator:{self.short}/{subscription}"
+    @property
+    def coordinator_host_name(self) -> str:
+        """The actor serving the coordinators of every subscription of the topic."""
+        return f"coordinators:{self.short}"
 
     def segment(self, segment_id: int, start: int, end: int) -> SegmentName:
         return SegmentName(self, segment_id, start, end)

@@ -36,7 +36,7 @@ OPERATION_TIMEOUT_S = 30.0
 class Probe:
     def __init__(self, request: dict[str, Any]) -> None:
         from actors.control.controller import controller_actor
-        from actors.control.coordinator import coordinator_actor
+        from actors.control.coordinator_host import coordinator_actor
         from actors.control.dag_watch import dag_watch_actor
         from actors.segment.lookup import segment_actor
         from runtime.names import SegmentName, TopicName
@@ -191,7 +191,7 @@ class Probe:
             "coordinator.reset": lambda: coord.reset.remote([0], {}, credential=c),
             "coordinator.snapshot": lambda: coord.snapshot.remote(credential=c),
             "coordinator.ensure_group": lambda: coord.ensure_group.remote(60.0, credential=c),
-            "coordinator.shutdown": lambda: coord.shutdown.remote(credential=c),
+            "coordinators.stop": lambda: coord.host.stop.remote(sub, credential=c),
             "dagwatch.listen": lambda: watch.listen.remote(self.topic, None, 0.5, credential=c),
             "dagwatch.layout": lambda: watch.layout.remote(self.topic, credential=c),
             "dagwatch.notify": lambda: watch.notify.remote(self.topic, credential=c),

@@ -102,6 +102,9 @@ class Coordinators:
     async def stop(self, subscription: str) -> None:
         self.calls.append(f"stop {subscription}")
 
+    async def stop_all(self) -> None:
+        self.calls.append("stop all")
+
 
 class Metrics:
     def operation(self, kind: str, seconds: float) -> None:

@@ -98,9 +98,8 @@ def produce_and_consume(topic: str, count: int) -> None:
 
 def topic_actors(topic: str) -> list[str]:
     short = TopicName.parse(topic).short
-    return [
-        n for p in ("segment-host:", "controller:", "coordinator:") for n in named_actors(p + short)
-    ]
+    kinds = ("segment-host:", "controller:", "coordinators:")
+    return [n for p in kinds for n in named_actors(p + short)]
 
 
 def test_a_topic_larger_than_the_cluster_is_refused_and_changes_nothing(

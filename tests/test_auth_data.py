@@ -103,7 +103,7 @@ ADMIN_OPS = {
     "host.open",
     "host.close",
     "host.call(opening)",
-    "coordinator.shutdown",
+    "coordinators.stop",
     "dagwatch.notify",
 }
 ALLOWED = {

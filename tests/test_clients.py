@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from actors.control.controller import controller_actor
-from actors.control.coordinator import coordinator_actor
+from actors.control.coordinator_host import coordinator_actor
 from clients import (
     RECEIVED_SCHEMA,
     Checkpoint,
@@ -169,7 +169,7 @@ def test_sessions_survive_disconnects_within_grace_and_coordinator_restarts(admi
     assert ray.get(b.assigned.remote()) == b_segments, "b must not be rebalanced"
 
     coordinator = coordinator_actor(TopicName.parse(topic), "s")
-    ray.kill(coordinator, no_restart=False)  # Ray restarts it; sessions come from metadata
+    ray.kill(coordinator.host, no_restart=False)  # Ray restarts it; sessions come from metadata
     time.sleep(2)
     assert owners(topic, "s") == {**{s: "a" for s in a_segments}, **{s: "b" for s in b_segments}}
     assert ray.get(a.assigned.remote()) == a_segments

@@ -82,7 +82,6 @@ def test_a_stale_controller_is_fenced_off_in_memory():
     assert catalog.require_topic(topic).controller_epoch == 10
 
 
-
 def test_every_topic_of_every_namespace_is_listed_and_nothing_else():
     """``all_topics`` names the topics whose records exist, not the namespaces or the
     records a topic owns, nor a topic of which only such records are left."""
@@ -96,6 +95,7 @@ def test_every_topic_of_every_namespace_is_listed_and_nothing_else():
     catalog.delete_topic(topics[1])
     catalog.elect(topics[1])  # a leftover leadership record is not a topic
     assert catalog.all_topics() == [topics[0], topics[2]]
+
 
 def check_store_semantics(store: MetadataStore, unique: str) -> None:
     path = f"/test/{unique}/a"

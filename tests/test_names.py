@@ -9,7 +9,7 @@ def test_topic_round_trip_and_actor_names():
     assert str(t) == "topic://acme/orders/events"
     assert t.namespace_path == "acme/orders"
     assert t.controller_actor_name == "controller:acme/orders/events"
-    assert t.coordinator_actor_name("s1") == "coordinator:acme/orders/events/s1"
+    assert t.coordinator_host_name == "coordinators:acme/orders/events"
 
 
 def test_segment_round_trip():

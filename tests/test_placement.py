@@ -82,7 +82,7 @@ def test_pinned_namespace_starts_and_restarts_on_its_nodes(tmp_path: Path) -> No
     placed = last_json(proc.stdout)
     pinned_node, pinned, restarted = placed["pinned_node"], placed["pinned"], placed["restarted"]
     kinds = {name.split(":")[0] for name in pinned}
-    assert kinds == {"controller", "segment-host", "coordinator"}, pinned
+    assert kinds == {"controller", "segment-host", "coordinators"}, pinned
     assert set(pinned.values()) == {pinned_node}, pinned
     assert restarted["node"] == pinned_node and restarted["pid"] != restarted["old_pid"]
 

@@ -11,12 +11,14 @@ import ray
 from test_cli import cli_env, raytopics  # noqa: F401 - a fixture and a helper, shared
 from test_gateway import free_port, http  # noqa: F401 - a helper
 
+from actors.control.dag_watch import dag_watch_actor
 from clients import AdminHttpClient, Producer, StreamConsumer
 from runtime.errors import (
     AmbiguousStorageError,
     InvalidArgumentError,
     StorageNotFoundError,
     TopicAlreadyExistsError,
+    TopicNotFoundError,
 )
 from runtime.names import TopicName
 from storage.catalog import Catalog
@@ -99,6 +101,22 @@ def test_a_recreated_name_delivers_nothing_of_the_old_topic(admin, unique):
     assert_once_in_key_order(drain(consumer, len(fresh)), fresh)
     consumer.close()
     assert not [o for o in admin.check_storage()["orphaned"] if o["topic"] == topic]
+    admin.delete_scalable_topic(topic)
+
+
+def test_a_name_deleted_and_created_anew_is_watched_as_the_new_topic(admin, unique):
+    """The DAG watch server read the name as deleted; created again at once, a client
+    that read the new layout and listens for changes is not told it was deleted."""
+    topic = f"topic://ident/ns/watched-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    server = dag_watch_actor()
+    old_epoch = ray.get(server.listen.remote(topic, None, 0.1))["epoch"]  # now watched
+    admin.delete_scalable_topic(topic)
+    with pytest.raises(TopicNotFoundError):
+        ray.get(server.listen.remote(topic, old_epoch, 5))
+    admin.create_scalable_topic(topic, 1)
+    epoch = admin.get_layout(topic).epoch
+    assert ray.get(server.listen.remote(topic, epoch, 0.2)) is None  # nothing newer yet
     admin.delete_scalable_topic(topic)
 
 

@@ -1,11 +1,12 @@
-"""``SubscriptionCoordinator``: one detached actor per subscription (or checkpoint group).
+"""``SubscriptionCoordinator``: the coordinator of one subscription (or checkpoint group),
+served with the topic's others by its ``CoordinatorHost`` (``actors.control.coordinator_host``).
 
 A thin shell over ``runtime.coordination.GroupState``: it persists each
 consumer's registration (name and owned segments) at its consumer path (``storage.metadata``)
 whenever that changes — never per heartbeat — keeps liveness in memory, pushes
 assignment changes to consumers' long-polls, follows the topic's layout through
 a DAG watch, and evicts consumers whose grace period ran out. After a restart
-every registration is restored and every consumer gets a fresh grace period.
+of its host every registration is restored and every consumer gets a fresh grace period.
 
 Every consumer-facing method checks the caller's ``credential`` for ``consume``
 on the topic's namespace before it looks at anything (``actors.guard``); the
@@ -21,14 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import ray
-
 from actors.control.dag_watch import DagWatch
 from actors.guard import guard
-from actors.registry import get_or_start
 from actors.segment.lookup import LOOKUP_WAIT_S, segment_position
 from runtime.auth import Permission
-from runtime.config import apply_settings
 from runtime.coordination import GroupState
 from runtime.errors import ConflictError, ConsumerNotRegisteredError
 from runtime.names import TopicName, validate_part
@@ -39,13 +36,9 @@ from storage.records import ConsumerRegistration, SubscriptionKind, Subscription
 _EXPIRY_SLACK_S = 0.05
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class SubscriptionCoordinator:
-    def __init__(
-        self, topic: str, subscription: str, settings: dict[str, str] | None = None
-    ) -> None:
-        apply_settings(settings)
-        self.topic = TopicName.parse(topic)
+    def __init__(self, topic: TopicName, subscription: str) -> None:
+        self.topic = topic
         self.subscription = validate_part("subscription", subscription)
         self.catalog = Catalog()
         self._guard = guard()
@@ -170,8 +163,16 @@ class SubscriptionCoordinator:
         await self._start()
         return {**self.state.snapshot(), "layoutEpoch": self.watch.layout.epoch}
 
-    async def shutdown(self, *, credential: str | None = None) -> None:
-        self._guard.check(credential, Permission.ADMIN, self.topic.namespace_path)
+    # --- the host's -----------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        """Whether its persisted state is loaded and it follows the layout."""
+        return self.watch is not None
+
+    async def shutdown(self) -> None:
+        """Stop following the layout and expiring sessions (its subscription is deleted).
+        Who calls: its host's ``stop``, which checks the caller's ``admin``."""
         for task in self._tasks:
             task.cancel()
         if self.watch is not None:
@@ -306,9 +307,3 @@ class SubscriptionCoordinator:
             r.consumer_name: r.assigned_segments
             for r in self.catalog.registrations(self.topic, self.subscription)
         }
-
-
-def coordinator_actor(topic: TopicName, subscription: str) -> ray.actor.ActorHandle:
-    """The subscription's coordinator, started if it is not running."""
-    name = topic.coordinator_actor_name(subscription)
-    return get_or_start(SubscriptionCoordinator, name, str(topic), subscription, topic=topic)

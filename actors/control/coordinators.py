@@ -1,7 +1,8 @@
 """The subscription coordinators of one topic, as its controller starts, resets and stops
 them: every Ray call the controller's helpers make to a coordinator goes through here
 (as every call to a segment goes through ``actors.control.segment_fleet``), so the
-helpers' state logic runs in tests without Ray, given a stand-in.
+helpers' state logic runs in tests without Ray, given a stand-in. The coordinators run
+in the topic's ``CoordinatorHost`` (``actors.control.coordinator_host``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import contextlib
 import ray
 from ray.exceptions import RayActorError
 
-from actors.control.coordinator import coordinator_actor
+from actors.control.coordinator_host import coordinator_actor, coordinator_host
 from actors.guard import guard
 from actors.registry import lookup
 from runtime.names import TopicName
@@ -22,8 +23,9 @@ class TopicCoordinators:
         self.topic = topic
 
     def start(self, subscription: str) -> None:
-        """Start the subscription's coordinator unless it runs (a new subscription)."""
-        coordinator_actor(self.topic, subscription)
+        """Start the topic's coordinator host unless it runs (a new subscription); the
+        subscription's coordinator is made there on its first call."""
+        coordinator_host(self.topic)
 
     async def reset(self, subscription: str, finished: list[int]) -> None:
         """Replace the coordinator's record of finished segments (a subscription reset)."""
@@ -32,10 +34,19 @@ class TopicCoordinators:
 
     async def stop(self, subscription: str) -> None:
         """End the subscription's coordinator, if any (a deleted subscription)."""
+        host = self._running_host()
+        if host is not None:
+            with contextlib.suppress(RayActorError):
+                await host.stop.remote(subscription, credential=guard().internal_token())
+
+    async def stop_all(self) -> None:
+        """End the topic's coordinator host, and every coordinator with it (a deleted topic)."""
+        host = self._running_host()
+        if host is not None:
+            ray.kill(host, no_restart=True)
+
+    def _running_host(self) -> ray.actor.ActorHandle | None:
         try:
-            handle = lookup(self.topic.coordinator_actor_name(subscription))
+            return lookup(self.topic.coordinator_host_name)
         except ValueError:
-            return
-        with contextlib.suppress(RayActorError):
-            await handle.shutdown.remote(credential=guard().internal_token())
-        ray.kill(handle, no_restart=True)
+            return None

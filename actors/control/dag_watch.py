@@ -4,7 +4,7 @@ Modelled on Ray Serve's long-poll host. Any number of watchers park an async
 call per topic; the server reads the topic's metadata (never the controller),
 so producers and consumers keep learning layouts while a controller restarts.
 GCS KV has no change notifications: the controller pokes ``notify`` right after
-each compare-and-swap that changes a layout (a split, merge, prune, delete or a
+each compare-and-swap that changes a layout (a create, split, merge, prune, delete or a
 rebuild of lost metadata), which is how changes reach clients at once. The server
 also re-reads each watched topic every ``POLL_INTERVAL_S`` while someone listens,
 a safety net for a poke that never came (sent while this server restarted), slow
@@ -109,7 +109,10 @@ class DagWatchServer:
         state = self._topics.setdefault(name, _Topic())
         state.listeners += 1
         try:
-            if state.epoch is None:
+            if state.epoch is None or state.epoch == _DELETED:
+                # Unknown, or deleted when last read: the name may be live again (deleted
+                # and created anew) before the next poll, and its new layout is what
+                # this caller read.
                 self._refresh(name, state)
             if state.poller is None:
                 state.poller = asyncio.get_running_loop().create_task(self._poll(name, state))

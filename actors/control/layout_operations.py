@@ -92,15 +92,16 @@ class LayoutOperations:
         await asyncio.gather(*(fleet.create(s.name(topic), s, [], epoch) for s in active))
         for segment in active:  # registered now, so admission counts them at once
             fleet.handle(segment.name(topic))
-        return self.update_record(lambda r: _cleared(r, op, r.layout))
+        record = self.update_record(lambda r: _cleared(r, op, r.layout))
+        fleet.announce_layout()  # watchers of a name deleted before learn it is back
+        return record
 
     async def _delete(self, op: PendingOperation) -> None:
         """Storage goes before metadata: a crash in between leaves the delete pending, and
         the next incarnation finishes it; the other order could leave files no record
         names."""
         catalog, fleet, topic = self.parts.catalog, self.parts.fleet, self.parts.topic
-        for subscription in catalog.subscriptions(topic):
-            await self.parts.coordinators.stop(subscription)
+        await self.parts.coordinators.stop_all()
         segments = self.parts.read_record().layout.all_segments.values()
         epoch = self.parts.leader_epoch()
         await asyncio.gather(*(fleet.destroy(s.name(topic), epoch) for s in segments))

@@ -386,7 +386,7 @@ class SegmentFleet:
         to it yet, so any that runs was left by an earlier incarnation whose
         metadata is gone, and must not be found by clients looking up names.
         """
-        await _gone(await self._stop_hosts(f"coordinator:{self.topic.short}/"))
+        await _gone(await self._stop_hosts(self.topic.coordinator_host_name))
 
     async def delete_incarnation(self) -> None:
         """Stop the topic's segment hosts (their segments are gone) and remove what is left
@@ -451,11 +451,11 @@ class SegmentFleet:
         return None
 
     async def _stop_hosts(self, *also: str) -> list[str]:
-        """Stop the topic's segment hosts (and the actors named with prefixes ``also``) and
+        """Stop the topic's segment hosts (and the actors named ``also``, if running) and
         forget where its segments were served; the names of the actors stopped."""
         await self.settle()
         self._watch_handles.clear()
-        names = [n for p in (host_prefix(self.topic), *also) for n in named_actors(p)]
+        names = named_actors(host_prefix(self.topic)) + [n for n in also if _registered(n)]
         for name in names:
             with contextlib.suppress(ValueError):
                 ray.kill(lookup(name), no_restart=True)

@@ -257,11 +257,12 @@ class Faults:
     def _coordinator(self, _rng: random.Random) -> str:
         import ray
 
-        from actors.control.coordinator import coordinator_actor
+        from actors.control.coordinator_host import coordinator_actor
         from runtime.names import TopicName
 
-        ray.kill(coordinator_actor(TopicName.parse(self.run.topic), "stream"), no_restart=False)
-        return "killed the stream subscription's coordinator"
+        coordinator = coordinator_actor(TopicName.parse(self.run.topic), "stream")
+        ray.kill(coordinator.host, no_restart=False)
+        return "killed the topic's coordinator host (the stream subscription's coordinator)"
 
     def _consumer(self, _rng: random.Random) -> str:
         self.queue.crash()
