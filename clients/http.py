@@ -5,8 +5,12 @@ client, so code (and the CLI) can switch transports by swapping one object. It
 needs no Ray connection: the gateway's JSON error body carries the error's
 ``code``, which is mapped back to the class in ``runtime.errors``.
 
-Each method's REST endpoint (method, path, whether it sends an ``Idempotency-Key``)
-comes from the Admin API table both sides share (``runtime.admin_api``). An
+Each method's REST endpoint (method, path, whether it sends an ``Idempotency-Key``,
+how long the gateway may take) comes from the Admin API table both sides share
+(``runtime.admin_api``). A call waits for the gateway's answer a little longer than the
+gateway waits for the cluster, so a slow operation is answered by the gateway's 504
+(``RequestTimeoutError``, saying a change may still complete) rather than by a dropped
+connection; a gateway that does not answer even then raises the same error. An
 ``https://`` gateway's certificate is verified, host name included, against ``ca``
 (default ``RAYTOPICS_TLS_CA``); with a CA configured a plain ``http://`` URL is
 refused, so a token is never sent in the clear where the operator asked for TLS.
@@ -27,6 +31,7 @@ from runtime.admin_api import endpoint, endpoint_operation
 from runtime.auth import AuthPolicy, default_token
 from runtime.errors import (
     InvalidArgumentError,
+    RequestTimeoutError,
     ScalableTopicsError,
     UnavailableError,
     error_from_code,
@@ -41,6 +46,9 @@ from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_
 from runtime.tls import CA_ENV, client_context
 
 T = TypeVar("T")
+
+# Waited past the gateway's time-out for the gateway's own answer (its 504) to arrive.
+ANSWER_GRACE_S = 5.0
 
 
 @with_sync_twins
@@ -61,13 +69,16 @@ class AdminHttpClient:
         token: str | None = None,
         ca: str | None = None,
     ) -> None:
-        """``token`` (default ``RAYTOPICS_TOKEN``) goes out as ``Authorization: Bearer``;
-        ``ca`` (default ``RAYTOPICS_TLS_CA``) is the CA file an ``https://`` gateway's
-        certificate must chain to (else the system's trust store)."""
+        """``timeout_s``: the gateway's time-out (``RAYTOPICS_REST_TIMEOUT_S`` there, 30 s
+        by default); an operation with a longer one of its own is waited for that long,
+        each with ``ANSWER_GRACE_S`` more for the gateway's answer. ``token`` (default
+        ``RAYTOPICS_TOKEN``) goes out as ``Authorization: Bearer``; ``ca`` (default
+        ``RAYTOPICS_TLS_CA``) is the CA file an ``https://`` gateway's certificate must
+        chain to (else the system's trust store)."""
         self.url = url.rstrip("/")
         self._token = token if token is not None else default_token()
         self._ssl = _tls_context(self.url, ca)
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
 
     # --- reads ---------------------------------------------------------------------------
@@ -287,7 +298,9 @@ class AdminHttpClient:
         except (TypeError, ValueError) as err:
             raise InvalidArgumentError(f"request body is not JSON-serializable: {err}") from None
         path = point.path.format(**fields, **path_values)
-        return await _on_background_loop(self._request(point.method, path, data, params, key))
+        wait_s = self._timeout_s if op is None else op.rest_timeout_s(self._timeout_s)
+        request = (point.method, path, data, params, key)
+        return await _on_background_loop(self._request(*request, wait_s=wait_s))
 
     async def _request(
         self,
@@ -296,16 +309,26 @@ class AdminHttpClient:
         data: str | None,
         params: dict[str, str] | None,
         key: str | None,
+        *,
+        wait_s: float,
     ) -> Any:
-        """One HTTP exchange on the background loop; errors come back typed."""
+        """One HTTP exchange on the background loop, given ``wait_s`` (the gateway's
+        time-out for it) and ``ANSWER_GRACE_S``; errors come back typed."""
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if key is not None:
             headers[IDEMPOTENCY_KEY] = key
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
+        timeout = aiohttp.ClientTimeout(total=wait_s + ANSWER_GRACE_S)
         try:
             async with self._session_here().request(
-                method, self.url + path, data=data, params=params, headers=headers, ssl=self._ssl
+                method,
+                self.url + path,
+                data=data,
+                params=params,
+                headers=headers,
+                ssl=self._ssl,
+                timeout=timeout,
             ) as response:
                 status, text = response.status, await response.text()
         except aiohttp.ClientConnectorCertificateError as err:
@@ -313,7 +336,13 @@ class AdminHttpClient:
                 f"the admin gateway at {self.url} is not trusted: {err.certificate_error}; "
                 f"give the CA that signed its certificate (ca= or {CA_ENV})"
             ) from None
-        except (aiohttp.ClientError, TimeoutError) as err:
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"{method} {path}: no answer from the admin gateway at {self.url} within "
+                f"{timeout.total:g}s; what it asked for may still complete: read the resource "
+                "to see its state"
+            ) from None
+        except aiohttp.ClientError as err:
             raise UnavailableError(
                 f"cannot reach the admin gateway at {self.url}: {err or type(err).__name__}"
             ) from None
@@ -323,7 +352,7 @@ class AdminHttpClient:
 
     def _session_here(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            self._session = aiohttp.ClientSession()
         return self._session
 
     async def _close_session(self) -> None:

@@ -16,6 +16,11 @@ Ray client's request id. They are read from here instead:
   path, with a fresh ``Idempotency-Key`` exactly when the operation takes one, and
   ``ScalableTopicsAdmin`` (``clients.admin``) a request id under the same rule.
 
+An operation that waits on segment processes or walks storage declares a time-out of its
+own (``Operation.timeout_s``): the gateway waits that long for it (or for its own
+time-out, if that is longer) before answering 504, and ``AdminHttpClient`` waits a
+little longer still, so that answer, not a dropped connection, is what a caller sees.
+
 An operation's typed parameters are its handler's signature: the admin service checks
 every argument against the parameter's annotation, strictly, before the handler runs
 (``actors.admin.permits``); the constrained types the handlers share are below.
@@ -93,6 +98,14 @@ class Operation:
     # Takes a request id: the same id sent again (a retry) is applied once and answered
     # with the completed operation.
     request_id: bool = False
+    # The longest the gateway waits for it before answering 504; ``None``: the gateway's
+    # own time-out (``RAYTOPICS_REST_TIMEOUT_S``), as for every read.
+    timeout_s: float | None = None
+
+    def rest_timeout_s(self, gateway_s: float) -> float:
+        """How long the gateway waits for it: its own time-out or the gateway's
+        ``gateway_s``, whichever is longer (an operator may raise every time-out)."""
+        return gateway_s if self.timeout_s is None else max(self.timeout_s, gateway_s)
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,11 @@ class Endpoint:
 
 _A, _L, _C, _P = Permission.ADMIN, Permission.LOOKUP, Permission.CONSUME, Permission.PRODUCE
 _NS, _T, _S, _ALL = Scope.NAMESPACE, Scope.TOPIC, Scope.SEGMENT, Scope.CLUSTER
+# Operations that start, stop or wake segment processes (or ask an object store whether
+# a tier is usable) may take seconds each on a busy cluster; those that walk or rebuild
+# a topic's whole storage, minutes.
+_WAITS_S = 120.0
+_WALKS_S = 600.0
 
 # fmt: off
 _OPERATIONS = (
@@ -124,25 +142,25 @@ _OPERATIONS = (
     Operation("get_namespace_policy", _L, _NS),
     Operation("get_namespace_limits", _L, _NS),
     # topic lifecycle and layout
-    Operation("create_scalable_topic", _A, _T),
-    Operation("delete_scalable_topic", _A, _T),
-    Operation("split_segment", _A, _T, request_id=True),
-    Operation("merge_segments", _A, _T, request_id=True),
-    Operation("recover_topic", _A, _T),
+    Operation("create_scalable_topic", _A, _T, timeout_s=_WAITS_S),
+    Operation("delete_scalable_topic", _A, _T, timeout_s=_WAITS_S),
+    Operation("split_segment", _A, _T, request_id=True, timeout_s=_WAITS_S),
+    Operation("merge_segments", _A, _T, request_id=True, timeout_s=_WAITS_S),
+    Operation("recover_topic", _A, _T, timeout_s=_WALKS_S),
     # subscriptions (delete: admin, or consume for the caller's own subscription)
-    Operation("create_subscription", _C, _T),
-    Operation("delete_subscription", _C, _T),
-    Operation("reset_subscription", _C, _T),
+    Operation("create_subscription", _C, _T, timeout_s=_WAITS_S),
+    Operation("delete_subscription", _C, _T, timeout_s=_WAITS_S),
+    Operation("reset_subscription", _C, _T, timeout_s=_WAITS_S),
     # policy and limits
-    Operation("set_policy", _A, _T),
-    Operation("set_namespace_policy", _A, _NS),
+    Operation("set_policy", _A, _T, timeout_s=_WAITS_S),
+    Operation("set_namespace_policy", _A, _NS, timeout_s=_WAITS_S),
     Operation("set_namespace_limits", _A, _NS),
     # segments (low level)
-    Operation("create_segment", _A, _S),
-    Operation("terminate_segment", _A, _S),
-    Operation("delete_segment", _A, _S),
+    Operation("create_segment", _A, _S, timeout_s=_WAITS_S),
+    Operation("terminate_segment", _A, _S, timeout_s=_WAITS_S),
+    Operation("delete_segment", _A, _S, timeout_s=_WAITS_S),
     # the cluster
-    Operation("check_storage", _A, _ALL),
+    Operation("check_storage", _A, _ALL, timeout_s=_WALKS_S),
     Operation("auth_status", _A, _ALL),
     Operation("load_auth", _A, _ALL),
     Operation("disable_auth", _A, _ALL),

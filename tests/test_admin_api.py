@@ -88,6 +88,23 @@ def test_only_split_and_merge_take_a_request_id() -> None:
         assert "request_id" in parameters
 
 
+def test_operations_that_start_processes_or_walk_storage_wait_longer_than_reads() -> None:
+    """A read is answered within the gateway's time-out; an operation that starts, stops
+    or wakes segment processes, or walks a topic's storage, has a longer one of its own;
+    an operator's longer gateway time-out still wins for every operation."""
+    reads = [op for op in OPERATIONS.values() if op.permission is Permission.LOOKUP]
+    assert reads and all(op.timeout_s is None and op.rest_timeout_s(7) == 7 for op in reads)
+    slow = {
+        "create_scalable_topic", "delete_scalable_topic", "split_segment", "merge_segments",
+        "recover_topic", "check_storage", "create_subscription", "delete_subscription",
+        "reset_subscription", "create_segment", "terminate_segment", "delete_segment",
+    }  # fmt: skip
+    assert {n for n, op in OPERATIONS.items() if op.rest_timeout_s(30) > 30} >= slow
+    split = OPERATIONS["split_segment"]
+    assert split.rest_timeout_s(30) == split.timeout_s and split.rest_timeout_s(900) == 900
+    assert OPERATIONS["recover_topic"].timeout_s > split.timeout_s  # it reads every segment
+
+
 def test_blocking_twins_show_the_parameters_and_doc_of_their_async_methods() -> None:
     """``help(admin.split_segment)`` shows what it takes (the clients' parity with each
     other is ``test_gateway.test_http_client_has_the_admin_api``)."""

@@ -24,6 +24,7 @@ import ray
 from aiohttp.test_utils import TestClient, TestServer
 from ports import free_port
 
+import clients.http
 from actors.admin.service import admin_service_actor
 from actors.control.controller import controller_actor
 from actors.gateway.routes import ROUTES, openapi_document
@@ -34,6 +35,7 @@ from runtime.errors import (
     InconsistentRequestError,
     InvalidArgumentError,
     InvalidNameError,
+    RequestTimeoutError,
     ScalableTopicsError,
     SegmentNotActiveError,
     SegmentNotFoundError,
@@ -46,6 +48,7 @@ from runtime.errors import (
 )
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName
+from runtime.rest import TOPIC_PATH
 
 TENANT, NAMESPACE = "gw", "ns"
 SCALABLE = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}"
@@ -330,20 +333,25 @@ def test_unexpected_errors_are_json_500_without_traceback(ray_cluster) -> None:
 
 
 class _SlowService:
-    """Answers a status call after the wait it was given; anything else never finishes."""
+    """Answers a status call after the wait it was given and creates a topic in a second;
+    anything else never finishes."""
 
     async def call(self, method: str, *args: Any, credential: str | None, **kwargs: Any) -> Any:
         if method == "topic_status":
             await asyncio.sleep(args[1])
             return {"topic": args[0], "state": "starting", "segments": 1, "running": 0,
                     "notRunning": [0]}  # fmt: skip
+        if method == "create_scalable_topic":
+            await asyncio.sleep(1.0)
+            return None
         await asyncio.sleep(3600)
 
 
 def test_every_request_is_answered_within_the_time_out(ray_cluster) -> None:
     """What the OpenAPI document promises: past the gateway's time-out a request gets a 504
     ``timeout`` (saying a change may still complete), not a hung connection; a status long
-    poll is kept inside the time-out, so it always answers."""
+    poll is kept inside the time-out, so it always answers; an operation with a longer
+    time-out of its own (a create starts segment processes) is waited for that long."""
 
     async def scenario() -> list[tuple[int, dict[str, Any], float]]:
         app = create_app(_SlowService(), timeout_s=0.5)
@@ -351,17 +359,21 @@ def test_every_request_is_answered_within_the_time_out(ray_cluster) -> None:
             replies = []
             for method, path, body in (
                 ("GET", f"{SCALABLE}/t", None),
-                ("PUT", f"{SCALABLE}/t", {"numSegments": 1}),
+                ("PUT", f"/admin/v2/limits/{TENANT}/{NAMESPACE}", {"max_topics_per_namespace": 2}),
                 ("GET", f"{SCALABLE}/t/status?waitS=20", None),
+                ("PUT", f"{SCALABLE}/t", {"numSegments": 1}),
             ):
                 started = time.monotonic()
                 response = await client.request(method, path, json=body)
-                replies.append((response.status, await response.json(), time.monotonic() - started))
+                body = await response.json() if response.status != 201 else {}
+                replies.append((response.status, body, time.monotonic() - started))
             return replies
 
-    (read, read_body, read_s), (change, change_body, change_s), (poll, poll_body, poll_s) = (
-        asyncio.run(scenario())
-    )
+    replies = asyncio.run(scenario())
+    (read, read_body, read_s), (change, change_body, change_s), (poll, poll_body, poll_s) = replies[
+        :3
+    ]
+    created, _, created_s = replies[3]
     assert (read, read_body["error"]) == (504, "timeout") and read_s < 2
     assert (
         "within 0.5s" in read_body["message"] and "RAYTOPICS_REST_TIMEOUT_S" in read_body["message"]
@@ -369,9 +381,13 @@ def test_every_request_is_answered_within_the_time_out(ray_cluster) -> None:
     assert (change, change_body["error"]) == (504, "timeout") and change_s < 2
     assert "may still complete" in change_body["message"]
     assert poll == 200 and poll_body["state"] == "starting" and 0.2 < poll_s < 0.5
-    for item in openapi_document()["paths"].values():
+    assert created == 201 and 1.0 <= created_s < 3  # past the gateway's 0.5 s: its own 120 s
+    document = openapi_document()
+    for item in document["paths"].values():
         for operation in item.values():
             assert ("504" in operation["responses"]) == (operation["tags"] != ["meta"])
+    own = document["paths"][TOPIC_PATH]["put"]["responses"]["504"]["description"]
+    assert "within 120 s (this operation's time-out" in own
 
 
 def test_a_bad_time_out_setting_is_refused_before_anything_starts(ray_cluster, monkeypatch) -> None:
@@ -389,6 +405,36 @@ def _public_methods(cls: type) -> dict[str, inspect.Signature]:
         for name, member in vars(cls).items()
         if callable(member) and not name.startswith("_")
     }
+
+
+def test_a_gateway_that_never_answers_is_a_time_out_not_an_unreachable_one(monkeypatch) -> None:
+    """The HTTP client waits past the gateway's time-out for the gateway's own 504; a
+    gateway that took the request and never answers (a hung proxy in between) is then a
+    ``RequestTimeoutError`` saying a change may still complete, since it may, not an
+    error saying the gateway cannot be reached. An operation with a longer time-out of
+    its own (a split) is waited for that long."""
+    monkeypatch.setattr(clients.http, "ANSWER_GRACE_S", 0.2)
+    pool = ThreadPoolExecutor(1)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(5)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        with AdminHttpClient(url, timeout_s=0.3) as client:
+            started = time.monotonic()
+            stats = pool.submit(client.get_stats, "topic://gw/ns/t")
+            held = server.accept()[0]  # taken, never answered
+            with pytest.raises(RequestTimeoutError, match="may still complete"):
+                stats.result(timeout=5)
+            assert 0.45 < time.monotonic() - started < 3
+            held.close()
+
+            split = pool.submit(client.split_segment, "topic://gw/ns/t", 0)
+            held = server.accept()[0]
+            time.sleep(1.0)
+            assert not split.done(), "a split waits for its own time-out, not the gateway's"
+            held.close()  # the connection drops: that is what the caller is told
+            with pytest.raises(UnavailableError, match="cannot reach"):
+                split.result(timeout=5)
+    pool.shutdown()
 
 
 def test_http_client_has_the_admin_api() -> None:

@@ -85,7 +85,8 @@ def build_openapi(routes: Sequence[Route]) -> dict[str, Any]:
             "version": "2",
             "description": "Scalable topics (segment DAGs that split and merge) and "
             "segments. Every request is answered within the gateway's time-out "
-            "(RAYTOPICS_REST_TIMEOUT_S, 30 s by default), with 504 once it has passed.",
+            "(RAYTOPICS_REST_TIMEOUT_S, 30 s by default) or its operation's own where its "
+            "504 response names a longer one, with 504 once it has passed.",
         },
         "paths": paths,
         "components": components,
@@ -122,6 +123,13 @@ def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) ->
     timeout = (504,) if guarded else ()
     for status in (*route.errors, *refusals, 405, *timeout):
         responses[str(status)] = {"description": _STATUS_TEXT[status], "content": error}
+    own_s = route.operation.timeout_s if route.operation is not None else None
+    if timeout and own_s is not None:
+        responses["504"]["description"] = (
+            f"Not finished within {own_s:g} s (this operation's time-out; the gateway's, "
+            "RAYTOPICS_REST_TIMEOUT_S, if longer); a change asked for may still complete: "
+            "read the resource to see its state"
+        )
     operation: dict[str, Any] = {
         "operationId": route.operation_id,
         "summary": route.summary,

@@ -14,8 +14,9 @@ so a rotation or a revocation applies within seconds without a restart, and a
 refused request changes nothing; the service checks again before it acts. With
 ``RAYTOPICS_TLS_CERT`` and ``RAYTOPICS_TLS_KEY`` set the gateway speaks HTTPS
 only (``runtime.tls``). Every request is answered within the gateway's time-out
-(``RAYTOPICS_REST_TIMEOUT_S``, 30 s by default): past it, a 504 ``timeout``
-says so, and that a change asked for may still complete.
+(``RAYTOPICS_REST_TIMEOUT_S``, 30 s by default), or its operation's own when that is
+longer (``runtime.admin_api``: those that wait on segment processes or walk storage):
+past it, a 504 ``timeout`` says so, and that a change asked for may still complete.
 
 Bad input never reaches the service: path components are validated by
 ``runtime.names``, bodies and query strings by strict pydantic models, and any
@@ -198,7 +199,8 @@ def create_app(
 
 def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
-        deadline = time.monotonic() + request.app[TIMEOUT]
+        limit_s = _time_out_s(route, request.app[TIMEOUT])
+        deadline = time.monotonic() + limit_s
         token = bearer_token(request.headers.get("Authorization"))
         path = _authorized_path(request, route, token)
         params = Params(
@@ -209,7 +211,8 @@ def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
             request_id=_idempotency_key(request),
         )
         call = _operation_call(request.app[SERVICE], route, token, params.request_id)
-        result = await _by_deadline(request, deadline, route.action(call, params))
+        action = route.action(call, params)
+        result = await _by_deadline(request, route, (deadline, limit_s), action)
         if route.status == 204:
             return web.Response(status=204)
         return web.json_response(result, status=route.status)
@@ -251,9 +254,19 @@ def _idempotency_key(request: web.Request) -> str:
     return key
 
 
-async def _by_deadline(request: web.Request, deadline: float, action: Awaitable[Any]) -> Any:
-    """The action's result, or ``RequestTimeoutError`` once the time-out has passed: the
-    caller gets an answer, though the cluster may still finish what was asked."""
+def _time_out_s(route: Route, gateway_s: float) -> float:
+    """How long a request of ``route`` may take: its operation's time-out, or the
+    gateway's ``gateway_s`` if that is longer or it has none."""
+    return gateway_s if route.operation is None else route.operation.rest_timeout_s(gateway_s)
+
+
+async def _by_deadline(
+    request: web.Request, route: Route, limit: tuple[float, float], action: Awaitable[Any]
+) -> Any:
+    """The action's result, or ``RequestTimeoutError`` once ``limit`` (the deadline, and
+    the time-out it was counted with from the request's arrival) has passed: the caller
+    gets an answer, though the cluster may still finish what was asked."""
+    deadline, limit_s = limit
     try:
         return await asyncio.wait_for(action, max(deadline - time.monotonic(), 0.0))
     except TimeoutError:
@@ -262,9 +275,13 @@ async def _by_deadline(request: web.Request, deadline: float, action: Awaitable[
             if request.method == "GET"
             else "what it asked for may still complete: read the resource to see its state"
         )
+        whose = (
+            f"the gateway's time-out, {REST_TIMEOUT_ENV}"
+            if limit_s == request.app[TIMEOUT]
+            else f"the time-out of {route.operation_id}"
+        )
         raise RequestTimeoutError(
-            f"{request.method} {request.path} did not finish within "
-            f"{request.app[TIMEOUT]:g}s (the gateway's time-out, {REST_TIMEOUT_ENV}); {after}"
+            f"{request.method} {request.path} did not finish within {limit_s:g}s ({whose}); {after}"
         ) from None
 
 
