@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import ray
@@ -48,6 +49,16 @@ def get_or_start(
         **({"memory": memory} if memory else {}),
         **({"scheduling_strategy": on_node(node)} if node else {}),
     ).remote(*args, settings=actor_settings() if settings is None else settings)
+
+
+def public_coroutines(cls: type, *excluded: str) -> frozenset[str]:
+    """The names of ``cls``'s public coroutine methods but ``excluded``: what a host actor
+    (of segments, of coordinators) lets its callers reach through its ``call``."""
+    return frozenset(
+        name
+        for name, member in vars(cls).items()
+        if not name.startswith("_") and inspect.iscoroutinefunction(member) and name not in excluded
+    )
 
 
 def named_actors(prefix: str) -> list[str]:

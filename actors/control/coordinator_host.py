@@ -21,7 +21,6 @@ controller's ``TopicCoordinators`` (reset, stop, and the whole host when the top
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,17 +28,14 @@ import ray
 
 from actors.control.coordinator import SubscriptionCoordinator
 from actors.guard import guard
-from actors.registry import get_or_start
+from actors.registry import get_or_start, public_coroutines
 from runtime.auth import Permission
 from runtime.config import apply_settings
 from runtime.names import TopicName, validate_part
 
-# The methods of ``SubscriptionCoordinator`` a caller may reach through ``call``.
-COORDINATOR_METHODS = frozenset(
-    name
-    for name, member in vars(SubscriptionCoordinator).items()
-    if not name.startswith("_") and asyncio.iscoroutinefunction(member) and name != "shutdown"
-)
+# The methods of ``SubscriptionCoordinator`` a caller may reach through ``call``
+# (``shutdown`` is the host's ``stop``).
+COORDINATOR_METHODS = public_coroutines(SubscriptionCoordinator, "shutdown")
 # Every consumer of every subscription of the topic long-polls at once.
 MAX_CONCURRENT_CALLS = 10_000
 

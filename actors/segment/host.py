@@ -16,7 +16,6 @@ rather than serve an empty log). A call for a segment the host does not serve
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import asdict, replace
 from typing import Any
@@ -26,7 +25,7 @@ from ray.exceptions import ActorUnavailableError
 
 from actors.capacity import segment_memory
 from actors.guard import guard
-from actors.registry import get_or_start
+from actors.registry import get_or_start, public_coroutines
 from actors.segment.actor import Segment
 from actors.segment.directory import Entry, SegmentDirectory
 from actors.segment.handle import Opening, SegmentHandle
@@ -38,12 +37,8 @@ from runtime.segment_hosts import host_name, hosts_per_topic
 from storage.durability import Durability, default_storage_root
 from storage.topic_storage import new_incarnation
 
-# The methods of ``Segment`` a caller may reach through ``call``: its public coroutines.
-SEGMENT_METHODS = frozenset(
-    name
-    for name, member in vars(Segment).items()
-    if not name.startswith("_") and asyncio.iscoroutinefunction(member) and name != "close"
-)
+# The methods of ``Segment`` a caller may reach through ``call`` (``close`` is the host's).
+SEGMENT_METHODS = public_coroutines(Segment, "close")
 # Long-polling readers of every segment of the host wait at once.
 MAX_CONCURRENT_CALLS = 10_000
 
