@@ -57,13 +57,14 @@ def sample(seen: dict[int, tuple[str, float, float]]) -> None:
             seen[process.pid] = (kind(process), used, used)
 
 
-_UNSETTLED = ("default_worker.py", "setup_worker.py", "ray::IDLE")
+_UNSETTLED = ("default_worker.py", "setup_worker.py", "ray::IDLE", "bash", "sh")
 
 
 def _settled(name: str) -> bool:
     """Whether a kind is final: a Ray worker starts as ``default_worker.py`` (or
     ``setup_worker.py`` with a runtime environment), is ``ray::IDLE`` while it boots
-    and waits, and takes ``ray::<Class>`` when an actor starts in it."""
+    and waits, and takes ``ray::<Class>`` when an actor starts in it; a shell's fork may
+    exec another program under the same pid (``./dev.sh``'s becomes pytest)."""
     return name not in _UNSETTLED
 
 
