@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from clients._ray import background_loop, with_sync_twins
-from runtime.admin_api import endpoint, endpoint_operation
+from runtime.admin_api import endpoint, endpoint_operation, endpoint_timeout_s
 from runtime.auth import AuthPolicy, default_token
 from runtime.errors import (
     InvalidArgumentError,
@@ -298,7 +298,7 @@ class AdminHttpClient:
         except (TypeError, ValueError) as err:
             raise InvalidArgumentError(f"request body is not JSON-serializable: {err}") from None
         path = point.path.format(**fields, **path_values)
-        wait_s = self._timeout_s if op is None else op.rest_timeout_s(self._timeout_s)
+        wait_s = endpoint_timeout_s(point, self._timeout_s)
         request = (point.method, path, data, params, key)
         return await _on_background_loop(self._request(*request, wait_s=wait_s))
 

@@ -294,3 +294,10 @@ def endpoint(operation_id: str) -> Endpoint:
 def endpoint_operation(point: Endpoint) -> Operation | None:
     """The operation an endpoint runs (``None`` for the gateway's meta endpoints)."""
     return None if point.operation is None else OPERATIONS[point.operation]
+
+
+def endpoint_timeout_s(point: Endpoint, gateway_s: float) -> float:
+    """How long the gateway (time-out ``gateway_s``) waits for a request to ``point``: its
+    operation's own time-out when longer, else ``gateway_s`` (a meta endpoint's too)."""
+    op = endpoint_operation(point)
+    return gateway_s if op is None else op.rest_timeout_s(gateway_s)

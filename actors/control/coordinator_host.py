@@ -53,13 +53,12 @@ class CoordinatorHost:
     ) -> Any:
         """``method`` of ``subscription``'s coordinator (which checks ``credential`` again
         for what it does). The caller needs ``consume`` before a coordinator is made for
-        it; one whose first call fails before it loaded anything (no such subscription)
-        is not kept."""
+        it; one that failed before it loaded anything (no such subscription) holds
+        nothing, and is not kept."""
         if method not in COORDINATOR_METHODS:
             raise AttributeError(f"a coordinator has no method {method!r}")
         self._guard.check(credential, Permission.CONSUME, self._topic.namespace_path)
         coordinator = self._coordinators.get(subscription)
-        made = coordinator is None
         if coordinator is None:
             validate_part("subscription", subscription)
             coordinator = self._coordinators[subscription] = SubscriptionCoordinator(
@@ -68,8 +67,7 @@ class CoordinatorHost:
         try:
             return await getattr(coordinator, method)(*args, credential=credential, **kwargs)
         except Exception:
-            kept = self._coordinators.get(subscription) is coordinator
-            if made and kept and not coordinator.started:
+            if not coordinator.started and self._coordinators.get(subscription) is coordinator:
                 del self._coordinators[subscription]
             raise
 

@@ -52,6 +52,7 @@ from actors.gateway.documents import (
 from actors.gateway.routes import ROUTES, Params, Route, Service, topic_of
 from actors.guard import Guard, guard
 from actors.metrics import record_rejected
+from runtime.admin_api import endpoint_timeout_s
 from runtime.auth import (
     TOKEN_ENV,
     TOKENS_FILE_ENV,
@@ -199,7 +200,7 @@ def create_app(
 
 def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
-        limit_s = _time_out_s(route, request.app[TIMEOUT])
+        limit_s = endpoint_timeout_s(route.endpoint, request.app[TIMEOUT])
         deadline = time.monotonic() + limit_s
         token = bearer_token(request.headers.get("Authorization"))
         path = _authorized_path(request, route, token)
@@ -211,8 +212,7 @@ def _handler(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
             request_id=_idempotency_key(request),
         )
         call = _operation_call(request.app[SERVICE], route, token, params.request_id)
-        action = route.action(call, params)
-        result = await _by_deadline(request, route, (deadline, limit_s), action)
+        result = await _by_deadline(request, deadline, limit_s, route.action(call, params))
         if route.status == 204:
             return web.Response(status=204)
         return web.json_response(result, status=route.status)
@@ -254,19 +254,12 @@ def _idempotency_key(request: web.Request) -> str:
     return key
 
 
-def _time_out_s(route: Route, gateway_s: float) -> float:
-    """How long a request of ``route`` may take: its operation's time-out, or the
-    gateway's ``gateway_s`` if that is longer or it has none."""
-    return gateway_s if route.operation is None else route.operation.rest_timeout_s(gateway_s)
-
-
 async def _by_deadline(
-    request: web.Request, route: Route, limit: tuple[float, float], action: Awaitable[Any]
+    request: web.Request, deadline: float, limit_s: float, action: Awaitable[Any]
 ) -> Any:
-    """The action's result, or ``RequestTimeoutError`` once ``limit`` (the deadline, and
-    the time-out it was counted with from the request's arrival) has passed: the caller
-    gets an answer, though the cluster may still finish what was asked."""
-    deadline, limit_s = limit
+    """The action's result, or ``RequestTimeoutError`` at ``deadline`` (``limit_s`` after
+    the request arrived): the caller gets an answer, though the cluster may still finish
+    what was asked."""
     try:
         return await asyncio.wait_for(action, max(deadline - time.monotonic(), 0.0))
     except TimeoutError:
@@ -276,9 +269,9 @@ async def _by_deadline(
             else "what it asked for may still complete: read the resource to see its state"
         )
         whose = (
-            f"the gateway's time-out, {REST_TIMEOUT_ENV}"
-            if limit_s == request.app[TIMEOUT]
-            else f"the time-out of {route.operation_id}"
+            "the operation's own time-out"
+            if limit_s > request.app[TIMEOUT]
+            else f"the gateway's time-out, {REST_TIMEOUT_ENV}"
         )
         raise RequestTimeoutError(
             f"{request.method} {request.path} did not finish within {limit_s:g}s ({whose}); {after}"
