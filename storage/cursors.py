@@ -9,6 +9,7 @@ ranges keep that compact when most offsets are acknowledged in runs.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import heapq
 import json
 import re
@@ -197,10 +198,19 @@ class CursorFiles:
 
 
 class CursorStore:
-    """All cursors of one segment, in memory and persisted on every change.
+    """All cursors of one segment, in memory and persisted on every change, except
+    cumulative acks taken with ``save_later``: those wait for ``save_unsaved``.
 
-    Who calls: the segment's store, for its actor (acks, subscriptions). What it
-    affects: the backend's copy, before the call returns.
+    Who calls: the segment's store, for its actor (acks, subscriptions), and the actor's
+    saver thread (``save_unsaved``). What it affects: the backend's copy, before the call
+    returns (a deferred ack: when ``save_unsaved`` runs).
+
+    Why defer: a stream consumer's reads carry its cumulative ack, a few a second per
+    segment, and each save replaces a file (a rename over an existing file makes ext4
+    write the new one's blocks at once). Saved at most once per saver period, as Pulsar
+    rate-limits its cursors' mark-delete writes, a crash of the segment's process gives a
+    consumer that resumes from the cursor at most that period's messages again, which
+    at-least-once delivery allows; the log itself loses nothing.
     """
 
     def __init__(
@@ -217,6 +227,7 @@ class CursorStore:
         self._backend = backend
         self._lock = threading.Lock()
         self._cursors: dict[str, Cursor] = {c.name: c for c in backend.load()}
+        self._unsaved: set[str] = set()  # names whose cursor is ahead of the backend's
 
     def create(self, name: str, position: Position, start_offset: int, end_offset: int) -> Cursor:
         """Create a cursor at the first or the next offset; an existing cursor is kept
@@ -255,6 +266,7 @@ class CursorStore:
         validate_subscription_name(name)
         with self._lock:
             self._cursors.pop(name, None)
+            self._unsaved.discard(name)
             self._backend.remove(name)
 
     def move(self, name: str, offset: int) -> Cursor:
@@ -268,17 +280,45 @@ class CursorStore:
             self._persist(cursor)
             return cursor.copy()
 
-    def ack_cumulative(self, name: str, offset: int) -> None:
+    def ack_cumulative(self, name: str, offset: int, *, save_later: bool = False) -> bool:
+        """Returns whether the cursor now waits for ``save_unsaved`` (only with
+        ``save_later``, when the ack moved it)."""
         with self._lock:
             cursor = self._live(name)
-            if cursor.ack_cumulative(offset):
-                self._persist(cursor)
+            if not cursor.ack_cumulative(offset):
+                return False
+            if save_later:
+                self._unsaved.add(name)
+                return True
+            self._persist(cursor)
+            return False
+
+    def save_unsaved(self) -> None:
+        """Persist the cursors that deferred acks moved. One cursor at a time under the
+        lock, so an ack waits for at most one file, and a reset or delete in between is
+        never overwritten by an older state."""
+        while True:
+            with self._lock:
+                if not self._unsaved:
+                    return
+                name = self._unsaved.pop()
+                cursor = self._cursors.get(name)
+                if cursor is not None:  # deleted since: nothing to save
+                    with contextlib.suppress(SubscriptionNotFoundError):
+                        self._persist(cursor)
 
     def ack(self, name: str, offsets: Iterable[int]) -> None:
         with self._lock:
             cursor = self._live(name)
             if cursor.ack(offsets):
                 self._persist(cursor)
+
+    def abandon_unsaved(self) -> None:
+        """Forget the deferred acks, for a store whose files are about to be removed (the
+        segment deleted, or its cursors carried to the tier): a save running now ends
+        first, and none starts after."""
+        with self._lock:
+            self._unsaved.clear()
 
     def _live(self, name: str) -> Cursor:
         cursor = self._cursors.get(name)
@@ -292,6 +332,7 @@ class CursorStore:
         return cursor
 
     def _persist(self, cursor: Cursor) -> None:
+        self._unsaved.discard(cursor.name)
         if not self._backend.save(cursor, create=False):
             self._cursors.pop(cursor.name, None)
             raise SubscriptionNotFoundError(f"subscription {cursor.name!r} was deleted")

@@ -229,6 +229,7 @@ class SegmentStore:
         that is down does not stop a deletion (``delete_tiered_segment``)."""
         self.check_epoch(epoch)
         self.log.close()
+        self.cursors.abandon_unsaved()
         if self._records is not None:
             delete_tiered_segment(self._records, self.name.segment_id)
         delete_tiered_copies(self.directory)
@@ -277,6 +278,7 @@ class SegmentStore:
         )
         self._records.commit(self.name.segment_id, record)
         local, self.log = self.log, tiered
+        self.cursors.abandon_unsaved()  # the record holds them
         self.cursors = CursorStore(backend=RecordedCursors(self._records, self.name.segment_id))
         local.close()
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -323,9 +325,16 @@ class SegmentStore:
     def drained(self, subscription: str) -> bool:
         return self.log.terminated and self.position(subscription) >= self.log.end_offset
 
-    def ack_cumulative(self, subscription: str, offset: int) -> None:
+    def ack_cumulative(self, subscription: str, offset: int, *, save_later: bool = False) -> bool:
+        """``save_later``: keep the ack in memory until ``save_acks`` (``CursorStore``
+        says why); returns whether a save is owed now."""
         self._check_alive()
-        self.cursors.ack_cumulative(subscription, offset)
+        return self.cursors.ack_cumulative(subscription, offset, save_later=save_later)
+
+    def save_acks(self) -> None:
+        """Persist acks taken with ``save_later`` (the actor's saver, off its loop)."""
+        if not self._deleted:
+            self.cursors.save_unsaved()
 
     def ack(self, subscription: str, offsets: Iterable[int]) -> None:
         self._check_alive()
@@ -398,7 +407,9 @@ class SegmentStore:
         }
 
     def close(self) -> None:
+        """Release the files; acks not saved yet are saved first."""
         if not self._deleted:
+            self.cursors.save_unsaved()
             self.log.close()
 
     # --- internals ---------------------------------------------------------------

@@ -166,3 +166,44 @@ def test_cursor_matches_set_model(start: int, steps: list[tuple[str, object]]) -
                 o for o in range(offset, 80) if o not in acked
             )
         assert Cursor.from_dict(cursor.to_dict()) == cursor
+
+
+def _on_disk(tmp_path: Path, name: str) -> int:
+    return json.loads((tmp_path / "cursors" / f"{name}.json").read_text())["mark_delete"]
+
+
+def test_an_ack_saved_later_is_in_memory_at_once_and_on_disk_when_saved(tmp_path: Path) -> None:
+    store = CursorStore(tmp_path, fsync=False)
+    store.create("s", "earliest", 0, 100)
+    assert store.ack_cumulative("s", 9, save_later=True) is True  # a save is owed
+    assert store.ack_cumulative("s", 4, save_later=True) is False  # backwards: nothing moved
+    assert store.get("s").mark_delete == 10
+    assert _on_disk(tmp_path, "s") == 0
+    assert CursorStore(tmp_path, fsync=False).get("s").mark_delete == 0  # a crash now
+    store.save_unsaved()
+    assert _on_disk(tmp_path, "s") == 10
+    assert store.ack_cumulative("s", 20) is False  # saved on the call: nothing owed
+    assert _on_disk(tmp_path, "s") == 21
+
+
+def test_a_save_later_never_undoes_a_reset_or_a_delete(tmp_path: Path) -> None:
+    store = CursorStore(tmp_path, fsync=False)
+    store.create("reset", "earliest", 0, 100)
+    store.create("gone", "earliest", 0, 100)
+    store.ack_cumulative("reset", 50, save_later=True)
+    store.ack_cumulative("gone", 50, save_later=True)
+    store.move("reset", 5)  # saved at once; the deferred ack is superseded
+    store.delete("gone")
+    store.save_unsaved()
+    assert _on_disk(tmp_path, "reset") == 5
+    assert not (tmp_path / "cursors" / "gone.json").exists()
+    assert CursorStore(tmp_path, fsync=False).names() == ["reset"]
+
+
+def test_abandoned_acks_are_not_saved(tmp_path: Path) -> None:
+    store = CursorStore(tmp_path, fsync=False)
+    store.create("s", "earliest", 0, 100)
+    store.ack_cumulative("s", 7, save_later=True)
+    store.abandon_unsaved()
+    store.save_unsaved()
+    assert _on_disk(tmp_path, "s") == 0

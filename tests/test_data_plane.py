@@ -13,6 +13,7 @@ import pytest
 import ray
 
 from actors.segment import data_plane
+from actors.segment.actor import ACK_SAVE_PERIOD_S
 from actors.segment.host import start_segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from clients._data_plane import _WRITE_AHEAD, ChannelError, ReadChannel, SegmentChannel
@@ -262,6 +263,32 @@ def test_reads_over_tcp_long_poll_carry_acks_and_report_the_end(segment):
         reader.close()
 
     asyncio.run(scenario())
+
+
+def test_an_ack_on_a_read_is_saved_within_the_saver_s_period(ray_cluster, unique):
+    """Under ``interval`` durability a read's ack reaches the disk at most
+    ``ACK_SAVE_PERIOD_S`` later (``storage.cursors.CursorStore``): a crash after that
+    restarts the segment with it."""
+    name = SegmentName.parse(f"segment://wire/ns/t-{unique}/0000-ffff-0")
+    handle = start_segment_actor(name, initialize=True, durability=Durability("interval"))
+    ray.get(handle.create_subscription.remote("s"))
+
+    async def scenario():
+        reader, producer = ReadChannel(handle), SegmentChannel(handle)
+        await producer.append("p", 0, serialize_batch(make_batch([b"x"] * 5)))
+        await reader.read(read_request(0))
+        await reader.read(read_request(5, ack=3))
+        assert (await handle.position.remote("s"))["position"] == 4  # in memory at once
+        await asyncio.sleep(ACK_SAVE_PERIOD_S + 0.5)
+        os.kill((await handle.ready.remote())["pid"], signal.SIGKILL)
+        await producer.close()
+        reader.close()
+
+    try:
+        asyncio.run(scenario())
+        assert ray.get(handle.position.remote("s"), timeout=60)["position"] == 4
+    finally:
+        ray.kill(handle.host, no_restart=True)
 
 
 def test_reads_and_appends_share_a_connection_in_order(segment):

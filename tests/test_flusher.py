@@ -20,7 +20,7 @@ def test_a_burst_of_appends_is_flushed_once_within_the_interval() -> None:
         flusher = IntervalFlusher(INTERVAL_S, lambda: flushes.append(time.monotonic()))
         started = time.monotonic()
         for _ in range(100):
-            flusher.appended()
+            flusher.changed()
         await asyncio.sleep(INTERVAL_S * 4)
         return [at - started for at in flushes]
 
@@ -34,7 +34,7 @@ def test_an_idle_flusher_does_nothing_and_schedules_nothing() -> None:
         flusher = IntervalFlusher(INTERVAL_S, lambda: flushes.append(1))
         await asyncio.sleep(INTERVAL_S * 3)
         before = len(flushes)
-        flusher.appended()
+        flusher.changed()
         await asyncio.sleep(INTERVAL_S * 3)
         others = len(asyncio.all_tasks()) - 1  # any task but this one: a timer left running
         return before, len(flushes), flusher.pending, others
@@ -53,9 +53,9 @@ def test_an_append_during_a_flush_schedules_the_next() -> None:
             release.wait(5)
 
         flusher = IntervalFlusher(INTERVAL_S, slow_flush)
-        flusher.appended()
+        flusher.changed()
         await asyncio.to_thread(in_flush.wait, 5)
-        flusher.appended()  # written after the running flush took its descriptors
+        flusher.changed()  # written after the running flush took its descriptors
         release.set()
         await asyncio.sleep(INTERVAL_S * 4)
         return len(flushes)
@@ -69,7 +69,7 @@ def test_a_closed_log_ends_the_flush_quietly() -> None:
 
     async def run() -> bool:
         flusher = IntervalFlusher(INTERVAL_S, closed)
-        flusher.appended()
+        flusher.changed()
         await asyncio.sleep(INTERVAL_S * 3)
         return flusher.pending
 

@@ -198,6 +198,21 @@ def test_stream_position_and_drained(tmp_path: Path) -> None:
     store.close()
 
 
+def test_acks_saved_later_are_saved_by_a_close_and_never_after_a_delete(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.create_subscription("s", "earliest", None)
+    store.append(batch_of(0, 10), None, None)
+    assert store.ack_cumulative("s", 5, save_later=True)
+    assert store.position("s") == 6  # readers see it at once
+    store.close()  # a hibernation or a replacement: what was owed is saved
+    store = open_store(tmp_path)
+    assert store.position("s") == 6
+    store.ack_cumulative("s", 8, save_later=True)
+    store.delete(None)
+    store.save_acks()  # the saver running late: nothing is written back
+    assert not store.directory.exists()
+
+
 def test_ack_on_missing_subscription_is_not_found(store: SegmentStore) -> None:
     store.append(batch_of(0, 2), None, None)
     with pytest.raises(SubscriptionNotFoundError):

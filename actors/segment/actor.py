@@ -57,6 +57,9 @@ MAX_READ_WAIT_S = 60.0
 # another: the time a crashed consumer's messages stay stuck.
 ACK_TIMEOUT_ENV = "RAYTOPICS_ACK_TIMEOUT_S"
 DEFAULT_ACK_TIMEOUT_S = 30.0
+# How late a cumulative ack that rode on a read may reach the disk, unless durability is
+# ``fsync`` (``storage.cursors.CursorStore`` says why): Pulsar's default mark-delete rate.
+ACK_SAVE_PERIOD_S = 1.0
 # The longest a negative acknowledgement may hold a message back (a day).
 MAX_REDELIVERY_DELAY_S = 86_400.0
 
@@ -99,6 +102,11 @@ class Segment:
             if self._durability.policy == "interval"
             else None
         )
+        self._ack_saver = (
+            IntervalFlusher(ACK_SAVE_PERIOD_S, lambda: self._store.save_acks())
+            if self._durability.policy != "fsync"
+            else None
+        )
         self._metrics = SegmentMetrics(self._name)
         self._offloading = asyncio.Lock()
         self._tier_error: dict[str, Any] | None = None  # the last failed move to the tier
@@ -107,7 +115,7 @@ class Segment:
         # Stats kept while it slept no longer hold once it runs (``storage.asleep``).
         SleepingSegments(catalog.store, self._name.topic, incarnation).woken(self._name.segment_id)
         # The authority on sizes, following the operator's changes within seconds.
-        limits = LiveLimits(catalog, self._namespace)
+        limits = _live_limits(catalog, self._namespace)
         self._appender = SegmentAppender(
             self._name, self._store, limits, self._metrics, self._appended
         )
@@ -408,7 +416,7 @@ class Segment:
         try:
             request = wire.decode_read(body)
             if request.ack is not None:
-                self._store.ack_cumulative(request.subscription, request.ack)
+                self._ack_with_read(request.subscription, request.ack)
             batch = await self._read(request.offset, request.max_records, request.wait_s)
         except (ScalableTopicsError, ValueError) as err:
             return wire.encode_failure(err)
@@ -429,9 +437,18 @@ class Segment:
         self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
 
+    def _ack_with_read(self, subscription: str, offset: int) -> None:
+        """A stream consumer's cumulative ack on its next read: saved by the ack saver,
+        whereas an ack called for (a consumer releasing or finishing a segment) is saved
+        before its call returns."""
+        saver = self._ack_saver
+        if self._store.ack_cumulative(subscription, offset, save_later=saver is not None):
+            assert saver is not None
+            saver.changed()
+
     def _appended(self) -> None:
         if self._flusher is not None:
-            self._flusher.appended()
+            self._flusher.changed()
         self._wake()
 
     def _wake(self) -> None:
@@ -442,3 +459,16 @@ class Segment:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s):  # no task per long-poll, unlike wait_for
                 await self._new_data.wait()
+
+
+_limits_by_namespace: dict[str, LiveLimits] = {}
+
+
+def _live_limits(catalog: Catalog, namespace: str) -> LiveLimits:
+    """One copy of a namespace's limits per process: the segments a host serves share it,
+    so the catalog is read once per refresh in the process rather than once per segment
+    (the read is a GCS round trip on the event loop that every append waits behind)."""
+    limits = _limits_by_namespace.get(namespace)
+    if limits is None:
+        limits = _limits_by_namespace[namespace] = LiveLimits(catalog, namespace)
+    return limits

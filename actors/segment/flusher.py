@@ -1,5 +1,6 @@
 """When a segment under ``interval`` durability flushes: ``interval_s`` after the first
-append not flushed yet, and never while nothing is written.
+append not flushed yet, and never while nothing is written. The same schedule saves the
+cumulative acks that rode on reads (``CursorStore.save_unsaved``).
 
 A flush timer that ran whether or not anything was written would cost every idle
 segment a wake-up per interval, and idle segments are most of a long-lived topic's.
@@ -18,9 +19,9 @@ from runtime.errors import UnavailableError
 
 
 class IntervalFlusher:
-    """Who calls: the segment actor, after every stored group of appends (``appended``),
-    on its event loop. ``flush`` runs in a thread, off the loop: a flush can take long
-    on a busy disk."""
+    """Who calls: the segment actor, after every stored group of appends or ack taken
+    without saving (``changed``), on its event loop. ``flush`` runs in a thread, off the
+    loop: a flush can take long on a busy disk."""
 
     def __init__(self, interval_s: float, flush: Callable[[], None]) -> None:
         self._interval_s = interval_s
@@ -28,7 +29,7 @@ class IntervalFlusher:
         self._due = False
         self._tasks: set[asyncio.Task] = set()  # held until done: the loop keeps weak refs
 
-    def appended(self) -> None:
+    def changed(self) -> None:
         if self._due:
             return
         self._due = True
@@ -43,6 +44,6 @@ class IntervalFlusher:
 
     async def _flush_soon(self) -> None:
         await asyncio.sleep(self._interval_s)
-        self._due = False  # an append from here on schedules the next flush
+        self._due = False  # a change from here on schedules the next flush
         with contextlib.suppress(UnavailableError):  # the log was closed: nothing to flush
             await asyncio.to_thread(self._flush)
