@@ -1,8 +1,8 @@
 """What an idle topic costs: the CPU of every process while nothing is sent or read.
 
 Issue 47's goal is a topic of 32 idle segments at under 5% of one core, Ray's own
-processes included. Each round starts a fresh local Ray (the embedded settings,
-``runtime.connect.LOCAL_SYSTEM_CONFIG``) in a child process and measures, over
+processes included. Each round starts a fresh embedded Ray (``runtime.connect``, as a program
+gets it, with its system settings and environment) in a child process and measures, over
 ``--idle`` (60) seconds, the CPU seconds of every process of that Ray, grouped by
 what it is, and the CPU of the segment processes' threads, grouped by thread (the
 main thread apart: it runs Ray's task loop). For each of ``--segments`` (1, 32, 128),
@@ -49,6 +49,9 @@ GROUPS = {
     "ray::AdminService": "admin service",
     "gcs_server": "gcs",
     "raylet": "raylet",
+    "ray::DashboardAgent": "dashboard agent",
+    "ray::RuntimeEnvAgent": "ray agents",
+    "ray::IDLE": "pooled idle workers",
     "dashboard": "ray agents",
     "runtime_env": "ray agents",
     "log_monitor": "ray agents",
@@ -145,21 +148,18 @@ def make_peer(count: int) -> list[Any]:
 
 def one_round(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     """In a child process: a fresh Ray, the variant set up, then ``--idle`` s of nothing."""
-    import psutil
-    import ray
+    import tempfile
 
-    from runtime.connect import LOCAL_SYSTEM_CONFIG
+    import psutil
+
+    from runtime.connect import connect, disconnect
 
     # Admission's CPU share per segment is not what is measured: 128 segments on 2 CPUs.
     os.environ["RAYTOPICS_SEGMENTS_PER_CPU"] = "128"
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=dict(LOCAL_SYSTEM_CONFIG),
-    )
+    # The embedded Ray as a program gets it (its settings and environment), of a storage
+    # root of its own, so its processes are this process's children.
+    os.environ["RAYTOPICS_STORAGE_ROOT"] = tempfile.mkdtemp(prefix="idle-bench-")
+    connect("local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         count = args.segments[0]
         held = make_topic(args, count) if variant == "topic" else make_peer(count)
@@ -187,7 +187,7 @@ def one_round(variant: str, args: argparse.Namespace) -> dict[str, Any]:
             },
         }
     finally:
-        ray.shutdown()
+        disconnect()
 
 
 def _spent(

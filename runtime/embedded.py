@@ -90,6 +90,12 @@ HEAD_ONLY_ARGS = (*_HEAD_PARAMS, *_ISOLATION_ARGS)
 # A program's own settings, never the head's: every actor of every later program
 # would inherit them from the raylet (auth tokens file, durability, limits, ...).
 _PRIVATE_ENV_PREFIX = "RAYTOPICS_"
+# Ray's log monitor looks for new log files ten times a second while a session has fewer
+# than 1,000 of them (every worker adds three): half of its idle CPU, a few ms a second
+# for as long as the head runs (bench/README.md, idle.py). Once a second, a new worker's
+# first lines still reach its driver within a second; the variables set for the head
+# (Ray reads them from its processes' environment) win over these.
+QUIET_RAY_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPDATE_INTERVAL_S": "1"}
 
 
 # --- probes -------------------------------------------------------------------------------
@@ -417,7 +423,11 @@ def _start_head(directory: Path, head_args: dict[str, Any]) -> HeadRecord:
 
     before = {p.pid for p in psutil.Process().children()}
     try:
-        with _environment_without(_PRIVATE_ENV_PREFIX), _terminal_signals_blocked():
+        with (
+            _environment_without(_PRIVATE_ENV_PREFIX),
+            _environment_defaults(QUIET_RAY_ENV),
+            _terminal_signals_blocked(),
+        ):
             node = Node(RayParams(**params), head=True, shutdown_at_exit=False, spawn_reaper=False)
     except BaseException:
         # Node() gives no handle when it fails half way: stop what it had started.
@@ -444,6 +454,19 @@ def _start_head(directory: Path, head_args: dict[str, Any]) -> HeadRecord:
         session_dir=node.get_session_dir_path(),
         processes=processes,
     )
+
+
+@contextlib.contextmanager
+def _environment_defaults(defaults: dict[str, str]) -> Iterator[None]:
+    """``defaults`` in the environment of the processes started meanwhile, where this
+    process sets none of them itself; this process's environment is as before after."""
+    added = {k: v for k, v in defaults.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 @contextlib.contextmanager
