@@ -10,10 +10,13 @@ as every other way in (REST, the CLI).
 Calls ride out a restart of the service and of a topic's controller for
 ``controller_restart_timeout_s``; a split or merge is sent again under the same
 request id, which the controller recognizes, so a retry never applies it twice.
+No call waits forever: each waits as long as the REST gateway would for the same
+operation (``runtime.admin_api``), then raises ``RequestTimeoutError``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from actors.admin.caller import AdminServiceCaller
@@ -23,9 +26,11 @@ from runtime.admin_api import operation
 from runtime.auth import AuthPolicy, default_token
 from runtime.config import topic_settings
 from runtime.connect import connect
+from runtime.errors import RequestTimeoutError
 from runtime.layout import SegmentLayout
 from runtime.operations import new_request_id
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
+from runtime.rest import DEFAULT_REST_TIMEOUT_S
 from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms, time_ms
 
 
@@ -41,14 +46,19 @@ class ScalableTopicsAdmin:
         controller_restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         segment_timeout_s: float = DEFAULT_SEGMENT_TIMEOUT_S,
         token: str | None = None,
+        request_timeout_s: float = DEFAULT_REST_TIMEOUT_S,
     ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) is presented with every call; one the
         cluster does not know fails here (``UnauthenticatedError``), not at first use.
-        While the cluster has no policy, no token is needed."""
+        While the cluster has no policy, no token is needed. ``request_timeout_s``: how
+        long a call waits for its answer, as the REST gateway's time-out does (an
+        operation with a longer time-out of its own, such as a split, waits that long);
+        then ``RequestTimeoutError``, and a change asked for may still complete."""
         self._token = token if token is not None else default_token()
         connect(address, namespace=namespace)
         self._restart_timeout_s = controller_restart_timeout_s
         self._segment_timeout_s = segment_timeout_s
+        self._request_timeout_s = request_timeout_s
         self._service = AdminServiceCaller(controller_restart_timeout_s)
         self._service.call_blocking("whoami", credential=self._token)
 
@@ -273,9 +283,20 @@ class ScalableTopicsAdmin:
         """The admin service's ``method`` with this client's token, and a fresh request id
         when the operation takes one (``runtime.admin_api``): the service's retries
         after a restart send the same id, so the operation is applied once."""
-        if operation(method).request_id:
+        op = operation(method)
+        if op.request_id:
             kwargs.setdefault("request_id", new_request_id())
-        return await self._service.call(method, *args, credential=self._token, **kwargs)
+        wait_s = op.rest_timeout_s(self._request_timeout_s)
+        try:
+            async with asyncio.timeout(wait_s) as deadline:
+                return await self._service.call(method, *args, credential=self._token, **kwargs)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise RequestTimeoutError(
+                f"{method}: no answer from the cluster's admin service within {wait_s:g}s; "
+                "what it asked for may still complete: read the resource to see its state"
+            ) from None
 
     async def _control(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """A call that goes on to the topic's controller, which may be restarting."""

@@ -23,6 +23,7 @@ from runtime.auth import AuthPolicy, Permission
 from runtime.errors import (
     InvalidArgumentError,
     InvalidNameError,
+    RequestTimeoutError,
     UnauthenticatedError,
     UnauthorizedError,
 )
@@ -103,6 +104,41 @@ def test_operations_that_start_processes_or_walk_storage_wait_longer_than_reads(
     split = OPERATIONS["split_segment"]
     assert split.rest_timeout_s(30) == split.timeout_s and split.rest_timeout_s(900) == 900
     assert OPERATIONS["recover_topic"].timeout_s > split.timeout_s  # it reads every segment
+
+
+class _SlowAdminService:
+    """Stands in for the Ray client's way to the admin service: answers after ``delay_s``."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    async def call(self, method: str, *args: Any, credential: str | None, **kwargs: Any) -> str:
+        await asyncio.sleep(self.delay_s)
+        return method
+
+
+def test_the_ray_admin_client_waits_as_the_gateway_would_and_then_says_so() -> None:
+    """No call of ``ScalableTopicsAdmin`` waits forever on a service that does not answer:
+    a read for the client's ``request_timeout_s``, an operation with a longer time-out of
+    its own (a create starts processes) that long; past it ``RequestTimeoutError``."""
+    admin = object.__new__(ScalableTopicsAdmin)  # its calls, without joining a Ray
+    admin._token, admin._request_timeout_s = None, 0.3
+    admin._service = _SlowAdminService(delay_s=0.8)
+
+    async def timed(method: str) -> tuple[Any, float]:
+        started = asyncio.get_running_loop().time()
+        try:
+            outcome: Any = await admin._call(method, "topic://t/ns/x")
+        except RequestTimeoutError as err:
+            outcome = err
+        return outcome, asyncio.get_running_loop().time() - started
+
+    (read, read_s), (create, create_s) = [
+        asyncio.run(timed(m)) for m in ("get_metadata", "create_scalable_topic")
+    ]
+    assert isinstance(read, RequestTimeoutError) and 0.25 < read_s < 0.7
+    assert "within 0.3s" in str(read) and "may still complete" in str(read)
+    assert create == "create_scalable_topic" and create_s >= 0.8  # its own 120 s
 
 
 def test_blocking_twins_show_the_parameters_and_doc_of_their_async_methods() -> None:
