@@ -162,9 +162,13 @@ class ScalableTopicsAdmin:
 
     # --- layout changes -----------------------------------------------------------------
 
-    async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
-        """Split an active segment at its midpoint; returns the completed operation."""
-        return await self._control("split_segment", topic, segment_id)
+    async def split_segment_async(
+        self, topic: str, segment_id: int, at_hash: int | None = None
+    ) -> dict[str, Any]:
+        """Split an active segment, at its midpoint or with the upper child starting at
+        ``at_hash`` (a key's hash, ``runtime.hashing.key_hash``); returns the completed
+        operation."""
+        return await self._control("split_segment", topic, segment_id, at_hash)
 
     async def merge_segments_async(
         self, topic: str, segment_id1: int, segment_id2: int

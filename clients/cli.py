@@ -32,6 +32,8 @@ examples:
   raytopics list public/default
   raytopics describe public/default/orders     # the segment DAG as a tree
   raytopics split public/default/orders 0
+  raytopics hash customer-42                   # a key's hash: where its segment's range is
+  raytopics split public/default/orders 3 --at-hash 0x8a00   # the upper child from 0x8a00
   raytopics merge public/default/orders 4 5
   raytopics stats public/default/orders --json
   raytopics subscriptions create public/default/orders billing --position latest
@@ -121,6 +123,19 @@ def _limit(text: str) -> tuple[str, int]:
     return name, int(value)
 
 
+def _hash(text: str) -> int:
+    """A key hash as the user writes it: decimal or 0x-hex, within 16 bits."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 0-65535 or 0x0000-0xffff, got {text!r}"
+        ) from None
+    if not 0 <= value <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"a hash is 0-65535 (0xffff), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="raytopics",
@@ -187,8 +202,23 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("namespace_path", metavar="TENANT/NS")
     describe = _command(commands, "describe", run.describe, "show the segment DAG", topic=True)
     describe.add_argument("--json", action="store_true", help="print the metadata JSON")
-    split = _command(commands, "split", run.split, "split an active segment", topic=True)
+    split = _command(
+        commands, "split", run.split, "split an active segment (halved, or at --at-hash)",
+        topic=True,
+    )  # fmt: skip
     split.add_argument("segment_id", type=int, metavar="ID", help="the active segment's id")
+    split.add_argument(
+        "--at-hash", type=_hash, default=None, metavar="HASH",
+        help="the upper child's first hash (0-65535, or 0x0000-0xffff): keys that hash "
+        "below it stay in the lower child; `raytopics hash KEY` prints a key's hash",
+    )  # fmt: skip
+    hashing = commands.add_parser(
+        "hash", help="print each KEY's hash, which routes it to a segment",
+        description="print each KEY's 16-bit hash (Murmur3 of its UTF-8 bytes), which picks "
+        "the active segment whose range holds it; no cluster is asked",
+    )  # fmt: skip
+    hashing.add_argument("keys", nargs="+", metavar="KEY")
+    hashing.set_defaults(run=None, offline=run.key_hashes)
     merge = _command(commands, "merge", run.merge, "merge two adjacent segments", topic=True)
     merge.add_argument("segment_id1", type=int, metavar="ID1", help="an active segment's id")
     merge.add_argument("segment_id2", type=int, metavar="ID2", help="its adjacent neighbour's id")
@@ -380,7 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("serve", "produce", "consume") and args.url:
         parser.error(f"{args.command} runs on Ray; it cannot run through --url")
     try:
-        output = run.serve(args) if args.run is None else _run(args.run, args)
+        offline = getattr(args, "offline", None)
+        if offline is not None:
+            output = offline(args)
+        else:
+            output = run.serve(args) if args.run is None else _run(args.run, args)
     except ScalableTopicsError as err:
         print(f"error: {' '.join(err.message.split())}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from typing import Any
 
 from clients.cli_format import format_auth, format_stats, format_storage, format_tree
 from runtime.errors import InvalidArgumentError, UnavailableError
+from runtime.hashing import key_hash
 from runtime.subscription import ResetTo
 
 Command = Callable[[Any, argparse.Namespace], str]
@@ -68,9 +69,14 @@ def describe(admin: Any, args: argparse.Namespace) -> str:
 
 
 def split(admin: Any, args: argparse.Namespace) -> str:
-    op = admin.split_segment(args.topic, args.segment_id)
+    op = admin.split_segment(args.topic, args.segment_id, at_hash=args.at_hash)
     children = " and ".join(f"#{c}" for c in op["children"])
     return f"split #{args.segment_id} of {args.topic} into {children} (epoch {op['epoch']})"
+
+
+def key_hashes(args: argparse.Namespace) -> str:
+    """Each key's hash in hex and decimal: what ``split --at-hash`` takes."""
+    return "\n".join(f"{(h := key_hash(key)):#06x}\t{h}\t{key}" for key in args.keys)
 
 
 def merge(admin: Any, args: argparse.Namespace) -> str:

@@ -168,9 +168,15 @@ class AdminHttpClient:
 
     # --- layout changes ------------------------------------------------------------------
 
-    async def split_segment_async(self, topic: str, segment_id: int) -> dict[str, Any]:
-        """Split an active segment at its midpoint; returns the completed operation."""
-        return _completed(await self._rest("splitSegment", _topic(topic), segmentId=segment_id))
+    async def split_segment_async(
+        self, topic: str, segment_id: int, at_hash: int | None = None
+    ) -> dict[str, Any]:
+        """Split an active segment, at its midpoint or with the upper child starting at
+        ``at_hash`` (a key's hash, ``runtime.hashing.key_hash``); returns the completed
+        operation."""
+        body = {"atHash": at_hash} if at_hash is not None else None
+        found = await self._rest("splitSegment", _topic(topic), body=body, segmentId=segment_id)
+        return _completed(found)
 
     async def merge_segments_async(
         self, topic: str, segment_id1: int, segment_id2: int

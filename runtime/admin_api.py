@@ -43,6 +43,7 @@ from typing import Annotated
 from pydantic import Field
 
 from runtime.auth import Permission
+from runtime.names import MAX_HASH
 from runtime.rest import (
     AUTH_PATH,
     CLEAR_BACKLOG_PATH,
@@ -72,6 +73,7 @@ from runtime.rest import (
 
 # Constrained parameter types of the operations' handlers (``Annotated`` for pydantic).
 SegmentId = Annotated[int, Field(ge=0)]
+HashKey = Annotated[int, Field(ge=0, le=MAX_HASH)]  # a key's hash (``runtime.hashing``)
 Ordinal = Annotated[int, Field(ge=0)]  # a batch, partition or chunk number
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
@@ -224,7 +226,8 @@ _ENDPOINTS = (
     Endpoint("clearBacklog", "POST", CLEAR_BACKLOG_PATH,
              "Acknowledge everything a subscription has not yet (a reset to latest)",
              "reset_subscription"),
-    Endpoint("splitSegment", "POST", SPLIT_PATH, "Split an ACTIVE segment at its hash midpoint",
+    Endpoint("splitSegment", "POST", SPLIT_PATH,
+             "Split an ACTIVE segment at its hash midpoint, or where a body's atHash says",
              "split_segment"),
     Endpoint("mergeSegments", "POST", MERGE_PATH, "Merge two adjacent ACTIVE segments",
              "merge_segments"),

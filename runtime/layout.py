@@ -246,7 +246,10 @@ class SegmentLayout:
 
     # --- mutations (each returns a new layout) -------------------------------
 
-    def split_segment(self, segment_id: int) -> SegmentLayout:
+    def split_segment(self, segment_id: int, at_hash: int | None = None) -> SegmentLayout:
+        """Two children: ``[start, at_hash - 1]`` and ``[at_hash, end]``. ``at_hash`` (the
+        first hash of the upper child, as Kinesis's ``NewStartingHashKey``) isolates a hot
+        key range in one split; by default the range is halved."""
         parent = self._require_active(segment_id)
         rng = parent.hash_range
         if rng.width < 2:
@@ -254,11 +257,24 @@ class SegmentLayout:
                 f"segment {segment_id} covers the single hash {rng.start}: "
                 "a one-wide range cannot be split"
             )
-        mid, epoch, first = rng.midpoint(), self.epoch + 1, self.next_segment_id
+        upper = rng.midpoint() + 1 if at_hash is None else at_hash
+        if (
+            isinstance(upper, bool)
+            or not isinstance(upper, int)
+            or not rng.start < upper <= rng.end
+        ):
+            raise InvalidArgumentError(
+                f"cannot split segment {segment_id} {rng} at hash {at_hash!r}: the upper "
+                f"child's first hash must be in [{rng.start + 1:#06x}, {rng.end:#06x}] "
+                f"({rng.start + 1}-{rng.end}), so that both children cover a hash"
+            )
+        epoch, first = self.epoch + 1, self.next_segment_id
         children = (
-            SegmentInfo.active(first, HashRange(start=rng.start, end=mid), epoch, (segment_id,)),
             SegmentInfo.active(
-                first + 1, HashRange(start=mid + 1, end=rng.end), epoch, (segment_id,)
+                first, HashRange(start=rng.start, end=upper - 1), epoch, (segment_id,)
+            ),
+            SegmentInfo.active(
+                first + 1, HashRange(start=upper, end=rng.end), epoch, (segment_id,)
             ),
         )
         return self._replace((parent,), children)

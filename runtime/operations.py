@@ -64,9 +64,12 @@ class CompletedOperation(_Model):
     epoch: int
 
 
-def plan_split(layout: SegmentLayout, segment_id: int, request_id: str) -> PendingOperation:
-    """Validate against ``layout`` (raising the layout's typed errors) and plan."""
-    after = layout.split_segment(segment_id)
+def plan_split(
+    layout: SegmentLayout, segment_id: int, request_id: str, at_hash: int | None = None
+) -> PendingOperation:
+    """Validate against ``layout`` (raising the layout's typed errors) and plan; the
+    children's ranges (``at_hash``: where the upper one starts) are part of the plan."""
+    after = layout.split_segment(segment_id, at_hash)
     return _plan(OperationKind.SPLIT, layout, after, (segment_id,), request_id)
 
 
@@ -104,8 +107,9 @@ def apply_operation(layout: SegmentLayout, op: PendingOperation) -> SegmentLayou
             f"operation {op.request_id} was planned at epoch {op.base_epoch}, "
             f"the layout is at {layout.epoch}"
         )
-    if op.kind == OperationKind.SPLIT:
-        return layout.split_segment(op.parents[0])
+    if op.kind == OperationKind.SPLIT:  # where the plan put the upper child, not a midpoint
+        upper = op.children[1].start if len(op.children) == 2 else None
+        return layout.split_segment(op.parents[0], upper)
     if op.kind == OperationKind.MERGE:
         return layout.merge_segments(*op.parents)
     if op.kind == OperationKind.PRUNE:

@@ -56,6 +56,8 @@ def test_help_and_usage_errors() -> None:
     usage = raytopics(env, "--help")
     assert "examples:" in usage and "subscriptions" in usage and "serve" in usage
     assert "the following arguments are required" in raytopics(env, "split", "a/b/c", code=2)
+    too_wide = raytopics(env, "split", "a/b/c", "0", "--at-hash", "0x10000", code=2)
+    assert "a hash is 0-65535" in too_wide
 
 
 def test_help_is_a_command_and_every_argument_says_what_it_is() -> None:
@@ -126,6 +128,13 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
 
     sealed = raytopics(cli_env, "split", topic, "0", code=1)
     assert_one_error_line(sealed, "segment 0 is SEALED")
+    hashed = raytopics(cli_env, "hash", "customer-42").split()  # no cluster asked
+    assert hashed[2] == "customer-42" and int(hashed[0], 16) == int(hashed[1]) == 0x8335
+    at_key = raytopics(cli_env, "split", topic, "1", "--at-hash", hashed[0])
+    assert "into #5 and #6 (epoch 3)" in at_key
+    assert "#6 [8335-ffff] ACTIVE created@3" in raytopics(cli_env, "describe", topic)
+    outside = raytopics(cli_env, "split", topic, "6", "--at-hash", "0x8335", code=1)
+    assert_one_error_line(outside, "[0x8336, 0xffff]")
     raytopics(cli_env, "subscriptions", "delete", topic, "billing")
     assert raytopics(cli_env, "list", "cli/ns").split() == [f"topic://{topic}"]
     assert raytopics(cli_env, "delete", topic).strip() == f"deleted topic://{topic}"

@@ -508,6 +508,38 @@ def test_http_client_round_trip(gateway: str, admin: ScalableTopicsAdmin, unique
         _same_error(apis, lambda api: api.list_subscriptions(topic), TopicNotFoundError)
 
 
+def test_a_split_at_a_hash_over_rest_and_ray(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """The upper child starts at ``at_hash`` (``atHash`` in the body); both clients get
+    the same typed refusal for a hash outside the segment, and a split without a body
+    still halves."""
+    name = f"at-{unique}"
+    topic = f"topic://{TENANT}/{NAMESPACE}/{name}"
+    admin.create_scalable_topic(topic, 2)  # #0 [0000-7fff], #1 [8000-ffff]
+    with AdminHttpClient(gateway) as client:
+        assert client.split_segment(topic, 1, at_hash=0x8A00)["children"] == (2, 3)
+        assert admin.split_segment(topic, 0, at_hash=0x0100)["children"] == (4, 5)
+        ranges = {
+            i: (s["hashRange"]["start"], s["hashRange"]["end"])
+            for i, s in admin.get_metadata(topic)["segments"].items()
+        }
+        assert [ranges[str(i)] for i in (2, 3, 4, 5)] == [
+            (0x8000, 0x89FF), (0x8A00, 0xFFFF), (0x0000, 0x00FF), (0x0100, 0x7FFF),
+        ]  # fmt: skip
+        for bad in (0x8A00, 0x8000, 0x10000, -1):
+            _same_error(
+                (admin, client), lambda api, bad=bad: api.split_segment(topic, 3, at_hash=bad),
+                InvalidArgumentError,
+            )  # fmt: skip
+    status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/3", {"atHash": "0x9000"})
+    assert (status, body["error"]) == (400, "invalid_argument"), body
+    status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/3")
+    assert status == 200 and body["children"] == [6, 7], body
+    assert admin.get_layout(topic).get(6).hash_range.end == 0x8A00 + (0xFFFF - 0x8A00) // 2
+    admin.delete_scalable_topic(topic)
+
+
 def test_errors_without_a_known_code_keep_their_status_class() -> None:
     from clients.http import error_from_response
 

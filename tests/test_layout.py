@@ -113,6 +113,48 @@ def test_invalid_requests_raise_typed_errors_and_change_nothing():
     assert layout.to_json() == before
 
 
+def test_a_split_at_a_hash_starts_the_upper_child_there():
+    """As Kinesis's ``NewStartingHashKey``: one split isolates a hot range of any width."""
+    layout = SegmentLayout.initial(2)  # #0 [0000-7fff], #1 [8000-ffff]
+    split = layout.split_segment(1, at_hash=0x8A00)
+    lower, upper = (split.all_segments[i].hash_range for i in (2, 3))
+    assert (lower.start, lower.end, upper.start, upper.end) == (0x8000, 0x89FF, 0x8A00, 0xFFFF)
+    assert split.find_active_segment(0x89FF).segment_id == 2
+    assert split.find_active_segment(0x8A00).segment_id == 3
+    assert layout.split_segment(1) == layout.split_segment(1, at_hash=0xC000)  # the default
+    narrowest = layout.split_segment(0, at_hash=1)  # a one-wide lower child
+    assert narrowest.all_segments[2].hash_range.width == 1
+    assert_valid(split)
+    assert_valid(narrowest)
+    before = layout.to_json()
+    for bad in (0x8000, 0x7FFF, 0x10000, -1, True, 3.5, "0x8a00"):
+        with pytest.raises(InvalidArgumentError, match=r"\[0x8001, 0xffff\]"):
+            layout.split_segment(1, at_hash=bad)
+    assert layout.to_json() == before
+
+
+@settings(max_examples=200)
+@given(st.integers(0, MAX_SEGMENTS - 2), st.data())
+def test_a_split_anywhere_covers_its_parent_exactly(start: int, data) -> None:
+    end = data.draw(st.integers(start + 1, MAX_SEGMENTS - 1))
+    at = data.draw(st.integers(start + 1, end))
+    layout = SegmentLayout.initial(1)
+    if start > 0:
+        layout = layout.split_segment(0, at_hash=start)
+        segment = max(layout.active_segments)
+    else:
+        segment = 0
+    if end < MAX_SEGMENTS - 1:
+        layout = layout.split_segment(segment, at_hash=end + 1)
+        segment = min(
+            s for s, info in layout.active_segments.items() if info.hash_range.start == start
+        )
+    split = layout.split_segment(segment, at_hash=at)
+    children = [split.all_segments[c].hash_range for c in split.all_segments[segment].child_ids]
+    assert [(c.start, c.end) for c in children] == [(start, at - 1), (at, end)]
+    assert_valid(split)
+
+
 def test_one_wide_range_cannot_split():
     layout = SegmentLayout.initial(MAX_SEGMENTS)
     with pytest.raises(SegmentTooNarrowError, match="one-wide"):

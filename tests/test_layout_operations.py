@@ -43,12 +43,13 @@ def operations(parts: TopicParts, crash_after: Step | None) -> LayoutOperations:
     return LayoutOperations(parts, subscriptions, update, lambda record: None, step_done)
 
 
+SPLIT_AT = 0x0100  # "split_at": segment 0 [0000-7fff] split with its upper child from here
+
+
 def plan(kind: str, layout: SegmentLayout, request_id: str) -> PendingOperation:
-    return (
-        plan_split(layout, 0, request_id)
-        if kind == "split"
-        else plan_merge(layout, 0, 1, request_id)
-    )
+    if kind == "merge":
+        return plan_merge(layout, 0, 1, request_id)
+    return plan_split(layout, 0, request_id, SPLIT_AT if kind == "split_at" else None)
 
 
 def run_through(kind: str, crash_after: Step | None) -> tuple[TopicRecord, Fleet]:
@@ -69,7 +70,7 @@ def run_through(kind: str, crash_after: Step | None) -> tuple[TopicRecord, Fleet
     return catalog.require_topic(TOPIC), fleet
 
 
-@pytest.mark.parametrize("kind", ["split", "merge"])
+@pytest.mark.parametrize("kind", ["split", "split_at", "merge"])
 @pytest.mark.parametrize("crash_after", [None, *Step])
 def test_an_operation_cut_after_any_step_finishes_as_if_it_never_was(
     kind: str, crash_after: Step | None
@@ -78,7 +79,10 @@ def test_an_operation_cut_after_any_step_finishes_as_if_it_never_was(
     clean, clean_fleet = run_through(kind, None)
     assert record.pending_operation is None
     assert record.layout.to_dict() == clean.layout.to_dict()
-    assert record.last_operation.kind == OperationKind(kind)
+    assert record.last_operation.kind == OperationKind(kind.removesuffix("_at"))
+    if kind == "split_at":  # the planned ranges, also when a later incarnation finishes it
+        lower, upper = (record.layout.get(c).hash_range for c in record.layout.get(0).child_ids)
+        assert (lower.end, upper.start) == (SPLIT_AT - 1, SPLIT_AT)
     assert record.completed_operation("req-1") is not None  # a retry gets this answer
     children = [c.segment_id for c in clean.layout.active_segments.values() if c.parent_ids]
     assert sorted(fleet.created) == sorted(children) == sorted(clean_fleet.created)

@@ -232,11 +232,17 @@ class ScalableTopicController:
     # --- split / merge ---------------------------------------------------------------
 
     async def split_segment(
-        self, segment_id: int, request_id: str | None = None, *, credential: str | None = None
+        self,
+        segment_id: int,
+        request_id: str | None = None,
+        at_hash: int | None = None,
+        *,
+        credential: str | None = None,
     ) -> dict:
+        """``at_hash``: the upper child's first hash (default: the range's midpoint + 1)."""
         self._check(credential)
         return await self._change_layout(
-            request_id, lambda layout, rid: plan_split(layout, segment_id, rid)
+            request_id, lambda layout, rid: plan_split(layout, segment_id, rid, at_hash)
         )
 
     async def merge_segments(

@@ -19,7 +19,7 @@ from runtime.auth import MIN_TOKEN_CHARS
 from runtime.json_int import JsonInt, json_int
 from runtime.layout import MAX_SEGMENTS
 from runtime.limits import Limits
-from runtime.names import _PART
+from runtime.names import _PART, MAX_HASH
 from runtime.readiness import MAX_LISTED, MAX_WAIT_S
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition
 from storage.topic_storage import INCARNATION_PATTERN
@@ -70,6 +70,16 @@ class ResetSubscriptionBody(Body):
 class CreateSegmentBody(Body):
     subscriptions: list[Annotated[str, Field(pattern=_PART.pattern)]] = Field(
         default_factory=list, description="subscription names to pre-create at Earliest"
+    )
+
+
+class SplitBody(Body):
+    at_hash: json_int(ge=0, le=MAX_HASH) | None = Field(
+        default=None,
+        alias="atHash",
+        description="the upper child's first hash (a key's 16-bit Murmur3 hash, as "
+        "`raytopics hash KEY` prints it), strictly inside the segment's range; "
+        "omitted: the range is halved",
     )
 
 
