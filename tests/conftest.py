@@ -86,6 +86,23 @@ def _topics_deleted_after_module() -> Iterator[None]:
             admin.delete_scalable_topic(topic)
         except Exception as err:  # noqa: BLE001 - a topic a test left broken on purpose
             print(f"\nleft {topic} running: {type(err).__name__}: {err}")
+    _stop_ray_data_actors()
+
+
+# Detached actors Ray Data starts on first use and never stops: left running, they cost
+# the rest of the session's run (tests/README.md); the next Ray Data use starts them again.
+_RAY_DATA_ACTORS = (
+    ("datasets_stats_actor", "_dataset_stats_actor"),
+    ("AutoscalingCoordinator", "AutoscalingCoordinator"),
+)
+
+
+def _stop_ray_data_actors() -> None:
+    for name, namespace in _RAY_DATA_ACTORS:
+        try:
+            ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+        except ValueError:  # not started by this module
+            continue
 
 
 def session_topics() -> set[str] | None:
