@@ -17,6 +17,7 @@ operation (``runtime.admin_api``), then raises ``RequestTimeoutError``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from actors.admin.caller import AdminServiceCaller
@@ -163,12 +164,12 @@ class ScalableTopicsAdmin:
     # --- layout changes -----------------------------------------------------------------
 
     async def split_segment_async(
-        self, topic: str, segment_id: int, at_hash: int | None = None
+        self, topic: str, segment_id: int, at_hash: int | Sequence[int] | None = None
     ) -> dict[str, Any]:
-        """Split an active segment, at its midpoint or with the upper child starting at
-        ``at_hash`` (a key's hash, ``runtime.hashing.key_hash``); returns the completed
-        operation."""
-        return await self._control("split_segment", topic, segment_id, at_hash)
+        """Split an active segment in two halves, or with a child starting at each
+        ``at_hash`` (one hash or ascending ones: a key's hash is
+        ``runtime.hashing.key_hash``); returns the completed operation."""
+        return await self._control("split_segment", topic, segment_id, _hashes(at_hash))
 
     async def merge_segments_async(
         self, topic: str, segment_id1: int, segment_id2: int
@@ -305,3 +306,8 @@ class ScalableTopicsAdmin:
     async def _control(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """A call that goes on to the topic's controller, which may be restarting."""
         return await self._call(method, *args, restart_timeout_s=self._restart_timeout_s, **kwargs)
+
+
+def _hashes(at_hash: int | Sequence[int] | None) -> int | list[int] | None:
+    """A split's hashes as the admin service takes them (a list, not any sequence)."""
+    return at_hash if at_hash is None or isinstance(at_hash, int) else list(at_hash)

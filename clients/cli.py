@@ -208,9 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     split.add_argument("segment_id", type=int, metavar="ID", help="the active segment's id")
     split.add_argument(
-        "--at-hash", type=_hash, default=None, metavar="HASH",
-        help="the upper child's first hash (0-65535, or 0x0000-0xffff): keys that hash "
-        "below it stay in the lower child; `raytopics hash KEY` prints a key's hash",
+        "--at-hash", type=_hash, action="append", default=None, metavar="HASH",
+        help="where a child starts (0-65535, or 0x0000-0xffff): keys that hash below it go "
+        "to the child before; repeat for more children, in ascending order; `raytopics hash "
+        "KEY` prints a key's hash",
     )  # fmt: skip
     hashing = commands.add_parser(
         "hash", help="print each KEY's hash, which routes it to a segment",

@@ -70,7 +70,8 @@ def describe(admin: Any, args: argparse.Namespace) -> str:
 
 def split(admin: Any, args: argparse.Namespace) -> str:
     op = admin.split_segment(args.topic, args.segment_id, at_hash=args.at_hash)
-    children = " and ".join(f"#{c}" for c in op["children"])
+    *rest, last = [f"#{c}" for c in op["children"]]
+    children = f"{', '.join(rest)} and {last}"
     return f"split #{args.segment_id} of {args.topic} into {children} (epoch {op['epoch']})"
 
 

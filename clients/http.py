@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 import aiohttp
@@ -169,11 +169,13 @@ class AdminHttpClient:
     # --- layout changes ------------------------------------------------------------------
 
     async def split_segment_async(
-        self, topic: str, segment_id: int, at_hash: int | None = None
+        self, topic: str, segment_id: int, at_hash: int | Sequence[int] | None = None
     ) -> dict[str, Any]:
-        """Split an active segment, at its midpoint or with the upper child starting at
-        ``at_hash`` (a key's hash, ``runtime.hashing.key_hash``); returns the completed
-        operation."""
+        """Split an active segment in two halves, or with a child starting at each
+        ``at_hash`` (one hash or ascending ones: a key's hash is
+        ``runtime.hashing.key_hash``); returns the completed operation."""
+        if at_hash is not None and not isinstance(at_hash, int):
+            at_hash = list(at_hash)
         body = {"atHash": at_hash} if at_hash is not None else None
         found = await self._rest("splitSegment", _topic(topic), body=body, segmentId=segment_id)
         return _completed(found)

@@ -9,8 +9,9 @@ The JSON form is the public ``ScalableTopicMetadata`` document, field for field.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -246,10 +247,14 @@ class SegmentLayout:
 
     # --- mutations (each returns a new layout) -------------------------------
 
-    def split_segment(self, segment_id: int, at_hash: int | None = None) -> SegmentLayout:
-        """Two children: ``[start, at_hash - 1]`` and ``[at_hash, end]``. ``at_hash`` (the
-        first hash of the upper child, as Kinesis's ``NewStartingHashKey``) isolates a hot
-        key range in one split; by default the range is halved."""
+    def split_segment(
+        self, segment_id: int, at_hash: int | Sequence[int] | None = None
+    ) -> SegmentLayout:
+        """Children that partition the segment's range: by default two halves; with
+        ``at_hash`` (as Kinesis's ``NewStartingHashKey``) the upper child starts there;
+        with several ascending hashes (as Pravega scales one segment into several), each
+        starts a child, so one split can give a hot key range, or a single hot key
+        (``[h, h + 1]``), a segment of its own."""
         parent = self._require_active(segment_id)
         rng = parent.hash_range
         if rng.width < 2:
@@ -257,25 +262,12 @@ class SegmentLayout:
                 f"segment {segment_id} covers the single hash {rng.start}: "
                 "a one-wide range cannot be split"
             )
-        upper = rng.midpoint() + 1 if at_hash is None else at_hash
-        if (
-            isinstance(upper, bool)
-            or not isinstance(upper, int)
-            or not rng.start < upper <= rng.end
-        ):
-            raise InvalidArgumentError(
-                f"cannot split segment {segment_id} {rng} at hash {at_hash!r}: the upper "
-                f"child's first hash must be in [{rng.start + 1:#06x}, {rng.end:#06x}] "
-                f"({rng.start + 1}-{rng.end}), so that both children cover a hash"
-            )
+        starts = _child_starts(segment_id, rng, at_hash)
+        ends = [s - 1 for s in starts[1:]] + [rng.end]
         epoch, first = self.epoch + 1, self.next_segment_id
-        children = (
-            SegmentInfo.active(
-                first, HashRange(start=rng.start, end=upper - 1), epoch, (segment_id,)
-            ),
-            SegmentInfo.active(
-                first + 1, HashRange(start=upper, end=rng.end), epoch, (segment_id,)
-            ),
+        children = tuple(
+            SegmentInfo.active(first + i, HashRange(start=s, end=e), epoch, (segment_id,))
+            for i, (s, e) in enumerate(zip(starts, ends, strict=True))
         )
         return self._replace((parent,), children)
 
@@ -397,3 +389,29 @@ class SegmentLayout:
 def _id_summary(segments: MappingProxyType[int, SegmentInfo]) -> str:
     ids = list(segments)
     return ", ".join(map(str, ids)) if len(ids) <= 16 else f"{ids[0]}..{ids[-1]}"
+
+
+MAX_SPLIT_CHILDREN = 64  # children of one split: more is many splits' worth of processes
+
+
+def _child_starts(
+    segment_id: int, rng: HashRange, at_hash: int | Sequence[int] | None
+) -> list[int]:
+    """Where each child of a split of ``rng`` starts: ``rng.start``, then ``at_hash`` (one
+    hash or ascending hashes, each strictly inside the range), by default the midpoint."""
+    if at_hash is None:
+        return [rng.start, rng.midpoint() + 1]
+    hashes = list(at_hash) if isinstance(at_hash, list | tuple) else [at_hash]
+    integers = all(isinstance(h, int) and not isinstance(h, bool) for h in hashes)
+    ascending = integers and all(a < b for a, b in itertools.pairwise(hashes))
+    if not hashes or not ascending or not rng.start < hashes[0] <= hashes[-1] <= rng.end:
+        raise InvalidArgumentError(
+            f"cannot split segment {segment_id} {rng} at hash {at_hash!r}: each child after "
+            f"the first starts at a hash in [{rng.start + 1:#06x}, {rng.end:#06x}] "
+            f"({rng.start + 1}-{rng.end}), in ascending order, so that every child covers one"
+        )
+    if len(hashes) >= MAX_SPLIT_CHILDREN:
+        raise InvalidArgumentError(
+            f"a split makes at most {MAX_SPLIT_CHILDREN} children, asked for {len(hashes) + 1}"
+        )
+    return [rng.start, *hashes]

@@ -10,6 +10,7 @@ the same write, so "applied" and "no longer pending" can never disagree.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,10 +66,14 @@ class CompletedOperation(_Model):
 
 
 def plan_split(
-    layout: SegmentLayout, segment_id: int, request_id: str, at_hash: int | None = None
+    layout: SegmentLayout,
+    segment_id: int,
+    request_id: str,
+    at_hash: int | Sequence[int] | None = None,
 ) -> PendingOperation:
     """Validate against ``layout`` (raising the layout's typed errors) and plan; the
-    children's ranges (``at_hash``: where the upper one starts) are part of the plan."""
+    children's ranges (``at_hash``: where the children after the first start) are part of
+    the plan."""
     after = layout.split_segment(segment_id, at_hash)
     return _plan(OperationKind.SPLIT, layout, after, (segment_id,), request_id)
 
@@ -107,9 +112,9 @@ def apply_operation(layout: SegmentLayout, op: PendingOperation) -> SegmentLayou
             f"operation {op.request_id} was planned at epoch {op.base_epoch}, "
             f"the layout is at {layout.epoch}"
         )
-    if op.kind == OperationKind.SPLIT:  # where the plan put the upper child, not a midpoint
-        upper = op.children[1].start if len(op.children) == 2 else None
-        return layout.split_segment(op.parents[0], upper)
+    if op.kind == OperationKind.SPLIT:  # where the plan starts each child, not a midpoint
+        starts = [child.start for child in op.children[1:]]
+        return layout.split_segment(op.parents[0], starts or None)
     if op.kind == OperationKind.MERGE:
         return layout.merge_segments(*op.parents)
     if op.kind == OperationKind.PRUNE:

@@ -130,11 +130,12 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     assert_one_error_line(sealed, "segment 0 is SEALED")
     hashed = raytopics(cli_env, "hash", "customer-42").split()  # no cluster asked
     assert hashed[2] == "customer-42" and int(hashed[0], 16) == int(hashed[1]) == 0x8335
-    at_key = raytopics(cli_env, "split", topic, "1", "--at-hash", hashed[0])
-    assert "into #5 and #6 (epoch 3)" in at_key
-    assert "#6 [8335-ffff] ACTIVE created@3" in raytopics(cli_env, "describe", topic)
-    outside = raytopics(cli_env, "split", topic, "6", "--at-hash", "0x8335", code=1)
-    assert_one_error_line(outside, "[0x8336, 0xffff]")
+    # the key's hash alone in a segment of its own: one split into three
+    at_key = raytopics(cli_env, "split", topic, "1", "--at-hash", hashed[0], "--at-hash", "33590")
+    assert "into #5, #6 and #7 (epoch 3)" in at_key
+    assert "#6 [8335-8335] ACTIVE created@3" in raytopics(cli_env, "describe", topic)
+    outside = raytopics(cli_env, "split", topic, "7", "--at-hash", "0x8336", code=1)
+    assert_one_error_line(outside, "[0x8337, 0xffff]")
     raytopics(cli_env, "subscriptions", "delete", topic, "billing")
     assert raytopics(cli_env, "list", "cli/ns").split() == [f"topic://{topic}"]
     assert raytopics(cli_env, "delete", topic).strip() == f"deleted topic://{topic}"

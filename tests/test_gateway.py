@@ -537,6 +537,18 @@ def test_a_split_at_a_hash_over_rest_and_ray(
     status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/3")
     assert status == 200 and body["children"] == [6, 7], body
     assert admin.get_layout(topic).get(6).hash_range.end == 0x8A00 + (0xFFFF - 0x8A00) // 2
+    with AdminHttpClient(gateway) as client:  # into three: one hash alone in the middle
+        assert client.split_segment(topic, 7, at_hash=[0xD000, 0xD001])["children"] == (8, 9, 10)
+    assert admin.split_segment(topic, 4, at_hash=(0x10, 0x20))["children"] == (11, 12, 13)
+    layout = admin.get_layout(topic)
+    spans = [(layout.get(i).hash_range.start, layout.get(i).hash_range.end) for i in range(8, 14)]
+    assert spans == [
+        (0xC500, 0xCFFF), (0xD000, 0xD000), (0xD001, 0xFFFF),
+        (0x0000, 0x000F), (0x0010, 0x001F), (0x0020, 0x00FF),
+    ]  # fmt: skip
+    for bad in ([0x20, 0x10], [0x30, 0x30], []):
+        status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/13", {"atHash": bad})
+        assert (status, body["error"]) == (400, "invalid_argument"), (bad, body)
     admin.delete_scalable_topic(topic)
 
 

@@ -133,6 +133,22 @@ def test_a_split_at_a_hash_starts_the_upper_child_there():
     assert layout.to_json() == before
 
 
+def test_a_split_into_several_gives_a_single_hot_hash_a_segment_of_its_own():
+    layout = SegmentLayout.initial(1)
+    split = layout.split_segment(0, [0x8A00, 0x8A01])
+    spans = [(s.hash_range.start, s.hash_range.end) for s in split.active_segments.values()]
+    assert spans == [(0x0000, 0x89FF), (0x8A00, 0x8A00), (0x8A01, 0xFFFF)]
+    assert split.all_segments[0].child_ids == (1, 2, 3) and split.next_segment_id == 4
+    assert_valid(split)
+    assert layout.split_segment(0, [0x8A00]) == layout.split_segment(0, 0x8A00)
+    for bad in ([], [0x8A01, 0x8A00], [0x10, 0x10], [0, 0x10], [0x10, 0x10000], [0x10, "0x20"]):
+        with pytest.raises(InvalidArgumentError, match="ascending order"):
+            layout.split_segment(0, bad)
+    with pytest.raises(InvalidArgumentError, match="at most 64 children"):
+        layout.split_segment(0, list(range(1, 65)))
+    assert len(layout.split_segment(0, list(range(1, 64))).active_segments) == 64
+
+
 @settings(max_examples=200)
 @given(st.integers(0, MAX_SEGMENTS - 2), st.data())
 def test_a_split_anywhere_covers_its_parent_exactly(start: int, data) -> None:

@@ -254,14 +254,15 @@ class AdminService(StreamOperations, ClusterOperations):
         self,
         name: TopicName,
         segment_id: SegmentId,
-        at_hash: HashKey | None = None,
+        at_hash: HashKey | list[HashKey] | None = None,
         *,
         request_id: str | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
         """``request_id``: the same id sent again (a caller's retry) is applied once.
-        ``at_hash``: the upper child's first hash (default: halve the range)."""
+        ``at_hash``: where the children after the first start, one hash or ascending
+        hashes (default: two halves)."""
         self._record(name)
         rid = checked_request_id(request_id)
         return await self._control(

@@ -235,11 +235,11 @@ class ScalableTopicController:
         self,
         segment_id: int,
         request_id: str | None = None,
-        at_hash: int | None = None,
+        at_hash: int | list[int] | None = None,
         *,
         credential: str | None = None,
     ) -> dict:
-        """``at_hash``: the upper child's first hash (default: the range's midpoint + 1)."""
+        """``at_hash``: where the children after the first start (default: two halves)."""
         self._check(credential)
         return await self._change_layout(
             request_id, lambda layout, rid: plan_split(layout, segment_id, rid, at_hash)

@@ -74,12 +74,16 @@ class CreateSegmentBody(Body):
 
 
 class SplitBody(Body):
-    at_hash: json_int(ge=0, le=MAX_HASH) | None = Field(
+    at_hash: (
+        json_int(ge=0, le=MAX_HASH)
+        | Annotated[list[json_int(ge=0, le=MAX_HASH)], Field(min_length=1, max_length=63)]
+        | None
+    ) = Field(
         default=None,
         alias="atHash",
-        description="the upper child's first hash (a key's 16-bit Murmur3 hash, as "
-        "`raytopics hash KEY` prints it), strictly inside the segment's range; "
-        "omitted: the range is halved",
+        description="where the upper child starts, or ascending hashes where each child "
+        "after the first starts (a key's 16-bit Murmur3 hash, as `raytopics hash KEY` "
+        "prints it), each strictly inside the segment's range; omitted: two halves",
     )
 
 
