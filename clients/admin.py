@@ -172,10 +172,12 @@ class ScalableTopicsAdmin:
         return await self._control("split_segment", topic, segment_id, _hashes(at_hash))
 
     async def merge_segments_async(
-        self, topic: str, segment_id1: int, segment_id2: int
+        self, topic: str, segment_id1: int, segment_id2: int, *more_segment_ids: int
     ) -> dict[str, Any]:
-        """Merge two adjacent active segments; returns the completed operation."""
-        return await self._control("merge_segments", topic, segment_id1, segment_id2)
+        """Merge two adjacent active segments, or a run of neighbouring ones (up to 64, in
+        any order); returns the completed operation."""
+        more = list(more_segment_ids) or None
+        return await self._control("merge_segments", topic, segment_id1, segment_id2, more)
 
     # --- operating policy (autoscale, retention; see runtime.policy) --------------------
 

@@ -220,9 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     hashing.add_argument("keys", nargs="+", metavar="KEY")
     hashing.set_defaults(run=None, offline=run.key_hashes)
-    merge = _command(commands, "merge", run.merge, "merge two adjacent segments", topic=True)
+    merge = _command(
+        commands, "merge", run.merge, "merge two adjacent segments, or a run of them", topic=True
+    )
     merge.add_argument("segment_id1", type=int, metavar="ID1", help="an active segment's id")
     merge.add_argument("segment_id2", type=int, metavar="ID2", help="its adjacent neighbour's id")
+    merge.add_argument(
+        "more_segment_ids", type=int, nargs="*", metavar="ID",
+        help="further neighbours merged in the same operation (up to 64 segments in all)",
+    )  # fmt: skip
     stats = _command(commands, "stats", run.stats, "segment and subscription stats", topic=True)
     stats.add_argument("--json", action="store_true", help="print the raw stats JSON")
     _command(commands, "delete", run.delete_topic, "delete a topic and its segments", topic=True)

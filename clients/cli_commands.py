@@ -81,9 +81,11 @@ def key_hashes(args: argparse.Namespace) -> str:
 
 
 def merge(admin: Any, args: argparse.Namespace) -> str:
-    op = admin.merge_segments(args.topic, args.segment_id1, args.segment_id2)
+    ids = (args.segment_id1, args.segment_id2, *args.more_segment_ids)
+    op = admin.merge_segments(args.topic, *ids)
+    *rest, last = [f"#{i}" for i in ids]
     return (
-        f"merged #{args.segment_id1} and #{args.segment_id2} of {args.topic} "
+        f"merged {', '.join(rest)} and {last} of {args.topic} "
         f"into #{op['children'][0]} (epoch {op['epoch']})"
     )
 

@@ -181,11 +181,13 @@ class AdminHttpClient:
         return _completed(found)
 
     async def merge_segments_async(
-        self, topic: str, segment_id1: int, segment_id2: int
+        self, topic: str, segment_id1: int, segment_id2: int, *more_segment_ids: int
     ) -> dict[str, Any]:
-        """Merge two adjacent active segments; returns the completed operation."""
+        """Merge two adjacent active segments, or a run of neighbouring ones (up to 64, in
+        any order); returns the completed operation."""
         ids = {"segmentId1": segment_id1, "segmentId2": segment_id2}
-        return _completed(await self._rest("mergeSegments", _topic(topic), **ids))
+        body = {"moreSegmentIds": list(more_segment_ids)} if more_segment_ids else None
+        return _completed(await self._rest("mergeSegments", _topic(topic), body=body, **ids))
 
     # --- operating policy (autoscale, retention) ------------------------------------------
 

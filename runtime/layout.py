@@ -271,26 +271,31 @@ class SegmentLayout:
         )
         return self._replace((parent,), children)
 
-    def merge_segments(self, segment_id1: int, segment_id2: int) -> SegmentLayout:
-        if segment_id1 == segment_id2:
+    def merge_segments(self, segment_id1: int, segment_id2: int, *more: int) -> SegmentLayout:
+        """One child covering neighbouring active ranges: two, or (``more``, as Pravega
+        merges several at once) a whole run of them, given in any order."""
+        ids = (segment_id1, segment_id2, *more)
+        if len(set(ids)) != len(ids):
             raise SegmentsNotAdjacentError(
-                f"cannot merge segment {segment_id1} with itself: only two neighbouring "
-                "active ranges can merge"
+                f"cannot merge segments {list(ids)}: a segment appears twice (with itself); "
+                "only distinct neighbouring active ranges can merge"
             )
-        a, b = sorted(
-            (self._require_active(segment_id1), self._require_active(segment_id2)),
-            key=lambda s: s.hash_range.start,
-        )
-        if a.hash_range.end + 1 != b.hash_range.start:
-            raise SegmentsNotAdjacentError(
-                f"segments {a.segment_id} {a.hash_range} and {b.segment_id} {b.hash_range} are "
-                "not adjacent: only neighbouring active ranges can merge"
+        if len(ids) > MAX_SPLIT_CHILDREN:
+            raise InvalidArgumentError(
+                f"a merge takes at most {MAX_SPLIT_CHILDREN} segments, asked for {len(ids)}"
             )
-        rng = HashRange(start=a.hash_range.start, end=b.hash_range.end)
+        run = sorted((self._require_active(i) for i in ids), key=lambda s: s.hash_range.start)
+        for a, b in itertools.pairwise(run):
+            if a.hash_range.end + 1 != b.hash_range.start:
+                raise SegmentsNotAdjacentError(
+                    f"segments {a.segment_id} {a.hash_range} and {b.segment_id} {b.hash_range} "
+                    "are not adjacent: only neighbouring active ranges can merge"
+                )
+        rng = HashRange(start=run[0].hash_range.start, end=run[-1].hash_range.end)
         child = SegmentInfo.active(
-            self.next_segment_id, rng, self.epoch + 1, (a.segment_id, b.segment_id)
+            self.next_segment_id, rng, self.epoch + 1, tuple(s.segment_id for s in run)
         )
-        return self._replace((a, b), (child,))
+        return self._replace(tuple(run), (child,))
 
     def prune_segment(self, segment_id: int) -> SegmentLayout:
         """Drop a sealed root segment from the DAG (retention); its children become roots.

@@ -79,11 +79,16 @@ def plan_split(
 
 
 def plan_merge(
-    layout: SegmentLayout, segment_id1: int, segment_id2: int, request_id: str
+    layout: SegmentLayout,
+    segment_id1: int,
+    segment_id2: int,
+    request_id: str,
+    more: Sequence[int] = (),
 ) -> PendingOperation:
-    after = layout.merge_segments(segment_id1, segment_id2)
+    """``more``: further neighbours merged with the two in the same operation."""
+    after = layout.merge_segments(segment_id1, segment_id2, *more)
     parents = tuple(
-        sorted((segment_id1, segment_id2), key=lambda i: layout.get(i).hash_range.start)
+        sorted((segment_id1, segment_id2, *more), key=lambda i: layout.get(i).hash_range.start)
     )
     return _plan(OperationKind.MERGE, layout, after, parents, request_id)
 

@@ -136,6 +136,8 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     assert "#6 [8335-8335] ACTIVE created@3" in raytopics(cli_env, "describe", topic)
     outside = raytopics(cli_env, "split", topic, "7", "--at-hash", "0x8336", code=1)
     assert_one_error_line(outside, "[0x8337, 0xffff]")
+    assert "merged #7, #5 and #6 of" in raytopics(cli_env, "merge", topic, "7", "5", "6")
+    assert "#8 [8000-ffff] ACTIVE created@4" in raytopics(cli_env, "describe", topic)
     raytopics(cli_env, "subscriptions", "delete", topic, "billing")
     assert raytopics(cli_env, "list", "cli/ns").split() == [f"topic://{topic}"]
     assert raytopics(cli_env, "delete", topic).strip() == f"deleted topic://{topic}"

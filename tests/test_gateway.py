@@ -549,6 +549,18 @@ def test_a_split_at_a_hash_over_rest_and_ray(
     for bad in ([0x20, 0x10], [0x30, 0x30], []):
         status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/13", {"atHash": bad})
         assert (status, body["error"]) == (400, "invalid_argument"), (bad, body)
+    # and back: a run of neighbours merges in one operation, in any order
+    with AdminHttpClient(gateway) as client:
+        assert client.merge_segments(topic, 10, 8, 9)["parents"] == (8, 9, 10)
+        _same_error(
+            (admin, client), lambda api: api.merge_segments(topic, 11, 13, 2),
+            SegmentsNotAdjacentError,
+        )  # fmt: skip
+    assert admin.merge_segments(topic, 11, 12, 13)["children"] == (15,)
+    merged = admin.get_layout(topic)
+    assert [(merged.get(i).hash_range.start, merged.get(i).hash_range.end) for i in (14, 15)] == [
+        (0xC500, 0xFFFF), (0x0000, 0x00FF),
+    ]  # fmt: skip
     admin.delete_scalable_topic(topic)
 
 

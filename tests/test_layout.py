@@ -14,6 +14,7 @@ from runtime.errors import (
     SegmentTooNarrowError,
 )
 from runtime.layout import MAX_SEGMENTS, SegmentLayout, SegmentState
+from runtime.operations import apply_operation, plan_merge
 
 SPEC_EXAMPLE = """{
   "epoch": 3,
@@ -147,6 +148,24 @@ def test_a_split_into_several_gives_a_single_hot_hash_a_segment_of_its_own():
     with pytest.raises(InvalidArgumentError, match="at most 64 children"):
         layout.split_segment(0, list(range(1, 65)))
     assert len(layout.split_segment(0, list(range(1, 64))).active_segments) == 64
+
+
+def test_a_run_of_neighbours_merges_in_one_operation_given_in_any_order():
+    layout = SegmentLayout.initial(4)  # [0000-3fff] [4000-7fff] [8000-bfff] [c000-ffff]
+    merged = layout.merge_segments(2, 0, 1)
+    child = merged.get(4)
+    assert (child.hash_range.start, child.hash_range.end) == (0x0000, 0xBFFF)
+    assert child.parent_ids == (0, 1, 2) and merged.get(1).child_ids == (4,)
+    assert_valid(merged)
+    plan = plan_merge(layout, 2, 0, "r", [1])
+    assert plan.parents == (0, 1, 2) and apply_operation(layout, plan) == merged
+    before = layout.to_json()
+    for ids, text in (((0, 2, 3), "not adjacent"), ((0, 1, 1), "appears twice")):
+        with pytest.raises(SegmentsNotAdjacentError, match=text):
+            layout.merge_segments(*ids)
+    with pytest.raises(InvalidArgumentError, match="at most 64 segments"):
+        SegmentLayout.initial(65).merge_segments(*range(65))
+    assert layout.to_json() == before
 
 
 @settings(max_examples=200)

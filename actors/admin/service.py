@@ -275,16 +275,19 @@ class AdminService(StreamOperations, ClusterOperations):
         name: TopicName,
         segment_id1: SegmentId,
         segment_id2: SegmentId,
+        more_segment_ids: list[SegmentId] | None = None,
         *,
         request_id: str | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
+        """``more_segment_ids``: further neighbours merged in the same operation."""
         self._record(name)
         rid = checked_request_id(request_id)
         return await self._control(
-            name, restart_timeout_s, "merge_segments", segment_id1, segment_id2, rid
-        )
+            name, restart_timeout_s, "merge_segments", segment_id1, segment_id2, rid,
+            more_segment_ids,
+        )  # fmt: skip
 
     # --- operating policy ---------------------------------------------------------------
 

@@ -250,12 +250,16 @@ class ScalableTopicController:
         segment_id1: int,
         segment_id2: int,
         request_id: str | None = None,
+        more_segment_ids: list[int] | None = None,
         *,
         credential: str | None = None,
     ) -> dict:
+        """``more_segment_ids``: further neighbours merged in the same operation."""
         self._check(credential)
+        more = more_segment_ids or ()
         return await self._change_layout(
-            request_id, lambda layout, rid: plan_merge(layout, segment_id1, segment_id2, rid)
+            request_id,
+            lambda layout, rid: plan_merge(layout, segment_id1, segment_id2, rid, more),
         )
 
     async def prune_segments(

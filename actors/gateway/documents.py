@@ -87,6 +87,15 @@ class SplitBody(Body):
     )
 
 
+class MergeBody(Body):
+    more_segment_ids: Annotated[list[json_int(ge=0)], Field(max_length=62)] | None = Field(
+        default=None,
+        alias="moreSegmentIds",
+        description="further active segments merged with the two in the path: together "
+        "they must be a run of neighbouring ranges (at most 64 segments in all)",
+    )
+
+
 class RecoverBody(Body):
     incarnation: str | None = Field(
         default=None,
