@@ -205,8 +205,8 @@ class CursorStore:
     saver thread (``save_unsaved``). What it affects: the backend's copy, before the call
     returns (a deferred ack: when ``save_unsaved`` runs).
 
-    Why defer: a stream consumer's reads carry its cumulative ack, a few a second per
-    segment, and each save replaces a file (a rename over an existing file makes ext4
+    Why defer: a stream consumer's reads carry its cumulative ack, up to twenty a second
+    per segment, and each save replaces a file (a rename over an existing file makes ext4
     write the new one's blocks at once). Saved at most once per saver period, as Pulsar
     rate-limits its cursors' mark-delete writes, a crash of the segment's process gives a
     consumer that resumes from the cursor at most that period's messages again, which
