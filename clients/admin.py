@@ -23,7 +23,7 @@ from typing import Any
 from actors.admin.caller import AdminServiceCaller
 from actors.admin.service import DEFAULT_RESTART_TIMEOUT_S, DEFAULT_SEGMENT_TIMEOUT_S
 from clients._ray import with_sync_twins
-from runtime.admin_api import operation
+from runtime.admin_api import merged_ids, operation, split_hashes
 from runtime.auth import AuthPolicy, default_token
 from runtime.config import topic_settings
 from runtime.connect import connect
@@ -164,20 +164,29 @@ class ScalableTopicsAdmin:
     # --- layout changes -----------------------------------------------------------------
 
     async def split_segment_async(
-        self, topic: str, segment_id: int, at_hash: int | Sequence[int] | None = None
+        self,
+        topic: str,
+        segment_id: int,
+        at: int | Sequence[int] | None = None,
+        parts: int | None = None,
     ) -> dict[str, Any]:
-        """Split an active segment in two halves, or with a child starting at each
-        ``at_hash`` (one hash or ascending ones: a key's hash is
-        ``runtime.hashing.key_hash``); returns the completed operation."""
-        return await self._control("split_segment", topic, segment_id, _hashes(at_hash))
+        """Split an active segment in two halves, with a child starting at each ``at``
+        (one hash or ascending ones: a key's hash is ``runtime.hashing.key_hash``), or
+        into ``parts`` near-equal children; returns the completed operation."""
+        return await self._control("split_segment", topic, segment_id, split_hashes(at), parts)
 
     async def merge_segments_async(
-        self, topic: str, segment_id1: int, segment_id2: int, *more_segment_ids: int
+        self,
+        topic: str,
+        segment_id1: int | Sequence[int],
+        segment_id2: int | None = None,
+        *more_segment_ids: int,
     ) -> dict[str, Any]:
         """Merge two adjacent active segments, or a run of neighbouring ones (up to 64, in
-        any order); returns the completed operation."""
-        more = list(more_segment_ids) or None
-        return await self._control("merge_segments", topic, segment_id1, segment_id2, more)
+        any order: ``merge_segments(topic, [4, 5, 6])`` or ``(topic, 4, 5, 6)``);
+        returns the completed operation."""
+        first, second, *more = merged_ids(segment_id1, segment_id2, more_segment_ids)
+        return await self._control("merge_segments", topic, first, second, more or None)
 
     # --- operating policy (autoscale, retention; see runtime.policy) --------------------
 
@@ -308,8 +317,3 @@ class ScalableTopicsAdmin:
     async def _control(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """A call that goes on to the topic's controller, which may be restarting."""
         return await self._call(method, *args, restart_timeout_s=self._restart_timeout_s, **kwargs)
-
-
-def _hashes(at_hash: int | Sequence[int] | None) -> int | list[int] | None:
-    """A split's hashes as the admin service takes them (a list, not any sequence)."""
-    return at_hash if at_hash is None or isinstance(at_hash, int) else list(at_hash)

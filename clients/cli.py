@@ -33,7 +33,7 @@ examples:
   raytopics describe public/default/orders     # the segment DAG as a tree
   raytopics split public/default/orders 0
   raytopics hash customer-42                   # a key's hash: where its segment's range is
-  raytopics split public/default/orders 3 --at-hash 0x8a00   # the upper child from 0x8a00
+  raytopics split public/default/orders 3 --at 0x8a00   # the upper child from 0x8a00
   raytopics merge public/default/orders 4 5
   raytopics stats public/default/orders --json
   raytopics subscriptions create public/default/orders billing --position latest
@@ -203,15 +203,20 @@ def build_parser() -> argparse.ArgumentParser:
     describe = _command(commands, "describe", run.describe, "show the segment DAG", topic=True)
     describe.add_argument("--json", action="store_true", help="print the metadata JSON")
     split = _command(
-        commands, "split", run.split, "split an active segment (halved, or at --at-hash)",
+        commands, "split", run.split,
+        "split an active segment: in halves, at --at hashes, or into --parts equal ones",
         topic=True,
     )  # fmt: skip
     split.add_argument("segment_id", type=int, metavar="ID", help="the active segment's id")
     split.add_argument(
-        "--at-hash", type=_hash, action="append", default=None, metavar="HASH",
+        "--at", type=_hash, action="append", default=None, metavar="HASH",
         help="where a child starts (0-65535, or 0x0000-0xffff): keys that hash below it go "
         "to the child before; repeat for more children, in ascending order; `raytopics hash "
         "KEY` prints a key's hash",
+    )  # fmt: skip
+    split.add_argument(
+        "--parts", type=int, default=None, metavar="N",
+        help="split into N near-equal children instead (2-64)",
     )  # fmt: skip
     hashing = commands.add_parser(
         "hash", help="print each KEY's hash, which routes it to a segment",

@@ -69,14 +69,14 @@ def describe(admin: Any, args: argparse.Namespace) -> str:
 
 
 def split(admin: Any, args: argparse.Namespace) -> str:
-    op = admin.split_segment(args.topic, args.segment_id, at_hash=args.at_hash)
+    op = admin.split_segment(args.topic, args.segment_id, at=args.at, parts=args.parts)
     *rest, last = [f"#{c}" for c in op["children"]]
     children = f"{', '.join(rest)} and {last}"
     return f"split #{args.segment_id} of {args.topic} into {children} (epoch {op['epoch']})"
 
 
 def key_hashes(args: argparse.Namespace) -> str:
-    """Each key's hash in hex and decimal: what ``split --at-hash`` takes."""
+    """Each key's hash in hex and decimal: what ``split --at`` takes."""
     return "\n".join(f"{(h := key_hash(key)):#06x}\t{h}\t{key}" for key in args.keys)
 
 

@@ -27,7 +27,13 @@ from typing import Any, TypeVar
 import aiohttp
 
 from clients._ray import background_loop, with_sync_twins
-from runtime.admin_api import endpoint, endpoint_operation, endpoint_timeout_s
+from runtime.admin_api import (
+    endpoint,
+    endpoint_operation,
+    endpoint_timeout_s,
+    merged_ids,
+    split_hashes,
+)
 from runtime.auth import AuthPolicy, default_token
 from runtime.errors import (
     InvalidArgumentError,
@@ -169,24 +175,33 @@ class AdminHttpClient:
     # --- layout changes ------------------------------------------------------------------
 
     async def split_segment_async(
-        self, topic: str, segment_id: int, at_hash: int | Sequence[int] | None = None
+        self,
+        topic: str,
+        segment_id: int,
+        at: int | Sequence[int] | None = None,
+        parts: int | None = None,
     ) -> dict[str, Any]:
-        """Split an active segment in two halves, or with a child starting at each
-        ``at_hash`` (one hash or ascending ones: a key's hash is
-        ``runtime.hashing.key_hash``); returns the completed operation."""
-        if at_hash is not None and not isinstance(at_hash, int):
-            at_hash = list(at_hash)
-        body = {"atHash": at_hash} if at_hash is not None else None
+        """Split an active segment in two halves, with a child starting at each ``at``
+        (one hash or ascending ones: a key's hash is ``runtime.hashing.key_hash``), or
+        into ``parts`` near-equal children; returns the completed operation."""
+        given = {"at": split_hashes(at), "parts": parts}
+        body = {k: v for k, v in given.items() if v is not None} or None
         found = await self._rest("splitSegment", _topic(topic), body=body, segmentId=segment_id)
         return _completed(found)
 
     async def merge_segments_async(
-        self, topic: str, segment_id1: int, segment_id2: int, *more_segment_ids: int
+        self,
+        topic: str,
+        segment_id1: int | Sequence[int],
+        segment_id2: int | None = None,
+        *more_segment_ids: int,
     ) -> dict[str, Any]:
         """Merge two adjacent active segments, or a run of neighbouring ones (up to 64, in
-        any order); returns the completed operation."""
-        ids = {"segmentId1": segment_id1, "segmentId2": segment_id2}
-        body = {"moreSegmentIds": list(more_segment_ids)} if more_segment_ids else None
+        any order: ``merge_segments(topic, [4, 5, 6])`` or ``(topic, 4, 5, 6)``);
+        returns the completed operation."""
+        first, second, *more = merged_ids(segment_id1, segment_id2, more_segment_ids)
+        ids = {"segmentId1": first, "segmentId2": second}
+        body = {"moreSegmentIds": more} if more else None
         return _completed(await self._rest("mergeSegments", _topic(topic), body=body, **ids))
 
     # --- operating policy (autoscale, retention) ------------------------------------------

@@ -34,7 +34,7 @@ import the other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
@@ -43,6 +43,7 @@ from typing import Annotated
 from pydantic import Field
 
 from runtime.auth import Permission
+from runtime.errors import InvalidArgumentError
 from runtime.names import MAX_HASH
 from runtime.rest import (
     AUTH_PATH,
@@ -74,6 +75,7 @@ from runtime.rest import (
 # Constrained parameter types of the operations' handlers (``Annotated`` for pydantic).
 SegmentId = Annotated[int, Field(ge=0)]
 HashKey = Annotated[int, Field(ge=0, le=MAX_HASH)]  # a key's hash (``runtime.hashing``)
+SplitParts = Annotated[int, Field(ge=2, le=64)]  # children of one split into equal parts
 Ordinal = Annotated[int, Field(ge=0)]  # a batch, partition or chunk number
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
@@ -227,7 +229,7 @@ _ENDPOINTS = (
              "Acknowledge everything a subscription has not yet (a reset to latest)",
              "reset_subscription"),
     Endpoint("splitSegment", "POST", SPLIT_PATH,
-             "Split an ACTIVE segment at its hash midpoint, or where a body's atHash says",
+             "Split an ACTIVE segment at its hash midpoint, or where a body's at says",
              "split_segment"),
     Endpoint("mergeSegments", "POST", MERGE_PATH, "Merge two adjacent ACTIVE segments",
              "merge_segments"),
@@ -297,6 +299,25 @@ def endpoint(operation_id: str) -> Endpoint:
 def endpoint_operation(point: Endpoint) -> Operation | None:
     """The operation an endpoint runs (``None`` for the gateway's meta endpoints)."""
     return None if point.operation is None else OPERATIONS[point.operation]
+
+
+def split_hashes(at: int | Sequence[int] | None) -> int | list[int] | None:
+    """A split's ``at`` as the clients send it: one hash, or a list (any sequence given)."""
+    return at if at is None or isinstance(at, int) else list(at)
+
+
+def merged_ids(first: int | Sequence[int], second: int | None, more: Sequence[int]) -> list[int]:
+    """The segments of a merge as the clients take them, ``(4, 5, 6)`` or ``([4, 5, 6])``:
+    at least two, else ``InvalidArgumentError``."""
+    ids = [*first] if not isinstance(first, int) else [first]
+    ids += [second] if second is not None else []
+    ids += list(more)
+    if len(ids) < 2 or (not isinstance(first, int) and (second is not None or more)):
+        raise InvalidArgumentError(
+            "merge_segments takes two or more segment ids, or one list of them, "
+            f"got {first!r}, {second!r}, {list(more)!r}"
+        )
+    return ids
 
 
 def endpoint_timeout_s(point: Endpoint, gateway_s: float) -> float:

@@ -248,13 +248,14 @@ class SegmentLayout:
     # --- mutations (each returns a new layout) -------------------------------
 
     def split_segment(
-        self, segment_id: int, at_hash: int | Sequence[int] | None = None
+        self, segment_id: int, at: int | Sequence[int] | None = None, parts: int | None = None
     ) -> SegmentLayout:
         """Children that partition the segment's range: by default two halves; with
-        ``at_hash`` (as Kinesis's ``NewStartingHashKey``) the upper child starts there;
+        ``at`` (as Kinesis's ``NewStartingHashKey``) the upper child starts there;
         with several ascending hashes (as Pravega scales one segment into several), each
         starts a child, so one split can give a hot key range, or a single hot key
-        (``[h, h + 1]``), a segment of its own."""
+        (``[h, h + 1]``), a segment of its own; with ``parts``, that many near-equal
+        children."""
         parent = self._require_active(segment_id)
         rng = parent.hash_range
         if rng.width < 2:
@@ -262,7 +263,7 @@ class SegmentLayout:
                 f"segment {segment_id} covers the single hash {rng.start}: "
                 "a one-wide range cannot be split"
             )
-        starts = _child_starts(segment_id, rng, at_hash)
+        starts = _child_starts(segment_id, rng, at, parts)
         ends = [s - 1 for s in starts[1:]] + [rng.end]
         epoch, first = self.epoch + 1, self.next_segment_id
         children = tuple(
@@ -400,18 +401,29 @@ MAX_SPLIT_CHILDREN = 64  # children of one split: more is many splits' worth of 
 
 
 def _child_starts(
-    segment_id: int, rng: HashRange, at_hash: int | Sequence[int] | None
+    segment_id: int, rng: HashRange, at: int | Sequence[int] | None, parts: int | None
 ) -> list[int]:
-    """Where each child of a split of ``rng`` starts: ``rng.start``, then ``at_hash`` (one
-    hash or ascending hashes, each strictly inside the range), by default the midpoint."""
-    if at_hash is None:
+    """Where each child of a split of ``rng`` starts: ``rng.start``, then ``at`` (one
+    hash or ascending hashes, each strictly inside the range), or ``parts`` near-equal
+    ranges' starts; by default the midpoint."""
+    if parts is not None:
+        if at is not None:
+            raise InvalidArgumentError("a split takes at or parts, not both")
+        most = min(MAX_SPLIT_CHILDREN, rng.width)
+        if isinstance(parts, bool) or not isinstance(parts, int) or not 2 <= parts <= most:
+            raise InvalidArgumentError(
+                f"cannot split segment {segment_id} {rng} into {parts!r} parts: "
+                f"2 to {most} (at most {MAX_SPLIT_CHILDREN}, and one hash each)"
+            )
+        return [rng.start + i * rng.width // parts for i in range(parts)]
+    if at is None:
         return [rng.start, rng.midpoint() + 1]
-    hashes = list(at_hash) if isinstance(at_hash, list | tuple) else [at_hash]
+    hashes = list(at) if isinstance(at, list | tuple) else [at]
     integers = all(isinstance(h, int) and not isinstance(h, bool) for h in hashes)
     ascending = integers and all(a < b for a, b in itertools.pairwise(hashes))
     if not hashes or not ascending or not rng.start < hashes[0] <= hashes[-1] <= rng.end:
         raise InvalidArgumentError(
-            f"cannot split segment {segment_id} {rng} at hash {at_hash!r}: each child after "
+            f"cannot split segment {segment_id} {rng} at hash {at!r}: each child after "
             f"the first starts at a hash in [{rng.start + 1:#06x}, {rng.end:#06x}] "
             f"({rng.start + 1}-{rng.end}), in ascending order, so that every child covers one"
         )

@@ -69,12 +69,13 @@ def plan_split(
     layout: SegmentLayout,
     segment_id: int,
     request_id: str,
-    at_hash: int | Sequence[int] | None = None,
+    at: int | Sequence[int] | None = None,
+    parts: int | None = None,
 ) -> PendingOperation:
     """Validate against ``layout`` (raising the layout's typed errors) and plan; the
-    children's ranges (``at_hash``: where the children after the first start) are part of
-    the plan."""
-    after = layout.split_segment(segment_id, at_hash)
+    children's ranges (``at``: where the children after the first start; ``parts``: how
+    many near-equal ones) are part of the plan."""
+    after = layout.split_segment(segment_id, at, parts)
     return _plan(OperationKind.SPLIT, layout, after, (segment_id,), request_id)
 
 

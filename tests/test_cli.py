@@ -56,8 +56,9 @@ def test_help_and_usage_errors() -> None:
     usage = raytopics(env, "--help")
     assert "examples:" in usage and "subscriptions" in usage and "serve" in usage
     assert "the following arguments are required" in raytopics(env, "split", "a/b/c", code=2)
-    too_wide = raytopics(env, "split", "a/b/c", "0", "--at-hash", "0x10000", code=2)
+    too_wide = raytopics(env, "split", "a/b/c", "0", "--at", "0x10000", code=2)
     assert "a hash is 0-65535" in too_wide
+    assert "invalid int value" in raytopics(env, "split", "a/b/c", "0", "--parts", "x", code=2)
 
 
 def test_help_is_a_command_and_every_argument_says_what_it_is() -> None:
@@ -131,13 +132,16 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     hashed = raytopics(cli_env, "hash", "customer-42").split()  # no cluster asked
     assert hashed[2] == "customer-42" and int(hashed[0], 16) == int(hashed[1]) == 0x8335
     # the key's hash alone in a segment of its own: one split into three
-    at_key = raytopics(cli_env, "split", topic, "1", "--at-hash", hashed[0], "--at-hash", "33590")
+    at_key = raytopics(cli_env, "split", topic, "1", "--at", hashed[0], "--at", "33590")
     assert "into #5, #6 and #7 (epoch 3)" in at_key
     assert "#6 [8335-8335] ACTIVE created@3" in raytopics(cli_env, "describe", topic)
-    outside = raytopics(cli_env, "split", topic, "7", "--at-hash", "0x8336", code=1)
+    outside = raytopics(cli_env, "split", topic, "7", "--at", "0x8336", code=1)
     assert_one_error_line(outside, "[0x8337, 0xffff]")
     assert "merged #7, #5 and #6 of" in raytopics(cli_env, "merge", topic, "7", "5", "6")
     assert "#8 [8000-ffff] ACTIVE created@4" in raytopics(cli_env, "describe", topic)
+    quarters = raytopics(cli_env, "split", topic, "8", "--parts", "4")
+    assert "into #9, #10, #11 and #12 (epoch 5)" in quarters
+    assert "#12 [e000-ffff] ACTIVE created@5" in raytopics(cli_env, "describe", topic)
     raytopics(cli_env, "subscriptions", "delete", topic, "billing")
     assert raytopics(cli_env, "list", "cli/ns").split() == [f"topic://{topic}"]
     assert raytopics(cli_env, "delete", topic).strip() == f"deleted topic://{topic}"

@@ -111,7 +111,7 @@ def test_scalability_under_load_with_splits_merges_and_rebalancing(admin, unique
     admin.split_segment(topic, 0)
     admin.split_segment(topic, 2)
     c3 = Collector(StreamConsumer(topic, "orders", "c3"), received, stops[2])  # joins late
-    admin.split_segment(topic, 5, at_hash=[0x2800, 0x3000])  # [2000-3fff] into three
+    admin.split_segment(topic, 5, at=[0x2800, 0x3000])  # [2000-3fff] into three
     admin.merge_segments(topic, 10, 8, 9)  # and back in one operation
     layout = admin.get_layout(topic)
     active = sorted(layout.active_segments.values(), key=lambda s: s.hash_range.start)

@@ -511,15 +511,15 @@ def test_http_client_round_trip(gateway: str, admin: ScalableTopicsAdmin, unique
 def test_a_split_at_a_hash_over_rest_and_ray(
     gateway: str, admin: ScalableTopicsAdmin, unique: str
 ) -> None:
-    """The upper child starts at ``at_hash`` (``atHash`` in the body); both clients get
+    """The upper child starts at ``at`` (``at`` in the body); both clients get
     the same typed refusal for a hash outside the segment, and a split without a body
     still halves."""
     name = f"at-{unique}"
     topic = f"topic://{TENANT}/{NAMESPACE}/{name}"
     admin.create_scalable_topic(topic, 2)  # #0 [0000-7fff], #1 [8000-ffff]
     with AdminHttpClient(gateway) as client:
-        assert client.split_segment(topic, 1, at_hash=0x8A00)["children"] == (2, 3)
-        assert admin.split_segment(topic, 0, at_hash=0x0100)["children"] == (4, 5)
+        assert client.split_segment(topic, 1, at=0x8A00)["children"] == (2, 3)
+        assert admin.split_segment(topic, 0, at=0x0100)["children"] == (4, 5)
         ranges = {
             i: (s["hashRange"]["start"], s["hashRange"]["end"])
             for i, s in admin.get_metadata(topic)["segments"].items()
@@ -529,17 +529,17 @@ def test_a_split_at_a_hash_over_rest_and_ray(
         ]  # fmt: skip
         for bad in (0x8A00, 0x8000, 0x10000, -1):
             _same_error(
-                (admin, client), lambda api, bad=bad: api.split_segment(topic, 3, at_hash=bad),
+                (admin, client), lambda api, bad=bad: api.split_segment(topic, 3, at=bad),
                 InvalidArgumentError,
             )  # fmt: skip
-    status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/3", {"atHash": "0x9000"})
+    status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/3", {"at": "0x9000"})
     assert (status, body["error"]) == (400, "invalid_argument"), body
     status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/3")
     assert status == 200 and body["children"] == [6, 7], body
     assert admin.get_layout(topic).get(6).hash_range.end == 0x8A00 + (0xFFFF - 0x8A00) // 2
     with AdminHttpClient(gateway) as client:  # into three: one hash alone in the middle
-        assert client.split_segment(topic, 7, at_hash=[0xD000, 0xD001])["children"] == (8, 9, 10)
-    assert admin.split_segment(topic, 4, at_hash=(0x10, 0x20))["children"] == (11, 12, 13)
+        assert client.split_segment(topic, 7, at=[0xD000, 0xD001])["children"] == (8, 9, 10)
+    assert admin.split_segment(topic, 4, at=(0x10, 0x20))["children"] == (11, 12, 13)
     layout = admin.get_layout(topic)
     spans = [(layout.get(i).hash_range.start, layout.get(i).hash_range.end) for i in range(8, 14)]
     assert spans == [
@@ -547,7 +547,7 @@ def test_a_split_at_a_hash_over_rest_and_ray(
         (0x0000, 0x000F), (0x0010, 0x001F), (0x0020, 0x00FF),
     ]  # fmt: skip
     for bad in ([0x20, 0x10], [0x30, 0x30], []):
-        status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/13", {"atHash": bad})
+        status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/13", {"at": bad})
         assert (status, body["error"]) == (400, "invalid_argument"), (bad, body)
     # and back: a run of neighbours merges in one operation, in any order
     with AdminHttpClient(gateway) as client:
@@ -556,11 +556,24 @@ def test_a_split_at_a_hash_over_rest_and_ray(
             (admin, client), lambda api: api.merge_segments(topic, 11, 13, 2),
             SegmentsNotAdjacentError,
         )  # fmt: skip
-    assert admin.merge_segments(topic, 11, 12, 13)["children"] == (15,)
+    assert admin.merge_segments(topic, [11, 12, 13])["children"] == (15,)  # a list, as well
     merged = admin.get_layout(topic)
     assert [(merged.get(i).hash_range.start, merged.get(i).hash_range.end) for i in (14, 15)] == [
         (0xC500, 0xFFFF), (0x0000, 0x00FF),
     ]  # fmt: skip
+    # into equal parts: #14 [c500-ffff] is 0x3b00 wide
+    with AdminHttpClient(gateway) as client:
+        assert client.split_segment(topic, 14, parts=4)["children"] == (16, 17, 18, 19)
+        for bad in ({"parts": 1}, {"parts": 65}, {"at": 0xD000, "parts": 2}):
+            _same_error(
+                (admin, client), lambda api, bad=bad: api.split_segment(topic, 15, **bad),
+                InvalidArgumentError,
+            )  # fmt: skip
+        assert client.merge_segments(topic, [19, 17, 16, 18])["children"] == (20,)
+    assert admin.split_segment(topic, 20, parts=3)["children"] == (21, 22, 23)
+    split = admin.get_layout(topic)
+    assert [split.get(i).hash_range.width for i in (16, 17, 18, 19)] == [0xEC0] * 4
+    assert sorted(split.get(i).hash_range.width for i in (21, 22, 23)) == [0x13AA, 0x13AB, 0x13AB]
     admin.delete_scalable_topic(topic)
 
 

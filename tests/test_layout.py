@@ -117,20 +117,20 @@ def test_invalid_requests_raise_typed_errors_and_change_nothing():
 def test_a_split_at_a_hash_starts_the_upper_child_there():
     """As Kinesis's ``NewStartingHashKey``: one split isolates a hot range of any width."""
     layout = SegmentLayout.initial(2)  # #0 [0000-7fff], #1 [8000-ffff]
-    split = layout.split_segment(1, at_hash=0x8A00)
+    split = layout.split_segment(1, at=0x8A00)
     lower, upper = (split.all_segments[i].hash_range for i in (2, 3))
     assert (lower.start, lower.end, upper.start, upper.end) == (0x8000, 0x89FF, 0x8A00, 0xFFFF)
     assert split.find_active_segment(0x89FF).segment_id == 2
     assert split.find_active_segment(0x8A00).segment_id == 3
-    assert layout.split_segment(1) == layout.split_segment(1, at_hash=0xC000)  # the default
-    narrowest = layout.split_segment(0, at_hash=1)  # a one-wide lower child
+    assert layout.split_segment(1) == layout.split_segment(1, at=0xC000)  # the default
+    narrowest = layout.split_segment(0, at=1)  # a one-wide lower child
     assert narrowest.all_segments[2].hash_range.width == 1
     assert_valid(split)
     assert_valid(narrowest)
     before = layout.to_json()
     for bad in (0x8000, 0x7FFF, 0x10000, -1, True, 3.5, "0x8a00"):
         with pytest.raises(InvalidArgumentError, match=r"\[0x8001, 0xffff\]"):
-            layout.split_segment(1, at_hash=bad)
+            layout.split_segment(1, at=bad)
     assert layout.to_json() == before
 
 
@@ -148,6 +148,23 @@ def test_a_split_into_several_gives_a_single_hot_hash_a_segment_of_its_own():
     with pytest.raises(InvalidArgumentError, match="at most 64 children"):
         layout.split_segment(0, list(range(1, 65)))
     assert len(layout.split_segment(0, list(range(1, 64))).active_segments) == 64
+
+
+def test_a_split_into_parts_gives_near_equal_children():
+    layout = SegmentLayout.initial(2)  # #1 [8000-ffff]
+    split = layout.split_segment(1, parts=3)
+    widths = [s.hash_range.width for s in split.active_segments.values() if s.segment_id > 1]
+    assert len(widths) == 3 and sum(widths) == 0x8000 and max(widths) - min(widths) <= 1
+    assert_valid(split)
+    for parts, text in ((1, "2 to 64"), (65, "2 to 64"), (True, "2 to 64"), (2.0, "2 to 64")):
+        with pytest.raises(InvalidArgumentError, match=text):
+            layout.split_segment(1, parts=parts)
+    with pytest.raises(InvalidArgumentError, match="at or parts, not both"):
+        layout.split_segment(1, 0x9000, parts=2)
+    three_wide = SegmentLayout.initial(1).split_segment(0, [3, 6]).get(2)  # [0003, 0005]
+    with pytest.raises(InvalidArgumentError, match="2 to 3"):
+        SegmentLayout.initial(1).split_segment(0, [3, 6]).split_segment(2, parts=4)
+    assert three_wide.hash_range.width == 3
 
 
 def test_a_run_of_neighbours_merges_in_one_operation_given_in_any_order():
@@ -175,16 +192,16 @@ def test_a_split_anywhere_covers_its_parent_exactly(start: int, data) -> None:
     at = data.draw(st.integers(start + 1, end))
     layout = SegmentLayout.initial(1)
     if start > 0:
-        layout = layout.split_segment(0, at_hash=start)
+        layout = layout.split_segment(0, at=start)
         segment = max(layout.active_segments)
     else:
         segment = 0
     if end < MAX_SEGMENTS - 1:
-        layout = layout.split_segment(segment, at_hash=end + 1)
+        layout = layout.split_segment(segment, at=end + 1)
         segment = min(
             s for s, info in layout.active_segments.items() if info.hash_range.start == start
         )
-    split = layout.split_segment(segment, at_hash=at)
+    split = layout.split_segment(segment, at=at)
     children = [split.all_segments[c].hash_range for c in split.all_segments[segment].child_ids]
     assert [(c.start, c.end) for c in children] == [(start, at - 1), (at, end)]
     assert_valid(split)

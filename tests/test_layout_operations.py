@@ -47,14 +47,14 @@ SPLIT_AT = 0x0100  # "split_at": segment 0 [0000-7fff] split with its upper chil
 
 
 def plan(kind: str, layout: SegmentLayout, request_id: str) -> PendingOperation:
-    if kind == "merge":
-        return plan_merge(layout, 0, 1, request_id)
-    at_hash = {"split_at": SPLIT_AT, "split_in_three": [SPLIT_AT, SPLIT_AT + 1]}.get(kind)
-    return plan_split(layout, 0, request_id, at_hash)
+    if kind.startswith("merge"):
+        return plan_merge(layout, 0, 1, request_id, [2] if kind == "merge_three" else [])
+    at = {"split_at": SPLIT_AT, "split_in_three": [SPLIT_AT, SPLIT_AT + 1]}.get(kind)
+    return plan_split(layout, 0, request_id, at, 4 if kind == "split_in_parts" else None)
 
 
 def run_through(kind: str, crash_after: Step | None) -> tuple[TopicRecord, Fleet]:
-    catalog, fleet, parts = setup({"a": {0, 1}, "b": {1}})
+    catalog, fleet, parts = setup({"a": {0, 1}, "b": {1}}, 3 if kind == "merge_three" else 2)
     op = plan(kind, catalog.require_topic(TOPIC).layout, "req-1")
     ops = operations(parts, crash_after)
     if crash_after is None:
@@ -71,7 +71,9 @@ def run_through(kind: str, crash_after: Step | None) -> tuple[TopicRecord, Fleet
     return catalog.require_topic(TOPIC), fleet
 
 
-@pytest.mark.parametrize("kind", ["split", "split_at", "split_in_three", "merge"])
+@pytest.mark.parametrize(
+    "kind", ["split", "split_at", "split_in_three", "split_in_parts", "merge", "merge_three"]
+)
 @pytest.mark.parametrize("crash_after", [None, *Step])
 def test_an_operation_cut_after_any_step_finishes_as_if_it_never_was(
     kind: str, crash_after: Step | None
@@ -81,14 +83,20 @@ def test_an_operation_cut_after_any_step_finishes_as_if_it_never_was(
     assert record.pending_operation is None
     assert record.layout.to_dict() == clean.layout.to_dict()
     assert record.last_operation.kind == OperationKind(kind.split("_")[0])
-    if kind != "merge":  # the planned ranges, also when a later incarnation finishes it
-        ranges = [record.layout.get(c).hash_range for c in record.layout.get(0).child_ids]
-        expected = {
-            "split": [(0x0000, 0x3FFF), (0x4000, 0x7FFF)],
-            "split_at": [(0x0000, SPLIT_AT - 1), (SPLIT_AT, 0x7FFF)],
-            "split_in_three": [(0, SPLIT_AT - 1), (SPLIT_AT, SPLIT_AT), (SPLIT_AT + 1, 0x7FFF)],
-        }[kind]
-        assert [(r.start, r.end) for r in ranges] == expected
+    # the planned ranges, also when a later incarnation finishes the operation
+    ranges = [record.layout.get(c).hash_range for c in record.layout.get(0).child_ids]
+    expected = {
+        "split": [(0x0000, 0x3FFF), (0x4000, 0x7FFF)],
+        "split_at": [(0x0000, SPLIT_AT - 1), (SPLIT_AT, 0x7FFF)],
+        "split_in_three": [(0, SPLIT_AT - 1), (SPLIT_AT, SPLIT_AT), (SPLIT_AT + 1, 0x7FFF)],
+        "split_in_parts": [(i * 0x2000, i * 0x2000 + 0x1FFF) for i in range(4)],
+        "merge": [(0x0000, 0xFFFF)],
+        "merge_three": [(0x0000, 0xFFFF)],
+    }[kind]
+    assert [(r.start, r.end) for r in ranges] == expected
+    if kind == "merge_three":
+        (child,) = record.layout.get(0).child_ids
+        assert record.layout.get(child).parent_ids == (0, 1, 2)
     assert record.completed_operation("req-1") is not None  # a retry gets this answer
     children = [c.segment_id for c in clean.layout.active_segments.values() if c.parent_ids]
     assert sorted(fleet.created) == sorted(children) == sorted(clean_fleet.created)

@@ -44,7 +44,7 @@ from actors.control.readiness import await_readiness
 from actors.control.topic_stats import topic_stats
 from actors.guard import guard
 from actors.registry import get_or_start
-from runtime.admin_api import HashKey, Seconds, SegmentId
+from runtime.admin_api import HashKey, Seconds, SegmentId, SplitParts
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, apply_settings
 from runtime.errors import (
@@ -254,19 +254,20 @@ class AdminService(StreamOperations, ClusterOperations):
         self,
         name: TopicName,
         segment_id: SegmentId,
-        at_hash: HashKey | list[HashKey] | None = None,
+        at: HashKey | list[HashKey] | None = None,
+        parts: SplitParts | None = None,
         *,
         request_id: str | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
         """``request_id``: the same id sent again (a caller's retry) is applied once.
-        ``at_hash``: where the children after the first start, one hash or ascending
-        hashes (default: two halves)."""
+        ``at``: where the children after the first start, one hash or ascending
+        hashes; ``parts``: how many near-equal children (default: two halves)."""
         self._record(name)
         rid = checked_request_id(request_id)
         return await self._control(
-            name, restart_timeout_s, "split_segment", segment_id, rid, at_hash
+            name, restart_timeout_s, "split_segment", segment_id, rid, at, parts
         )
 
     @admin_operation

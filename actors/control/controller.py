@@ -235,14 +235,16 @@ class ScalableTopicController:
         self,
         segment_id: int,
         request_id: str | None = None,
-        at_hash: int | list[int] | None = None,
+        at: int | list[int] | None = None,
+        parts: int | None = None,
         *,
         credential: str | None = None,
     ) -> dict:
-        """``at_hash``: where the children after the first start (default: two halves)."""
+        """``at``: where the children after the first start; ``parts``: how many near-equal
+        children (default: two halves)."""
         self._check(credential)
         return await self._change_layout(
-            request_id, lambda layout, rid: plan_split(layout, segment_id, rid, at_hash)
+            request_id, lambda layout, rid: plan_split(layout, segment_id, rid, at, parts)
         )
 
     async def merge_segments(

@@ -74,16 +74,19 @@ class CreateSegmentBody(Body):
 
 
 class SplitBody(Body):
-    at_hash: (
+    at: (
         json_int(ge=0, le=MAX_HASH)
         | Annotated[list[json_int(ge=0, le=MAX_HASH)], Field(min_length=1, max_length=63)]
         | None
     ) = Field(
         default=None,
-        alias="atHash",
         description="where the upper child starts, or ascending hashes where each child "
         "after the first starts (a key's 16-bit Murmur3 hash, as `raytopics hash KEY` "
         "prints it), each strictly inside the segment's range; omitted: two halves",
+    )
+    parts: json_int(ge=2, le=64) | None = Field(
+        default=None,
+        description="split into this many near-equal children instead of at hashes",
     )
 
 

@@ -274,7 +274,7 @@ ROUTES: tuple[Route, ...] = (
            errors=_MUTATION_ERRORS),
     _route("clearBacklog", lambda c, p: c(p.topic, p.path["subscription"], "latest"),
            returns=OBJECT, errors=_MUTATION_ERRORS),
-    _route("splitSegment", lambda c, p: c(p.topic, p.path["segmentId"], p.body.at_hash),
+    _route("splitSegment", lambda c, p: c(p.topic, p.path["segmentId"], p.body.at, p.body.parts),
            body=SplitBody, returns=CompletedOperation, errors=_MUTATION_ERRORS),
     _route("mergeSegments",
            lambda c, p: c(p.topic, p.path["segmentId1"], p.path["segmentId2"],
