@@ -44,6 +44,7 @@ from pydantic import Field
 
 from runtime.auth import Permission
 from runtime.errors import InvalidArgumentError
+from runtime.layout import MAX_SPLIT_CHILDREN
 from runtime.names import MAX_HASH
 from runtime.rest import (
     AUTH_PATH,
@@ -75,7 +76,7 @@ from runtime.rest import (
 # Constrained parameter types of the operations' handlers (``Annotated`` for pydantic).
 SegmentId = Annotated[int, Field(ge=0)]
 HashKey = Annotated[int, Field(ge=0, le=MAX_HASH)]  # a key's hash (``runtime.hashing``)
-SplitParts = Annotated[int, Field(ge=2, le=64)]  # children of one split into equal parts
+SplitParts = Annotated[int, Field(ge=2, le=MAX_SPLIT_CHILDREN)]  # a split into equal parts
 Ordinal = Annotated[int, Field(ge=0)]  # a batch, partition or chunk number
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSc
 
 from runtime.auth import MIN_TOKEN_CHARS
 from runtime.json_int import JsonInt, json_int
-from runtime.layout import MAX_SEGMENTS
+from runtime.layout import MAX_SEGMENTS, MAX_SPLIT_CHILDREN
 from runtime.limits import Limits
 from runtime.names import _PART, MAX_HASH
 from runtime.readiness import MAX_LISTED, MAX_WAIT_S
@@ -73,10 +73,14 @@ class CreateSegmentBody(Body):
     )
 
 
+_MOST_AT = MAX_SPLIT_CHILDREN - 1  # hashes of one split: each starts a child after the first
+_MOST_MORE = MAX_SPLIT_CHILDREN - 2  # segments of one merge beyond the path's two
+
+
 class SplitBody(Body):
     at: (
         json_int(ge=0, le=MAX_HASH)
-        | Annotated[list[json_int(ge=0, le=MAX_HASH)], Field(min_length=1, max_length=63)]
+        | Annotated[list[json_int(ge=0, le=MAX_HASH)], Field(min_length=1, max_length=_MOST_AT)]
         | None
     ) = Field(
         default=None,
@@ -84,14 +88,14 @@ class SplitBody(Body):
         "after the first starts (a key's 16-bit Murmur3 hash, as `raytopics hash KEY` "
         "prints it), each strictly inside the segment's range; omitted: two halves",
     )
-    parts: json_int(ge=2, le=64) | None = Field(
+    parts: json_int(ge=2, le=MAX_SPLIT_CHILDREN) | None = Field(
         default=None,
         description="split into this many near-equal children instead of at hashes",
     )
 
 
 class MergeBody(Body):
-    more_segment_ids: Annotated[list[json_int(ge=0)], Field(max_length=62)] | None = Field(
+    more_segment_ids: Annotated[list[json_int(ge=0)], Field(max_length=_MOST_MORE)] | None = Field(
         default=None,
         alias="moreSegmentIds",
         description="further active segments merged with the two in the path: together "
