@@ -33,7 +33,8 @@ from actors.control.coordinator_host import coordinator_actor
 from actors.segment.lookup import find_segment_actor, find_segment_again
 from clients._data_plane import REFUSALS, ChannelError, ReadChannel
 from clients._inbox import Inbox
-from clients._ray import background_loop, freeze_what_exists
+from clients._loop import background_loop
+from clients._ray import freeze_what_exists
 from clients.message import Message, messages_from_delivery, table_from_deliveries
 from runtime import wire
 from runtime.errors import (

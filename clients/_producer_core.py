@@ -23,7 +23,7 @@ from actors.control.dag_watch import DagWatch
 from actors.segment.lookup import find_segment_actor
 from clients._data_plane import ChannelError, SegmentChannel
 from clients._limits import ClusterLimits
-from clients._ray import background_loop
+from clients._loop import background_loop
 from clients._send_results import Chunk
 from runtime.batch import (
     batch_slices,

@@ -1,73 +1,14 @@
-"""Plumbing every client shares: a private event loop for sync calls, error unwrapping."""
+"""Plumbing the Ray clients share: joining the cluster, keeping the GC out of delivery."""
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import contextlib
-import functools
 import gc
-import inspect
 import os
-import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, ParamSpec, TypeVar
 
 import ray
 
 from runtime.config import GC_FREEZE_ENV
 from runtime.connect import connect
-
-P = ParamSpec("P")
-T = TypeVar("T")
-
-
-class _LoopThread:
-    """One daemon thread running an event loop, so sync APIs can drive async code
-    from anywhere (plain scripts, Jupyter, Ray tasks, even inside async actors)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="raytopics-loop", daemon=True
-        )
-        self._thread.start()
-        # atexit runs handlers last-in first-out and Ray registered its shutdown when it was
-        # imported, so this runs first: a task still awaiting an actor call when the script
-        # ends would otherwise touch Ray's core worker after shutdown, which exits with 1.
-        atexit.register(self.stop)
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self, grace_s: float = 2.0) -> None:
-        """Cancel whatever is still running on the loop, then stop its thread."""
-        if not self.loop.is_running():
-            return
-        with contextlib.suppress(TimeoutError):
-            asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(grace_s)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(grace_s)
-
-
-async def _cancel_all() -> None:
-    current = asyncio.current_task()
-    tasks = [task for task in asyncio.all_tasks() if task is not current]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-_loop: _LoopThread | None = None
-_loop_lock = threading.Lock()
-
-
-def background_loop() -> _LoopThread:
-    global _loop
-    with _loop_lock:
-        if _loop is None:
-            _loop = _LoopThread()
-        return _loop
 
 
 def joined(address: str | None = None) -> None:
@@ -95,23 +36,3 @@ def freeze_what_exists() -> None:
     """
     if os.environ.get(GC_FREEZE_ENV, "1") != "0":
         gc.freeze()
-
-
-def with_sync_twins(cls: type[T]) -> type[T]:
-    """Give every ``name_async`` coroutine method a blocking ``name`` twin."""
-    for attribute, method in list(vars(cls).items()):
-        if attribute.endswith("_async") and inspect.iscoroutinefunction(method):
-            setattr(cls, attribute.removesuffix("_async"), sync_twin(method))
-    return cls
-
-
-def sync_twin(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
-    """The blocking version of an ``*_async`` method."""
-
-    @functools.wraps(method)
-    def blocking(*args: P.args, **kwargs: P.kwargs) -> T:
-        return background_loop().run(method(*args, **kwargs))
-
-    blocking.__name__ = method.__name__.removesuffix("_async")
-    blocking.__doc__ = method.__doc__
-    return blocking

@@ -35,8 +35,9 @@ from typing import Any, Literal
 
 from actors.control.dag_watch import DagWatch
 from clients._limits import ClusterLimits
+from clients._loop import background_loop
 from clients._producer_core import ProducerCore
-from clients._ray import background_loop, freeze_what_exists, joined
+from clients._ray import freeze_what_exists, joined
 from clients._send_results import ROW_OVERHEAD, BulkSink, MessageSink, SendFuture, charge_of
 from clients.message import BatchResult, MessageId
 from runtime.auth import Permission, client_credential

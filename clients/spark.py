@@ -40,7 +40,7 @@ import ray
 
 from actors.admin.caller import AdminServiceCaller
 from actors.control.dag_watch import fetch_layout
-from clients._ray import background_loop
+from clients._loop import background_loop
 from clients._sink import write_chunks
 from clients.range_reads import OUTPUT_SCHEMA, SegmentRange, TierFile, read_range
 from clients.read_plan import (

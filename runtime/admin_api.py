@@ -2,9 +2,7 @@
 the permission it needs and on what, whether it takes a request id, and every REST
 endpoint that reaches it.
 
-Each fact about an operation used to be restated wherever the operation passed: the
-gateway's route, the admin service's check, the HTTP client's method and path, the
-Ray client's request id. They are read from here instead:
+Every side that serves or calls an operation reads its facts from here:
 
 - the admin service (``actors.admin.service``) checks ``permission`` on ``scope``
   before it reads or changes anything (``Operation.scope`` says which argument names
@@ -12,9 +10,11 @@ Ray client's request id. They are read from here instead:
 - the gateway (``actors.gateway.routes``) builds one route per ``Endpoint``, checks
   the same permission before it reads a body, calls the endpoint's ``operation``
   and hands it the request's ``Idempotency-Key`` when the operation takes a request id;
-- ``AdminHttpClient`` (``clients.http``) sends each call to its endpoint's method and
-  path, with a fresh ``Idempotency-Key`` exactly when the operation takes one, and
-  ``ScalableTopicsAdmin`` (``clients.admin``) a request id under the same rule.
+- the Admin Client API (``clients.admin_calls``, both clients) calls each operation with
+  its arguments by parameter name: ``ScalableTopicsAdmin`` (``clients.admin``) with a request
+  id when the operation takes one, ``AdminHttpClient`` (``clients.http``) as a request to its
+  endpoint built from the endpoint's declared fields (and a fresh ``Idempotency-Key`` exactly
+  when the operation takes one), which the gateway turns back into the same arguments.
 
 An operation that waits on segment processes or walks storage declares a time-out of its
 own (``Operation.timeout_s``): the gateway waits that long for it (or for its own
@@ -25,8 +25,8 @@ An operation's typed parameters are its handler's signature: the admin service c
 every argument against the parameter's annotation, strictly, before the handler runs
 (``actors.admin.permits``); the constrained types the handlers share are below.
 
-Adding an operation is one ``Operation`` here and its handler on the admin service
-(plus an ``Endpoint`` and a route action when REST reaches it);
+Adding an operation is one ``Operation`` here (and an ``Endpoint`` when REST reaches it),
+its handler on the admin service, and its method on ``clients.admin_calls.AdminCalls``;
 ``tests/test_admin_api.py`` checks that every side agrees with this table.
 This module is pure: both the gateway and the clients import it, and neither may
 import the other.
@@ -34,11 +34,12 @@ import the other.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -113,10 +114,17 @@ class Operation:
         return gateway_s if self.timeout_s is None else max(self.timeout_s, gateway_s)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Endpoint:
     """One REST endpoint: what it is called, where it listens, which operation it runs
-    (``None``: a meta endpoint of the gateway itself, open to all)."""
+    (``None``: a meta endpoint of the gateway itself, open to all), and where each of
+    the operation's arguments travels: the parameters its path names
+    (``path_parameters``), JSON body fields (``body``: field -> parameter, or the whole
+    body as one parameter, ``body_is``), query parameters (``query``), and arguments the
+    endpoint itself fixes (``fixes``: it is its operation's endpoint for those values,
+    as ``deleteOrphanedStorage`` is ``check_storage`` with ``delete`` true). The gateway
+    turns a request into the call, and ``AdminHttpClient`` a call into the request, from
+    these same declarations."""
 
     operation_id: str
     method: str
@@ -124,6 +132,44 @@ class Endpoint:
     summary: str
     operation: str | None
     status: int = 200
+    body: Mapping[str, str] = field(default_factory=dict)
+    body_is: str | None = None
+    query: Mapping[str, str] = field(default_factory=dict)
+    fixes: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def path_parameters(self) -> tuple[str, ...]:
+        return path_parameters(self.path)
+
+    def carries(self) -> frozenset[str]:
+        """The operation's parameters a request to this endpoint gives a value."""
+        sent = {*self.path_parameters, *self.body.values(), *self.query.values(), *self.fixes}
+        return frozenset(sent | ({self.body_is} if self.body_is else set()))
+
+
+# The operation parameters a REST path carries, and the path fields each one fills; a
+# path names the most specific (a segment's fields include its topic's, and a topic's
+# its namespace's).
+PATH_PARAMETERS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "segment": ("tenant", "namespace", "topic", "descriptor"),
+    "name": ("tenant", "namespace", "topic"),
+    "namespace": ("tenant", "namespace"),
+    "subscription": ("subscription",),
+    "segment_id": ("segmentId",),
+    "segment_id1": ("segmentId1",),
+    "segment_id2": ("segmentId2",),
+})  # fmt: skip
+
+
+def path_parameters(path: str) -> tuple[str, ...]:
+    """The operation parameters whose values ``path``'s fields hold, most specific first."""
+    fields = set(re.findall(r"{(\w+)}", path))
+    found = []
+    for parameter, filled in PATH_PARAMETERS.items():
+        if fields.issuperset(filled):
+            found.append(parameter)
+            fields.difference_update(filled)
+    return tuple(found)
 
 
 _A, _L, _C, _P = Permission.ADMIN, Permission.LOOKUP, Permission.CONSUME, Permission.PRODUCE
@@ -187,7 +233,8 @@ _ENDPOINTS = (
     Endpoint("listScalableTopics", "GET", NAMESPACE_PATH,
              "List the scalable topics of a namespace", "list_scalable_topics"),
     Endpoint("createScalableTopic", "PUT", TOPIC_PATH, "Create a scalable topic",
-             "create_scalable_topic", status=201),
+             "create_scalable_topic", status=201,
+             body={"numSegments": "num_segments", "properties": "properties"}),
     Endpoint("getMetadata", "GET", TOPIC_PATH, "Get the topic's segment DAG metadata",
              "get_metadata"),
     Endpoint("deleteScalableTopic", "DELETE", TOPIC_PATH, "Delete a topic and all its segments",
@@ -197,10 +244,12 @@ _ENDPOINTS = (
              "get_stats"),
     Endpoint("getStatus", "GET", STATUS_PATH,
              "Whether every segment of the topic has a running actor (a new topic's segments "
-             "start in the background); waits up to waitS seconds for it", "topic_status"),
+             "start in the background); waits up to waitS seconds for it", "topic_status",
+             query={"waitS": "wait_s"}),
     Endpoint("planStreamStart", "POST", STREAM_INITIAL_PATH,
              "A streaming query's first position (Spark's readStream; see docs/spark.md)",
-             "stream_initial"),
+             "stream_initial",
+             body={"startingOffsets": "starting", "startingTimestampMs": "starting_time_ms"}),
     Endpoint("planStreamBatch", "POST", STREAM_LATEST_PATH,
              "The end position of the micro-batch starting at a position (a segment is read "
              "only after its parents were read to their end), the records it reads, those it "
@@ -219,52 +268,54 @@ _ENDPOINTS = (
              "list_subscriptions"),
     Endpoint("createSubscription", "PUT", SUBSCRIPTION_PATH,
              "Create a subscription on every segment of the topic", "create_subscription",
-             status=204),
+             status=204, body={"position": "position", "sessionGraceS": "session_grace_s"}),
     Endpoint("deleteSubscription", "DELETE", SUBSCRIPTION_PATH,
              "Delete a subscription from every segment of the topic (admin, or consume for "
              "one the caller's principal created)", "delete_subscription", status=204),
     Endpoint("resetSubscription", "POST", RESET_PATH,
              "Move a subscription to earliest, latest or a publish time on every segment "
-             "(409 while stream consumers are registered)", "reset_subscription"),
+             "(409 while stream consumers are registered)", "reset_subscription",
+             body={"to": "to"}),
     Endpoint("clearBacklog", "POST", CLEAR_BACKLOG_PATH,
              "Acknowledge everything a subscription has not yet (a reset to latest)",
-             "reset_subscription"),
+             "reset_subscription", fixes={"to": "latest"}),
     Endpoint("splitSegment", "POST", SPLIT_PATH,
              "Split an ACTIVE segment at its hash midpoint, or where a body's at says",
-             "split_segment"),
+             "split_segment", body={"at": "at", "parts": "parts"}),
     Endpoint("mergeSegments", "POST", MERGE_PATH, "Merge two adjacent ACTIVE segments",
-             "merge_segments"),
+             "merge_segments", body={"moreSegmentIds": "more_segment_ids"}),
     Endpoint("getPolicy", "GET", POLICY_PATH, "Get the topic's autoscale and retention policy",
              "get_policy"),
     Endpoint("setPolicy", "PUT", POLICY_PATH,
-             "Replace the topic's autoscale and retention policy", "set_policy"),
+             "Replace the topic's autoscale and retention policy", "set_policy", body_is="policy"),
     Endpoint("createSegment", "PUT", SEGMENT_PATH, "Create a segment topic (low level)",
-             "create_segment", status=204),
+             "create_segment", status=204, body={"subscriptions": "subscriptions"}),
     Endpoint("terminateSegment", "POST", TERMINATE_PATH,
-             "Terminate (seal) a segment topic (low level)", "terminate_segment"),
+             "Terminate (seal) a segment topic (low level)", "terminate_segment",
+             query={"force": "force"}),
     Endpoint("deleteSegment", "DELETE", SEGMENT_PATH, "Delete a segment topic (low level)",
-             "delete_segment", status=204),
+             "delete_segment", status=204, query={"force": "force"}),
     Endpoint("getNamespacePolicy", "GET", NAMESPACE_POLICY_PATH,
              "The policy a namespace's topics follow where their own policy sets nothing",
              "get_namespace_policy"),
     Endpoint("setNamespacePolicy", "PUT", NAMESPACE_POLICY_PATH,
              "Replace a namespace's default policy (each part applies where a topic sets none)",
-             "set_namespace_policy"),
+             "set_namespace_policy", body_is="policy"),
     Endpoint("getNamespaceLimits", "GET", LIMITS_PATH,
              "The limits in force in a namespace (defaults plus its overrides)",
              "get_namespace_limits"),
     Endpoint("setNamespaceLimits", "PUT", LIMITS_PATH,
              "Override limits for a namespace (validated as a whole); returns those in force",
-             "set_namespace_limits"),
+             "set_namespace_limits", body_is="limits"),
     Endpoint("recoverTopic", "POST", RECOVER_PATH,
              "Rebuild a topic whose metadata was lost from its storage (DAG, subscriptions, "
-             "cursors)", "recover_topic"),
+             "cursors)", "recover_topic", body={"incarnation": "incarnation"}),
     Endpoint("checkStorage", "GET", STORAGE_PATH,
              "Storage under the storage root that no live metadata names (needs admin on '*')",
-             "check_storage"),
+             "check_storage", fixes={"delete": False}),
     Endpoint("deleteOrphanedStorage", "DELETE", ORPHANED_STORAGE_PATH,
              "Delete the storage no live metadata names; returns the report with what was "
-             "deleted", "check_storage"),
+             "deleted", "check_storage", fixes={"delete": True}),
     Endpoint("getAuthStatus", "GET", AUTH_PATH,
              "The cluster's authentication policy: principals, grants, 8 hex digits of each "
              "token's SHA-256, never a token (needs admin on '*')", "auth_status"),
@@ -272,7 +323,7 @@ _ENDPOINTS = (
              "Replace the authentication policy, validated whole (needs admin on '*'); returns "
              "it as getAuthStatus does. While no policy is stored this is refused (403): the "
              "first policy is the operator's, loaded from inside the cluster (raytopics auth "
-             "load)", "load_auth"),
+             "load)", "load_auth", body_is="document"),
     Endpoint("disableAuth", "DELETE", AUTH_PATH,
              "Turn authentication off: anyone who reaches the API may do anything (needs admin "
              "on '*')", "disable_auth"),
@@ -326,3 +377,18 @@ def endpoint_timeout_s(point: Endpoint, gateway_s: float) -> float:
     operation's own time-out when longer, else ``gateway_s`` (a meta endpoint's too)."""
     op = endpoint_operation(point)
     return gateway_s if op is None else op.rest_timeout_s(gateway_s)
+
+
+def endpoint_for(operation_name: str, args: Mapping[str, Any]) -> Endpoint:
+    """The REST endpoint for a call of ``operation_name`` with ``args``: of the
+    operation's endpoints whose fixed arguments ``args`` agree with, the one fixing most
+    (``LookupError`` when REST does not reach the operation with those arguments)."""
+    fitting = [
+        point
+        for point in _ENDPOINTS
+        if point.operation == operation_name
+        and all(name in args and args[name] == value for name, value in point.fixes.items())
+    ]
+    if not fitting:
+        raise LookupError(f"no REST endpoint carries {operation_name} with {dict(args)!r}")
+    return max(fitting, key=lambda point: len(point.fixes))

@@ -6,6 +6,7 @@ every operation of the service runs first (``actors.admin.permits``), on a real
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import re
 from typing import Any
@@ -17,8 +18,9 @@ from actors.admin.service import AdminService
 from actors.gateway.routes import ROUTES
 from actors.guard import Guard
 from clients.admin import ScalableTopicsAdmin
-from clients.http import AdminHttpClient
-from runtime.admin_api import ENDPOINTS, OPERATIONS, Scope, SegmentId, operation
+from clients.admin_calls import AdminCall, AdminCalls
+from clients.http import AdminHttpClient, _request_parts
+from runtime.admin_api import ENDPOINTS, OPERATIONS, Scope, SegmentId, endpoint_for, operation
 from runtime.auth import AuthPolicy, Permission
 from runtime.errors import (
     InvalidArgumentError,
@@ -150,6 +152,172 @@ def test_blocking_twins_show_the_parameters_and_doc_of_their_async_methods() -> 
             assert inspect.signature(blocking) == inspect.signature(twin)
             assert blocking.__doc__ == twin.__doc__
             assert blocking.__name__ == name
+
+
+# --- the Admin Client API (clients.admin_calls) against the table ---------------------
+
+_SEGMENT = "segment://t/ns/x/0000-7fff-1"
+# Each public method of the Admin Client API, called with arguments it accepts.
+_CLIENT_CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    "list_scalable_topics": (("t/ns",), {}),
+    "get_metadata": (("topic://t/ns/x",), {}),
+    "get_layout": (("topic://t/ns/x",), {}),
+    "list_subscriptions": (("topic://t/ns/x",), {}),
+    "get_stats": (("topic://t/ns/x",), {}),
+    "get_status": (("topic://t/ns/x",), {}),
+    "wait_until_ready": (("topic://t/ns/x", 5.0), {}),
+    "create_scalable_topic": (("topic://t/ns/x", 3, {"team": "a"}), {}),
+    "delete_scalable_topic": (("topic://t/ns/x",), {}),
+    "create_subscription": (("topic://t/ns/x", "s", "latest", 9.0), {}),
+    "delete_subscription": (("topic://t/ns/x", "s"), {}),
+    "reset_subscription": (("topic://t/ns/x", "s", 1_700_000_000_000), {}),
+    "position_at_time": (("topic://t/ns/x", 1_700_000_000_000), {}),
+    "clear_backlog": (("topic://t/ns/x", "s"), {}),
+    "split_segment": (("topic://t/ns/x", 1), {"at": [5, 9]}),
+    "merge_segments": (("topic://t/ns/x", 4, 5, 6), {}),
+    "get_policy": (("topic://t/ns/x",), {}),
+    "set_policy": (("topic://t/ns/x", {"retention": {"timeS": 60}}), {}),
+    "create_segment": ((_SEGMENT, ["s"]), {}),
+    "terminate_segment": ((_SEGMENT,), {"force": True}),
+    "delete_segment": ((_SEGMENT,), {}),
+    "get_namespace_policy": (("t/ns",), {}),
+    "set_namespace_policy": (("t/ns", {}), {}),
+    "get_namespace_limits": (("t/ns",), {}),
+    "set_namespace_limits": (("t/ns",), {"max_message_bytes": 1024}),
+    "check_storage": ((), {"delete": True}),
+    "recover_topic": (("topic://t/ns/x", "abc"), {}),
+    "load_auth": (
+        (
+            {
+                "tokens": [
+                    {
+                        "principal": "p",
+                        "token": "x" * 16,
+                        "grants": [{"namespace": "*", "actions": ["admin"]}],
+                    }
+                ]
+            },
+        ),
+        {},
+    ),  # fmt: skip
+    "disable_auth": ((), {}),
+    "auth_status": ((), {}),
+}
+
+# What a stand-in answers each operation with, for the methods that read the answer.
+_ANSWERS: dict[str, Any] = {
+    "get_metadata": None,
+    "topic_status": {"state": "ready", "segments": 1, "running": 1, "notRunning": []},
+    "stream_initial": {"position": {"next": {}, "finished": []}},
+}
+
+
+class _Recorded(AdminCalls):
+    """The Admin Client API with a transport that records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[AdminCall] = []
+
+    async def _run(self, call: AdminCall) -> Any:
+        self.calls.append(call)
+        return _ANSWERS.get(call.operation)
+
+
+def _recorded_calls() -> dict[str, list[AdminCall]]:
+    by_method = {}
+    for method, (args, kwargs) in _CLIENT_CALLS.items():
+        client = _Recorded()
+        if method != "get_layout":  # parses a real layout: its call is get_metadata's
+            getattr(client, method)(*args, **kwargs)
+        by_method[method] = client.calls
+    return by_method
+
+
+def test_every_method_of_the_client_api_is_called_here() -> None:
+    public = {
+        name.removesuffix("_async")
+        for name, member in inspect.getmembers(AdminCalls, inspect.iscoroutinefunction)
+        if name.endswith("_async")
+    }
+    assert public == set(_CLIENT_CALLS)
+    for cls in (ScalableTopicsAdmin, AdminHttpClient):  # both are exactly this API
+        assert issubclass(cls, AdminCalls)
+        for name in public:
+            assert getattr(cls, f"{name}_async") is getattr(AdminCalls, f"{name}_async"), name
+
+
+def test_every_client_call_binds_to_its_handler_and_reaches_a_rest_endpoint() -> None:
+    """What the Ray client sends is what the service's handler takes, by name; and the
+    REST client finds the endpoint for it and builds its request from the table."""
+    service = _service_methods()
+    for method, calls in _recorded_calls().items():
+        for call in calls:
+            handler = inspect.signature(service[call.operation])
+            handler.bind(None, **call.args)  # raises TypeError when the names differ
+            point = endpoint_for(call.operation, call.args)
+            _request_parts(point, call.args)  # raises LookupError for an argument left
+            assert point.operation == call.operation, method
+
+
+def test_rest_requests_are_built_from_the_declared_fields() -> None:
+    def request(method: str) -> tuple[str, str, Any, Any]:
+        (call,) = [c for c in _recorded_calls()[method] if c.operation != "get_metadata"]
+        point = endpoint_for(call.operation, call.args)
+        return (point.operation_id, *_request_parts(point, call.args))
+
+    assert request("create_scalable_topic") == (
+        "createScalableTopic", "/admin/v2/scalable/t/ns/x",
+        {"numSegments": 3, "properties": {"team": "a"}}, None,
+    )  # fmt: skip
+    assert request("split_segment") == (
+        "splitSegment",
+        "/admin/v2/scalable/t/ns/x/split/1",
+        {"at": [5, 9]},
+        None,
+    )
+    assert request("merge_segments") == (
+        "mergeSegments",
+        "/admin/v2/scalable/t/ns/x/merge/4/5",
+        {"moreSegmentIds": [6]},
+        None,
+    )
+    assert request("terminate_segment") == (
+        "terminateSegment", "/admin/v2/segments/t/ns/x/0000-7fff-1/terminate", None,
+        {"force": "true"},
+    )  # fmt: skip
+    # the endpoint fixing the call's argument is chosen over the general one
+    assert request("check_storage")[:2] == ("deleteOrphanedStorage", "/admin/v2/storage/orphaned")
+    assert request("clear_backlog")[0] == "clearBacklog"
+    assert request("reset_subscription")[2] == {"to": 1_700_000_000_000}
+    assert request("set_namespace_limits")[2] == {"max_message_bytes": 1024}
+    with pytest.raises(InvalidNameError):  # checked before any I/O, as the cluster would
+        _request_parts(ENDPOINTS["getMetadata"], {"name": "topic://t/ns/a b"})
+
+
+def test_every_endpoint_carries_what_its_handler_needs_in_the_routes_fields() -> None:
+    """Each endpoint's declared path, body and query parameters are its handler's, its
+    body and query field names are those its route accepts, and every parameter the
+    handler needs a value for is carried (or the route's own action supplies it)."""
+    service = _service_methods()
+    for route in ROUTES:
+        point = route.endpoint
+        if point.operation is None:
+            continue
+        handler = inspect.signature(service[point.operation]).parameters
+        assert point.carries() <= set(handler), point.operation_id
+        body_names = {f.alias or n for n, f in route.body.model_fields.items()}
+        query_names = {f.alias or n for n, f in route.query.model_fields.items()}
+        assert set(point.body) <= body_names, point.operation_id
+        assert set(point.query) <= query_names, point.operation_id
+        declared = isinstance(route.action, functools.partial)  # the table's own action
+        needed = {
+            name
+            for name, parameter in list(handler.items())[1:]
+            if parameter.default is inspect.Parameter.empty
+            and parameter.kind is not inspect.Parameter.KEYWORD_ONLY
+        }
+        if declared:
+            assert needed <= point.carries(), point.operation_id
 
 
 def test_an_undeclared_operation_cannot_be_defined() -> None:

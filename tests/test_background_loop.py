@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from clients._ray import _LoopThread
+from clients._loop import _LoopThread
 
 
 def test_stop_cancels_pending_work_and_ends_the_thread() -> None:

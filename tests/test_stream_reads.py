@@ -351,7 +351,7 @@ def test_a_batch_writers_parts_refused_by_a_split_segment_go_to_its_children_onc
 
     from actors.admin.caller import AdminServiceCaller
     from clients import _sink
-    from clients._ray import background_loop
+    from clients._loop import background_loop
 
     topic = f"topic://{TENANT}/{NAMESPACE}/batch-{unique}"
     admin.create_scalable_topic(topic, 2)

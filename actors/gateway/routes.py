@@ -151,17 +151,9 @@ class Route:
 _MUTATION_ERRORS = (400, 404, 409, 503)
 
 
-async def _create_topic(call: Call, p: Params) -> dict[str, Any]:
-    return await call(p.topic, p.body.num_segments, p.body.properties)
-
-
 async def _status(call: Call, p: Params) -> dict[str, Any]:
     """A long poll kept well inside the time-out, so the answer (ready or not) arrives."""
     return await call(p.topic, min(p.query.wait_s, p.time_left_s / 2))
-
-
-async def _stream_initial(call: Call, p: Params) -> dict[str, Any]:
-    return await call(p.topic, p.body.starting_offsets, p.body.starting_timestamp_ms)
 
 
 async def _stream_latest(call: Call, p: Params) -> dict[str, Any]:
@@ -217,43 +209,53 @@ async def _openapi(_call: Call, _p: Params) -> dict[str, Any]:
     return openapi_document()
 
 
-def _route(operation_id: str, action: Action, **serving: Any) -> Route:
-    return Route(endpoint(operation_id), action, **serving)
+def _route(operation_id: str, action: Action | None = None, **serving: Any) -> Route:
+    """The route of ``operation_id``; without an ``action``, its operation is called with
+    the arguments the endpoint declares (``runtime.admin_api.Endpoint``)."""
+    point = endpoint(operation_id)
+    return Route(point, action or functools.partial(_declared, point), **serving)
 
 
-# The actions most routes share: the operation on what the path names.
+async def _declared(point: Endpoint, call: Call, p: Params) -> Any:
+    return await call(**declared_arguments(point, p))
 
 
-async def _on_topic(call: Call, p: Params) -> Any:
-    return await call(p.topic)
+def declared_arguments(point: Endpoint, p: Params) -> dict[str, Any]:
+    """The operation's arguments from a request to ``point``: its path's parameters, the
+    body and query fields the endpoint declares, and the arguments it fixes. The same
+    declarations ``AdminHttpClient`` builds its requests from."""
+    args = {parameter: _PATH_VALUES[parameter](p) for parameter in point.path_parameters}
+    if point.body:
+        body = p.body.model_dump(by_alias=True)
+        args |= {parameter: body.get(name) for name, parameter in point.body.items()}
+    if point.query:
+        query = p.query.model_dump(by_alias=True)
+        args |= {parameter: query[name] for name, parameter in point.query.items()}
+    return args | dict(point.fixes)
 
 
-async def _on_namespace(call: Call, p: Params) -> Any:
-    return await call(p.namespace)
-
-
-async def _on_subscription(call: Call, p: Params) -> Any:
-    return await call(p.topic, p.path["subscription"])
-
-
-async def _on_segment(call: Call, p: Params) -> Any:
-    return await call(p.segment, p.query.force)
-
-
-async def _on_cluster(call: Call, _p: Params) -> Any:
-    return await call()
+# What each path parameter (``runtime.admin_api.PATH_PARAMETERS``) is, from a request.
+_PATH_VALUES: Mapping[str, Callable[[Params], Any]] = {
+    "segment": lambda p: p.segment,
+    "name": lambda p: p.topic,
+    "namespace": lambda p: p.namespace,
+    "subscription": lambda p: p.path["subscription"],
+    "segment_id": lambda p: p.path["segmentId"],
+    "segment_id1": lambda p: p.path["segmentId1"],
+    "segment_id2": lambda p: p.path["segmentId2"],
+}
 
 
 # fmt: off
 ROUTES: tuple[Route, ...] = (
-    _route("listScalableTopics", _on_namespace, returns=STRINGS, errors=(400, 503)),
-    _route("createScalableTopic", _create_topic, body=CreateTopicBody, body_required=True,
+    _route("listScalableTopics", returns=STRINGS, errors=(400, 503)),
+    _route("createScalableTopic", body=CreateTopicBody, body_required=True,
            returns=ScalableTopicMetadata, errors=(400, 409, 503)),
-    _route("getMetadata", _on_topic, returns=ScalableTopicMetadata),
-    _route("deleteScalableTopic", _on_topic, errors=_MUTATION_ERRORS),
-    _route("getStats", _on_topic, returns=OBJECT),
+    _route("getMetadata", returns=ScalableTopicMetadata),
+    _route("deleteScalableTopic", errors=_MUTATION_ERRORS),
+    _route("getStats", returns=OBJECT),
     _route("getStatus", _status, query=StatusQuery, returns=TopicStatus),
-    _route("planStreamStart", _stream_initial, body=StreamInitialBody, returns=OBJECT,
+    _route("planStreamStart", body=StreamInitialBody, returns=OBJECT,
            errors=_MUTATION_ERRORS, tag="stream"),
     _route("planStreamBatch", _stream_latest, body=StreamLatestBody, body_required=True,
            returns=OBJECT, errors=_MUTATION_ERRORS, tag="stream"),
@@ -261,52 +263,36 @@ ROUTES: tuple[Route, ...] = (
            returns=OBJECT, errors=_MUTATION_ERRORS, tag="stream"),
     _route("writeStreamChunk", _stream_write, body=StreamWriteBody, body_required=True,
            returns=OBJECT, errors=_MUTATION_ERRORS, tag="stream"),
-    _route("getSegmentEndpoint", lambda c, p: c(p.topic, p.path["segmentId"]), returns=OBJECT,
-           tag="stream"),
-    _route("listSubscriptions", _on_topic, returns=STRINGS),
-    _route("createSubscription",
-           lambda c, p: c(p.topic, p.path["subscription"], p.body.position,
-                          p.body.session_grace_s),
-           body=CreateSubscriptionBody, errors=_MUTATION_ERRORS),
-    _route("deleteSubscription", _on_subscription, errors=_MUTATION_ERRORS),
-    _route("resetSubscription", lambda c, p: c(p.topic, p.path["subscription"], p.body.to),
-           body=ResetSubscriptionBody, body_required=True, returns=OBJECT,
+    _route("getSegmentEndpoint", returns=OBJECT, tag="stream"),
+    _route("listSubscriptions", returns=STRINGS),
+    _route("createSubscription", body=CreateSubscriptionBody, errors=_MUTATION_ERRORS),
+    _route("deleteSubscription", errors=_MUTATION_ERRORS),
+    _route("resetSubscription", body=ResetSubscriptionBody, body_required=True, returns=OBJECT,
            errors=_MUTATION_ERRORS),
-    _route("clearBacklog", lambda c, p: c(p.topic, p.path["subscription"], "latest"),
-           returns=OBJECT, errors=_MUTATION_ERRORS),
-    _route("splitSegment", lambda c, p: c(p.topic, p.path["segmentId"], p.body.at, p.body.parts),
-           body=SplitBody, returns=CompletedOperation, errors=_MUTATION_ERRORS),
-    _route("mergeSegments",
-           lambda c, p: c(p.topic, p.path["segmentId1"], p.path["segmentId2"],
-                          p.body.more_segment_ids),
-           body=MergeBody, returns=CompletedOperation, errors=_MUTATION_ERRORS),
-    _route("getPolicy", _on_topic, returns=TopicPolicy),
+    _route("clearBacklog", returns=OBJECT, errors=_MUTATION_ERRORS),
+    _route("splitSegment", body=SplitBody, returns=CompletedOperation, errors=_MUTATION_ERRORS),
+    _route("mergeSegments", body=MergeBody, returns=CompletedOperation, errors=_MUTATION_ERRORS),
+    _route("getPolicy", returns=TopicPolicy),
     _route("setPolicy", lambda c, p: c(p.topic, p.body.to_dict()), body=TopicPolicy,
            body_required=True, returns=TopicPolicy, errors=_MUTATION_ERRORS),
-    _route("createSegment", lambda c, p: c(p.segment, p.body.subscriptions),
-           body=CreateSegmentBody, errors=_MUTATION_ERRORS, tag="segments"),
+    _route("createSegment", body=CreateSegmentBody, errors=_MUTATION_ERRORS, tag="segments"),
     _route("terminateSegment", _terminate, returns=TerminateResult, query=TerminateSegmentQuery,
            errors=_MUTATION_ERRORS, tag="segments"),
-    _route("deleteSegment", _on_segment, query=DeleteSegmentQuery, errors=_MUTATION_ERRORS,
-           tag="segments"),
-    _route("getNamespacePolicy", _on_namespace, returns=TopicPolicy, errors=(400, 503),
-           tag="policy"),
+    _route("deleteSegment", query=DeleteSegmentQuery, errors=_MUTATION_ERRORS, tag="segments"),
+    _route("getNamespacePolicy", returns=TopicPolicy, errors=(400, 503), tag="policy"),
     _route("setNamespacePolicy", lambda c, p: c(p.namespace, p.body.to_dict()),
            body=TopicPolicy, body_required=True, returns=TopicPolicy, errors=(400, 409, 503),
            tag="policy"),
-    _route("getNamespaceLimits", _on_namespace, returns=NamespaceLimits, errors=(400, 503),
-           tag="limits"),
+    _route("getNamespaceLimits", returns=NamespaceLimits, errors=(400, 503), tag="limits"),
     _route("setNamespaceLimits", _set_limits, body=NamespaceLimitsBody, body_required=True,
            returns=NamespaceLimits, errors=(400, 409, 503), tag="limits"),
-    _route("recoverTopic", lambda c, p: c(p.topic, p.body.incarnation), body=RecoverBody,
-           returns=OBJECT, errors=_MUTATION_ERRORS),
-    _route("checkStorage", _on_cluster, returns=OBJECT, errors=(400, 503), tag="storage"),
-    _route("deleteOrphanedStorage", lambda c, p: c(True), returns=OBJECT,
-           errors=(400, 409, 503), tag="storage"),
-    _route("getAuthStatus", _on_cluster, returns=OBJECT, errors=(400, 503), tag="auth"),
+    _route("recoverTopic", body=RecoverBody, returns=OBJECT, errors=_MUTATION_ERRORS),
+    _route("checkStorage", returns=OBJECT, errors=(400, 503), tag="storage"),
+    _route("deleteOrphanedStorage", returns=OBJECT, errors=(400, 409, 503), tag="storage"),
+    _route("getAuthStatus", returns=OBJECT, errors=(400, 503), tag="auth"),
     _route("loadAuth", _load_auth, body=AuthDocument, body_required=True, returns=OBJECT,
            errors=(400, 409, 503), tag="auth"),
-    _route("disableAuth", _on_cluster, returns=OBJECT, errors=(400, 503), tag="auth"),
+    _route("disableAuth", returns=OBJECT, errors=(400, 503), tag="auth"),
     _route("getOpenApi", _openapi, returns=OBJECT, errors=(400,), tag="meta"),
     _route("health", _health, returns=HEALTH, errors=(400,), tag="meta"),
 )
