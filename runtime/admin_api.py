@@ -44,7 +44,13 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from runtime.auth import Permission
-from runtime.errors import InvalidArgumentError
+from runtime.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    SegmentNotFoundError,
+    SubscriptionNotFoundError,
+    TopicNotFoundError,
+)
 from runtime.layout import MAX_SPLIT_CHILDREN
 from runtime.names import MAX_HASH
 from runtime.rest import (
@@ -104,6 +110,9 @@ class Operation:
     # Takes a request id: the same id sent again (a retry) is applied once and answered
     # with the completed operation.
     request_id: bool = False
+    # A delete: sent again after its answer was lost (an actor restarted), one of these
+    # errors means the first attempt deleted the thing, and the retry is answered as done.
+    gone: tuple[type[NotFoundError], ...] = ()
     # The longest the gateway waits for it before answering 504; ``None``: the gateway's
     # own time-out (``RAYTOPICS_REST_TIMEOUT_S``), as for every read.
     timeout_s: float | None = None
@@ -193,14 +202,15 @@ _OPERATIONS = (
     Operation("get_namespace_policy", _L, _NS),
     Operation("get_namespace_limits", _L, _NS),
     # topic lifecycle and layout
-    Operation("create_scalable_topic", _A, _T, timeout_s=_WAITS_S),
-    Operation("delete_scalable_topic", _A, _T, timeout_s=_WAITS_S),
+    Operation("create_scalable_topic", _A, _T, request_id=True, timeout_s=_WAITS_S),
+    Operation("delete_scalable_topic", _A, _T, gone=(TopicNotFoundError,), timeout_s=_WAITS_S),
     Operation("split_segment", _A, _T, request_id=True, timeout_s=_WAITS_S),
     Operation("merge_segments", _A, _T, request_id=True, timeout_s=_WAITS_S),
     Operation("recover_topic", _A, _T, timeout_s=_WALKS_S),
     # subscriptions (delete: admin, or consume for the caller's own subscription)
-    Operation("create_subscription", _C, _T, timeout_s=_WAITS_S),
-    Operation("delete_subscription", _C, _T, timeout_s=_WAITS_S),
+    Operation("create_subscription", _C, _T, request_id=True, timeout_s=_WAITS_S),
+    Operation("delete_subscription", _C, _T, gone=(SubscriptionNotFoundError, TopicNotFoundError),
+              timeout_s=_WAITS_S),
     Operation("reset_subscription", _C, _T, timeout_s=_WAITS_S),
     # policy and limits
     Operation("set_policy", _A, _T, timeout_s=_WAITS_S),
@@ -209,7 +219,8 @@ _OPERATIONS = (
     # segments (low level)
     Operation("create_segment", _A, _S, timeout_s=_WAITS_S),
     Operation("terminate_segment", _A, _S, timeout_s=_WAITS_S),
-    Operation("delete_segment", _A, _S, timeout_s=_WAITS_S),
+    Operation("delete_segment", _A, _S, gone=(SegmentNotFoundError, TopicNotFoundError),
+              timeout_s=_WAITS_S),
     # the cluster
     Operation("check_storage", _A, _ALL, timeout_s=_WALKS_S),
     Operation("auth_status", _A, _ALL),

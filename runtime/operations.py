@@ -129,9 +129,9 @@ def apply_operation(layout: SegmentLayout, op: PendingOperation) -> SegmentLayou
 
 
 def new_request_id() -> str:
-    """A fresh id for one caller's split or merge: every retry of it carries the same id,
-    so it is applied once (the clients make it; the admin service and the controller only
-    when a caller sent none)."""
+    """A fresh id for one caller's create, split or merge: every retry of it carries the
+    same id, so it is applied once (the clients make it; the admin service and the
+    controller only when a caller sent none)."""
     return uuid.uuid4().hex
 
 

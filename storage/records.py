@@ -40,6 +40,9 @@ class TopicRecord(ScalableTopicMetadata):
     # retry is answered with its result after other operations committed too
     recent_operations: tuple[CompletedOperation, ...] = Field(default=(), alias="recentOperations")
     policy: TopicPolicy | None = None
+    # the request id of the create that made this incarnation: the same create sent again
+    # (a retry whose answer was lost) is answered with the topic instead of a conflict
+    created_by: str | None = Field(default=None, alias="createdBy")
 
     @property
     def layout(self) -> SegmentLayout:
@@ -130,6 +133,9 @@ class SubscriptionMetadata(BaseModel):
     # the principal that created it, when authentication was on: it may delete it with
     # ``consume`` alone (a console consumer's temporary subscription), others need admin
     owner: str | None = None
+    # the request id of the create that made it: that create sent again (a retry whose
+    # answer was lost) finishes it instead of being refused as a duplicate
+    created_by: str | None = Field(default=None, alias="createdBy")
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()

@@ -81,6 +81,15 @@ class Fleet:
     def start_in_background(self, names: list[SegmentName]) -> None:
         self.calls.append("start " + " ".join(str(n.segment_id) for n in names))
 
+    async def destroy(self, name: SegmentName, epoch: int) -> None:
+        """Safe to repeat, as the real one: a segment already gone is gone."""
+        self._reach(name, epoch)
+        self.cursors.pop(name.segment_id, None)
+        self.calls.append(f"destroy {name.segment_id}")
+
+    async def delete_incarnation(self) -> None:
+        self.calls.append("delete incarnation")
+
     def _reach(self, name: SegmentName, epoch: int) -> None:
         assert epoch == EPOCH
         if name.segment_id in self.down:

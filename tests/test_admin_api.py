@@ -25,7 +25,10 @@ from runtime.auth import AuthPolicy, Permission
 from runtime.errors import (
     InvalidArgumentError,
     InvalidNameError,
+    NotFoundError,
     RequestTimeoutError,
+    SegmentNotFoundError,
+    TopicNotFoundError,
     UnauthenticatedError,
     UnauthorizedError,
 )
@@ -81,14 +84,26 @@ def test_every_endpoints_path_names_what_its_operation_is_checked_on() -> None:
             assert not fields & {"tenant", "namespace"}, point.operation_id
 
 
-def test_only_split_and_merge_take_a_request_id() -> None:
-    assert {op.name for op in OPERATIONS.values() if op.request_id} == {
-        "split_segment",
-        "merge_segments",
-    }
-    for name in ("split_segment", "merge_segments"):
+def test_creates_splits_and_merges_take_a_request_id() -> None:
+    """The mutations whose retry would otherwise be refused once the first attempt
+    committed (the topic exists, the segment is no longer active)."""
+    taking = {"create_scalable_topic", "create_subscription", "split_segment", "merge_segments"}
+    assert {op.name for op in OPERATIONS.values() if op.request_id} == taking
+    for name in taking:
         parameters = inspect.signature(_service_methods()[name]).parameters
         assert "request_id" in parameters
+
+
+def test_every_delete_says_which_errors_mean_its_first_attempt_did_it() -> None:
+    """A delete sent again after its answer was lost is answered as done when it finds
+    its thing gone (``Operation.gone``); nothing else is: a create, split or merge has a
+    request id instead, and a not-found of anything else is an error still."""
+    deletes = {name for name in OPERATIONS if name.startswith("delete_")}
+    assert {name for name, op in OPERATIONS.items() if op.gone} == deletes
+    assert OPERATIONS["delete_scalable_topic"].gone == (TopicNotFoundError,)
+    for name in deletes:
+        assert all(issubclass(error, NotFoundError) for error in OPERATIONS[name].gone)
+        assert SegmentNotFoundError not in OPERATIONS[name].gone or name == "delete_segment"
 
 
 def test_operations_that_start_processes_or_walk_storage_wait_longer_than_reads() -> None:

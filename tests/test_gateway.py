@@ -701,3 +701,44 @@ def test_a_split_whose_answer_was_lost_with_the_admin_service_is_answered_as_com
     assert status == 200, body
     assert (body["kind"], body["parents"]) == ("split", [0])
     assert admin.get_layout(topic).epoch == 1, "the split must be applied exactly once"
+
+
+def test_a_create_whose_controller_died_midway_is_answered_with_the_topic(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """The controller dies once the new topic's segments exist, the create still pending;
+    the admin service sends it again (the same request id) to the restarted controller,
+    which finishes it and answers with the topic instead of "already exists". The same
+    Idempotency-Key sent again gets the same answer; another key gets the conflict."""
+    topic = f"topic://{TENANT}/{NAMESPACE}/cr-{unique}"
+    controller = controller_actor(TopicName.parse(topic), create=True)
+    ray.get(controller.inject_fault_after_step.remote(2))
+    mine = {"Idempotency-Key": f"create-{unique}"}
+    path, body = f"{SCALABLE}/cr-{unique}", {"numSegments": 2}
+    status, created = http(gateway, "PUT", path, body, headers=mine)
+    assert status == 201, created
+    assert created == admin.get_metadata(topic) and created["epoch"] == 0
+    assert http(gateway, "PUT", path, body, headers=mine) == (201, created)
+    status, refused = http(gateway, "PUT", path, body, headers={"Idempotency-Key": "other"})
+    assert (status, refused["error"]) == (409, "topic_exists")
+    with pytest.raises(TopicAlreadyExistsError):  # the Ray client's own fresh id
+        admin.create_scalable_topic(topic, 2)
+    assert admin.wait_until_ready(topic)["running"] == 2
+
+
+def test_a_delete_whose_controller_died_before_removing_the_record_is_answered_as_done(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """The controller dies with the topic's storage deleted and its record not yet; the
+    restarted controller finishes the delete, and the admin service's retry, finding the
+    topic gone, answers the delete as done instead of "not found". A delete sent when the
+    topic is already gone (no answer lost) is still a 404."""
+    topic = f"topic://{TENANT}/{NAMESPACE}/del-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    ray.get(controller_actor(TopicName.parse(topic)).inject_fault_after_step.remote(6))
+    status, body = http(gateway, "DELETE", f"{SCALABLE}/del-{unique}")
+    assert status == 204, body
+    with pytest.raises(TopicNotFoundError):
+        admin.get_metadata(topic)
+    status, body = http(gateway, "DELETE", f"{SCALABLE}/del-{unique}")
+    assert (status, body["error"]) == (404, "topic_not_found")

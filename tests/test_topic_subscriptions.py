@@ -22,7 +22,12 @@ from controller_parts import TOPIC, Down, setup  # tests/ is on sys.path under p
 from actors.control.subscription_reset import reset_subscription
 from actors.control.topic_parts import TopicParts
 from actors.control.topic_subscriptions import TopicSubscriptions
-from runtime.errors import ConflictError, SubscriptionNotFoundError, UnauthorizedError
+from runtime.errors import (
+    ConflictError,
+    SubscriptionAlreadyExistsError,
+    SubscriptionNotFoundError,
+    UnauthorizedError,
+)
 from storage.records import (
     ConsumerRegistration,
     SubscriptionMetadata,
@@ -68,6 +73,29 @@ def test_a_create_cut_half_way_is_finished_by_the_next_incarnation() -> None:
     assert parts.coordinators.calls == ["start s"]
     asyncio.run(manager.finish_all())  # nothing left to do: nothing done again
     assert parts.coordinators.calls == ["start s"] and written == [1]
+
+
+def test_the_create_that_made_a_subscription_sent_again_finishes_it_others_are_refused() -> None:
+    """A create cut half-way whose caller retries it (the same request id) is finished by
+    the retry and answered as done; a create of the same name with another id, or with
+    none, is refused as a duplicate, changing nothing."""
+    _, fleet, parts = setup({}, segments=3)
+    manager, _ = subscriptions(parts)
+    fleet.down = {1}
+    with pytest.raises(Down):
+        asyncio.run(manager.create(SubscriptionMetadata(name="s", created_by="r1")))
+    fleet.down = set()
+    for other in ("r2", None):
+        with pytest.raises(SubscriptionAlreadyExistsError):
+            asyncio.run(manager.create(SubscriptionMetadata(name="s", created_by=other)))
+        assert state(parts, "s") == SubscriptionState.CREATING
+    asyncio.run(manager.create(SubscriptionMetadata(name="s", created_by="r1")))
+    assert state(parts, "s") == SubscriptionState.ACTIVE
+    assert all("s" in fleet.cursors[i] for i in range(3))
+    asyncio.run(manager.create(SubscriptionMetadata(name="s", created_by="r1")))  # once more
+    assert parts.coordinators.calls == ["start s"]
+    with pytest.raises(SubscriptionAlreadyExistsError):
+        asyncio.run(manager.create(SubscriptionMetadata(name="s", created_by="r3")))
 
 
 def test_a_delete_cut_half_way_is_finished_and_the_subscription_is_gone_everywhere() -> None:

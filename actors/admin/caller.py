@@ -19,7 +19,8 @@ import ray
 
 from actors.admin.service import DEFAULT_RESTART_TIMEOUT_S, RESTART_ERRORS, admin_service_actor
 from runtime import remote
-from runtime.errors import UnavailableError
+from runtime.admin_api import operation
+from runtime.errors import NotFoundError, UnavailableError
 
 RETRY_S = 0.05  # a restart takes a second or two: look often
 
@@ -34,13 +35,20 @@ class AdminServiceCaller:
 
     async def call(self, method: str, *args: Any, credential: str | None, **kwargs: Any) -> Any:
         """The service's ``method`` as the holder of ``credential``; its typed errors
-        come back as themselves."""
+        come back as themselves, but for a delete sent again after its answer was lost
+        that finds the thing gone: the first attempt deleted it (``Operation.gone``)."""
         deadline = time.monotonic() + self._restart_timeout_s
+        lost = False
         while True:
             try:
                 return await remote.call(self._send(method, args, kwargs, credential))
             except RESTART_ERRORS as err:
                 self._lost(err, deadline)
+                lost = True
+            except NotFoundError as err:
+                if lost and isinstance(err, operation(method).gone):
+                    return None
+                raise
             await asyncio.sleep(RETRY_S)
 
     def call_blocking(self, method: str, *args: Any, credential: str | None, **kwargs: Any) -> Any:

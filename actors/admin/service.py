@@ -44,11 +44,12 @@ from actors.control.readiness import await_readiness
 from actors.control.topic_stats import topic_stats
 from actors.guard import guard
 from actors.registry import get_or_start
-from runtime.admin_api import HashKey, Seconds, SegmentId, SplitParts
+from runtime.admin_api import HashKey, Seconds, SegmentId, SplitParts, operation
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, apply_settings
 from runtime.errors import (
     InvalidArgumentError,
+    NotFoundError,
     TopicAlreadyExistsError,
     UnavailableError,
 )
@@ -156,27 +157,27 @@ class AdminService(StreamOperations, ClusterOperations):
         num_segments: Annotated[int, Field(ge=1, le=MAX_SEGMENTS)],
         properties: dict[str, str] | None = None,
         *,
+        request_id: str | None = None,
         settings: dict[str, str] | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
         """``settings``: the creating program's ``runtime.config.TOPIC_SETTINGS`` (the
-        certificate its segments serve with), for the topic's actors."""
+        certificate its segments serve with), for the topic's actors. The create of
+        ``request_id`` sent again is answered with the topic it made."""
         _check_settings(settings)
         _check_properties(properties)
+        rid = checked_request_id(request_id)
         if self._catalog.topic_exists(name):
-            raise TopicAlreadyExistsError(f"topic {name} already exists")
-        check_room(self._catalog, name, num_segments, new_topic=True)
-        check_capacity(f"creating {name}", name, num_segments)
+            if self._record(name).created_by != rid:
+                raise TopicAlreadyExistsError(f"topic {name} already exists")
+        else:
+            check_room(self._catalog, name, num_segments, new_topic=True)
+            check_capacity(f"creating {name}", name, num_segments)
         return await self._control(
-            name,
-            restart_timeout_s,
-            "create",
-            num_segments,
-            properties,
-            create=True,
-            settings=settings,
-        )
+            name, restart_timeout_s, "create", num_segments, properties, request_id=rid,
+            create=True, settings=settings,
+        )  # fmt: skip
 
     @admin_operation
     async def delete_scalable_topic(
@@ -187,7 +188,7 @@ class AdminService(StreamOperations, ClusterOperations):
         credential: str | None = None,
     ) -> None:
         self._record(name)
-        await self._control(name, restart_timeout_s, "delete")
+        await self._control(name, restart_timeout_s, "delete", gone=_gone("delete_scalable_topic"))
         ray.kill(controller_actor(name), no_restart=True)
 
     # --- subscriptions ------------------------------------------------------------------
@@ -200,6 +201,7 @@ class AdminService(StreamOperations, ClusterOperations):
         position: StartPosition = "earliest",
         session_grace_s: float = DEFAULT_GRACE_S,
         *,
+        request_id: str | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> None:
@@ -209,7 +211,7 @@ class AdminService(StreamOperations, ClusterOperations):
         owner = None if principal is None else principal.name
         await self._control(
             name, restart_timeout_s, "create_subscription", subscription, position,
-            session_grace_s, owner=owner,
+            session_grace_s, owner=owner, request_id=checked_request_id(request_id),
         )  # fmt: skip
 
     @admin_operation
@@ -229,8 +231,9 @@ class AdminService(StreamOperations, ClusterOperations):
         if not self._guard.allows(principal, Permission.ADMIN, name.namespace_path):
             only_of = principal.name if principal is not None else None
         await self._control(
-            name, restart_timeout_s, "delete_subscription", subscription, only_of=only_of
-        )
+            name, restart_timeout_s, "delete_subscription", subscription, only_of=only_of,
+            gone=_gone("delete_subscription"),
+        )  # fmt: skip
 
     @admin_operation
     async def reset_subscription(
@@ -351,7 +354,10 @@ class AdminService(StreamOperations, ClusterOperations):
         credential: str | None = None,
     ) -> None:
         self._record(segment.topic)
-        await self._control(segment.topic, restart_timeout_s, "delete_segment", str(segment), force)
+        await self._control(
+            segment.topic, restart_timeout_s, "delete_segment", str(segment), force,
+            gone=_gone("delete_segment"),
+        )  # fmt: skip
 
     # --- storage: what outlives metadata (storage.topic_storage) ----------------------
 
@@ -399,12 +405,15 @@ class AdminService(StreamOperations, ClusterOperations):
         *args: Any,
         create: bool = False,
         settings: dict[str, str] | None = None,
+        gone: tuple[type[NotFoundError], ...] = (),
         **kwargs: Any,
     ) -> Any:
         """Call the topic's controller as the system, riding out a controller restart;
-        ``create``: a call that may start it (with the topic's ``settings``)."""
+        ``create``: a call that may start it (with the topic's ``settings``); ``gone``:
+        a delete's errors that, on a retry after a restart, mean the first attempt did it."""
         credential = self._guard.internal_token()
         deadline = time.monotonic() + restart_timeout_s
+        lost = False
         while True:
             handle = controller_actor(name, create=True, settings=settings)
             try:
@@ -417,7 +426,16 @@ class AdminService(StreamOperations, ClusterOperations):
                     raise UnavailableError(
                         f"controller of {name} did not come back within {restart_timeout_s}s: {err}"
                     ) from None
-                await asyncio.sleep(0.05)  # a restart takes ~1-2 s: look often
+                lost = True
+            except NotFoundError as err:
+                if lost and isinstance(err, gone):
+                    return None
+                raise
+            await asyncio.sleep(0.05)  # a restart takes ~1-2 s: look often
+
+
+def _gone(method: str) -> tuple[type[NotFoundError], ...]:
+    return operation(method).gone
 
 
 AdminServiceActor = ray.remote(num_cpus=0, max_restarts=-1)(AdminService)

@@ -49,9 +49,7 @@ from actors.metrics import ControllerMetrics
 from actors.registry import get_or_start, lookup
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_namespace
-from runtime.errors import (
-    InvalidArgumentError,
-)
+from runtime.errors import InvalidArgumentError, TopicAlreadyExistsError
 from runtime.layout import SegmentLayout
 from runtime.limits import check_room
 from runtime.names import SegmentName, TopicName, validate_part
@@ -167,8 +165,11 @@ class ScalableTopicController:
         if self._recovered and record.pending_operation is None:
             return
         record = self._update_record(lambda r: r)
-        active = [s.name(self.topic) for s in record.layout.active_segments.values()]
-        await self.fleet.fence(active, self.epoch)
+        pending = record.pending_operation
+        if pending is None or pending.kind != OperationKind.DELETE:
+            # a delete's segments may be gone already; its steps pass the epoch themselves
+            active = [s.name(self.topic) for s in record.layout.active_segments.values()]
+            await self.fleet.fence(active, self.epoch)
         if record.pending_operation is not None:
             await self.operations.carry_out(record.pending_operation)
         await self.subscriptions.finish_all()
@@ -181,16 +182,24 @@ class ScalableTopicController:
         num_segments: int,
         properties: dict[str, str] | None = None,
         *,
+        request_id: str | None = None,
         credential: str | None = None,
     ) -> dict:
         """Write the epoch-0 layout (with the create recorded) and its segments' storage, then
-        register their actors with Ray without waiting for them to boot (``readiness``)."""
+        register their actors with Ray without waiting for them to boot (``readiness``).
+        The create of ``request_id`` sent again is answered with the topic it made (a
+        pending one finished first); any other create of an existing topic is refused."""
         self._check(credential)
+        rid = checked_request_id(request_id)
+        if self.catalog.topic_exists(self.topic):
+            return await self._created_by(rid)
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
         check_capacity(f"creating {self.topic}", self.topic, num_segments)
-        op = PendingOperation(kind=OperationKind.CREATE, request_id=new_request_id(), base_epoch=0)
-        record = TopicRecord.new(layout, new_incarnation(), self.epoch, pending_operation=op)
+        op = PendingOperation(kind=OperationKind.CREATE, request_id=rid, base_epoch=0)
+        record = TopicRecord.new(
+            layout, new_incarnation(), self.epoch, pending_operation=op, created_by=rid
+        )
         async with self._lock:
             self.catalog.create_topic(self.topic, record)
             self.fleet.incarnation = record.incarnation
@@ -199,6 +208,15 @@ class ScalableTopicController:
             await self.operations.carry_out(op)
             self._recovered = True
         return self._read_record().layout.to_dict()
+
+    async def _created_by(self, request_id: str) -> dict:
+        """The topic, if ``request_id``'s create made it; else ``TopicAlreadyExistsError``."""
+        async with self._lock:
+            await self._recover()
+            record = self._read_record()
+        if record.created_by != request_id:
+            raise TopicAlreadyExistsError(f"topic {self.topic} already exists")
+        return record.layout.to_dict()
 
     async def delete(self, *, credential: str | None = None) -> None:
         self._check(credential)
@@ -324,9 +342,11 @@ class ScalableTopicController:
         session_grace_s: float = DEFAULT_GRACE_S,
         *,
         owner: str | None = None,
+        request_id: str | None = None,
         credential: str | None = None,
     ) -> None:
-        """``owner``: the principal creating it (``SubscriptionMetadata.owner``)."""
+        """``owner``: the principal creating it (``SubscriptionMetadata.owner``); the create
+        of ``request_id`` sent again finishes the subscription it made."""
         self._check(credential, Permission.CONSUME)
         validate_part("subscription", name)
         if position not in ("earliest", "latest"):
@@ -337,8 +357,9 @@ class ScalableTopicController:
             await self._recover()
             self._read_record()
             meta = SubscriptionMetadata(
-                name=name, position=position, session_grace_s=session_grace_s, owner=owner
-            )
+                name=name, position=position, session_grace_s=session_grace_s, owner=owner,
+                created_by=checked_request_id(request_id),
+            )  # fmt: skip
             await self.subscriptions.create(meta)
 
     async def delete_subscription(

@@ -38,13 +38,16 @@ from storage.segment_store import SealedBy
 
 
 class Step(IntEnum):
-    """The steps of a split or merge, in order."""
+    """The protocol steps after which a controller may die (``inject_fault_after_step``):
+    a split's or merge's first five, in order; a create's second (its segments made, the
+    create still pending); a delete's last (its storage gone, its record not yet)."""
 
     SUBSCRIPTIONS_FOUND = 1  # the parents' subscriptions and the topic's, for the children
     CHILDREN_CREATED = 2  # the children's storage and actors, not in the layout yet
     PARENTS_SEALED = 3  # each parent terminated, its successors named
     COMMITTED = 4  # the CAS: the layout has the children, nothing is pending
     ANNOUNCED = 5  # the DAG watch told (not waited for)
+    STORAGE_DELETED = 6  # a delete: every segment and the incarnation's files gone
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class LayoutOperations:
         await asyncio.gather(*(fleet.create(s.name(topic), s, [], epoch) for s in active))
         for segment in active:  # registered now, so admission counts them at once
             fleet.handle(segment.name(topic))
+        self.step_done(Step.CHILDREN_CREATED)
         record = self.update_record(lambda r: _cleared(r, op, r.layout))
         fleet.announce_layout()  # watchers of a name deleted before learn it is back
         return record
@@ -106,6 +110,7 @@ class LayoutOperations:
         epoch = self.parts.leader_epoch()
         await asyncio.gather(*(fleet.destroy(s.name(topic), epoch) for s in segments))
         await fleet.delete_incarnation()
+        self.step_done(Step.STORAGE_DELETED)
         catalog.delete_topic(topic)
         fleet.announce_layout()  # watchers learn it is gone
 

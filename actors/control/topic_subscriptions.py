@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Callable
 
 from actors.control.topic_parts import TopicParts
-from runtime.errors import UnauthorizedError
+from runtime.errors import SubscriptionAlreadyExistsError, UnauthorizedError
 from storage.records import SubscriptionKind, SubscriptionMetadata, SubscriptionState
 from storage.topic_storage import SubscriptionSettings
 
@@ -29,8 +29,17 @@ class TopicSubscriptions:
         self._write_identity = write_identity
 
     async def create(self, meta: SubscriptionMetadata) -> None:
-        """Record ``meta`` (CREATING), then give every segment its cursor."""
-        self._parts.catalog.create_subscription(self._parts.topic, meta)
+        """Record ``meta`` (CREATING), then give every segment its cursor. The create that
+        made an existing subscription (the same ``created_by`` request id), sent again,
+        finishes it instead; any other is ``SubscriptionAlreadyExistsError``."""
+        topic, catalog = self._parts.topic, self._parts.catalog
+        try:
+            catalog.create_subscription(topic, meta)
+        except SubscriptionAlreadyExistsError:
+            found = catalog.subscription(topic, meta.name)
+            retried = found is not None and found.state != SubscriptionState.DELETING
+            if not (retried and meta.created_by and found.created_by == meta.created_by):
+                raise
         await self.finish(meta.name)
 
     async def delete(self, name: str, only_of: str | None = None) -> None:
