@@ -132,8 +132,34 @@ def test_the_console_shows_a_topic_and_a_split_through_it_redraws_the_dag(
     wait_until(browser, lambda: drawn(browser).get("4") == "ACTIVE", "the merge's child")
     assert drawn(browser)["2"] == drawn(browser)["3"] == "SEALED"
     assert not browser.find_element(By.ID, "error").is_displayed()
+
+    # into three parts, the three merged back in one operation, then a split at two hashes
+    type_into(browser, "split-parts", "3")
+    click(browser, "button[data-split='4']")
+    wait_until(browser, lambda: drawn(browser).get("7") == "ACTIVE", "the three parts")
+    for box in ("5", "6", "7"):
+        click(browser, f"input[data-select='{box}']")
+    click(browser, "#merge")
+    wait_until(browser, lambda: drawn(browser).get("8") == "ACTIVE", "the merge of three")
+    assert admin.get_metadata(topic)["segments"]["8"]["parentIds"] == [5, 6, 7]
+    type_into(browser, "split-at", "2000, 2001")
+    click(browser, "button[data-split='8']")
+    wait_until(browser, lambda: drawn(browser).get("11") == "ACTIVE", "the split at two hashes")
+    ranges = {i: admin.get_metadata(topic)["segments"][i]["hashRange"] for i in ("9", "10", "11")}
+    assert ranges["10"] == {"start": 0x2000, "end": 0x2000}, ranges
+    type_into(browser, "split-at", "0x9000")  # outside #9's range: the API's refusal shows
+    click(browser, "button[data-split='9']")
+    wait_until(browser, lambda: browser.find_element(By.ID, "error").is_displayed(), "an error")
+    assert "invalid" in browser.find_element(By.ID, "error").text.lower()
     consumer.close()
     admin.delete_scalable_topic(topic)
+
+
+def type_into(chrome: webdriver.Chrome, element_id: str, text: str) -> None:
+    """Replace what the input ``element_id`` holds (it is not redrawn, unlike the tables)."""
+    field = chrome.find_element(By.ID, element_id)
+    field.clear()
+    field.send_keys(text)
 
 
 def test_the_console_shows_the_apis_refusal(

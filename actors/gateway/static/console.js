@@ -17,11 +17,16 @@ function pathOf(topic) {
   return "/" + topic.replace(/^topic:\/\//, "").split("/").map(encodeURIComponent).join("/");
 }
 
-async function api(method, path) {
+async function api(method, path, payload) {
   const headers = {};
   const token = sessionStorage.getItem("raytopics-token");
   if (token) headers.Authorization = "Bearer " + token;
-  const reply = await fetch(API + path, { method, headers });
+  const request = { method, headers };
+  if (payload !== undefined) {
+    headers["Content-Type"] = "application/json";
+    request.body = JSON.stringify(payload);
+  }
+  const reply = await fetch(API + path, request);
   const text = await reply.text();
   const body = text ? JSON.parse(text) : null;
   if (!reply.ok) {
@@ -192,13 +197,13 @@ function segmentRows(meta, stats, rates) {
     box.addEventListener("change", () => {
       const id = Number(box.dataset.select);
       box.checked ? state.selected.add(id) : state.selected.delete(id);
-      $("merge").disabled = state.selected.size !== 2;
+      $("merge").disabled = state.selected.size < 2;
     });
   }
   for (const id of [...state.selected]) {
     if (!meta.segments[id] || meta.segments[id].state !== "ACTIVE") state.selected.delete(id);
   }
-  $("merge").disabled = state.selected.size !== 2;
+  $("merge").disabled = state.selected.size < 2;
 }
 
 function subscriptionRows(stats) {
@@ -222,10 +227,24 @@ function subscriptionRows(stats) {
 
 // --- changes -------------------------------------------------------------------------
 
+// A split's body from the controls: children starting at the hashes given (hex, comma-
+// separated), else this many near-equal children, else none (two halves). A merge of more
+// than two names the rest in its body. The API checks both and says what is wrong.
+function splitBody() {
+  const at = $("split-at").value.trim();
+  if (at) {
+    const hashes = at.split(",").map((h) => h.trim()).map((h) => (/^(0x)?[0-9a-f]+$/i.test(h) ? parseInt(h, 16) : h));
+    return { at: hashes.length === 1 ? hashes[0] : hashes };
+  }
+  const parts = Number($("split-parts").value);
+  return parts > 2 ? { parts } : undefined;
+}
+
 async function change(kind, ids) {
   const path = pathOf(state.topic) + (kind === "split" ? `/split/${ids[0]}` : `/merge/${ids[0]}/${ids[1]}`);
+  const body = kind === "split" ? splitBody() : (ids.length > 2 ? { moreSegmentIds: ids.slice(2) } : undefined);
   try {
-    await api("POST", path);
+    await api("POST", path, body);
     state.selected.clear();
     state.actionError = null;
   } catch (err) {
