@@ -206,7 +206,7 @@ _OPERATIONS = (
     Operation("delete_scalable_topic", _A, _T, gone=(TopicNotFoundError,), timeout_s=_WAITS_S),
     Operation("split_segment", _A, _T, request_id=True, timeout_s=_WAITS_S),
     Operation("merge_segments", _A, _T, request_id=True, timeout_s=_WAITS_S),
-    Operation("recover_topic", _A, _T, timeout_s=_WALKS_S),
+    Operation("recover_topic", _A, _T, request_id=True, timeout_s=_WALKS_S),
     # subscriptions (delete: admin, or consume for the caller's own subscription)
     Operation("create_subscription", _C, _T, request_id=True, timeout_s=_WAITS_S),
     Operation("delete_subscription", _C, _T, gone=(SubscriptionNotFoundError, TopicNotFoundError),

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from runtime.errors import (
+    InconsistentRequestError,
     InvalidArgumentError,
     InvalidLayoutError,
     SegmentNotActiveError,
@@ -405,30 +406,37 @@ def _child_starts(
 ) -> list[int]:
     """Where each child of a split of ``rng`` starts: ``rng.start``, then ``at`` (one
     hash or ascending hashes, each strictly inside the range), or ``parts`` near-equal
-    ranges' starts; by default the midpoint."""
+    ranges' starts; by default the midpoint.
+
+    The types are ``InvalidArgumentError``s; what only the segment's range, or the two
+    arguments together, rule out (what no request schema can state) is an
+    ``InconsistentRequestError``."""
     if parts is not None:
+        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 2:
+            raise InvalidArgumentError(f"parts must be an integer of 2 or more, not {parts!r}")
         if at is not None:
-            raise InvalidArgumentError("a split takes at or parts, not both")
+            raise InconsistentRequestError("a split takes at or parts, not both")
         most = min(MAX_SPLIT_CHILDREN, rng.width)
-        if isinstance(parts, bool) or not isinstance(parts, int) or not 2 <= parts <= most:
-            raise InvalidArgumentError(
-                f"cannot split segment {segment_id} {rng} into {parts!r} parts: "
+        if parts > most:
+            raise InconsistentRequestError(
+                f"cannot split segment {segment_id} {rng} into {parts} parts: "
                 f"2 to {most} (at most {MAX_SPLIT_CHILDREN}, and one hash each)"
             )
         return [rng.start + i * rng.width // parts for i in range(parts)]
     if at is None:
         return [rng.start, rng.midpoint() + 1]
     hashes = list(at) if isinstance(at, list | tuple) else [at]
-    integers = all(isinstance(h, int) and not isinstance(h, bool) for h in hashes)
-    ascending = integers and all(a < b for a, b in itertools.pairwise(hashes))
-    if not hashes or not ascending or not rng.start < hashes[0] <= hashes[-1] <= rng.end:
-        raise InvalidArgumentError(
-            f"cannot split segment {segment_id} {rng} at hash {at!r}: each child after "
-            f"the first starts at a hash in [{rng.start + 1:#06x}, {rng.end:#06x}] "
-            f"({rng.start + 1}-{rng.end}), in ascending order, so that every child covers one"
-        )
+    if not hashes or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
+        raise InvalidArgumentError(f"at must be a hash or a non-empty list of hashes, not {at!r}")
     if len(hashes) >= MAX_SPLIT_CHILDREN:
         raise InvalidArgumentError(
             f"a split makes at most {MAX_SPLIT_CHILDREN} children, asked for {len(hashes) + 1}"
+        )
+    ascending = all(a < b for a, b in itertools.pairwise(hashes))
+    if not ascending or not rng.start < hashes[0] <= hashes[-1] <= rng.end:
+        raise InconsistentRequestError(
+            f"cannot split segment {segment_id} {rng} at hash {at!r}: each child after "
+            f"the first starts at a hash in [{rng.start + 1:#06x}, {rng.end:#06x}] "
+            f"({rng.start + 1}-{rng.end}), in ascending order, so that every child covers one"
         )
     return [rng.start, *hashes]

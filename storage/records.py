@@ -43,6 +43,10 @@ class TopicRecord(ScalableTopicMetadata):
     # the request id of the create that made this incarnation: the same create sent again
     # (a retry whose answer was lost) is answered with the topic instead of a conflict
     created_by: str | None = Field(default=None, alias="createdBy")
+    # a rebuilt record (``recover_topic``): what the rebuild found (incarnation,
+    # subscriptions, discarded segments, the operation it finished), so the same
+    # rebuild sent again is answered as the first was
+    recovery: dict[str, Any] | None = None
 
     @property
     def layout(self) -> SegmentLayout:

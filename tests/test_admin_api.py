@@ -84,10 +84,16 @@ def test_every_endpoints_path_names_what_its_operation_is_checked_on() -> None:
             assert not fields & {"tenant", "namespace"}, point.operation_id
 
 
-def test_creates_splits_and_merges_take_a_request_id() -> None:
+def test_creates_rebuilds_splits_and_merges_take_a_request_id() -> None:
     """The mutations whose retry would otherwise be refused once the first attempt
-    committed (the topic exists, the segment is no longer active)."""
-    taking = {"create_scalable_topic", "create_subscription", "split_segment", "merge_segments"}
+    committed (the topic or subscription exists, the segment is no longer active)."""
+    taking = {
+        "create_scalable_topic",
+        "create_subscription",
+        "recover_topic",
+        "split_segment",
+        "merge_segments",
+    }
     assert {op.name for op in OPERATIONS.values() if op.request_id} == taking
     for name in taking:
         parameters = inspect.signature(_service_methods()[name]).parameters

@@ -150,7 +150,7 @@ def test_the_console_shows_a_topic_and_a_split_through_it_redraws_the_dag(
     type_into(browser, "split-at", "0x9000")  # outside #9's range: the API's refusal shows
     click(browser, "button[data-split='9']")
     wait_until(browser, lambda: browser.find_element(By.ID, "error").is_displayed(), "an error")
-    assert "invalid" in browser.find_element(By.ID, "error").text.lower()
+    assert "409 inconsistent" in browser.find_element(By.ID, "error").text
     consumer.close()
     admin.delete_scalable_topic(topic)
 

@@ -527,10 +527,15 @@ def test_a_split_at_a_hash_over_rest_and_ray(
         assert [ranges[str(i)] for i in (2, 3, 4, 5)] == [
             (0x8000, 0x89FF), (0x8A00, 0xFFFF), (0x0000, 0x00FF), (0x0100, 0x7FFF),
         ]  # fmt: skip
-        for bad in (0x8A00, 0x8000, 0x10000, -1):
+        # outside segment 3's range: what only the layout rules out (409); not a hash (400)
+        for bad, error in (
+            (0x8A00, InconsistentRequestError),
+            (0x8000, InconsistentRequestError),
+            (0x10000, InvalidArgumentError),
+            (-1, InvalidArgumentError),
+        ):
             _same_error(
-                (admin, client), lambda api, bad=bad: api.split_segment(topic, 3, at=bad),
-                InvalidArgumentError,
+                (admin, client), lambda api, bad=bad: api.split_segment(topic, 3, at=bad), error
             )  # fmt: skip
     status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/3", {"at": "0x9000"})
     assert (status, body["error"]) == (400, "invalid_argument"), body
@@ -546,9 +551,16 @@ def test_a_split_at_a_hash_over_rest_and_ray(
         (0xC500, 0xCFFF), (0xD000, 0xD000), (0xD001, 0xFFFF),
         (0x0000, 0x000F), (0x0010, 0x001F), (0x0020, 0x00FF),
     ]  # fmt: skip
-    for bad in ([0x20, 0x10], [0x30, 0x30], []):
-        status, body = http(gateway, "POST", f"{SCALABLE}/{name}/split/13", {"at": bad})
-        assert (status, body["error"]) == (400, "invalid_argument"), (bad, body)
+    # what the document cannot state (order, the segment's range, at with parts) is a 409
+    refusals = [
+        ({"at": [0x20, 0x10]}, 409, "inconsistent"),
+        ({"at": [0x30, 0x30]}, 409, "inconsistent"),
+        ({"at": 0x30, "parts": 2}, 409, "inconsistent"),
+        ({"at": []}, 400, "invalid_argument"),
+    ]
+    for body, code, error in refusals:
+        status, refused = http(gateway, "POST", f"{SCALABLE}/{name}/split/13", body)
+        assert (status, refused["error"]) == (code, error), (body, refused)
     # and back: a run of neighbours merges in one operation, in any order
     with AdminHttpClient(gateway) as client:
         assert client.merge_segments(topic, 10, 8, 9)["parents"] == (8, 9, 10)
@@ -564,10 +576,14 @@ def test_a_split_at_a_hash_over_rest_and_ray(
     # into equal parts: #14 [c500-ffff] is 0x3b00 wide
     with AdminHttpClient(gateway) as client:
         assert client.split_segment(topic, 14, parts=4)["children"] == (16, 17, 18, 19)
-        for bad in ({"parts": 1}, {"parts": 65}, {"at": 0xD000, "parts": 2}):
+        refusals = (
+            ({"parts": 1}, InvalidArgumentError),
+            ({"parts": 65}, InvalidArgumentError),
+            ({"at": 0xD000, "parts": 2}, InconsistentRequestError),
+        )
+        for bad, error in refusals:
             _same_error(
-                (admin, client), lambda api, bad=bad: api.split_segment(topic, 15, **bad),
-                InvalidArgumentError,
+                (admin, client), lambda api, bad=bad: api.split_segment(topic, 15, **bad), error
             )  # fmt: skip
         assert client.merge_segments(topic, [19, 17, 16, 18])["children"] == (20,)
     assert admin.split_segment(topic, 20, parts=3)["children"] == (21, 22, 23)

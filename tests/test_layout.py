@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from runtime.errors import (
+    InconsistentRequestError,
     InvalidArgumentError,
     InvalidLayoutError,
     SegmentNotActiveError,
@@ -128,8 +129,12 @@ def test_a_split_at_a_hash_starts_the_upper_child_there():
     assert_valid(split)
     assert_valid(narrowest)
     before = layout.to_json()
-    for bad in (0x8000, 0x7FFF, 0x10000, -1, True, 3.5, "0x8a00"):
-        with pytest.raises(InvalidArgumentError, match=r"\[0x8001, 0xffff\]"):
+    # outside the segment's range: what only the layout rules out (409, not 400)
+    for bad in (0x8000, 0x7FFF, 0x10000, -1):
+        with pytest.raises(InconsistentRequestError, match=r"\[0x8001, 0xffff\]"):
+            layout.split_segment(1, at=bad)
+    for bad in (True, 3.5, "0x8a00"):
+        with pytest.raises(InvalidArgumentError, match="a hash or a non-empty list"):
             layout.split_segment(1, at=bad)
     assert layout.to_json() == before
 
@@ -142,8 +147,11 @@ def test_a_split_into_several_gives_a_single_hot_hash_a_segment_of_its_own():
     assert split.all_segments[0].child_ids == (1, 2, 3) and split.next_segment_id == 4
     assert_valid(split)
     assert layout.split_segment(0, [0x8A00]) == layout.split_segment(0, 0x8A00)
-    for bad in ([], [0x8A01, 0x8A00], [0x10, 0x10], [0, 0x10], [0x10, 0x10000], [0x10, "0x20"]):
-        with pytest.raises(InvalidArgumentError, match="ascending order"):
+    for bad in ([0x8A01, 0x8A00], [0x10, 0x10], [0, 0x10], [0x10, 0x10000]):
+        with pytest.raises(InconsistentRequestError, match="ascending order"):
+            layout.split_segment(0, bad)
+    for bad in ([], [0x10, "0x20"]):
+        with pytest.raises(InvalidArgumentError, match="a hash or a non-empty list"):
             layout.split_segment(0, bad)
     with pytest.raises(InvalidArgumentError, match="at most 64 children"):
         layout.split_segment(0, list(range(1, 65)))
@@ -156,13 +164,15 @@ def test_a_split_into_parts_gives_near_equal_children():
     widths = [s.hash_range.width for s in split.active_segments.values() if s.segment_id > 1]
     assert len(widths) == 3 and sum(widths) == 0x8000 and max(widths) - min(widths) <= 1
     assert_valid(split)
-    for parts, text in ((1, "2 to 64"), (65, "2 to 64"), (True, "2 to 64"), (2.0, "2 to 64")):
-        with pytest.raises(InvalidArgumentError, match=text):
+    for parts in (1, True, 2.0):
+        with pytest.raises(InvalidArgumentError, match="2 or more"):
             layout.split_segment(1, parts=parts)
-    with pytest.raises(InvalidArgumentError, match="at or parts, not both"):
+    with pytest.raises(InconsistentRequestError, match="2 to 64"):
+        layout.split_segment(1, parts=65)
+    with pytest.raises(InconsistentRequestError, match="at or parts, not both"):
         layout.split_segment(1, 0x9000, parts=2)
     three_wide = SegmentLayout.initial(1).split_segment(0, [3, 6]).get(2)  # [0003, 0005]
-    with pytest.raises(InvalidArgumentError, match="2 to 3"):
+    with pytest.raises(InconsistentRequestError, match="2 to 3"):
         SegmentLayout.initial(1).split_segment(0, [3, 6]).split_segment(2, parts=4)
     assert three_wide.hash_range.width == 3
 

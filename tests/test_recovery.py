@@ -248,9 +248,15 @@ def test_storage_check_and_recover_over_rest(admin, unique):
             path = f"/admin/v2/scalable/recov/rest/t-{unique}/recover"
             status, body = http(url, "POST", path, {"incarnation": "nope"})
             assert status == 400 and body["error"] == "invalid_argument"
-            assert client.recover_topic(topic)["incarnation"] == incarnation
+            key = {"Idempotency-Key": f"recover-{unique}"}
+            status, done = http(url, "POST", path, headers=key)
+            assert status == 200 and done["incarnation"] == incarnation, done
+            # the same rebuild sent again (its answer lost) is answered as it was
+            assert http(url, "POST", path, headers=key) == (200, done)
             status, body = http(url, "POST", path)
             assert status == 409 and body["error"] == "topic_exists"
+            with pytest.raises(TopicAlreadyExistsError):  # the client's own fresh id
+                client.recover_topic(topic)
     finally:
         stop_gateway(port)
     admin.delete_scalable_topic(topic)

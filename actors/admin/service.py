@@ -367,12 +367,15 @@ class AdminService(StreamOperations, ClusterOperations):
         name: TopicName,
         incarnation: str | None = None,
         *,
+        request_id: str | None = None,
         settings: dict[str, str] | None = None,
         restart_timeout_s: float = DEFAULT_RESTART_TIMEOUT_S,
         credential: str | None = None,
     ) -> dict[str, Any]:
-        """Refused, with nothing changed, while the topic has live metadata, and when
-        storage of several incarnations exists and ``incarnation`` does not say which."""
+        """Refused, with nothing changed, while the topic has live metadata (but for the
+        rebuild of ``request_id`` sent again, which is finished and answered as it was),
+        and when storage of several incarnations exists and ``incarnation`` does not say
+        which."""
         _check_settings(settings)
         if incarnation is not None and not is_incarnation(incarnation):
             raise InvalidArgumentError(
@@ -380,17 +383,21 @@ class AdminService(StreamOperations, ClusterOperations):
                 "20261125T130241Z-3f9a1c2b (raytopics storage check lists them)"
             )
         check_recoverable(name)
-        if self._catalog.topic_exists(name):
+        rid = checked_request_id(request_id)
+        existing = self._catalog.topic(name)
+        if existing is not None and existing.created_by != rid:
             raise TopicAlreadyExistsError(
                 f"topic {name} has live metadata: recover rebuilds only a topic whose "
                 "metadata is lost"
             )
-        root = str(default_storage_root())
-        stored = await call(scan_storage.remote(root, str(name)))
-        chosen = choose_incarnation(stored, name, incarnation)  # refuses before anything starts
+        if existing is None:
+            root = str(default_storage_root())
+            stored = await call(scan_storage.remote(root, str(name)))
+            incarnation = choose_incarnation(stored, name, incarnation).incarnation  # or refuse
         return await self._control(
-            name, restart_timeout_s, "recover", chosen.incarnation, create=True, settings=settings
-        )
+            name, restart_timeout_s, "recover", incarnation, request_id=rid, create=True,
+            settings=settings,
+        )  # fmt: skip
 
     # --- internals ------------------------------------------------------------------------
 

@@ -229,13 +229,18 @@ class ScalableTopicController:
             await self.operations.carry_out(op)
 
     async def recover(
-        self, incarnation: str | None = None, *, credential: str | None = None
+        self,
+        incarnation: str | None = None,
+        *,
+        request_id: str | None = None,
+        credential: str | None = None,
     ) -> dict[str, Any]:
         """Rebuild the lost metadata of this topic from its storage
-        (``actors.control.metadata_rebuild``); refused while the topic has live metadata."""
+        (``actors.control.metadata_rebuild``); refused while the topic has live metadata,
+        but for the rebuild of ``request_id`` sent again, which is finished and answered."""
         self._check(credential)
         async with self._lock:
-            return await self.rebuild.rebuild(incarnation)
+            return await self.rebuild.rebuild(incarnation, checked_request_id(request_id))
 
     def _raise_epoch(self, at_least: int) -> int:
         """Lead at an epoch of at least ``at_least`` (a rebuild's: above every fence)."""

@@ -10,11 +10,15 @@ merge stays pending, and the controller's usual recovery then rolls it forward),
 subscription found in the cursors re-created around them (existing cursors keep their
 positions, missing ones start at the subscription's position).
 
-Refused while the topic has live metadata: it rebuilds, it never overwrites.
+Refused while the topic has live metadata: it rebuilds, it never overwrites. The
+rebuild that wrote the metadata, sent again under its request id (a caller whose answer
+was lost, or a rebuild cut after the record was written), finishes what it left, each
+step safe to repeat, and is answered with the same report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,7 +26,7 @@ from typing import Any
 from actors.capacity import check_capacity
 from actors.control.node_disks import check_recoverable
 from actors.control.topic_parts import TopicParts
-from runtime.errors import TopicAlreadyExistsError
+from runtime.errors import SubscriptionAlreadyExistsError, TopicAlreadyExistsError
 from runtime.policy import TopicPolicy
 from runtime.recovery import RecoveryPlan, plan_recovery
 from storage.records import SubscriptionMetadata, TopicRecord
@@ -51,32 +55,50 @@ class MetadataRebuild:
         self._resume = resume  # the controller's recovery, from the start
         self._write_identity = write_identity
 
-    async def rebuild(self, incarnation: str | None) -> dict[str, Any]:
-        """Rebuild from ``incarnation``'s storage (the only one, or the one named)."""
+    async def rebuild(self, incarnation: str | None, request_id: str) -> dict[str, Any]:
+        """Rebuild from ``incarnation``'s storage (the only one, or the one named). The
+        rebuild of ``request_id`` sent again (its answer lost, or cut half-way) finishes
+        what it left and answers as it did; any other is refused once the topic exists."""
         parts = self._parts
         topic, catalog, fleet = parts.topic, parts.catalog, parts.fleet
         check_recoverable(topic)
-        if catalog.topic_exists(topic):
-            raise TopicAlreadyExistsError(
-                f"{topic} has live metadata: recover rebuilds only a topic whose metadata is lost"
-            )
+        existing = catalog.topic(topic)
+        if existing is not None:
+            if existing.created_by != request_id or existing.recovery is None:
+                raise TopicAlreadyExistsError(
+                    f"{topic} has live metadata: recover rebuilds only a topic whose "
+                    "metadata is lost"
+                )
+            stored = choose_incarnation(fleet.stored(), topic, existing.incarnation)
+            fleet.incarnation = existing.incarnation  # a restarted controller's too
+            self._recreate_subscriptions(self._plan(stored), stored)
+            return await self._finish(existing.recovery, stored)
         stored = choose_incarnation(fleet.stored(), topic, incarnation)
-        identity = stored.identity
-        plan = plan_recovery(
-            stored_states(stored),
-            known_epoch=identity.epoch if identity else 0,
-            known_next_segment_id=identity.next_segment_id if identity else 0,
-            properties=identity.properties if identity else None,
-        )
+        plan = self._plan(stored)
         starting = len(plan.layout.all_segments) - fleet.leftover_segments()
         check_capacity(f"recovering {topic}", topic, starting)
         epoch = self._raise_epoch(plan.controller_epoch)
         fleet.incarnation = stored.incarnation
         await fleet.clear_leftovers()
-        catalog.create_topic(topic, self._record(plan, stored, epoch))
+        done = {
+            "incarnation": stored.incarnation,
+            "subscriptions": list(plan.subscriptions),
+            "discardedSegments": list(plan.discarded),
+            "finishedOperation": plan.pending.kind if plan.pending else None,
+        }
+        catalog.create_topic(topic, self._record(plan, stored, epoch, request_id, done))
         self._recreate_subscriptions(plan, stored)
+        return await self._finish(done, stored)
+
+    async def _finish(self, done: dict[str, Any], stored: StoredIncarnation) -> dict[str, Any]:
+        """The steps after the record is written, each safe to repeat: the discarded
+        segments' storage removed, the controller's recovery (a pending operation rolled
+        forward, the subscriptions given their cursors), the segments' actors registered;
+        returns the rebuild's report."""
+        parts = self._parts
+        topic, fleet = parts.topic, parts.fleet
         for info in stored_states(stored):
-            if info.info.segment_id in plan.discarded:
+            if info.info.segment_id in done["discardedSegments"]:
                 fleet.delete_segment_storage(info.info.name(topic))
         await self._resume()
         layout = parts.read_record().layout
@@ -88,17 +110,33 @@ class MetadataRebuild:
         fleet.announce_layout()
         return {
             "topic": str(topic),
-            "incarnation": stored.incarnation,
+            "incarnation": done["incarnation"],
             "epoch": layout.epoch,
             "segments": len(layout.all_segments),
             "activeSegments": len(layout.active_segments),
-            "subscriptions": list(plan.subscriptions),
-            "discardedSegments": list(plan.discarded),
-            "finishedOperation": plan.pending.kind if plan.pending else None,
+            "subscriptions": list(done["subscriptions"]),
+            "discardedSegments": list(done["discardedSegments"]),
+            "finishedOperation": done["finishedOperation"],
         }
 
     @staticmethod
-    def _record(plan: RecoveryPlan, stored: StoredIncarnation, epoch: int) -> TopicRecord:
+    def _plan(stored: StoredIncarnation) -> RecoveryPlan:
+        identity = stored.identity
+        return plan_recovery(
+            stored_states(stored),
+            known_epoch=identity.epoch if identity else 0,
+            known_next_segment_id=identity.next_segment_id if identity else 0,
+            properties=identity.properties if identity else None,
+        )
+
+    @staticmethod
+    def _record(
+        plan: RecoveryPlan,
+        stored: StoredIncarnation,
+        epoch: int,
+        request_id: str,
+        done: dict[str, Any],
+    ) -> TopicRecord:
         identity = stored.identity
         policy = identity.policy if identity else None
         return TopicRecord.new(
@@ -108,15 +146,18 @@ class MetadataRebuild:
             pending_operation=plan.pending,
             policy=TopicPolicy.parse(policy) if policy else None,
             created_at_ms=identity.created_at_ms if identity else int(time.time() * 1000),
+            created_by=request_id,
+            recovery=done,
         )
 
     def _recreate_subscriptions(self, plan: RecoveryPlan, stored: StoredIncarnation) -> None:
+        """Each subscription found in the cursors, CREATING (the controller's recovery
+        gives it its cursors); one a cut rebuild already re-created is left as it is."""
         settings = stored.identity.subscriptions if stored.identity else {}
         for name in plan.subscriptions:
             kept = settings.get(name) or SubscriptionSettings()
-            self._parts.catalog.create_subscription(
-                self._parts.topic,
-                SubscriptionMetadata(
-                    name=name, position=kept.position, session_grace_s=kept.session_grace_s
-                ),
+            meta = SubscriptionMetadata(
+                name=name, position=kept.position, session_grace_s=kept.session_grace_s
             )
+            with contextlib.suppress(SubscriptionAlreadyExistsError):
+                self._parts.catalog.create_subscription(self._parts.topic, meta)
