@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from clients._loop import with_sync_twins
@@ -146,7 +147,7 @@ class AdminCalls(ABC):
             "reset_subscription", name=topic, subscription=subscription, to=reset_ms(to)
         )
 
-    async def position_at_time_async(self, topic: str, when: ResetTo) -> dict[str, Any]:
+    async def position_at_time_async(self, topic: str, when: datetime | int) -> dict[str, Any]:
         """Where a reader starts to get every message published at or after ``when`` (a
         timezone-aware ``datetime`` or epoch milliseconds) and none before:
         ``{"next": {segment id: offset}, "finished": [segment ids]}``, the first such

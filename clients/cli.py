@@ -1,21 +1,23 @@
 """``raytopics``: administer scalable topics from a shell.
 
-Every command is written once against the admin API and runs either as a Ray
+Every command is written once against the Admin Client API and runs either as a Ray
 driver (``--address``) through ``ScalableTopicsAdmin`` or over REST (``--url``)
 through ``AdminHttpClient``: the two have the same methods and raise the same
-typed errors. Expected failures print a single ``error:`` line and exit 1;
-usage errors exit 2 (argparse); only bugs show a traceback.
+typed errors. The commands here format for people; every API method none of them
+calls is a command generated from its signature (``clients.cli_calls``). Expected
+failures print a single ``error:`` line and exit 1; usage errors exit 2 (argparse);
+only bugs show a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 from clients import cli_commands as run
+from clients.cli_calls import add_generated, json_object
 from clients.cli_commands import Command
 from runtime.errors import ScalableTopicsError
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S
@@ -50,6 +52,8 @@ examples:
   raytopics top public/default                 # live: rates, backlog, segments
   raytopics storage check                      # storage no metadata names (--delete removes it)
   raytopics recover public/default/orders      # rebuild lost metadata from storage
+  raytopics position-at-time public/default/orders 2026-11-26T10:00:00+00:00
+  raytopics terminate-segment segment://public/default/orders/0000-7fff-3 --force
   raytopics auth load tokens.json              # the cluster's authentication policy
   raytopics auth show
   raytopics --url https://127.0.0.1:8443 --ca ca.pem list public/default
@@ -77,16 +81,6 @@ def _url(text: str) -> str:
             + (f" (did you mean http://{text}?)" if not sep else "")
         )
     return text
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
 
 
 def _property(text: str) -> tuple[str, str]:
@@ -326,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command(policy_commands, "show", run.policy_show, "print the policy as JSON", topic=True)
     policy_set = _command(policy_commands, "set", run.policy_set, "replace the policy", topic=True)
     policy_set.add_argument(
-        "policy", type=_json_object, metavar="JSON",
+        "policy", type=json_object, metavar="JSON",
         help='e.g. {"autoscale": {"targetMsgsPerS": 5000}, "retention": {"timeS": 86400}}',
     )  # fmt: skip
     show_default = _command(
@@ -340,9 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     set_default.add_argument("namespace_path", metavar="TENANT/NS")
     set_default.add_argument(
-        "policy", type=_json_object, metavar="JSON",
+        "policy", type=json_object, metavar="JSON",
         help='e.g. {"tiering": {"uri": "s3://bucket/topics", "afterS": 300}}',
     )  # fmt: skip
+    add_generated(commands, _topic)
     return parser
 
 

@@ -23,9 +23,26 @@ from runtime.subscription import ResetTo
 Command = Callable[[Any, argparse.Namespace], str]
 
 
+def calls(*methods: str) -> Callable[[Command], Command]:
+    """Declare the Admin Client API methods a command calls: those get no generated
+    command of their own (``clients.cli_calls``)."""
+
+    def declare(command: Command) -> Command:
+        command.calls = methods  # type: ignore[attr-defined]
+        return command
+
+    return declare
+
+
+def claimed() -> set[str]:
+    """Every Admin Client API method some command of this module calls."""
+    return {m for command in list(globals().values()) for m in getattr(command, "calls", ())}
+
+
 # --- commands (each returns what to print) --------------------------------------------
 
 
+@calls("create_scalable_topic", "wait_until_ready")
 def create_topic(admin: Any, args: argparse.Namespace) -> str:
     meta = admin.create_scalable_topic(args.topic, args.segments, dict(args.property) or None)
     created = f"created {args.topic} with {args.segments} segments\n{format_tree(meta)}"
@@ -37,6 +54,7 @@ def create_topic(admin: Any, args: argparse.Namespace) -> str:
     return f"{created}\n{_readiness(admin.wait_until_ready(args.topic, args.wait))}"
 
 
+@calls("get_status", "wait_until_ready")
 def status(admin: Any, args: argparse.Namespace) -> str:
     if args.wait is None:
         readiness = admin.get_status(args.topic)
@@ -53,11 +71,13 @@ def _readiness(readiness: dict[str, Any]) -> str:
     return f"starting: {running}; not yet: {waiting}"
 
 
+@calls("list_scalable_topics")
 def list_topics(admin: Any, args: argparse.Namespace) -> str:
     topics = admin.list_scalable_topics(args.namespace_path)
     return "\n".join(topics) if topics else f"no topics in {args.namespace_path}"
 
 
+@calls("get_metadata")
 def describe(admin: Any, args: argparse.Namespace) -> str:
     meta = admin.get_metadata(args.topic)
     if args.json:
@@ -68,6 +88,7 @@ def describe(admin: Any, args: argparse.Namespace) -> str:
     )
 
 
+@calls("split_segment")
 def split(admin: Any, args: argparse.Namespace) -> str:
     op = admin.split_segment(args.topic, args.segment_id, at=args.at, parts=args.parts)
     *rest, last = [f"#{c}" for c in op["children"]]
@@ -80,6 +101,7 @@ def key_hashes(args: argparse.Namespace) -> str:
     return "\n".join(f"{(h := key_hash(key)):#06x}\t{h}\t{key}" for key in args.keys)
 
 
+@calls("merge_segments")
 def merge(admin: Any, args: argparse.Namespace) -> str:
     ids = (args.segment_id1, args.segment_id2, *args.more_segment_ids)
     op = admin.merge_segments(args.topic, *ids)
@@ -90,21 +112,25 @@ def merge(admin: Any, args: argparse.Namespace) -> str:
     )
 
 
+@calls("get_stats")
 def stats(admin: Any, args: argparse.Namespace) -> str:
     stats = admin.get_stats(args.topic)
     return json.dumps(stats, indent=2) if args.json else format_stats(stats)
 
 
+@calls("delete_scalable_topic")
 def delete_topic(admin: Any, args: argparse.Namespace) -> str:
     admin.delete_scalable_topic(args.topic)
     return f"deleted {args.topic}"
 
 
+@calls("create_subscription")
 def subscription_create(admin: Any, args: argparse.Namespace) -> str:
     admin.create_subscription(args.topic, args.subscription, args.position, args.session_grace_s)
     return f"created subscription {args.subscription} on {args.topic} at {args.position}"
 
 
+@calls("delete_subscription")
 def subscription_delete(admin: Any, args: argparse.Namespace) -> str:
     admin.delete_subscription(args.topic, args.subscription)
     return f"deleted subscription {args.subscription} of {args.topic}"
@@ -125,6 +151,7 @@ def reset_to(value: str) -> ResetTo:
         ) from None
 
 
+@calls("reset_subscription")
 def subscription_reset(admin: Any, args: argparse.Namespace) -> str:
     done = admin.reset_subscription(args.topic, args.subscription, args.to)
     finished = len(done["finishedSegments"])
@@ -137,15 +164,18 @@ def subscription_reset(admin: Any, args: argparse.Namespace) -> str:
     )
 
 
+@calls("clear_backlog")
 def subscription_clear(admin: Any, args: argparse.Namespace) -> str:
     admin.clear_backlog(args.topic, args.subscription)
     return f"cleared the backlog of subscription {args.subscription} of {args.topic}"
 
 
+@calls("list_subscriptions")
 def subscription_list(admin: Any, args: argparse.Namespace) -> str:
     return "\n".join(admin.list_subscriptions(args.topic))
 
 
+@calls("set_namespace_limits", "get_namespace_limits")
 def limits(admin: Any, args: argparse.Namespace) -> str:
     """Show a namespace's limits; with ``--set`` override some first (validated whole)."""
     if args.set:
@@ -156,29 +186,35 @@ def limits(admin: Any, args: argparse.Namespace) -> str:
     return "\n".join(f"{name:<{width}}  {value}" for name, value in limits.items())
 
 
+@calls("get_policy")
 def policy_show(admin: Any, args: argparse.Namespace) -> str:
     return json.dumps(admin.get_policy(args.topic), indent=2)
 
 
+@calls("set_policy")
 def policy_set(admin: Any, args: argparse.Namespace) -> str:
     stored = admin.set_policy(args.topic, args.policy)
     return f"policy of {args.topic} is now\n{json.dumps(stored, indent=2)}"
 
 
+@calls("get_namespace_policy")
 def policy_show_default(admin: Any, args: argparse.Namespace) -> str:
     return json.dumps(admin.get_namespace_policy(args.namespace_path), indent=2)
 
 
+@calls("set_namespace_policy")
 def policy_set_default(admin: Any, args: argparse.Namespace) -> str:
     stored = admin.set_namespace_policy(args.namespace_path, args.policy)
     return f"default policy of {args.namespace_path} is now\n{json.dumps(stored, indent=2)}"
 
 
+@calls("check_storage")
 def storage_check(admin: Any, args: argparse.Namespace) -> str:
     report = admin.check_storage(delete=args.delete)
     return json.dumps(report, indent=2) if args.json else format_storage(report)
 
 
+@calls("recover_topic")
 def recover(admin: Any, args: argparse.Namespace) -> str:
     done = admin.recover_topic(args.topic, args.incarnation)
     if args.json:
@@ -196,16 +232,19 @@ def recover(admin: Any, args: argparse.Namespace) -> str:
     )
 
 
+@calls("load_auth")
 def auth_load(admin: Any, args: argparse.Namespace) -> str:
     status = admin.load_auth(_read_json(args.file))
     return f"loaded {args.file}\n{format_auth(status)}"
 
 
+@calls("auth_status")
 def auth_show(admin: Any, args: argparse.Namespace) -> str:
     status = admin.auth_status()
     return json.dumps(status, indent=2) if args.json else format_auth(status)
 
 
+@calls("disable_auth")
 def auth_disable(admin: Any, args: argparse.Namespace) -> str:
     admin.disable_auth()
     return "authentication is off: anyone who reaches the cluster may do anything"

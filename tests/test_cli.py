@@ -142,6 +142,12 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     quarters = raytopics(cli_env, "split", topic, "8", "--parts", "4")
     assert "into #9, #10, #11 and #12 (epoch 5)" in quarters
     assert "#12 [e000-ffff] ACTIVE created@5" in raytopics(cli_env, "describe", topic)
+    # commands generated from the Admin Client API (clients/cli_calls.py)
+    position = json.loads(raytopics(cli_env, "position-at-time", topic, "4102444800000"))
+    assert position == {"next": {str(i): 0 for i in range(13)}, "finished": []}  # all empty
+    assert raytopics(cli_env, "terminate-segment", f"segment://{topic}/0000-7fff-0").strip() == "0"
+    active = raytopics(cli_env, "delete-segment", f"segment://{topic}/e000-ffff-12", code=1)
+    assert_one_error_line(active, "ACTIVE")
     raytopics(cli_env, "subscriptions", "delete", topic, "billing")
     assert raytopics(cli_env, "list", "cli/ns").split() == [f"topic://{topic}"]
     assert raytopics(cli_env, "delete", topic).strip() == f"deleted topic://{topic}"
@@ -179,6 +185,9 @@ def test_serve_and_url_mode(cli_env: dict[str, str]) -> None:
         )
         missing = raytopics(cli_env, "--url", url, "describe", "cli-url/ns/missing", code=1)
         assert_one_error_line(missing, "does not exist")
+        generated = ("position-at-time", "cli-url/ns/missing", "1764000000000")
+        generated_missing = raytopics(cli_env, "--url", url, *generated, code=1)
+        assert_one_error_line(generated_missing, "does not exist")
         # A second `serve` on the same port refuses, naming the running gateway, and
         # stops nothing: the first one still answers.
         second = raytopics(cli_env, "serve", "--port", str(port), code=1).strip().splitlines()
