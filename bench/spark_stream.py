@@ -1,5 +1,6 @@
-"""Spark streaming read throughput: an ``AvailableNow`` query of the raytopics source
-against ``read_topic`` and ``spark.read.parquet`` of the same rows, in one run.
+"""Spark streaming throughput, read and write: an ``AvailableNow`` query of the raytopics
+source against ``read_topic`` and ``spark.read.parquet`` of the same rows, and the
+raytopics streaming sink against ``write_topic`` and ``df.write.parquet``, in one run.
 
 Produces N 100-byte records (default 2,000,000) under 100,000 keys into a topic
 of 8 segments (as ``spark_read.py``), writes the rows to Parquet, then times,
@@ -8,6 +9,14 @@ alternating and after one untimed pass of each: a streaming query
 each run) into Spark's ``noop`` sink, a ``read_topic`` snapshot and a Parquet
 scan, each materializing every column. The streaming source reads segments over
 their data planes in the JVM; ``read_topic`` goes through Python workers.
+
+Then the writes, alternating the same way, each taking the key and value columns of
+that Parquet copy: a streaming query reading the files (``readStream.parquet``,
+``Trigger.AvailableNow``) into the raytopics sink of a fresh topic of as many
+segments (the JVM's tasks append over the data plane after the cluster records each
+chunk), ``write_topic`` of the same files into a fresh topic (Python tasks, the
+same protocol), and ``df.write.parquet`` of them. Each topic write is checked whole
+(the topic's record count) before the topic is deleted, outside the timing.
 
     .venv/bin/python bench/spark_stream.py [--records 2000000] [--runs 3]
 
@@ -59,6 +68,7 @@ def main() -> None:
         parquet = str(scratch / "parquet")
         read_topic(spark, topic).write.mode("overwrite").parquet(parquet)
         runs = measure(spark, topic, parquet, scratch, args.records, args.runs)
+        runs |= measure_writes(spark, admin, parquet, scratch, args)
         report = summarize(args, runs)
     finally:
         stop_spark()
@@ -113,6 +123,58 @@ def measure(
     return results
 
 
+def measure_writes(
+    spark: Any, admin: Any, parquet: str, scratch: Path, args: argparse.Namespace
+) -> dict[str, list]:
+    from clients.spark import write_topic
+
+    schema = spark.read.parquet(parquet).select("key", "value").schema
+
+    def fresh_topic(kind: str, run: int) -> str:
+        topic = f"topic://bench/spark/{kind}-{run}-{int(time.time())}"
+        admin.create_scalable_topic(topic, args.segments)
+        admin.wait_until_ready(topic)
+        return topic
+
+    def sink(topic: str, run: int) -> None:
+        query = (
+            spark.readStream.schema(schema).parquet(parquet)
+            .writeStream.format("raytopics").option("topic", topic)
+            .option("checkpointLocation", str(scratch / f"sink-checkpoint-{run}"))
+            .trigger(availableNow=True)
+            .start()
+        )  # fmt: skip
+        query.awaitTermination()
+        assert query.exception() is None, query.exception()
+
+    def batch(topic: str, run: int) -> None:
+        write_topic(spark.read.parquet(parquet).select("key", "value"), topic)
+
+    def files(_topic: None, run: int) -> None:
+        out = str(scratch / f"parquet-out-{run}")
+        spark.read.parquet(parquet).select("key", "value").write.parquet(out)
+        shutil.rmtree(out, ignore_errors=True)
+
+    writes = {"stream_sink": sink, "write_topic": batch, "parquet_write": files}
+    results: dict[str, list] = {name: [] for name in writes}
+    for run in range(args.runs + 1):
+        for name, write in writes.items():
+            topic = None if name == "parquet_write" else fresh_topic(name.replace("_", "-"), run)
+            started = time.perf_counter()
+            write(topic, run)
+            seconds = time.perf_counter() - started
+            if topic is not None:
+                stored = admin.get_stats(topic)["records"]
+                assert stored == args.records, f"{name} stored {stored} of {args.records} rows"
+                admin.delete_scalable_topic(topic)
+            label = "warm-up" if run == 0 else f"run {run}"
+            rate = args.records / seconds
+            print(f"{name} {label}: {rate:,.0f} rows/s ({seconds:.2f}s)", flush=True)
+            if run:
+                results[name].append({"seconds": round(seconds, 3), "rows_per_s": round(rate)})
+    return results
+
+
 def summarize(args: argparse.Namespace, runs: dict) -> dict[str, Any]:
     rates = {name: [r["rows_per_s"] for r in rows] for name, rows in runs.items()}
     median = {name: statistics.median(values) for name, values in rates.items()}
@@ -126,6 +188,8 @@ def summarize(args: argparse.Namespace, runs: dict) -> dict[str, Any]:
         "median_rows_per_s": {k: round(v) for k, v in median.items()},
         "stream_to_read_topic": round(median["stream_available_now"] / median["read_topic"], 3),
         "stream_to_parquet": round(median["stream_available_now"] / median["parquet"], 3),
+        "sink_to_write_topic": round(median["stream_sink"] / median["write_topic"], 3),
+        "sink_to_parquet_write": round(median["stream_sink"] / median["parquet_write"], 3),
         "goal_stream_to_read_topic": 1.0,
     }
 

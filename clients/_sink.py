@@ -21,7 +21,15 @@ from actors.segment.calls import SegmentCalls
 from clients._data_plane import SegmentChannel
 from runtime.batch import make_batch, serialize_batch
 from runtime.sink_parts import SinkPart
-from runtime.sink_writes import Opened, Recorded, producer_id, routing_hashes, write_chunk
+from runtime.sink_writes import (
+    Opened,
+    Recorded,
+    producer_id,
+    recorded_document,
+    recorded_of,
+    routing_hashes,
+    write_chunk,
+)
 
 
 class ClusterLedger:
@@ -41,13 +49,17 @@ class ClusterLedger:
         self._key = (topic, query, partition, chunk)
 
     async def open(self, batch: int, hashes: np.ndarray) -> Opened:
-        return await self._call("sink_open", batch, hashes)
+        opened = await self._call("sink_open", batch, hashes)
+        found = opened["recorded"]
+        return Opened(None if found is None else recorded_of(found), opened["resumed"])
 
     async def reroute(self, recorded: Recorded, part: SinkPart, hashes: np.ndarray) -> Recorded:
-        return await self._call("sink_reroute", recorded, part, hashes)
+        document = recorded_document(recorded)
+        moved = await self._call("sink_reroute", document, part.model_dump(mode="json"), hashes)
+        return recorded_of(moved)
 
     async def finish(self, recorded: Recorded) -> None:
-        await self._call("sink_finish", recorded)
+        await self._call("sink_finish", recorded_document(recorded))
 
     async def _call(self, operation: str, *args: Any) -> Any:
         return await self._service.call(operation, *self._key, *args, credential=self._credential)

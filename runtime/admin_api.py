@@ -73,6 +73,9 @@ from runtime.rest import (
     STREAM_INITIAL_PATH,
     STREAM_LATEST_PATH,
     STREAM_RANGES_PATH,
+    STREAM_SINK_FINISH_PATH,
+    STREAM_SINK_OPEN_PATH,
+    STREAM_SINK_REROUTE_PATH,
     STREAM_WRITE_PATH,
     SUBSCRIPTION_PATH,
     SUBSCRIPTIONS_PATH,
@@ -272,6 +275,22 @@ _ENDPOINTS = (
              "Store one chunk of a streaming sink's micro-batch partition, once however often "
              "it is replayed (idempotent per queryId, batchId, partitionId, chunk)",
              "stream_write"),
+    Endpoint("openStreamSinkChunk", "POST", STREAM_SINK_OPEN_PATH,
+             "Start storing one chunk of a streaming sink's micro-batch partition over the "
+             "segments' data planes: where each of its records goes (parts by hash range, each "
+             "one append under the chunk's producer id and a sequence), or null when the chunk "
+             "was stored before (a replay)", "sink_open",
+             body={"queryId": "query", "batchId": "batch", "partitionId": "partition",
+                   "chunk": "chunk", "hashes": "hashes"}),
+    Endpoint("rerouteStreamSinkPart", "POST", STREAM_SINK_REROUTE_PATH,
+             "Give a part that its sealed segment refused to the segments owning its range now",
+             "sink_reroute",
+             body={"queryId": "query", "partitionId": "partition", "chunk": "chunk",
+                   "recorded": "recorded", "part": "part", "hashes": "hashes"}),
+    Endpoint("finishStreamSinkChunk", "POST", STREAM_SINK_FINISH_PATH,
+             "Mark a chunk stored whole: a replay of it stores nothing", "sink_finish",
+             body={"queryId": "query", "partitionId": "partition", "chunk": "chunk",
+                   "recorded": "recorded"}),
     Endpoint("getSegmentEndpoint", "GET", STREAM_ENDPOINT_PATH,
              "Where a segment's data plane listens now (a reader reconnecting)",
              "stream_endpoint"),

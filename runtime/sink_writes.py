@@ -28,12 +28,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+from pydantic import ValidationError
 
-from runtime.errors import AlreadyExistsError, BadVersion, SegmentTerminated
+from runtime.errors import AlreadyExistsError, BadVersion, InvalidArgumentError, SegmentTerminated
 from runtime.hashing import HASH_MASK, key_hashes, murmur3_32
 from runtime.sink_parts import SinkPart, SinkWrite, in_append_order
 
@@ -85,6 +86,42 @@ class Segments(Protocol):
     ) -> None:
         """Append ``batch`` under ``producer_id`` and ``sequence``; ``SegmentTerminated``
         when the segment is sealed."""
+
+
+# A chunk's record travels between the cluster and a writer as a document (the writer
+# may be a JVM, over REST), sent back by the writer as it came.
+
+
+def recorded_document(recorded: Recorded) -> dict[str, Any]:
+    return {
+        "write": recorded.write.model_dump(mode="json"),
+        "version": recorded.version,
+        "segments": {str(segment): name for segment, name in recorded.segments.items()},
+    }
+
+
+def recorded_of(document: Mapping[str, Any]) -> Recorded:
+    """A record a writer sent back; the store's compare-and-swap on its version decides
+    whether it is still the chunk's record."""
+    try:
+        write = SinkWrite.model_validate(document["write"])
+        version = document["version"]
+        if not isinstance(version, str):
+            raise TypeError("version must be a string")
+        int(version.rpartition(":")[2])  # the store's token: "generation:sequence"
+        names = {int(s): str(name) for s, name in dict(document.get("segments", {})).items()}
+    except (KeyError, TypeError, ValueError, ValidationError) as err:
+        message = " ".join(str(err).split())
+        raise InvalidArgumentError(f"recorded is not a chunk record: {message}") from None
+    return Recorded(write=write, version=version, segments=names)
+
+
+def part_of(document: Mapping[str, Any]) -> SinkPart:
+    try:
+        return SinkPart.model_validate(document)
+    except ValidationError as err:
+        message = " ".join(str(err).split())
+        raise InvalidArgumentError(f"part is not a chunk's part: {message}") from None
 
 
 def producer_id(query: str, partition: int, chunk: int) -> str:

@@ -154,6 +154,73 @@ def test_a_streaming_read_through_two_splits_and_a_merge_gets_everything_once_in
     check_key_order(sink.rows)
 
 
+def _sink_query(spark, source: str, sink: str, checkpoint: Path, trigger: dict[str, Any]) -> Any:
+    """Copies ``source`` into ``sink`` through the raytopics sink, keys kept."""
+    return (
+        spark.readStream.format("raytopics").option("topic", source)
+        .option("startingOffsets", "earliest").load()
+        .select("key", "value")
+        .writeStream.format("raytopics").option("topic", sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**trigger)
+        .start()
+    )  # fmt: skip
+
+
+def _sink_rows(spark, admin: ScalableTopicsAdmin, sink: str) -> list[tuple[str, str]]:
+    """The sink's records as (key, value), each key's in the order the topic holds them: a
+    key's segments form a chain of ancestors, so by creation epoch, then offset."""
+    from clients.spark import read_topic
+
+    created = {i: s.created_at_epoch for i, s in admin.get_layout(sink).all_segments.items()}
+    rows = read_topic(spark, sink).select("key", "value", "segment_id", "offset").collect()
+    ordered = sorted(rows, key=lambda r: (created[r.segment_id], r.segment_id, r.offset))
+    return [(r.key, bytes(r.value).decode()) for r in ordered]
+
+
+def test_the_sink_stores_each_record_once_in_key_order_through_splits_a_merge_and_a_restart(
+    spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
+) -> None:
+    """The sink appends over the segments' data planes, each task's chunks recorded by
+    the cluster first: the sink topic splits and merges under the running query, which
+    is then stopped (a batch may be cut half-stored) and run again to the end."""
+    source = f"topic://{TENANT}/{NAMESPACE}/sink-in-{unique}"
+    sink = f"topic://{TENANT}/{NAMESPACE}/sink-out-{unique}"
+    admin.create_scalable_topic(source, 2)
+    admin.create_scalable_topic(sink, 2)
+    sent = Sent(source)
+    sent.produce(2_000)
+    checkpoint = tmp_path / "cp"
+    query = _sink_query(spark, source, sink, checkpoint, EVERY_HALF_SECOND)
+    try:
+        time.sleep(3)
+        admin.split_segment(sink, 0)
+        sent.produce(2_000)
+        time.sleep(2)
+        active = sorted(
+            admin.get_layout(sink).active_segments.values(), key=lambda s: s.hash_range.start
+        )
+        admin.merge_segments(sink, active[0].segment_id, active[1].segment_id)
+        sent.produce(1_000)
+        time.sleep(1)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    sent.produce(500)
+    admin.split_segment(sink, 1)
+    query = _sink_query(spark, source, sink, checkpoint, {"availableNow": True})
+    assert query.awaitTermination(180), "the query did not stop by itself"
+    assert query.exception() is None
+    rows = _sink_rows(spark, admin, sink)
+    assert Counter(v for _, v in rows) == Counter(sent.values), "each record once"
+    last: dict[str, int] = {}
+    for key, value in rows:
+        assert value.startswith(f"{key}:"), (key, value)
+        sequence = int(value.split(":")[1])
+        assert last.get(key, -1) == sequence - 1, (key, sequence, last.get(key))
+        last[key] = sequence
+
+
 def test_a_query_restarted_from_its_checkpoint_reads_exactly_what_came_after(
     spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
 ) -> None:

@@ -19,8 +19,10 @@ from test_gateway import http
 
 from actors.gateway.server import start_gateway, stop_gateway
 from clients import Producer, ScalableTopicsAdmin
-from runtime.batch import make_batch
-from runtime.hashing import key_hash
+from runtime import wire
+from runtime.batch import make_batch, serialize_batch
+from runtime.errors import SegmentTerminated
+from runtime.hashing import HASH_MASK, key_hash, murmur3_32
 from runtime.names import TopicName
 from runtime.sink_parts import SinkPart, SinkWrite, with_sequences
 from storage.catalog import Catalog
@@ -277,6 +279,143 @@ def test_a_sink_write_is_stored_once_when_its_segments_merge_between_a_crash_and
     values = stored_values(topic, admin)
     expected = [f"m0-{i}" for i in range(60)] + [f"m1-{i}" for i in range(60)]
     assert sorted(values) == sorted(expected)
+    admin.delete_scalable_topic(topic)
+
+
+class DataPlaneWriter:
+    """What a writer outside Ray (the Java sink) does with the ``stream/sink`` calls: the
+    cluster records each chunk, the writer appends its parts over the segments' data
+    planes (plain sockets, at the endpoints the gateway names) and finishes it."""
+
+    def __init__(self, gateway: str, base: str, query: str) -> None:
+        self.gateway, self.base, self.query = gateway, base, query
+
+    def key(self, chunk_no: int = 0) -> dict[str, Any]:
+        return {"queryId": self.query, "partitionId": 3, "chunk": chunk_no}
+
+    def call(self, step: str, body: dict[str, Any], expect: int = 200) -> dict[str, Any]:
+        status, answer = http(self.gateway, "POST", f"{self.base}/stream/sink/{step}", body)
+        assert status == expect, answer
+        return answer
+
+    def open(self, batch: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+        hashes = [_routing_hash(r, i) for i, r in enumerate(records)]
+        return self.call("open", self.key() | {"batchId": batch, "hashes": hashes})
+
+    def append(
+        self, opened: dict[str, Any], part: dict[str, Any], records: list[dict[str, Any]]
+    ) -> None:
+        """Appends ``part``'s records; raises the segment's error (``SegmentTerminated``)."""
+        span = part["hash_range"]
+        mine = [
+            r for i, r in enumerate(records) if span["start"] <= _routing_hash(r, i) <= span["end"]
+        ]
+        batch = make_batch(
+            [base64.b64decode(r["value"]) for r in mine],
+            [r.get("key") for r in mine],
+            [r.get("properties") for r in mine],
+        )
+        status, where = http(self.gateway, "GET", f"{self.base}/stream/endpoint/{part['segment']}")
+        assert status == 200, where
+        with socket.create_connection((where["host"], where["port"]), timeout=30) as sock:
+            sock.sendall(
+                wire.encode_hello(None, 1)
+                + wire.encode_append(opened["producerId"], part["sequence"], serialize_batch(batch))
+            )
+            reader = sock.makefile("rb")
+            assert wire.decode_welcome(_frame(reader)) & 1
+            wire.decode_response(_frame(reader))
+
+    def write(self, batch: int, records: list[dict[str, Any]]) -> int:
+        """The whole protocol; the rows it appended (0: the chunk was stored before)."""
+        opened = self.open(batch, records)
+        if opened["recorded"] is None:
+            return 0
+        recorded, lasts, stored = opened["recorded"], opened["lastSequences"], 0
+        pending = sorted(recorded["write"]["parts"], key=lambda p: (p["segment"], p["sequence"]))
+        while pending:
+            part = pending.pop(0)
+            if opened["resumed"] and lasts.get(str(part["segment"]), -1) >= part["sequence"]:
+                continue
+            try:
+                self.append(opened, part, records)
+                stored += _count(part, records)
+            except SegmentTerminated:
+                held = recorded["write"]["parts"]
+                body = self.key() | {"recorded": recorded, "part": part}
+                recorded = self.call("reroute", body | {"hashes": opened_hashes(records)})
+                pending += [p for p in recorded["write"]["parts"] if p not in held]
+                pending.sort(key=lambda p: (p["segment"], p["sequence"]))
+        assert self.call("finish", self.key() | {"recorded": recorded}) == {"finished": True}
+        return stored
+
+
+def _routing_hash(record: dict[str, Any], index: int) -> int:
+    if record.get("key") is not None:
+        return key_hash(record["key"])
+    return murmur3_32(f"3:0:{index}".encode()) & HASH_MASK
+
+
+def opened_hashes(records: list[dict[str, Any]]) -> list[int]:
+    return [_routing_hash(r, i) for i, r in enumerate(records)]
+
+
+def _rows_of(part: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    span = part["hash_range"]
+    hashes = opened_hashes(records)
+    return [r for r, h in zip(records, hashes, strict=True) if span["start"] <= h <= span["end"]]
+
+
+def _count(part: dict[str, Any], records: list[dict[str, Any]]) -> int:
+    return len(_rows_of(part, records))
+
+
+def _frame(reader: Any) -> bytes:
+    (length,) = wire.LENGTH.unpack(reader.read(wire.LENGTH.size))
+    return reader.read(length)
+
+
+def test_a_writer_outside_ray_stores_a_chunk_once_over_the_data_plane(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """The Java sink's protocol on real segments: a chunk recorded, one part appended,
+    the writer gone; its other segment split; the replay is told which part is stored,
+    reroutes the other to the split's children, finishes; a third attempt stores nothing."""
+    topic = f"topic://{TENANT}/{NAMESPACE}/plane-{unique}"
+    base = f"/admin/v2/scalable/{TENANT}/{NAMESPACE}/plane-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    writer = DataPlaneWriter(gateway, base, f"q-{unique}")
+    records = chunk("d0", 50, 10)
+
+    opened = writer.open(0, records)
+    assert opened["resumed"] is False and opened["lastSequences"] == {}
+    assert opened["producerId"] == f"sink:q-{unique}:3:0"
+    first, second = sorted(opened["recorded"]["write"]["parts"], key=lambda p: p["segment"])
+    writer.append(opened, first, records)  # ...and the writer dies
+    admin.split_segment(topic, second["segment"])
+    admin.wait_until_ready(topic, 60)
+
+    again = writer.open(0, records)
+    assert again["resumed"] is True and again["recorded"] == opened["recorded"]
+    assert again["lastSequences"] == {str(first["segment"]): first["sequence"],
+                                      str(second["segment"]): -1}  # fmt: skip
+    assert writer.write(0, records) == 60 - _count(first, records)
+    assert writer.open(0, records)["recorded"] is None  # stored whole: a replay
+    assert writer.write(1, chunk("d1", 20)) == 20
+    assert writer.write(0, records) == 0  # older than the last batch
+    values = stored_values(topic, admin)
+    expected = [f"d0-{i}" for i in range(50)] + [f"d0-n{i}" for i in range(10)]
+    assert sorted(values) == sorted(expected + [f"d1-{i}" for i in range(20)])
+
+    # refused whole, with nothing changed: a forged record, hashes outside the space,
+    # a finish on a record moved on since
+    garbage = writer.key() | {"recorded": {"write": {"parts": "x"}, "version": "v"}}
+    assert writer.call("finish", garbage, expect=400)["error"] == "invalid_argument"
+    wide = writer.key() | {"batchId": 5, "hashes": [70_000]}
+    assert writer.call("open", wide, expect=400)["error"] == "invalid_argument"
+    stale = writer.key() | {"recorded": opened["recorded"]}
+    assert writer.call("finish", stale, expect=409)["error"] == "bad_version"
+    assert writer.write(1, chunk("d1", 20)) == 0
     admin.delete_scalable_topic(topic)
 
 

@@ -18,13 +18,12 @@ from typing import Any
 from actors.admin.permits import admin_operation
 from actors.admin.snapshot_reads import plan_snapshot
 from actors.admin.stream_reads import stream_endpoint, stream_initial, stream_latest, stream_ranges
-from actors.admin.stream_writes import CatalogLedger, hashes_of, stream_write
+from actors.admin.stream_writes import CatalogLedger, hashes_of, opened_document, stream_write
 from actors.guard import Guard
 from actors.segment.calls import SegmentCalls
 from runtime.admin_api import Ordinal, Seconds, SegmentId
 from runtime.names import TopicName, validate_part
-from runtime.sink_parts import SinkPart
-from runtime.sink_writes import Opened, Recorded
+from runtime.sink_writes import part_of, recorded_document, recorded_of
 from storage.catalog import Catalog
 
 
@@ -110,8 +109,10 @@ class StreamOperations:
             self._catalog, name, start, end, subscription, unavailable_timeout_s, allow_partial
         )
 
-    # --- a Spark task's idempotent write: the cluster keeps the record of each chunk, the
-    # task appends the chunk's parts to their segments itself (runtime.sink_writes)
+    # --- a writer's idempotent write (a Spark task: the batch sink's in Python, the
+    # streaming sink's in the JVM over REST): the cluster keeps the record of each chunk,
+    # handed to the writer as a document it sends back; the writer appends the chunk's
+    # parts to their segments itself (runtime.sink_writes, actors.admin.stream_writes)
 
     @admin_operation
     async def sink_open(
@@ -124,8 +125,9 @@ class StreamOperations:
         hashes: Any,
         *,
         credential: str | None = None,
-    ) -> Opened:
-        return await self._ledger(name, query, partition, chunk).open(batch, hashes_of(hashes))
+    ) -> dict[str, Any]:
+        ledger = self._ledger(name, query, partition, chunk)
+        return await opened_document(ledger, await ledger.open(batch, hashes_of(hashes)))
 
     @admin_operation
     async def sink_reroute(
@@ -134,14 +136,15 @@ class StreamOperations:
         query: str,
         partition: Ordinal,
         chunk: Ordinal,
-        recorded: Recorded,
-        part: SinkPart,
+        recorded: dict[str, Any],
+        part: dict[str, Any],
         hashes: Any,
         *,
         credential: str | None = None,
-    ) -> Recorded:
+    ) -> dict[str, Any]:
         ledger = self._ledger(name, query, partition, chunk)
-        return await ledger.reroute(recorded, part, hashes_of(hashes))
+        moved = await ledger.reroute(recorded_of(recorded), part_of(part), hashes_of(hashes))
+        return recorded_document(moved)
 
     @admin_operation
     async def sink_finish(
@@ -150,11 +153,12 @@ class StreamOperations:
         query: str,
         partition: Ordinal,
         chunk: Ordinal,
-        recorded: Recorded,
+        recorded: dict[str, Any],
         *,
         credential: str | None = None,
-    ) -> None:
-        await self._ledger(name, query, partition, chunk).finish(recorded)
+    ) -> dict[str, Any]:
+        await self._ledger(name, query, partition, chunk).finish(recorded_of(recorded))
+        return {"finished": True}
 
     @admin_operation
     async def forget_write(

@@ -7,7 +7,9 @@ its sequences from what the segments hold of the chunk's producer. The admin ser
 uses it directly to store a streaming sink's chunk that came over REST
 (``stream_write``), and on behalf of a Spark task that appends its parts itself
 (the ``sink_*`` operations of ``actors.admin.stream_service``), so a batch write's rows
-go from the task to their segments without passing through this service.
+go from the task to their segments without passing through this service. The JVM's
+streaming sink does the same over REST. Either writer gets the record as a document
+(``opened_document``) that it sends back as is (``runtime.sink_writes.recorded_of``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from runtime.sink_writes import (
     Recorded,
     Segments,
     producer_id,
+    recorded_document,
     routing_hashes,
     write_chunk,
 )
@@ -157,6 +160,29 @@ def _version(token: str) -> Version:
     """The store's CAS token back from the string a writer holds (its ``str``)."""
     generation, _, seq = token.rpartition(":")
     return Version(generation, int(seq))
+
+
+async def opened_document(ledger: CatalogLedger, opened: Opened) -> dict[str, Any]:
+    """A chunk's record for a writer outside Ray: the record to carry out (``None``: the
+    chunk was stored before), the producer id its appends go under, and, when an earlier
+    attempt recorded it, the last sequence each of its segments holds of that producer:
+    a part at or below it was stored, and must not be rerouted if its segment is sealed
+    since (``runtime.sink_writes._append`` asks the same of the segments)."""
+    recorded = opened.recorded
+    lasts: dict[str, int] = {}
+    if recorded is not None and opened.resumed:
+        segments = sorted({part.segment for part in recorded.write.parts})
+        found = await asyncio.gather(
+            *(ledger.segments.last_sequence(recorded.segments[s], ledger.producer_id)
+              for s in segments)
+        )  # fmt: skip
+        lasts = {str(s): last for s, last in zip(segments, found, strict=True)}
+    return {
+        "recorded": None if recorded is None else recorded_document(recorded),
+        "resumed": opened.resumed,
+        "producerId": ledger.producer_id,
+        "lastSequences": lasts,
+    }
 
 
 def hashes_of(hashes: Any) -> np.ndarray:

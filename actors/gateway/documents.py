@@ -338,6 +338,39 @@ class StreamWriteBody(Body):
     records: list[SinkRecord]
 
 
+_HASH = json_int(ge=0, le=MAX_HASH)
+MAX_SINK_CHUNK_ROWS = 100_000  # a chunk is one append per segment: a batch's default cap
+
+
+class _SinkChunkKey(Body):
+    query_id: str = Field(alias="queryId", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    partition_id: json_int(ge=0, le=(1 << 31) - 1) = Field(alias="partitionId")
+    chunk: json_int(ge=0, le=(1 << 31) - 1) = Field(
+        description="the chunk's place in the partition's rows"
+    )
+
+
+class StreamSinkOpenBody(_SinkChunkKey):
+    """A chunk a streaming sink's task stores over the data plane, by its records' hashes."""
+
+    batch_id: json_int(ge=0, le=_INT64) = Field(alias="batchId")
+    hashes: list[_HASH] = Field(
+        description="each record's routing hash, in the chunk's order: its key's (Murmur3), "
+        "or for a record without a key, Murmur3 of 'partition:chunk:index'",
+        max_length=MAX_SINK_CHUNK_ROWS,
+    )
+
+
+class StreamSinkRerouteBody(_SinkChunkKey):
+    recorded: dict[str, Any] = Field(description="the chunk's record, as the cluster sent it")
+    part: dict[str, Any] = Field(description="the part its sealed segment refused")
+    hashes: list[_HASH] = Field(max_length=MAX_SINK_CHUNK_ROWS)
+
+
+class StreamSinkFinishBody(_SinkChunkKey):
+    recorded: dict[str, Any] = Field(description="the chunk's record, as the cluster sent it")
+
+
 class TerminateResult(BaseModel):
     end_offset: int = Field(alias="endOffset", description="offset after the last record")
 

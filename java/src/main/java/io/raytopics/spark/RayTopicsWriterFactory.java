@@ -20,7 +20,6 @@ final class RayTopicsWriterFactory implements StreamingDataWriterFactory {
 
     @Override
     public DataWriter<InternalRow> createWriter(int partitionId, long taskId, long epochId) {
-        return new RayTopicsDataWriter(
-                new GatewayClient(connection), columns, new WriteKey(queryId, epochId, partitionId));
+        return new RayTopicsDataWriter(connection, columns, new WriteKey(queryId, epochId, partitionId));
     }
 }

@@ -14,8 +14,9 @@ import javax.net.ssl.SSLParameters;
 import javax.net.ssl.SSLSocket;
 
 /**
- * One consume connection to a segment's data plane. The HELLO goes out with the first
- * READ (the segment answers in request order), so the handshake costs no round trip.
+ * One connection to a segment's data plane, for reads (consume) or appends (produce). The
+ * HELLO goes out with the first request (the segment answers in request order), so the
+ * handshake costs no round trip.
  */
 final class SegmentConnection implements Closeable {
     private static final int CONNECT_TIMEOUT_MS = 10_000;
@@ -28,24 +29,32 @@ final class SegmentConnection implements Closeable {
     private final Socket socket;
     private final DataInputStream in;
     private final OutputStream out;
+    private final byte access;
     private byte[] pendingHello;
 
-    private SegmentConnection(Socket socket, String credential) throws IOException {
+    private SegmentConnection(Socket socket, String credential, byte access) throws IOException {
         this.socket = socket;
         this.in = new DataInputStream(new BufferedInputStream(socket.getInputStream(), 1 << 16));
         this.out = new BufferedOutputStream(socket.getOutputStream());
-        this.pendingHello = WireProtocol.hello(credential);
+        this.access = access;
+        this.pendingHello = WireProtocol.hello(credential, access);
     }
 
-    /** Connects (and for a TLS endpoint, handshakes, checking the host name). */
+    /** A consume connection (and for a TLS endpoint, handshaken, checking the host name). */
     static SegmentConnection open(Endpoint endpoint, String credential, SSLContext tls) throws IOException {
+        return open(endpoint, credential, tls, WireProtocol.ACCESS_CONSUME);
+    }
+
+    /** A connection asking for {@code access} (consume or produce). */
+    static SegmentConnection open(Endpoint endpoint, String credential, SSLContext tls, byte access)
+            throws IOException {
         Socket plain = new Socket();
         try {
             plain.connect(new InetSocketAddress(endpoint.host(), endpoint.port()), CONNECT_TIMEOUT_MS);
             plain.setSoTimeout(READ_TIMEOUT_MS);
             plain.setTcpNoDelay(true);
             if (!endpoint.tls()) {
-                return new SegmentConnection(plain, credential);
+                return new SegmentConnection(plain, credential, access);
             }
             SSLSocket ssl = (SSLSocket) tls.getSocketFactory()
                     .createSocket(plain, endpoint.host(), endpoint.port(), true);
@@ -53,7 +62,7 @@ final class SegmentConnection implements Closeable {
             parameters.setEndpointIdentificationAlgorithm("HTTPS");
             ssl.setSSLParameters(parameters);
             ssl.startHandshake();
-            return new SegmentConnection(ssl, credential);
+            return new SegmentConnection(ssl, credential, access);
         } catch (SSLHandshakeException e) {
             // an untrusted certificate, or one for another address: no retry can fix it
             plain.close();
@@ -69,20 +78,32 @@ final class SegmentConnection implements Closeable {
 
     /** Up to {@code maxRecords} records from {@code offset}, without waiting for new ones. */
     WireProtocol.Records read(long offset, int maxRecords) throws IOException {
+        send(WireProtocol.read(offset, maxRecords, 0, NO_ACK, NO_SUBSCRIPTION));
+        return WireProtocol.records(WireProtocol.readFrame(in));
+    }
+
+    /** Appends an Arrow IPC stream under a producer id and sequence; the records it stored. */
+    long append(String producerId, long sequence, byte[] payload) throws IOException {
+        send(WireProtocol.append(producerId, sequence, payload));
+        return WireProtocol.appended(WireProtocol.readFrame(in));
+    }
+
+    /** Sends {@code request}, after the HELLO on a new connection, whose WELCOME it reads. */
+    private void send(byte[] request) throws IOException {
         boolean first = pendingHello != null;
         if (first) {
             out.write(pendingHello);
             pendingHello = null;
         }
-        out.write(WireProtocol.read(offset, maxRecords, 0, NO_ACK, NO_SUBSCRIPTION));
+        out.write(request);
         out.flush();
         if (first) {
             int granted = WireProtocol.welcome(WireProtocol.readFrame(in));
-            if ((granted & WireProtocol.ACCESS_CONSUME) == 0) {
-                throw new RayTopicsException("unauthorized", "the segment did not grant consume access");
+            if ((granted & access) == 0) {
+                String what = access == WireProtocol.ACCESS_PRODUCE ? "produce" : "consume";
+                throw new RayTopicsException("unauthorized", "the segment did not grant " + what + " access");
             }
         }
-        return WireProtocol.records(WireProtocol.readFrame(in));
     }
 
     @Override

@@ -1,9 +1,9 @@
 package io.raytopics.spark;
 
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.Serializable;
-import java.util.Base64;
+import java.util.LinkedHashMap;
 import java.util.Locale;
+import java.util.Map;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.sql.catalyst.util.MapData;
@@ -60,28 +60,25 @@ record SinkColumns(int value, boolean valueIsString, int key, int properties) im
         return new SinkColumns(value, valueIsString, key, properties);
     }
 
-    /** A row as the gateway's write record: {"key", "value" (base64), "properties"}. */
-    ObjectNode toRecord(InternalRow row) {
-        ObjectNode record = Json.MAPPER.createObjectNode();
-        record.put("key", key < 0 || row.isNullAt(key) ? null : row.getUTF8String(key).toString());
+    /** A row as the record the sink stores (copied: Spark reuses the row object). */
+    SinkRecord toRecord(InternalRow row) {
+        String k = key < 0 || row.isNullAt(key) ? null : row.getUTF8String(key).toString();
         if (row.isNullAt(value)) {
             throw new IllegalArgumentException("raytopics sink: a row has a null value");
         }
         byte[] bytes = valueIsString ? row.getUTF8String(value).getBytes() : row.getBinary(value);
-        record.put("value", Base64.getEncoder().encodeToString(bytes));
-        if (properties < 0 || row.isNullAt(properties)) {
-            record.putNull("properties");
-        } else {
+        Map<String, String> props = null;
+        if (properties >= 0 && !row.isNullAt(properties)) {
             MapData map = row.getMap(properties);
             ArrayData keys = map.keyArray();
             ArrayData values = map.valueArray();
-            ObjectNode doc = record.putObject("properties");
+            props = new LinkedHashMap<>();
             for (int i = 0; i < map.numElements(); i++) {
-                doc.put(keys.getUTF8String(i).toString(),
+                props.put(keys.getUTF8String(i).toString(),
                         values.isNullAt(i) ? null : values.getUTF8String(i).toString());
             }
         }
-        return record;
+        return new SinkRecord(k, bytes, props);
     }
 
     private static boolean isStringMap(DataType type) {

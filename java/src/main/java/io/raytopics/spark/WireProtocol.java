@@ -13,9 +13,11 @@ import java.nio.charset.StandardCharsets;
  * so it can be checked against hand-built bytes without a socket.
  */
 final class WireProtocol {
+    static final byte OP_APPEND = 1;
     static final byte OP_READ = 2;
     static final byte OP_HELLO = 3;
     static final byte WIRE_VERSION = 1;
+    static final byte ACCESS_PRODUCE = 1;
     static final byte ACCESS_CONSUME = 2;
     static final byte STATUS_OK = 0;
     static final byte STATUS_ERROR = 1;
@@ -28,12 +30,17 @@ final class WireProtocol {
 
     /** A connection's first frame: asks for consume access with {@code credential}. */
     static byte[] hello(String credential) {
+        return hello(credential, ACCESS_CONSUME);
+    }
+
+    /** A connection's first frame: asks for {@code access} with {@code credential}. */
+    static byte[] hello(String credential, byte access) {
         byte[] token = credential == null ? new byte[0] : credential.getBytes(StandardCharsets.UTF_8);
         return ByteBuffer.allocate(4 + 3 + token.length)
                 .putInt(3 + token.length)
                 .put(OP_HELLO)
                 .put(WIRE_VERSION)
-                .put(ACCESS_CONSUME)
+                .put(access)
                 .put(token)
                 .array();
     }
@@ -52,6 +59,33 @@ final class WireProtocol {
                 .putShort((short) sub.length)
                 .put(sub)
                 .array();
+    }
+
+    /**
+     * An append of the Arrow IPC stream {@code payload} under {@code producerId} and
+     * {@code sequence}: the segment stores a sequence once, and answers a resent one with
+     * where it went the first time.
+     */
+    static byte[] append(String producerId, long sequence, byte[] payload) {
+        byte[] pid = producerId.getBytes(StandardCharsets.UTF_8);
+        int body = 1 + 2 + pid.length + 8 + payload.length;
+        return ByteBuffer.allocate(4 + body)
+                .putInt(body)
+                .put(OP_APPEND)
+                .putShort((short) pid.length)
+                .put(pid)
+                .putLong(sequence)
+                .put(payload)
+                .array();
+    }
+
+    /** How many records an APPENDED answer stored; an ERROR is thrown as the segment's error. */
+    static long appended(byte[] body) {
+        requireOk(body);
+        if (body.length != 1 + 8 + 8) {
+            throw new RayTopicsException("invalid_response", "the segment did not answer the append");
+        }
+        return ByteBuffer.wrap(body, 1 + 8, 8).getLong();
     }
 
     /** The body of the next frame on {@code in}. */

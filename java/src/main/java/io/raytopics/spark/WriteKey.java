@@ -1,15 +1,7 @@
 package io.raytopics.spark;
 
-import com.fasterxml.jackson.databind.node.ObjectNode;
-
-/** What makes a task's write idempotent at the gateway: the same key is stored once. */
-record WriteKey(String queryId, long batchId, int partitionId) {
-    /** A write request body for these records, without chunk fields. */
-    ObjectNode request() {
-        ObjectNode body = Json.MAPPER.createObjectNode();
-        body.put("queryId", queryId);
-        body.put("batchId", batchId);
-        body.put("partitionId", partitionId);
-        return body;
-    }
-}
+/**
+ * What makes a task's write idempotent: the cluster stores each chunk of a key once
+ * (the chunk's place in the task's rows completes it, {@link StreamSink}).
+ */
+record WriteKey(String queryId, long batchId, int partitionId) {}

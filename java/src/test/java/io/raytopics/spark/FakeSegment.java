@@ -87,7 +87,7 @@ final class FakeSegment implements AutoCloseable {
         }
     }
 
-    private static void frame(DataOutputStream out, byte[] body) throws IOException {
+    static void frame(DataOutputStream out, byte[] body) throws IOException {
         out.writeInt(body.length);
         out.write(body);
         out.flush();
