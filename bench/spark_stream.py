@@ -19,6 +19,10 @@ same protocol), and ``df.write.parquet`` of them. Each topic write is checked wh
 (the topic's record count) before the topic is deleted, outside the timing.
 
     .venv/bin/python bench/spark_stream.py [--records 2000000] [--runs 3]
+        [--writes-only] [--connector-jar JAR]
+
+``--connector-jar`` runs Spark with another build of the connector (an earlier commit's,
+built with ``java/build.sh``) against this cluster, to compare its sink in the same hour.
 
 Writes bench/results/spark_stream.json. Needs Java 17 (Spark on Ray via RayDP).
 """
@@ -47,6 +51,8 @@ def main() -> None:
     parser.add_argument("--segments", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--writes-only", action="store_true", help="time the writes alone")
+    parser.add_argument("--connector-jar", type=Path, help="the connector jar Spark loads")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-stream-"))
     os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", str(scratch / "segments"))
@@ -54,9 +60,14 @@ def main() -> None:
     os.environ.setdefault("RAYTOPICS_DURABILITY", "none")  # ingest speed is not measured here
 
     from clients import ScalableTopicsAdmin
+    from clients import spark_session as session_module
     from clients.spark import read_topic
     from clients.spark_session import spark_session, stop_spark
     from runtime import connect, disconnect
+
+    if args.connector_jar is not None:
+        jar = str(args.connector_jar.resolve())
+        session_module.connector_jar = lambda: jar
 
     connect(include_dashboard=False, log_to_driver=False)
     admin = ScalableTopicsAdmin()
@@ -67,7 +78,11 @@ def main() -> None:
         spark = spark_session("bench-spark-stream")
         parquet = str(scratch / "parquet")
         read_topic(spark, topic).write.mode("overwrite").parquet(parquet)
-        runs = measure(spark, topic, parquet, scratch, args.records, args.runs)
+        runs = (
+            {}
+            if args.writes_only
+            else measure(spark, topic, parquet, scratch, args.records, args.runs)
+        )
         runs |= measure_writes(spark, admin, parquet, scratch, args)
         report = summarize(args, runs)
     finally:
@@ -186,8 +201,17 @@ def summarize(args: argparse.Namespace, runs: dict) -> dict[str, Any]:
         "runs": runs,
         "best_rows_per_s": {k: max(v) for k, v in rates.items()},
         "median_rows_per_s": {k: round(v) for k, v in median.items()},
-        "stream_to_read_topic": round(median["stream_available_now"] / median["read_topic"], 3),
-        "stream_to_parquet": round(median["stream_available_now"] / median["parquet"], 3),
+        **(
+            {
+                "stream_to_read_topic": round(
+                    median["stream_available_now"] / median["read_topic"], 3
+                ),
+                "stream_to_parquet": round(median["stream_available_now"] / median["parquet"], 3),
+            }
+            if "read_topic" in median
+            else {}
+        ),
+        "connector_jar": str(args.connector_jar) if args.connector_jar else "this checkout's",
         "sink_to_write_topic": round(median["stream_sink"] / median["write_topic"], 3),
         "sink_to_parquet_write": round(median["stream_sink"] / median["parquet_write"], 3),
         "goal_stream_to_read_topic": 1.0,

@@ -8,6 +8,7 @@ import java.util.List;
 import java.util.Map;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.BitVectorHelper;
 import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VarCharVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
@@ -74,11 +75,14 @@ final class ArrowRecordEncoder {
                 keys.setSafe(i, record.key().getBytes(StandardCharsets.UTF_8));
             }
             values.setSafe(i, record.value());
+            properties.startNewValue(i);
             if (record.properties() == null) {
-                properties.setNull(i);
+                // An empty slot marked null: MapVector.setNull walks its offsets again on
+                // every call, which made a batch's encoding quadratic in its rows.
+                properties.endValue(i, 0);
+                BitVectorHelper.unsetBit(properties.getValidityBuffer(), i);
                 continue;
             }
-            properties.startNewValue(i);
             for (Map.Entry<String, String> e : record.properties().entrySet()) {
                 entries.setIndexDefined(entry);
                 entryKeys.setSafe(entry, e.getKey().getBytes(StandardCharsets.UTF_8));

@@ -84,7 +84,20 @@ final class SegmentConnection implements Closeable {
 
     /** Appends an Arrow IPC stream under a producer id and sequence; the records it stored. */
     long append(String producerId, long sequence, byte[] payload) throws IOException {
+        sendAppend(producerId, sequence, payload);
+        return appended();
+    }
+
+    /**
+     * Sends an append without waiting for its answer ({@link #appended}), so that appends
+     * to several segments are under way at once.
+     */
+    void sendAppend(String producerId, long sequence, byte[] payload) throws IOException {
         send(WireProtocol.append(producerId, sequence, payload));
+    }
+
+    /** The answer to the append sent last: the records it stored, or the segment's error. */
+    long appended() throws IOException {
         return WireProtocol.appended(WireProtocol.readFrame(in));
     }
 

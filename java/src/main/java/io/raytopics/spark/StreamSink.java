@@ -35,10 +35,10 @@ import org.slf4j.LoggerFactory;
  */
 final class StreamSink implements Closeable {
     private static final Logger LOG = LoggerFactory.getLogger(StreamSink.class);
-    /** Rows per chunk: one append per segment each, far below a namespace's default caps. */
-    static final int CHUNK_ROWS = 20_000;
+    /** Rows per chunk: one append per segment each, half a namespace's default cap. */
+    static final int CHUNK_ROWS = 50_000;
     /** About this many bytes per chunk at most (a namespace's default batch cap is 64 MiB). */
-    static final long CHUNK_BYTES = 4L << 20;
+    static final long CHUNK_BYTES = 16L << 20;
     /** Another attempt of the same chunk moved its record first this many times: give up. */
     private static final int MAX_RACES = 20;
     private static final long RETRY_WINDOW_NS = TimeUnit.SECONDS.toNanos(30);
@@ -178,9 +178,9 @@ final class StreamSink implements Closeable {
         }
 
         /**
-         * Appends every part, each segment's in sequence order: a round appends the next
-         * part of each segment that has one; parts refused by a sealed segment go to the
-         * owners of their ranges, for the next rounds.
+         * Appends every part, each segment's in sequence order: a round sends the next part
+         * of each segment that has one, all at once, then reads their answers; parts
+         * refused by a sealed segment go to the owners of their ranges, for the next rounds.
          */
         long carryOut() throws IOException {
             long stored = 0;
@@ -191,14 +191,24 @@ final class StreamSink implements Closeable {
                     firsts.putIfAbsent(part.path("segment").asLong(), part);
                 }
                 pending.removeAll(firsts.values());
+                List<Append> round = new ArrayList<>();
                 for (JsonNode part : firsts.values()) {
+                    Append append = prepare(part);
+                    if (append != null) {
+                        round.add(append);
+                    }
+                }
+                for (Append append : round) {
+                    append.send();
+                }
+                for (Append append : round) {
                     try {
-                        stored += append(part);
+                        stored += append.finish();
                     } catch (RayTopicsException e) {
                         if (!e.code().equals("segment_terminated")) {
                             throw e;
                         }
-                        pending.addAll(reroute(part));
+                        pending.addAll(reroute(append.part));
                         pending = inAppendOrder(pending);
                     }
                 }
@@ -206,18 +216,62 @@ final class StreamSink implements Closeable {
             return stored;
         }
 
-        /** This part's append unless its segment holds it already; rows newly stored. */
-        private long append(JsonNode part) throws IOException {
+        /** This part's append, or null when it has no records or its segment holds it. */
+        private Append prepare(JsonNode part) {
             int[] selected = rowsOf(part);
             long segment = part.path("segment").asLong();
             long sequence = part.path("sequence").asLong();
             if (selected.length == 0
                     || (resumed && lastSequences.getOrDefault(segment, -1L) >= sequence)) {
-                return 0;
+                return null;
             }
-            byte[] payload = ArrowRecordEncoder.ipc(rows, selected);
-            appendWithRetries(segment, producerId, sequence, payload);
-            return selected.length;
+            return new Append(part, segment, sequence, ArrowRecordEncoder.ipc(rows, selected), selected.length);
+        }
+
+        /** One part's append: sent with the round, its answer read after; retried alone. */
+        private final class Append {
+            final JsonNode part;
+            final long segment;
+            final long sequence;
+            final byte[] payload;
+            final int rows;
+            boolean sent;
+
+            Append(JsonNode part, long segment, long sequence, byte[] payload, int rows) {
+                this.part = part;
+                this.segment = segment;
+                this.sequence = sequence;
+                this.payload = payload;
+                this.rows = rows;
+            }
+
+            void send() {
+                try {
+                    connection(segment).sendAppend(producerId, sequence, payload);
+                    sent = true;
+                } catch (IOException | RayTopicsException e) {
+                    drop(segment); // finish() sends it again, with the retries
+                }
+            }
+
+            /** Rows stored; a refusal of the segment is thrown (segment_terminated among them). */
+            long finish() throws IOException {
+                if (sent) {
+                    try {
+                        connection(segment).appended();
+                        return rows;
+                    } catch (IOException e) {
+                        drop(segment);
+                    } catch (RayTopicsException e) {
+                        drop(segment);
+                        if (!e.code().equals("unavailable") && !e.code().equals("not_ready")) {
+                            throw e;
+                        }
+                    }
+                }
+                appendWithRetries(segment, producerId, sequence, payload);
+                return rows;
+            }
         }
 
         private int[] rowsOf(JsonNode part) {

@@ -42,11 +42,11 @@ public final class SinkTest {
             // a new write: two chunks, each record on the segment its key's hash names
             gateway.route("/stream/sink/open", body -> opened(HALVES, false, "{}", body));
             RayTopicsDataWriter writer = new RayTopicsDataWriter(config, columns, key);
-            for (int i = 0; i < 25_000; i++) {
+            for (int i = 0; i < 60_000; i++) {
                 writer.write(row("k-" + (i % 500), "v" + i));
             }
-            Check.equal(new RayTopicsDataWriter.Committed(25_000, 0), writer.commit(), "all rows stored");
-            Check.equal(25_000, low.rows() + high.rows(), "every row on one segment");
+            Check.equal(new RayTopicsDataWriter.Committed(60_000, 0), writer.commit(), "all rows stored");
+            Check.equal(60_000, low.rows() + high.rows(), "every row on one segment");
             Check.equal(List.of((byte) 1, (byte) 1), List.of(low.accessAsked.get(0), high.accessAsked.get(0)),
                     "the data plane asked for produce access");
             for (FakeAppendSegment segment : List.of(low, high)) {
@@ -59,8 +59,8 @@ public final class SinkTest {
                     Check.isTrue(Murmur3.keyHash(k) <= 32767, "low keys on the low segment");
                 }
             }
-            Check.equal(20_000, low.stored.get(0).keys().size() + high.stored.get(0).keys().size(),
-                    "the first chunk is 20,000 rows");
+            Check.equal(StreamSink.CHUNK_ROWS, low.stored.get(0).keys().size() + high.stored.get(0).keys().size(),
+                    "the first chunk is CHUNK_ROWS rows");
             List<String> inOrder = new ArrayList<>();
             for (FakeAppendSegment.Stored s : low.stored) {
                 for (int i = 0; i < s.keys().size(); i++) {
@@ -69,12 +69,12 @@ public final class SinkTest {
                     }
                 }
             }
-            Check.equal(50, inOrder.size(), "every record of key k-1");
+            Check.equal(120, inOrder.size(), "every record of key k-1");
             Check.equal("v1", inOrder.get(0), "first k-1 record");
-            Check.equal("v24501", inOrder.get(49), "last k-1 record: the key's order kept");
+            Check.equal("v59501", inOrder.get(119), "last k-1 record: the key's order kept");
             List<FakeGateway.Request> opens = gateway.requests("/stream/sink/open");
             JsonNode open = opens.get(0).body();
-            Check.equal(20_000, open.get("hashes").size(), "the chunk's hashes");
+            Check.equal(StreamSink.CHUNK_ROWS, open.get("hashes").size(), "the chunk's hashes");
             Check.equal(6347, open.get("hashes").get(1).asInt(), "k-1 hashes as mmh3 does in Python");
             Check.equal(7L, open.get("batchId").asLong(), "batch id");
             Check.equal(1, opens.get(1).body().get("chunk").asInt(), "second chunk numbered 1");
@@ -87,11 +87,11 @@ public final class SinkTest {
             gateway.route("/stream/sink/open", "{\"recorded\": null, \"resumed\": true, "
                     + "\"producerId\": \"sink:q-1:3:0\", \"lastSequences\": {}}");
             RayTopicsDataWriter replay = new RayTopicsDataWriter(config, columns, key);
-            for (int i = 0; i < 25_000; i++) {
+            for (int i = 0; i < 60_000; i++) {
                 replay.write(row("k-" + (i % 500), "v" + i));
             }
             Check.equal(new RayTopicsDataWriter.Committed(0, 2), replay.commit(), "a replay stores nothing");
-            Check.equal(25_000, low.rows() + high.rows(), "nothing more stored");
+            Check.equal(60_000, low.rows() + high.rows(), "nothing more stored");
 
             // resumed: the low segment holds its part already, only the high one is appended
             gateway.route("/stream/sink/open", body -> opened(HALVES, true, "{\"0\": 8, \"1\": 7}", body));
@@ -155,7 +155,7 @@ public final class SinkTest {
         System.out.println("SinkTest: ok");
     }
 
-    private static void columns() {
+    private static void columns() throws java.io.IOException {
         StructType full = new StructType()
                 .add("Key", DataTypes.StringType)
                 .add("value", DataTypes.StringType)
@@ -188,8 +188,25 @@ public final class SinkTest {
         Check.fails(IllegalArgumentException.class, () -> columns.toRecord(new GenericInternalRow(
                 new Object[] {null, null, null})), "a row has a null value");
 
+        // encoded as the producers' batches: null keys and properties stay null, maps keep entries
+        List<SinkRecord> mixed = List.of(new SinkRecord(null, new byte[] {1}, null),
+                new SinkRecord("k", new byte[] {2}, Map.of("a", "b")), new SinkRecord("j", new byte[0], null));
+        try (org.apache.arrow.memory.RootAllocator allocator = new org.apache.arrow.memory.RootAllocator();
+                org.apache.arrow.vector.ipc.ArrowStreamReader reader = new org.apache.arrow.vector.ipc.ArrowStreamReader(
+                        new java.io.ByteArrayInputStream(ArrowRecordEncoder.ipc(mixed, new int[] {0, 1, 2})), allocator)) {
+            Check.isTrue(reader.loadNextBatch(), "one batch");
+            org.apache.arrow.vector.VectorSchemaRoot root = reader.getVectorSchemaRoot();
+            Check.equal(ArrowRecordEncoder.BATCH, root.getSchema(), "the batch schema");
+            Check.equal(3, root.getRowCount(), "three rows");
+            Check.isTrue(root.getVector("key").isNull(0), "a null key");
+            Check.isTrue(root.getVector("properties").isNull(0), "null properties");
+            Check.equal("[{\"key\":\"a\",\"value\":\"b\"}]", root.getVector("properties").getObject(1).toString(),
+                    "a map's entries");
+            Check.isTrue(root.getVector("properties").isNull(2), "null properties after a map");
+        }
+
         List<SinkRecord> big = new ArrayList<>();
-        for (int i = 0; i < 3_000; i++) { // ~6 MiB: two chunks by size, not by rows
+        for (int i = 0; i < 10_000; i++) { // ~20 MiB: two chunks by size, not by rows
             big.add(new SinkRecord(null, new byte[2_000], null));
         }
         List<int[]> chunks = StreamSink.chunks(big);
