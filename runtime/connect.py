@@ -155,7 +155,7 @@ def _init(
         head = joined.head
         if joined.started:
             said = f"started the embedded Ray (GCS {head.gcs_address}) with metadata kept in "
-            return said + head.metadata, True
+            return f"{said}{head.metadata}; {_ray_auth(head.auth_mode)}", True
         said = f"joined the embedded Ray of {joined.storage_root} (GCS {head.gcs_address}) "
         return said + f"started by pid {head.started_by.pid}", False
     if address:
@@ -238,6 +238,17 @@ def _check_answers(address: str, source: str) -> None:
             "`ray start --head`, point it at a running cluster, or leave address and "
             "RAY_ADDRESS unset to use the embedded Ray of this machine"
         )
+
+
+def _ray_auth(mode: str) -> str:
+    """What the line saying a head was started tells of Ray's own authentication
+    (docs/security.md, "Ray's own authentication")."""
+    if mode == "token":
+        return "Ray's token authentication on (a driver needs the token, ~/.ray/auth_token)"
+    return (
+        "Ray's token authentication off (RAY_AUTH_MODE=disabled): any process of this "
+        "machine that reaches its ports can join it"
+    )
 
 
 def _adopt_local_auth() -> None:

@@ -108,6 +108,8 @@ class RayHead:
     client_port: int = field(default_factory=free_port)
     dashboard_port: int = field(default_factory=free_port)
     agent_port: int = field(default_factory=free_port)
+    # Ray's token authentication on, with the token in this file (None: off).
+    auth_token: Path | None = None
 
     @property
     def address(self) -> str:
@@ -121,10 +123,12 @@ class RayHead:
             if not k.startswith(("RAY_ADDRESS", "RAYTOPICS_", "RAY_REDIS"))
         }
         env |= {
-            "RAY_AUTH_MODE": "disabled",
+            "RAY_AUTH_MODE": "disabled" if self.auth_token is None else "token",
             "RAYTOPICS_STORAGE_ROOT": str(self.storage_root),
             "PYTHONPATH": str(ROOT),
         }
+        if self.auth_token is not None:
+            env["RAY_AUTH_TOKEN_PATH"] = str(self.auth_token)
         if namespace is not None:
             env |= {"RAY_ADDRESS": self.address, "RAYTOPICS_NAMESPACE": namespace}
         return env
@@ -193,11 +197,13 @@ def _accepts(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def head_on_redis(directory: Path, num_cpus: int = 2) -> Iterator[RayHead]:
+def head_on_redis(
+    directory: Path, num_cpus: int = 2, auth_token: Path | None = None
+) -> Iterator[RayHead]:
     """A Redis server and a Ray head on it, both stopped (the head SIGKILLed) on exit,
     whatever happened in between."""
     redis = RedisServer(directory / "redis")
-    head = RayHead(redis, directory / "segments", num_cpus=num_cpus)
+    head = RayHead(redis, directory / "segments", num_cpus=num_cpus, auth_token=auth_token)
     try:
         redis.start()
         head.start()

@@ -82,3 +82,18 @@ def test_head_keeps_the_gcs_in_the_operators_redis(config: dict) -> None:
 def test_only_the_head_talks_to_redis(config: dict) -> None:
     workers = " ".join(config["worker_start_ray_commands"])
     assert "REDIS" not in workers.upper(), "workers find the GCS through the head"
+
+
+def test_every_ray_process_and_the_gateway_use_rays_token_authentication(config: dict) -> None:
+    """A process without the cluster's Ray token cannot connect (tests/test_ray_auth.py)."""
+    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    starts = [
+        command
+        for command in config["head_start_ray_commands"] + config["worker_start_ray_commands"]
+        if "ray start" in command or "raytopics" in command
+    ]
+    assert len(starts) == 3, starts  # the head, the gateway, a worker
+    for command in starts:
+        assert "RAY_AUTH_MODE=token" in command.split(), command
+    setup = " ".join(config["setup_commands"])
+    assert "chmod 600 ~/.ray/auth_token" in setup and "export RAY_AUTH_MODE=token" in setup

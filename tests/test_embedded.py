@@ -230,6 +230,7 @@ def test_metadata_outlives_the_program_that_wrote_it(place: Place) -> None:
     first = first_run.result()
     gcs = place.root / METADATA_DIR / "gcs"
     assert first_run.said()[0].startswith("raytopics: started the embedded Ray"), first_run.said()
+    assert "Ray's token authentication off (RAY_AUTH_MODE=disabled)" in first_run.said()[0]
     assert str(gcs) in first_run.said()[0]
     assert place.state.head is None and not place.ray_processes()  # its last user stopped it
 
