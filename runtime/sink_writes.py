@@ -28,13 +28,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 from pydantic import ValidationError
 
-from runtime.errors import AlreadyExistsError, BadVersion, InvalidArgumentError, SegmentTerminated
+from runtime.errors import (
+    AlreadyExistsError,
+    BadVersion,
+    InconsistentRequestError,
+    InvalidArgumentError,
+    SegmentTerminated,
+)
 from runtime.hashing import HASH_MASK, key_hashes, murmur3_32
 from runtime.sink_parts import SinkPart, SinkWrite, in_append_order
 
@@ -102,26 +108,33 @@ def recorded_document(recorded: Recorded) -> dict[str, Any]:
 
 def recorded_of(document: Mapping[str, Any]) -> Recorded:
     """A record a writer sent back; the store's compare-and-swap on its version decides
-    whether it is still the chunk's record."""
+    whether it is still the chunk's record. Refused: not a record's shape (400), or a
+    shape whose values cannot be a record (409 ``inconsistent``: a hash range that ends
+    before it starts, which a request schema cannot state)."""
     try:
-        write = SinkWrite.model_validate(document["write"])
-        version = document["version"]
-        if not isinstance(version, str):
-            raise TypeError("version must be a string")
+        write, version = document["write"], document["version"]
+        if not isinstance(version, str) or not isinstance(write, Mapping):
+            raise TypeError("write must be an object and version a string")
         int(version.rpartition(":")[2])  # the store's token: "generation:sequence"
         names = {int(s): str(name) for s, name in dict(document.get("segments", {})).items()}
-    except (KeyError, TypeError, ValueError, ValidationError) as err:
-        message = " ".join(str(err).split())
-        raise InvalidArgumentError(f"recorded is not a chunk record: {message}") from None
-    return Recorded(write=write, version=version, segments=names)
+    except (KeyError, TypeError, ValueError) as err:
+        raise InvalidArgumentError(f"recorded is not a chunk record: {err}") from None
+    return Recorded(write=_model(SinkWrite, write, "recorded"), version=version, segments=names)
 
 
 def part_of(document: Mapping[str, Any]) -> SinkPart:
+    return _model(SinkPart, document, "part")
+
+
+_M = TypeVar("_M", SinkWrite, SinkPart)
+
+
+def _model(model: type[_M], document: Any, what: str) -> _M:
     try:
-        return SinkPart.model_validate(document)
-    except ValidationError as err:
+        return model.model_validate(document)
+    except (ValueError, ValidationError) as err:
         message = " ".join(str(err).split())
-        raise InvalidArgumentError(f"part is not a chunk's part: {message}") from None
+        raise InconsistentRequestError(f"{what} cannot be a chunk's: {message}") from None
 
 
 def producer_id(query: str, partition: int, chunk: int) -> str:

@@ -343,7 +343,7 @@ MAX_SINK_CHUNK_ROWS = 100_000  # a chunk is one append per segment: a batch's de
 
 
 class _SinkChunkKey(Body):
-    query_id: str = Field(alias="queryId", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    query_id: str = Field(alias="queryId", pattern=_PART.pattern)
     partition_id: json_int(ge=0, le=(1 << 31) - 1) = Field(alias="partitionId")
     chunk: json_int(ge=0, le=(1 << 31) - 1) = Field(
         description="the chunk's place in the partition's rows"
@@ -361,14 +361,45 @@ class StreamSinkOpenBody(_SinkChunkKey):
     )
 
 
+class HashRangeDoc(Body):
+    start: _HASH
+    end: _HASH
+
+
+class SinkPartDoc(Body):
+    """Which records of a chunk (those hashed into ``hash_range``) go to ``segment``,
+    under the chunk's producer id and ``sequence``."""
+
+    segment: json_int(ge=0, le=_INT64)
+    sequence: json_int(ge=0, le=_INT64)
+    hash_range: HashRangeDoc
+
+
+class SinkWriteDoc(Body):
+    batch: json_int(ge=0, le=_INT64)
+    parts: list[SinkPartDoc]
+    done: bool = False
+
+
+class ChunkRecordDoc(Body):
+    """A chunk's record as the cluster sent it (``…/stream/sink/open`` or ``reroute``),
+    sent back as is: ``version`` is its compare-and-swap token."""
+
+    write: SinkWriteDoc
+    version: str = Field(pattern=r"^[0-9a-f]{1,40}:[0-9]{1,18}$")
+    segments: dict[_SEGMENT_KEY, str] = Field(
+        default_factory=dict, description="segment id → name", json_schema_extra=_ONLY_PATTERNS
+    )
+
+
 class StreamSinkRerouteBody(_SinkChunkKey):
-    recorded: dict[str, Any] = Field(description="the chunk's record, as the cluster sent it")
-    part: dict[str, Any] = Field(description="the part its sealed segment refused")
+    recorded: ChunkRecordDoc
+    part: SinkPartDoc = Field(description="the part its sealed segment refused")
     hashes: list[_HASH] = Field(max_length=MAX_SINK_CHUNK_ROWS)
 
 
 class StreamSinkFinishBody(_SinkChunkKey):
-    recorded: dict[str, Any] = Field(description="the chunk's record, as the cluster sent it")
+    recorded: ChunkRecordDoc
 
 
 class TerminateResult(BaseModel):
