@@ -415,7 +415,7 @@ class GroupConsumer:
         """Up to ``max_messages``: waits ``timeout`` for the first, then takes what is there."""
         messages: list[Message] = []
         for segment_id, run in self._take(max_messages, timeout):
-            messages += messages_from_delivery(segment_id, run)
+            messages += messages_from_delivery(segment_id, run, str(self._core.topic))
         return messages
 
     def receive_table(self, max_messages: int = 10_000, timeout: float | None = 1.0) -> pa.Table:

@@ -55,13 +55,17 @@ class Message(NamedTuple):
     # How many times a queue subscription delivered it before (stream and checkpoint
     # consumers read in order and get each message once: always 0 there).
     redelivery_count: int = 0
+    # The topic it was read from (``topic://tenant/namespace/topic``).
+    topic: str | None = None
 
     @property
     def message_id(self) -> MessageId:
         return MessageId(self.segment_id, self.offset)
 
 
-def messages_from_delivery(segment_id: int, batch: pa.RecordBatch) -> list[Message]:
+def messages_from_delivery(
+    segment_id: int, batch: pa.RecordBatch, topic: str | None = None
+) -> list[Message]:
     """Unpack a segment's delivery batch (``runtime.batch.DELIVERY_SCHEMA``).
 
     Column by column, not row by row: converting each row's timestamp costs more
@@ -83,6 +87,7 @@ def messages_from_delivery(segment_id: int, batch: pa.RecordBatch) -> list[Messa
         _publish_times(batch.column("publish_time")),
         props,
         _redeliveries(batch),
+        repeat(topic, count),
         strict=True,
     )
     return list(map(_new_message, columns))  # no Python frame per message, unlike _make

@@ -125,7 +125,7 @@ class _QueueCore:
                 )
                 batch = await call(ref)
                 if batch.num_rows:
-                    self.messages.put(messages_from_delivery(segment_id, batch))
+                    self.messages.put(messages_from_delivery(segment_id, batch, str(self.topic)))
                     continue
                 ref = handle.position.remote(self.subscription, credential=self.credential)
                 status = await call(ref)

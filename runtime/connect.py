@@ -8,6 +8,9 @@ embedded Ray of the storage root (``runtime.embedded``), whose metadata is kept
 on disk next to the segment logs. A cluster whose GCS keeps metadata only in
 memory is legal but loses every topic when its head restarts, so joining one
 raises a ``MetadataNotDurableWarning`` once per process.
+
+Ray is imported by the functions that use it, not by this module: ``runtime`` (whose
+package imports this module) is imported by the REST client too, which needs no Ray.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ import threading
 import warnings
 from pathlib import Path
 from typing import Any
-
-import ray
 
 from runtime import embedded
 from runtime.config import ray_namespace
@@ -97,6 +98,8 @@ def disconnect() -> None:
 
     Also done at process exit. ``ray.shutdown()`` alone leaves this process counted
     as a user of the embedded Ray until it exits."""
+    import ray
+
     with _lock:
         if ray.is_initialized():
             ray.shutdown()
@@ -116,6 +119,8 @@ def _join(address: str | None, namespace: str | None, ray_init_kwargs: dict[str,
     that called ``ray.init`` itself), use ``namespace`` for the system from now on.
     Every actor and metadata key is addressed with its namespace, so a driver whose
     own job namespace differs works with the system's all the same."""
+    import ray
+
     if ray.is_initialized():
         if namespace is None:
             return ray_namespace()
@@ -148,6 +153,8 @@ def _init(
 ) -> tuple[str, bool]:
     """Choose a Ray and ray.init as its driver; say which, and whether a head was
     started here."""
+    import ray
+
     env_address = os.environ.get("RAY_ADDRESS") or None
     found = None if address or env_address else _ray_start_cluster()
     if (address or env_address or found or EMBEDDED_ADDRESS) == EMBEDDED_ADDRESS:
@@ -176,6 +183,8 @@ def _init(
 
 def _join_embedded(head_args: dict[str, Any], init_kwargs: dict[str, Any]) -> embedded.Joined:
     """Join or start the embedded Ray of the storage root as this driver."""
+    import ray
+
     head_args = dict(head_args)
     head_args["_system_config"] = {
         **LOCAL_SYSTEM_CONFIG,
@@ -262,6 +271,8 @@ def _adopt_local_auth() -> None:
 
 
 def _gcs_address() -> str | None:
+    import ray
+
     try:
         return ray.get_runtime_context().gcs_address
     except Exception:  # noqa: BLE001 - Ray client mode has no GCS address to show
@@ -275,6 +286,8 @@ def _say(line: str) -> None:
 def _warn_if_not_durable() -> None:
     """Warn once per process when this driver's cluster keeps metadata only in memory
     (drivers only: a task's worker would repeat what its driver already said)."""
+    import ray
+
     global _warned_not_durable
     if _warned_not_durable or ray._private.worker.global_worker.mode != ray.SCRIPT_MODE:
         return

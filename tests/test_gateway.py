@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -453,6 +457,31 @@ def _same_error(apis: tuple[Any, Any], call: Callable[[Any], Any], expected: typ
         with pytest.raises(ScalableTopicsError) as caught:
             call(api)
         assert type(caught.value) is expected, (api, caught.value)
+
+
+def test_the_rest_client_works_from_a_process_without_ray(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """A program that is no Ray driver and never imports Ray administers topics over REST."""
+    topic = f"topic://{TENANT}/{NAMESPACE}/noray-{unique}"
+    program = (
+        "import sys\n"
+        "from clients import AdminHttpClient\n"
+        f"with AdminHttpClient({gateway!r}) as admin:\n"
+        f"    admin.create_scalable_topic({topic!r}, 2)\n"
+        f"    admin.split_segment({topic!r}, 0, parts=3)\n"
+        f"    print(sorted(admin.get_layout({topic!r}).active_segments))\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY")}
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, cwd=Path(__file__).resolve().parents[1],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[1, 2, 3, 4]"
+    assert sorted(admin.get_layout(topic).active_segments) == [1, 2, 3, 4]
+    admin.delete_scalable_topic(topic)
 
 
 def test_http_client_round_trip(gateway: str, admin: ScalableTopicsAdmin, unique: str) -> None:

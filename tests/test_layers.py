@@ -124,3 +124,25 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     module = tmp_path / "lazy.py"
     module.write_text("def f():\n    from clients.admin import ScalableTopicsAdmin\n")
     assert "clients.admin" in imported_modules(module)
+
+
+def test_the_rest_client_and_the_cli_import_no_ray() -> None:
+    """A program outside the cluster talks to it over REST (``AdminHttpClient``, ``raytopics
+    --url``) without Ray installed in its way: neither imports it (``clients`` and
+    ``runtime`` import their Ray-bound names when first used)."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys\n"
+        "from clients import AdminHttpClient, Message\n"
+        "from clients import cli\n"
+        "import runtime, runtime.admin_api\n"
+        "assert 'ray' not in sys.modules, 'ray imported'\n"
+        "from clients import Producer\n"
+        "assert 'ray' in sys.modules, 'the Ray clients still import it'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -180,6 +180,7 @@ PAGES = {
             clients.StreamConsumer,
             clients.CheckpointConsumer,
             clients.QueueConsumer,
+            clients.NamespaceConsumer,
             clients.Message,
             clients.Checkpoint,
             clients.DeadLetterPolicy,
