@@ -8,6 +8,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -61,25 +62,28 @@ def test_a_head_with_rays_token_authentication_takes_only_drivers_holding_its_to
         without = {k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN_PATH"}
         wrong = tmp_path / "wrong_token"
         wrong.write_text(secrets.token_hex(32))
-        for who, refused_env in (
-            ("no token", without),
-            ("a wrong token", env | {"RAY_AUTH_TOKEN_PATH": str(wrong)}),
-            ("authentication off", without | {"RAY_AUTH_MODE": "disabled"}),
-        ):
-            refused = _drive(refused_env, who.replace(" ", "-"))
+        refused_envs = {
+            "no token": without,
+            "a wrong token": env | {"RAY_AUTH_TOKEN_PATH": str(wrong)},
+            "authentication off": without | {"RAY_AUTH_MODE": "disabled"},
+        }
+        # at once: a driver whose requests go unanswered retries for ~20 s before it fails
+        with ThreadPoolExecutor(len(refused_envs)) as pool:
+            refusals = dict(zip(refused_envs, pool.map(
+                lambda item: _drive(item[1], item[0].replace(" ", "-")), refused_envs.items()
+            ), strict=True))  # fmt: skip
+        for who, refused in refusals.items():
             assert refused.returncode != 0 and "OK" not in refused.stdout, (who, refused.stdout)
             said = refused.stderr.lower()
-            assert "token" in said or "unauthenticated" in said or "authentic" in said, (
+            assert "token" in said or "authentic" in said or "failed to connect" in said, (
                 who, refused.stderr[-3000:],
             )  # fmt: skip
 
-        listed = _drive(env, "listed")  # the refused drivers made nothing
-        assert listed.returncode == 0, listed.stderr[-3000:]
-        check = (
+        check = (  # what the refused drivers left: nothing
             "from runtime import connect; connect(); from storage.catalog import Catalog; "
             "print(sorted(Catalog().topics('rayauth/ns')))"
         )
         topics = subprocess.run(
             [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120
         )
-        assert topics.stdout.strip() == str(["admitted", "listed"]), topics.stderr[-3000:]
+        assert topics.stdout.strip() == str(["admitted"]), topics.stderr[-3000:]
