@@ -134,8 +134,7 @@ def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
 
 def _element(hint: Any) -> Any | None:
     """The element type of a list argument (given once per element), else ``None``."""
-    origin = typing.get_origin(hint)
-    if origin in (list, Sequence) or origin is getattr(typing, "Sequence", None):
+    if typing.get_origin(hint) in (list, Sequence):
         (element,) = typing.get_args(hint) or (str,)
         return element
     return None

@@ -90,6 +90,14 @@ def check_key_order(rows: list[tuple[int, str, str, int, int]], from_start: bool
 EVERY_HALF_SECOND = {"processingTime": "500 milliseconds"}
 
 
+def merge_the_lowest_two(admin: ScalableTopicsAdmin, topic: str) -> None:
+    """Merge the two active segments with the lowest hash ranges (neighbours)."""
+    active = sorted(
+        admin.get_layout(topic).active_segments.values(), key=lambda s: s.hash_range.start
+    )
+    admin.merge_segments(topic, active[0].segment_id, active[1].segment_id)
+
+
 def start(
     spark,
     topic: str,
@@ -136,10 +144,7 @@ def test_a_streaming_read_through_two_splits_and_a_merge_gets_everything_once_in
         sent.produce(300)
         admin.split_segment(topic, 1)
         sent.produce(300)
-        active = sorted(
-            admin.get_layout(topic).active_segments.values(), key=lambda s: s.hash_range.start
-        )
-        admin.merge_segments(topic, active[0].segment_id, active[1].segment_id)
+        merge_the_lowest_two(admin, topic)
         sent.produce(300)
         sink.wait_for(900)
         restarted = admin.get_layout(topic).find_active_segment(0)  # its process dies;
@@ -197,10 +202,7 @@ def test_the_sink_stores_each_record_once_in_key_order_through_splits_a_merge_an
         admin.split_segment(sink, 0)
         sent.produce(2_000)
         time.sleep(2)
-        active = sorted(
-            admin.get_layout(sink).active_segments.values(), key=lambda s: s.hash_range.start
-        )
-        admin.merge_segments(sink, active[0].segment_id, active[1].segment_id)
+        merge_the_lowest_two(admin, sink)
         sent.produce(1_000)
         time.sleep(1)
     finally:
