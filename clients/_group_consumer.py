@@ -160,11 +160,15 @@ class GroupConsumerCore:
         return {sid: r.delivered for sid, r in self.readers.items()}
 
     async def close(self) -> None:
-        """Graceful leave: settle every segment, then unregister so others rebalance now."""
+        """Graceful leave: flush the acknowledgements made, release every segment, then
+        unregister so others rebalance now. Unlike a rebalance it waits for no further
+        acknowledgement: the application that closes has none to make (as Kafka's and
+        Pulsar's close), so what it left unacknowledged goes to the next owner."""
         self.closed = True
         for task in self.tasks:
             task.cancel()
-        await asyncio.gather(*(self._give_up(r) for r in list(self.readers.values())))
+        readers = list(self.readers.values())
+        await asyncio.gather(*(self._give_up(r, wait_for_acks=False) for r in readers))
         with contextlib.suppress(RayActorError, ConsumerNotRegisteredError, *REFUSALS):
             unregister = self.coordinator.unregister.remote(
                 self.consumer, credential=self.credential
@@ -337,11 +341,13 @@ class GroupConsumerCore:
                 return
             await asyncio.sleep(0.01)
 
-    async def _give_up(self, reader: _Reader) -> None:
-        """Stop reading, wait for delivered messages to be acked, then release."""
+    async def _give_up(self, reader: _Reader, *, wait_for_acks: bool = True) -> None:
+        """Stop reading, wait (on a rebalance) up to ``release_timeout_s`` for delivered
+        messages to be acked, flush the acks, then release."""
         reader.revoked = True
         if self.acknowledges:
-            deadline = time.monotonic() + self.config.release_timeout_s
+            wait_s = self.config.release_timeout_s if wait_for_acks else 0.0
+            deadline = time.monotonic() + wait_s
             while (
                 reader.acked < reader.delivered
                 and time.monotonic() < deadline

@@ -17,14 +17,33 @@ import ray
 # had no hypothesis test imported it there, with Ray's objects being collected, and
 # CPython 3.11.7 failed compiling it ("AST constructor recursion depth mismatch").
 
-_STORAGE = tempfile.mkdtemp(prefix="raytopics-test-")
-os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", _STORAGE)
-os.environ.setdefault("RAYTOPICS_NAMESPACE", f"raytopics-test-{uuid.uuid4().hex[:8]}")
+# What makes a session's Ray its own: its storage root (the embedded Ray of a root is
+# shared by whoever joins it), its Ray namespace, and the tiers with the ports of its S3
+# servers. xdist's workers inherit the environment of the process that started them, whose
+# conftest chose these already: a worker choosing again gets a Ray of its own, where one
+# worker's authentication policy or tier servers are never another's.
+_WHO = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+_CHOSEN, _CHOSEN_BY = "RAYTOPICS_TEST_CHOSEN", "RAYTOPICS_TEST_CHOSEN_BY"
+if os.environ.get(_CHOSEN_BY) not in (None, _WHO):
+    for _name in os.environ.pop(_CHOSEN, "").split(","):
+        os.environ.pop(_name, None)
+
+
+def _choose(name: str, value: str) -> None:
+    """``name`` as the session chose it, unless the environment already says."""
+    if name not in os.environ:
+        os.environ[name] = value
+        chosen = [n for n in os.environ.get(_CHOSEN, "").split(",") if n]
+        os.environ[_CHOSEN], os.environ[_CHOSEN_BY] = ",".join([*chosen, name]), _WHO
+
+
+_choose("RAYTOPICS_STORAGE_ROOT", tempfile.mkdtemp(prefix="raytopics-test-"))
+_choose("RAYTOPICS_NAMESPACE", f"raytopics-test-{uuid.uuid4().hex[:8]}")
 # Tiers the tests may use, as an operator lists them: one scratch directory, and the
 # buckets of the S3 servers on loopback with their endpoints (tests/object_store.py).
 # A fuzzer's made-up tier URIs are refused, never written to.
 TIER_ROOT = tempfile.mkdtemp(prefix="raytopics-tiers-")
-os.environ.setdefault("RAYTOPICS_TIER_URIS", object_store.operator_tier_uris(TIER_ROOT))
+_choose("RAYTOPICS_TIER_URIS", object_store.operator_tier_uris(TIER_ROOT))
 # The session's Ray holds the topics of every module at once, and some tests keep dozens
 # of sealed segments running (a subscription's backlog holds them): admission by CPU at
 # its default (16 segments per CPU) is tested on Rays of their own (test_admission,

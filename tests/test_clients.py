@@ -461,6 +461,34 @@ def test_acknowledging_a_batch_acknowledges_every_segment_in_it(admin, unique):
     admin.delete_scalable_topic(topic)
 
 
+def test_close_leaves_at_once_and_what_was_not_acknowledged_comes_again(admin, unique):
+    """``close()`` flushes the acknowledgements made and leaves without waiting for the
+    rest (``release_timeout_s`` is for rebalances): the next consumer gets exactly the
+    unacknowledged messages, in order."""
+    topic = f"topic://closing/ns/t-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    admin.create_subscription(topic, "s")
+    with Producer(topic) as producer:
+        producer.send_batch([f"v{i}".encode() for i in range(100)], [f"k{i}" for i in range(100)])
+    first = StreamConsumer(topic, "s", "first")
+    taken: list = []
+    while len(taken) < 100:
+        taken += first.receive_batch(100 - len(taken), timeout=10)
+    first.acknowledge_cumulative(taken[39])
+    started = time.monotonic()
+    first.close()
+    assert time.monotonic() - started < 5, "close waited for acknowledgements"
+    second = StreamConsumer(topic, "s", "second")
+    again: list = []
+    while len(again) < 60:
+        received = second.receive_batch(100, timeout=10)
+        assert received, f"only {len(again)} of the 60 unacknowledged came again"
+        again += received
+    assert [m.value for m in again] == [f"v{i}".encode() for i in range(40, 100)]
+    second.close()
+    admin.delete_scalable_topic(topic)
+
+
 def test_a_received_table_holds_the_messages_as_columns_and_acknowledges_per_segment(admin, unique):
     """``receive_table`` is ``receive_batch`` without a Python object per message: the
     same messages, each segment's in offset order, and ``acknowledge_cumulative`` of
