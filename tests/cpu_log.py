@@ -1,6 +1,7 @@
 """What each test costs the machine, not only how long it takes: with ``-p cpu_log``
 (a serial run), each test's line in ``build/cpu.tsv`` holds its node id, its wall
-seconds and the CPU seconds the whole machine spent meanwhile (every process: the
+seconds, the CPU seconds the whole machine spent meanwhile and when it started (Unix
+time, to line a test up with what process accounting or a sampler saw then) (every process: the
 test's, its Ray's, its subprocesses'). Most of the suite's time is CPU spent by
 processes other than pytest, which per-process timers miss.
 
@@ -16,9 +17,13 @@ from pathlib import Path
 
 import pytest
 
-OUT = Path(__file__).resolve().parents[1] / "build" / "cpu.tsv"
+# A parallel run's workers each write a file of their own (``cpu-gw0.tsv``, ...), whose
+# CPU column is then the machine's, shared with the other workers' tests.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+_NAME = f"cpu-{_WORKER}.tsv" if _WORKER else "cpu.tsv"
+OUT = Path(__file__).resolve().parents[1] / "build" / _NAME
 _TICK = os.sysconf("SC_CLK_TCK")
-_started: dict[str, tuple[float, float]] = {}
+_started: dict[str, tuple[float, float, float]] = {}
 
 
 def _busy_s() -> float:
@@ -31,15 +36,15 @@ def _busy_s() -> float:
 
 def pytest_sessionstart(session: pytest.Session) -> None:  # noqa: ARG001 - pytest's hook
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text("nodeid\twall_s\tcpu_s\n")
+    OUT.write_text("nodeid\twall_s\tcpu_s\tstarted\n")
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:  # noqa: ARG001
-    _started[nodeid] = (time.monotonic(), _busy_s())
+    _started[nodeid] = (time.monotonic(), _busy_s(), time.time())
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:  # noqa: ARG001
-    wall_start, cpu_start = _started.pop(nodeid)
+    wall_start, cpu_start, started = _started.pop(nodeid)
     wall, cpu = time.monotonic() - wall_start, _busy_s() - cpu_start
     with OUT.open("a") as out:
-        out.write(f"{nodeid}\t{wall:.2f}\t{cpu:.2f}\n")
+        out.write(f"{nodeid}\t{wall:.2f}\t{cpu:.2f}\t{started:.1f}\n")

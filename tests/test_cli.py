@@ -1,22 +1,29 @@
 """The ``raytopics`` console script end to end, as a user runs it, on the real local Ray.
 
-Each CLI run is a fresh process that joins the test session's cluster (about
-1-2 s), so one lifecycle test strings the commands together rather than
-starting a process per assertion.
+A CLI run as a user starts it is a fresh process that joins the test session's
+cluster (``raytopics``: 1-2 s and a Ray driver each). The lifecycle test runs its
+first and last commands, and one that fails, that way; the commands between run the
+same ``main`` in this process, which is already that cluster's driver (``cli``), with
+the same environment, arguments, output and exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import ray
 from test_gateway import free_port, http  # tests/ is on sys.path under pytest
+
+from clients import cli as cli_main
 
 RAYTOPICS = str(Path(sys.executable).with_name("raytopics"))
 
@@ -42,6 +49,32 @@ def raytopics(env: dict[str, str], *args: str, code: int = 0) -> str:
     assert proc.returncode == code, (args, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.stdout if code == 0 else proc.stderr
+
+
+def cli(env: dict[str, str], *args: str, code: int = 0) -> str:
+    """As ``raytopics``, with the CLI's ``main`` run in this process (a driver of the
+    cluster ``env`` points at already) under ``env``: its exit code checked (argparse's
+    2 included), stdout returned, or stderr when it must fail."""
+    out, err = io.StringIO(), io.StringIO()
+    with _environment(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            returned = cli_main.main(list(args))
+        except SystemExit as exit_:
+            returned = exit_.code
+    assert returned == code, (args, out.getvalue(), err.getvalue())
+    return out.getvalue() if code == 0 else err.getvalue()
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def assert_one_error_line(stderr: str, *fragments: str) -> None:
@@ -88,13 +121,13 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     assert f"created topic://{topic} with 2 segments" in created
     assert "#0 [0000-7fff] ACTIVE created@0" in created
     assert created.rstrip().endswith("ready: 2 of 2 segments running")
-    assert raytopics(cli_env, "status", topic).strip() == "ready: 2 of 2 segments running"
-    bad_wait = raytopics(cli_env, "status", topic, "--wait", "x", code=2)
+    assert cli(cli_env, "status", topic).strip() == "ready: 2 of 2 segments running"
+    bad_wait = cli(cli_env, "status", topic, "--wait", "x", code=2)
     assert "expected a number of seconds" in bad_wait
 
-    assert "into #2 and #3 (epoch 1)" in raytopics(cli_env, "split", topic, "0")
-    assert "into #4 (epoch 2)" in raytopics(cli_env, "merge", f"topic://{topic}", "2", "3")
-    tree = raytopics(cli_env, "describe", topic)
+    assert "into #2 and #3 (epoch 1)" in cli(cli_env, "split", topic, "0")
+    assert "into #4 (epoch 2)" in cli(cli_env, "merge", f"topic://{topic}", "2", "3")
+    tree = cli(cli_env, "describe", topic)
     for line in (
         "epoch 2, next segment id 5, 2 active / 5 total",
         "├── #0 [0000-7fff] SEALED created@0 sealed@1",
@@ -108,61 +141,61 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
         assert line in tree, tree
 
     options = ("--position", "latest", "--session-grace-s", "30")
-    raytopics(cli_env, "subscriptions", "create", topic, "billing", *options)
-    assert raytopics(cli_env, "subscriptions", "list", topic).split() == ["billing"]
-    stats = raytopics(cli_env, "stats", topic)
+    cli(cli_env, "subscriptions", "create", topic, "billing", *options)
+    assert cli(cli_env, "subscriptions", "list", topic).split() == ["billing"]
+    stats = cli(cli_env, "stats", topic)
     assert "2 active / 3 sealed segments" in stats
     assert "billing" in stats and "#4" in stats and "SUBSCRIPTION" in stats
-    assert json.loads(raytopics(cli_env, "describe", topic, "--json"))["epoch"] == 2
+    assert json.loads(cli(cli_env, "describe", topic, "--json"))["epoch"] == 2
 
-    reset = raytopics(
+    reset = cli(
         cli_env, "subscriptions", "reset", topic, "billing", "2001-09-09T01:46:40+00:00"
     )
     assert "reset subscription billing" in reset and "5 segments, 3 finished" in reset
-    future = raytopics(cli_env, "subscriptions", "reset", topic, "billing", "4102444800000")
+    future = cli(cli_env, "subscriptions", "reset", topic, "billing", "4102444800000")
     assert "a time still to come" in future
-    assert "cleared the backlog" in raytopics(
+    assert "cleared the backlog" in cli(
         cli_env, "subscriptions", "clear-backlog", topic, "billing"
     )
-    bad_time = raytopics(cli_env, "subscriptions", "reset", topic, "billing", "soon", code=2)
+    bad_time = cli(cli_env, "subscriptions", "reset", topic, "billing", "soon", code=2)
     assert "expected earliest, latest, epoch milliseconds or an ISO 8601 time" in bad_time
 
-    sealed = raytopics(cli_env, "split", topic, "0", code=1)
+    sealed = raytopics(cli_env, "split", topic, "0", code=1)  # its own process: no traceback
     assert_one_error_line(sealed, "segment 0 is SEALED")
-    hashed = raytopics(cli_env, "hash", "customer-42").split()  # no cluster asked
+    hashed = cli(cli_env, "hash", "customer-42").split()  # no cluster asked
     assert hashed[2] == "customer-42" and int(hashed[0], 16) == int(hashed[1]) == 0x8335
     # the key's hash alone in a segment of its own: one split into three
-    at_key = raytopics(cli_env, "split", topic, "1", "--at", hashed[0], "--at", "33590")
+    at_key = cli(cli_env, "split", topic, "1", "--at", hashed[0], "--at", "33590")
     assert "into #5, #6 and #7 (epoch 3)" in at_key
-    assert "#6 [8335-8335] ACTIVE created@3" in raytopics(cli_env, "describe", topic)
-    outside = raytopics(cli_env, "split", topic, "7", "--at", "0x8336", code=1)
+    assert "#6 [8335-8335] ACTIVE created@3" in cli(cli_env, "describe", topic)
+    outside = cli(cli_env, "split", topic, "7", "--at", "0x8336", code=1)
     assert_one_error_line(outside, "[0x8337, 0xffff]")
-    assert "merged #7, #5 and #6 of" in raytopics(cli_env, "merge", topic, "7", "5", "6")
-    assert "#8 [8000-ffff] ACTIVE created@4" in raytopics(cli_env, "describe", topic)
-    quarters = raytopics(cli_env, "split", topic, "8", "--parts", "4")
+    assert "merged #7, #5 and #6 of" in cli(cli_env, "merge", topic, "7", "5", "6")
+    assert "#8 [8000-ffff] ACTIVE created@4" in cli(cli_env, "describe", topic)
+    quarters = cli(cli_env, "split", topic, "8", "--parts", "4")
     assert "into #9, #10, #11 and #12 (epoch 5)" in quarters
-    assert "#12 [e000-ffff] ACTIVE created@5" in raytopics(cli_env, "describe", topic)
+    assert "#12 [e000-ffff] ACTIVE created@5" in cli(cli_env, "describe", topic)
     # commands generated from the Admin Client API (clients/cli_calls.py)
-    position = json.loads(raytopics(cli_env, "position-at-time", topic, "4102444800000"))
+    position = json.loads(cli(cli_env, "position-at-time", topic, "4102444800000"))
     assert position == {"next": {str(i): 0 for i in range(13)}, "finished": []}  # all empty
-    assert raytopics(cli_env, "terminate-segment", f"segment://{topic}/0000-7fff-0").strip() == "0"
-    active = raytopics(cli_env, "delete-segment", f"segment://{topic}/e000-ffff-12", code=1)
+    assert cli(cli_env, "terminate-segment", f"segment://{topic}/0000-7fff-0").strip() == "0"
+    active = cli(cli_env, "delete-segment", f"segment://{topic}/e000-ffff-12", code=1)
     assert_one_error_line(active, "ACTIVE")
-    raytopics(cli_env, "subscriptions", "delete", topic, "billing")
-    assert raytopics(cli_env, "list", "cli/ns").split() == [f"topic://{topic}"]
+    cli(cli_env, "subscriptions", "delete", topic, "billing")
+    assert cli(cli_env, "list", "cli/ns").split() == [f"topic://{topic}"]
     assert raytopics(cli_env, "delete", topic).strip() == f"deleted topic://{topic}"
-    assert_one_error_line(raytopics(cli_env, "create", "cli/n$/x", "--segments", "1", code=1))
+    assert_one_error_line(cli(cli_env, "create", "cli/n$/x", "--segments", "1", code=1))
 
 
 def test_namespace_limits(cli_env: dict[str, str], unique: str) -> None:
     namespace = f"cli/lim-{unique}"
-    shown = raytopics(cli_env, "limits", namespace, "--set", "max_message_bytes=1000")
+    shown = cli(cli_env, "limits", namespace, "--set", "max_message_bytes=1000")
     limits = dict(line.split() for line in shown.splitlines())
     assert limits["max_message_bytes"] == "1000" and limits["max_topics_per_namespace"] == "10000"
-    assert raytopics(cli_env, "limits", namespace) == shown
-    refused = raytopics(cli_env, "limits", namespace, "--set", "max_batch_bytes=10", code=1)
+    assert cli(cli_env, "limits", namespace) == shown
+    refused = cli(cli_env, "limits", namespace, "--set", "max_batch_bytes=10", code=1)
     assert_one_error_line(refused, "max_batch_bytes (10) must be >= max_message_bytes (1000)")
-    assert "expected NAME=INTEGER" in raytopics(cli_env, "limits", namespace, "--set", "x", code=2)
+    assert "expected NAME=INTEGER" in cli(cli_env, "limits", namespace, "--set", "x", code=2)
 
 
 def test_serve_and_url_mode(cli_env: dict[str, str]) -> None:
