@@ -20,7 +20,7 @@ from runtime.capacity import MEMORY_ENV, PER_CPU_ENV
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.placement import PLACEMENT_ENV
 from runtime.rest import REST_TIMEOUT_ENV
-from runtime.segment_hosts import HOSTS_ENV
+from runtime.segment_hosts import HOSTS_ENV, IDLE_EXIT_ENV
 from runtime.tiering import TIER_URIS_ENV
 from runtime.tls import TLS_ENV_VARS
 
@@ -40,6 +40,7 @@ ACTOR_SETTINGS = (
     "RAYTOPICS_ACK_TIMEOUT_S",
     "RAYTOPICS_MAINTENANCE_INTERVAL_S",
     HOSTS_ENV,
+    IDLE_EXIT_ENV,
     PLACEMENT_ENV,
     GC_FREEZE_ENV,
     MEMORY_ENV,

@@ -180,6 +180,9 @@ class Probe:
             # the host's own methods: a segment opened, closed, or opened by a call
             "host.open": lambda: seg.host.open.remote(seg.segment, self._opening(c)),
             "host.close": lambda: seg.host.close.remote(seg.segment, time.time_ns(), credential=c),
+            "host.close_topic": lambda: seg.host.close_topic.remote(
+                self.topic, time.time_ns(), credential=c
+            ),
             "host.call(opening)": lambda: seg.host.call.remote(
                 seg.segment.replace("0000-", "0001-"), "ready", self._opening(c), credential=c
             ),

@@ -4,6 +4,7 @@ crashing (every segment it serves restarts with it) or its host closing it."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -68,5 +69,18 @@ def lose_storage(names: list[SegmentName], incarnation: str) -> None:
     for name in names:
         directory = segment_directory(Path(default_storage_root()), name, incarnation)
         shutil.move(directory, directory.with_name(directory.name + ".moved"))
-    for host in {lookup.segment_actor(name).host for name in names}:
+    hosts = {lookup.segment_actor(name).host for name in names}
+    pids = {host: _pid(host) for host in hosts}
+    for host in hosts:
         ray.kill(host, no_restart=False)
+    # Back before the caller goes on: a reader given a few seconds must find the host's
+    # other segments served, however long a loaded machine takes to restart a process.
+    deadline = time.monotonic() + 60
+    for host, pid in pids.items():
+        while _pid(host) == pid:
+            assert time.monotonic() < deadline, "a crashed segment host did not come back"
+            time.sleep(0.1)
+
+
+def _pid(host: ray.actor.ActorHandle) -> int:
+    return ray.get(host.__ray_call__.remote(lambda _: os.getpid()), timeout=60)

@@ -25,10 +25,12 @@ from test_clients import wait_for
 from actors.capacity import free_memory_per_node, node_rooms
 from actors.control.controller import controller_actor
 from actors.registry import named_actors
+from actors.segment.directory import SegmentDirectory
 from clients import Producer, StreamConsumer
 from runtime.capacity import SegmentFootprint
 from runtime.errors import InsufficientCapacityError
 from runtime.names import TopicName
+from runtime.segment_hosts import host_prefix
 from storage.durability import default_storage_root
 
 SEGMENT = SegmentFootprint.from_env()
@@ -97,9 +99,11 @@ def produce_and_consume(topic: str, count: int) -> None:
 
 
 def topic_actors(topic: str) -> list[str]:
-    short = TopicName.parse(topic).short
-    kinds = ("segment-host:", "controller:", "coordinators:")
-    return [n for p in kinds for n in named_actors(p + short)]
+    """What serves ``topic``: its own actors (controller, coordinators), the segments its
+    namespace's hosts serve of it, and those hosts."""
+    name = TopicName.parse(topic)
+    own = [n for p in ("controller:", "coordinators:") for n in named_actors(p + name.short)]
+    return own + sorted(SegmentDirectory().of_topic(name)) + named_actors(host_prefix(name))
 
 
 def test_a_topic_larger_than_the_cluster_is_refused_and_changes_nothing(
@@ -108,6 +112,7 @@ def test_a_topic_larger_than_the_cluster_is_refused_and_changes_nothing(
     topic = f"topic://capacity/ns/big-{unique}"
     asked = fitting(topic) + 1
     before, used_before = kv_snapshot(), psutil.virtual_memory().used
+    actors_before = topic_actors(topic)  # its namespace's hosts, if another test left one
     started = time.monotonic()
     with pytest.raises(InsufficientCapacityError) as refused:
         admin.create_scalable_topic(topic, asked)
@@ -116,7 +121,7 @@ def test_a_topic_larger_than_the_cluster_is_refused_and_changes_nothing(
     for said in (f"creating {topic}", f"{asked} new segment actors", "more fit"):
         assert said in message, message
     assert kv_snapshot() == before, "no metadata"
-    assert topic_actors(topic) == [], "no actors"
+    assert topic_actors(topic) == actors_before, "no actors, no segments served"
     assert not (Path(default_storage_root()) / "capacity" / "ns" / f"big-{unique}").exists()
     assert psutil.virtual_memory().used - used_before < 500 << 20, "memory did not move"
 
@@ -126,11 +131,13 @@ def test_the_controller_refuses_too_even_when_asked_directly(admin, unique, room
     is the authority, so a caller that skips the client is refused as well."""
     topic = f"topic://capacity/ns/direct-{unique}"
     room_for(2, topic)
+    hosts_before = named_actors(host_prefix(TopicName.parse(topic)))
     controller = controller_actor(TopicName.parse(topic), create=True)
     with pytest.raises(InsufficientCapacityError, match="3 new segment actors"):
         ray.get(controller.create.remote(3))
     assert topic not in admin.list_scalable_topics("capacity/ns")
-    assert [n for n in topic_actors(topic) if n.startswith("segment-host:")] == []
+    assert SegmentDirectory().of_topic(TopicName.parse(topic)) == {}, "no segment served"
+    assert named_actors(host_prefix(TopicName.parse(topic))) == hosts_before, "no host started"
     ray.kill(controller)
 
 

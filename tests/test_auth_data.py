@@ -102,6 +102,7 @@ ADMIN_OPS = {
     "segment.delete",
     "host.open",
     "host.close",
+    "host.close_topic",
     "host.call(opening)",
     "coordinators.stop",
     "dagwatch.notify",

@@ -160,14 +160,14 @@ def _actor_names(layout: dict[str, Any]) -> frozenset[str]:
     """What Ray must restart for the topic: its controller, the host of every segment of
     the layout (sealed ones too: their backlog is still read) and the coordinator host."""
     from runtime.names import TopicName
-    from runtime.segment_hosts import host_name, hosts_per_topic
+    from runtime.segment_hosts import host_name, hosts_per_namespace
 
     name = TopicName.parse(TOPIC)
     segments = {
         host_name(
             name.segment(int(sid), s["hashRange"]["start"], s["hashRange"]["end"]),
             None,
-            hosts_per_topic(),
+            hosts_per_namespace(),
         )
         for sid, s in layout["segments"].items()
     }

@@ -3,6 +3,8 @@ storage no metadata names is found, and lost metadata comes back from storage al
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections import defaultdict
 
@@ -12,6 +14,11 @@ from test_cli import cli_env, raytopics  # noqa: F401 - a fixture and a helper, 
 from test_gateway import free_port, http  # noqa: F401 - a helper
 
 from actors.control.dag_watch import dag_watch_actor
+from actors.guard import guard
+from actors.registry import gone_for_good, lookup
+from actors.segment.directory import SegmentDirectory
+from actors.segment.host import start_segment_actor
+from actors.segment.lookup import served_entries
 from clients import AdminHttpClient, Producer, StreamConsumer
 from runtime.errors import (
     AmbiguousStorageError,
@@ -22,6 +29,7 @@ from runtime.errors import (
 )
 from runtime.names import TopicName
 from storage.catalog import Catalog
+from tests.segments import stop_serving
 
 
 def produce(topic: str, keys: int, rounds: int, start: int = 0) -> list[tuple[str, int]]:
@@ -102,6 +110,104 @@ def test_a_recreated_name_delivers_nothing_of_the_old_topic(admin, unique):
     consumer.close()
     assert not [o for o in admin.check_storage()["orphaned"] if o["topic"] == topic]
     admin.delete_scalable_topic(topic)
+
+
+def test_a_namespaces_topics_share_a_host_that_outlives_each_of_them(admin, unique):
+    """Creating a topic where its namespace has a host starts no host; deleting one closes
+    its segments there while the host serves the other topics on, uninterrupted; the name
+    created again is served by the same process with nothing of the old topic."""
+    stays, goes = f"topic://share-{unique}/ns/stays", f"topic://share-{unique}/ns/goes"
+    for topic in (stays, goes):
+        written(admin, topic, rounds=5)
+    hosts = {e.host for t in (stays, goes) for e in served_entries(TopicName.parse(t)).values()}
+    assert len(hosts) == 1, hosts  # four segments of two topics, one process
+    (host,) = hosts
+    pid = pid_of(host)
+
+    with Producer(stays) as producer:
+        admin.delete_scalable_topic(goes)  # while the other topic is written
+        for seq in range(5, 30):
+            for k in range(8):
+                producer.send(f"{seq}".encode(), key=f"key-{k}")
+    consumer = StreamConsumer(stays, "s", "c1")
+    expected = [(f"key-{k}", seq) for seq in range(30) for k in range(8)]
+    assert_once_in_key_order(drain(consumer, len(expected)), expected)
+    consumer.close()
+    assert served_entries(TopicName.parse(goes)) == {}
+
+    admin.create_scalable_topic(goes, 2)
+    admin.create_subscription(goes, "s")
+    fresh = produce(goes, keys=4, rounds=2, start=500)
+    consumer = StreamConsumer(goes, "s", "c1")
+    assert_once_in_key_order(drain(consumer, len(fresh)), fresh)
+    consumer.close()
+    entries = served_entries(TopicName.parse(goes)).values()
+    assert {e.host for e in entries} == {host}
+    assert pid_of(host) == pid, "the same process all along"
+    for topic in (stays, goes):
+        admin.delete_scalable_topic(topic)
+
+
+def test_a_host_that_serves_nothing_exits_and_the_next_segment_starts_one(admin, unique):
+    """A namespace whose topics are all deleted keeps no process: its host exits once
+    it has been idle for ``RAYTOPICS_HOST_IDLE_EXIT_S`` (the session's is short), and a
+    topic created there afterwards gets a new host of the same name that serves it."""
+    first, second = f"topic://idle-{unique}/ns/first", f"topic://idle-{unique}/ns/second"
+    written(admin, first, rounds=2)
+    (host,) = {e.host for e in served_entries(TopicName.parse(first)).values()}
+    pid = pid_of(host)
+    admin.delete_scalable_topic(first)
+    wait_until(lambda: gone_for_good(host), 60, f"{host} to exit")
+
+    written(admin, second, rounds=3)
+    assert {e.host for e in served_entries(TopicName.parse(second)).values()} == {host}
+    assert pid_of(host) != pid, "a new process"
+    consumer = StreamConsumer(second, "s", "c1")
+    expected = [(f"key-{k}", seq) for seq in range(3) for k in range(8)]
+    assert_once_in_key_order(drain(consumer, len(expected)), expected)
+    consumer.close()
+    admin.delete_scalable_topic(second)
+
+
+def test_a_starter_waits_for_a_closing_host_to_stay_or_exit(admin, unique):
+    """The host marks itself closing before it looks for segments to serve; a starter
+    that finds the mark opens its segment only once the host stayed (lifting the mark)
+    or exited (in a new host then), so no segment is opened in a process that ends."""
+    stays = f"topic://closing-{unique}/ns/stays"
+    written(admin, stays, rounds=1)
+    (host,) = {e.host for e in served_entries(TopicName.parse(stays)).values()}
+    directory, loose = SegmentDirectory(), TopicName.parse(f"topic://closing-{unique}/ns/loose")
+
+    directory.mark_closing(host)  # as a host deciding whether to exit ...
+    lifted = threading.Timer(2.0, directory.unmark_closing, (host,))
+    lifted.start()  # ... and staying
+    started = time.monotonic()
+    handle = start_segment_actor(loose.segment(0, 0, 0x7FFF), initialize=True)
+    assert time.monotonic() - started >= 1.5, "the starter did not wait for the decision"
+    assert handle.host._actor_id == lookup(host)._actor_id, "the host that stayed"
+    assert ray.get(handle.stats.remote(credential=guard().internal_token()))["records"] == 0
+
+    directory.mark_closing(host)  # as a host deciding to exit ...
+    pid = pid_of(host)
+    ray.kill(lookup(host), no_restart=True)  # ... and exiting
+    handle = start_segment_actor(loose.segment(1, 0x8000, 0xFFFF), initialize=True)
+    assert not directory.closing(host), "the starter lifted the mark of the host that exited"
+    assert pid_of(host) != pid, "opened in a new host"
+    assert ray.get(handle.stats.remote(credential=guard().internal_token()))["records"] == 0
+    for segment in (loose.segment(0, 0, 0x7FFF), loose.segment(1, 0x8000, 0xFFFF)):
+        stop_serving(segment)
+    admin.delete_scalable_topic(stays)
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.2)
+
+
+def pid_of(actor: str) -> int:
+    return ray.get(lookup(actor).__ray_call__.remote(lambda self: os.getpid()))
 
 
 def test_a_name_deleted_and_created_anew_is_watched_as_the_new_topic(admin, unique):

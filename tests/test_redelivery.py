@@ -149,6 +149,8 @@ def test_negative_acknowledgements_come_back_after_the_backoff(
     consumer.acknowledge(message)
     consumer.close()
     assert [e for e, _ in measured] == [0.4, 0.8, 1.6, 1.6, 1.6]
+    # Never early; late by at most the scheduling of a loaded machine (the redelivery and the
+    # receive that sees it are each an actor call away).
     for expected, took in measured:
-        assert abs(took - expected) <= 0.2 * expected, measured
+        assert expected * 0.95 <= took <= expected * 1.2 + 0.4, measured
     admin.delete_scalable_topic(topic)

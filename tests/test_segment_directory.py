@@ -7,7 +7,7 @@ import pytest
 from actors.segment.directory import Entry, SegmentDirectory
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
-from runtime.segment_hosts import HOSTS_ENV, host_name, host_prefix, hosts_per_topic
+from runtime.segment_hosts import HOSTS_ENV, host_name, host_prefix, hosts_per_namespace
 from storage.metadata import MemoryKeyValue
 
 TOPIC = TopicName("t", "ns", "orders")
@@ -49,18 +49,32 @@ def test_a_topic_s_entries_are_its_own() -> None:
     assert directory.of_topic(TOPIC) == {} and directory.get(theirs) is not None
 
 
-def test_host_names_follow_the_node_or_the_segment_id(monkeypatch) -> None:
+def test_host_names_follow_the_namespace_and_the_node_or_the_segment_id(monkeypatch) -> None:
     segment = TOPIC.segment(5, 0, 0xFFFF)
-    assert host_name(segment, None, 1) == "segment-host:t/ns/orders/0"
-    assert host_name(segment, None, 4) == "segment-host:t/ns/orders/1"
-    assert host_name(segment, "abc", 4) == "segment-host:t/ns/orders/node-abc"
+    assert host_name(segment, None, 1) == "segment-host:t/ns/0"
+    assert host_name(OTHER.segment(0, 0, 1), None, 1) == "segment-host:t/ns/0", "one namespace"
+    assert host_name(segment, None, 4) == "segment-host:t/ns/2"  # crc32("t/ns/orders") + 5
+    assert host_name(segment, "abc", 4) == "segment-host:t/ns/node-abc"
+    # A topic's segments go round the hosts from a slot of the topic's own.
+    slots = [host_name(TOPIC.segment(i, 0, 1), None, 4) for i in range(8)]
+    assert len(set(slots)) == 4 and slots[:4] == slots[4:]
+    firsts = {host_name(TopicName("t", "ns", f"t{i}").segment(0, 0, 1), None, 4) for i in range(20)}
+    assert len(firsts) > 1, "the namespace's topics do not all start on one host"
     assert host_name(segment, None, 1).startswith(host_prefix(TOPIC))
-    assert not host_name(OTHER.segment(0, 0, 1), None, 1).startswith(host_prefix(TOPIC))
+    # Topics created with settings of their own share hosts only with topics created alike.
+    tls = {"RAYTOPICS_TLS_CERT": "/pki/a.pem", "RAYTOPICS_TLS_KEY": "/pki/a.key"}
+    with_tls = host_name(segment, None, 1, tls)
+    assert with_tls.startswith(host_prefix(TOPIC)) and with_tls != host_name(segment, None, 1)
+    assert with_tls == host_name(OTHER.segment(0, 0, 1), None, 1, dict(reversed(tls.items())))
+    assert with_tls != host_name(segment, None, 1, tls | {"RAYTOPICS_TLS_CERT": "/pki/b.pem"})
+    assert "/pki" not in with_tls, "a name shows no setting's value"
+    elsewhere = TopicName("t", "ns2", "orders").segment(0, 0, 1)  # a namespace sharing a prefix
+    assert not host_name(elsewhere, None, 1).startswith(host_prefix(TOPIC))
     monkeypatch.delenv(HOSTS_ENV, raising=False)
-    assert hosts_per_topic() == 1
+    assert hosts_per_namespace() == 1
     monkeypatch.setenv(HOSTS_ENV, "3")
-    assert hosts_per_topic() == 3
+    assert hosts_per_namespace() == 3
     for bad in ("0", "-1", "two"):
         monkeypatch.setenv(HOSTS_ENV, bad)
         with pytest.raises(InvalidArgumentError, match=HOSTS_ENV):
-            hosts_per_topic()
+            hosts_per_namespace()

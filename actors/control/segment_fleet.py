@@ -34,7 +34,7 @@ from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.hibernation import HibernationMarks
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
-from runtime.segment_hosts import host_prefix, hosts_per_topic
+from runtime.segment_hosts import host_prefix, hosts_per_namespace
 from runtime.subscription import ResetTarget
 from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
@@ -68,7 +68,7 @@ class SegmentFleet:
         # what the controller keeps itself (``topic.json``) goes to its own node's.
         self.disks = NodeDisks(topic, self.cluster_root, durability, catalog.store.namespace)
         self.node_local = storage_scope() == "node"
-        self.hosts = hosts_per_topic()  # the operator's setting, checked when the fleet starts
+        self.hosts = hosts_per_namespace()  # the operator's setting, checked when the fleet starts
         self.root = node_storage_root(storage_root) if self.node_local else self.cluster_root
         self.durability = durability
         self.incarnation: str | None = None
@@ -379,20 +379,20 @@ class SegmentFleet:
         return len(served_segments(self.topic))
 
     async def clear_leftovers(self) -> None:
-        """Stop every segment host and coordinator actor of this topic's name, and forget
-        where its segments were served.
+        """Close every segment of this topic's name in its namespace's hosts, stop its
+        coordinator actor, and forget where its segments were served.
 
         Called when an incarnation starts (create, recover): no actor can belong
         to it yet, so any that runs was left by an earlier incarnation whose
         metadata is gone, and must not be found by clients looking up names.
         """
-        await _gone(await self._stop_hosts(self.topic.coordinator_host_name))
+        await _gone(await self._stop_serving(self.topic.coordinator_host_name))
 
     async def delete_incarnation(self) -> None:
-        """Stop the topic's segment hosts (their segments are gone) and remove what is left
+        """Close the topic's segments in their hosts (they are gone) and remove what is left
         of the incarnation's directory (its ``topic.json``), on every live node's disk when
         each node keeps its own."""
-        await self._stop_hosts()
+        await self._stop_serving()
         self.storage().delete()
         self.sleeping().delete_all()
         if self.node_local:
@@ -450,16 +450,26 @@ class SegmentFleet:
             await close_segment(handle, guard().internal_token())
         return None
 
-    async def _stop_hosts(self, *also: str) -> list[str]:
-        """Stop the topic's segment hosts (and the actors named ``also``, if running) and
-        forget where its segments were served; the names of the actors stopped."""
+    async def _stop_serving(self, *also: str) -> list[str]:
+        """Have the namespace's segment hosts close every segment of this topic's name (they
+        serve other topics too), stop the actors named ``also`` if running, and forget where
+        its segments were served; the names of the actors stopped."""
         await self.settle()
         self._watch_handles.clear()
-        names = named_actors(host_prefix(self.topic)) + [n for n in also if _registered(n)]
+        token, at = guard().internal_token(), time.time_ns()
+        hosts = []
+        for name in named_actors(host_prefix(self.topic)):
+            with contextlib.suppress(ValueError):
+                hosts.append(lookup(name))
+        closing = [h.close_topic.remote(str(self.topic), at, credential=token) for h in hosts]
+        for result in await asyncio.gather(*closing, return_exceptions=True):
+            if isinstance(result, BaseException) and not isinstance(result, RayActorError):
+                log.warning("%s: a segment host did not close the topic: %r", self.topic, result)
+        SegmentDirectory().remove_topic(self.topic)
+        names = [n for n in also if _registered(n)]
         for name in names:
             with contextlib.suppress(ValueError):
                 ray.kill(lookup(name), no_restart=True)
-        SegmentDirectory().remove_topic(self.topic)
         return names
 
     def _started(self, starting: asyncio.Future) -> None:

@@ -202,6 +202,11 @@ class Segment:
 
     # --- lifecycle (fenced by controller epoch) ---------------------------------
 
+    @property
+    def incarnation(self) -> str:
+        """The topic incarnation whose storage this segment serves."""
+        return self._store.incarnation
+
     async def close(self) -> None:
         """Stop serving (the host's, when the segment hibernates, is deleted or is replaced):
         the data plane's connections drop, waiting reads and appends return, what the

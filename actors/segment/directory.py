@@ -2,9 +2,10 @@
 
 Segments share processes. A Ray actor is a whole process, with a start-up cost and
 a steady cost while it idles that are Ray's own (bench/README.md, ``idle.py``), so
-one process per segment made every split dearer and every idle segment a tax. A
-topic's segments live in *segment hosts* (``actors.segment.host``): one per topic,
-or ``RAYTOPICS_SEGMENT_HOSTS`` per topic, and one per node disk where every node
+one process per segment made every split dearer and every idle segment a tax, and one
+per topic every topic a process. The segments of a namespace's topics live in
+*segment hosts* (``actors.segment.host``): one per namespace, or
+``RAYTOPICS_SEGMENT_HOSTS`` per namespace, and one per node disk where every node
 keeps its own (``RAYTOPICS_STORAGE_SCOPE=node``: a segment runs where its files are).
 
 This directory maps each segment's name to its host and to what the host needs to
@@ -17,9 +18,9 @@ store, beside the actors' names and as short-lived as they: in their own KV
 namespace, never in the metadata store (which may be Redis, and outlives Ray).
 
 Who calls: the starters (a topic's controller) and the hosts write entries, the hosts
-remove them; lookups (``actors.segment.lookup``),
-readiness and capacity read them; a topic's controller removes a whole topic's
-when it clears what an earlier incarnation left.
+remove them (and mark themselves closing before a host that serves nothing exits);
+lookups (``actors.segment.lookup``), readiness and capacity read them; a topic's
+controller removes a whole topic's when it clears what an earlier incarnation left.
 """
 
 from __future__ import annotations
@@ -86,6 +87,27 @@ class SegmentDirectory:
     def remove_topic(self, topic: TopicName) -> None:
         self._kv.delete(_topic_prefix(topic), by_prefix=True)
 
+    def names_host(self, namespace_path: str, host: str) -> bool:
+        """Whether an entry of a segment of namespace ``namespace_path`` names ``host``:
+        a segment it serves, will open on its first call, or is about to be opened in it."""
+        entries = self._entries(f"segment:{namespace_path}/".encode()).values()
+        return any(entry.host == host for entry in entries)
+
+    # A host that serves nothing exits (``SegmentHost.exit_if_idle``) while a starter may
+    # be entering a segment in it. The host marks itself closing, then looks for entries
+    # naming it; a starter enters its segment, then looks for the mark. Whichever comes
+    # second sees the other: a host that sees an entry stays (and lifts its mark), a
+    # starter that sees the mark waits to learn which (``actors.segment.host``).
+
+    def mark_closing(self, host: str) -> None:
+        self._kv.put(_closing_key(host), b"1", True)
+
+    def unmark_closing(self, host: str) -> None:
+        self._kv.delete(_closing_key(host))
+
+    def closing(self, host: str) -> bool:
+        return self._kv.get(_closing_key(host)) is not None
+
     def per_node(self, hosts_alive: set[str]) -> Counter[str]:
         """Segments served per node id, counting only those whose host is in ``hosts_alive``."""
         entries = self._entries(b"segment:").values()
@@ -98,6 +120,10 @@ class SegmentDirectory:
 
 def _key(segment: SegmentName) -> bytes:
     return segment.actor_name.encode()
+
+
+def _closing_key(host: str) -> bytes:
+    return f"closing:{host}".encode()
 
 
 def _topic_prefix(topic: TopicName) -> bytes:

@@ -1,4 +1,5 @@
-"""The segment host: one detached, restartable Ray actor that serves many segments.
+"""The segment host: one detached, restartable Ray actor that serves many segments, of
+every topic of one namespace (``runtime.segment_hosts`` names them).
 
 Why segments share processes, and which host a segment goes to, is
 ``actors.segment.directory``'s docstring. The host routes each call to an open
@@ -12,10 +13,23 @@ each opens it again (never creating storage: a segment whose files are gone fail
 rather than serve an empty log). A call for a segment the host does not serve
 (closed, moved, never opened) fails as a call to an exited process would
 (``ActorUnavailableError``), and clients look the segment up again.
+
+Idle hosts exit: a host that has served no segment, and been called by nobody, for
+``RAYTOPICS_HOST_IDLE_EXIT_S`` (a namespace whose topics were deleted or all hibernate)
+ends its process, unless the directory names it for a segment (one it will open on its
+first call after a restart, or one a starter is opening in it right now: the closing mark
+of ``actors.segment.directory`` orders the two). The next segment opened in the namespace
+starts a host again.
+
+Topic incarnations: a host outlives the topics it serves, so a topic deleted and created
+again under its name may find its old segments still open here. Whoever starts an
+incarnation closes what the earlier one left (``close_topic``), and an opening of another
+incarnation than the one open replaces it, never serves it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import asdict, replace
 from typing import Any
@@ -25,15 +39,15 @@ from ray.exceptions import ActorUnavailableError
 
 from actors.capacity import segment_memory
 from actors.guard import guard
-from actors.registry import get_or_start, public_coroutines
+from actors.registry import get_or_start, gone_for_good, public_coroutines
 from actors.segment.actor import Segment
 from actors.segment.directory import Entry, SegmentDirectory
 from actors.segment.handle import Opening, SegmentHandle
 from runtime.auth import Permission
-from runtime.config import apply_settings
+from runtime.config import apply_settings, topic_settings
 from runtime.errors import ScalableTopicsError, SegmentNotFoundError, UnavailableError
-from runtime.names import SegmentName
-from runtime.segment_hosts import host_name, hosts_per_topic
+from runtime.names import SegmentName, TopicName
+from runtime.segment_hosts import host_name, host_namespace, hosts_per_namespace, idle_exit_s
 from storage.durability import Durability, default_storage_root
 from storage.topic_storage import new_incarnation
 
@@ -41,6 +55,8 @@ from storage.topic_storage import new_incarnation
 SEGMENT_METHODS = public_coroutines(Segment, "close")
 # Long-polling readers of every segment of the host wait at once.
 MAX_CONCURRENT_CALLS = 10_000
+# How long a starter waits for a host that marked itself closing to stay or exit.
+CLOSING_WAIT_S = 10.0
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=MAX_CONCURRENT_CALLS)
@@ -56,15 +72,27 @@ class SegmentHost:
         # may run an async actor's calls out of order, and an older one must not undo it.
         self._last_change: dict[str, int] = {}
         self._directory = SegmentDirectory()
-        # Only a first start may create storage: after a restart, a segment whose storage
-        # is gone must fail, not serve an empty log in its place.
-        self._may_create = not ray.get_runtime_context().was_current_actor_reconstructed
+        # The time of the last ``close_topic`` of each topic: an opening made before it is
+        # of an incarnation that ended (Ray may deliver it late, or retry it after a restart).
+        self._topic_closed: dict[str, int] = {}
+        # After a restart, an opening made before it (Ray retries the calls in flight) must
+        # not create storage: a segment whose storage is gone must fail, not serve an empty
+        # log in its place. One made since is a new segment's.
+        self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._started_at = time.time_ns()
+        # Idle exit: the time of the last call, and the timer that looks again.
+        self._idle_exit_s = idle_exit_s()
+        self._last_call = time.monotonic()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._directory.unmark_closing(name)  # a restarted host is not closing
+        self._look_for_idleness()
 
     async def open(self, segment: str, opening: Opening) -> None:
         """Serve ``segment`` as ``opening`` says, unless it is served here already or was
         closed after ``opening`` was made. Its starter entered it in the directory already
         (``start_segment_actor``); the host enters it again with its own node."""
-        self._open_as(segment, opening)
+        self._last_call = time.monotonic()
+        await self._open_as(segment, opening)
 
     async def call(
         self, segment: str, method: str, opening: Opening | None, *args: Any, **kwargs: Any
@@ -72,16 +100,18 @@ class SegmentHost:
         """``method`` of the open ``segment`` (which checks the caller's credential). A call
         through the handle its opener got carries the ``opening``, so it finds the
         segment open even if it runs before the ``open`` sent ahead of it."""
+        self._last_call = time.monotonic()
         if method not in SEGMENT_METHODS:
             raise AttributeError(f"a segment has no method {method!r}")
-        if opening is not None and segment not in self._segments:
-            self._open_as(segment, opening)
+        if opening is not None and not self._serves_as(segment, opening):
+            await self._open_as(segment, opening)
         return await getattr(self._serving(segment), method)(*args, **kwargs)
 
     async def close(self, segment: str, at: int, *, credential: str | None = None) -> bool:
         """Stop serving ``segment`` (it hibernates, was deleted, or belongs to an incarnation
         that ended) unless it was opened after ``at``; whether it was open here. Its entry
         goes first, so nobody looks it up here meanwhile."""
+        self._last_call = time.monotonic()
         name = SegmentName.parse(segment)
         guard().check(credential, Permission.ADMIN, name.topic.namespace_path)
         if not self._newer(segment, at):
@@ -91,13 +121,63 @@ class SegmentHost:
         if served is None:
             return False
         await served.close()
+        self._look_for_idleness()
         return True
+
+    async def close_topic(self, topic: str, at: int, *, credential: str | None = None) -> int:
+        """Stop serving every segment of ``topic`` opened before ``at`` (its incarnation
+        ended, or one starts that must not find them), and refuse openings made before
+        ``at`` from now on; how many were open."""
+        self._last_call = time.monotonic()
+        name = TopicName.parse(topic)
+        guard().check(credential, Permission.ADMIN, name.namespace_path)
+        self._topic_closed[str(name)] = max(at, self._topic_closed.get(str(name), 0))
+        mine = {s: SegmentName.parse(s) for s in self._segments}
+        closing = [s for s, n in mine.items() if n.topic == name and self._newer(s, at)]
+        for segment in closing:
+            self._directory.remove(mine[segment], self._name)
+            await self._segments.pop(segment).close()
+        self._look_for_idleness()
+        return len(closing)
+
+    def _exit_if_idle(self) -> None:
+        """End this process if it serves no segment, nobody called it for
+        ``RAYTOPICS_HOST_IDLE_EXIT_S`` and no directory entry names it; else look again
+        later. Killed, not ended by ``exit_actor`` (which waits for the calls in flight,
+        and a retried call of its own keeps it waiting): nothing is open to flush."""
+        if not self._idle():
+            self._look_for_idleness()
+            return
+        self._directory.mark_closing(self._name)
+        if self._segments or self._directory.names_host(host_namespace(self._name), self._name):
+            self._directory.unmark_closing(self._name)
+            self._look_for_idleness()
+            return
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+    def _idle(self) -> bool:
+        quiet = time.monotonic() - self._last_call >= self._idle_exit_s
+        return quiet and not self._segments
+
+    def _look_for_idleness(self) -> None:
+        """While nothing is open here, look again when the quiet time would be up (one timer
+        at most; a host that serves segments has none)."""
+        if self._segments or self._idle_timer is not None:
+            return
+        due = max(self._last_call + self._idle_exit_s - time.monotonic(), 0.0)
+        self._idle_timer = asyncio.get_running_loop().call_later(due, self._idle_timer_fired)
+
+    def _idle_timer_fired(self) -> None:
+        self._idle_timer = None
+        if not self._segments:  # else the close of its last segment looks again
+            self._exit_if_idle()
 
     async def stats_of(
         self, segments: list[str], *, credential: str | None = None
     ) -> dict[str, dict[str, Any] | None]:
         """``stats`` of each of ``segments`` in one call (the controller's maintenance round
         asks every segment each round); ``None`` for one not served here."""
+        self._last_call = time.monotonic()
         found: dict[str, dict[str, Any] | None] = {}
         for segment in segments:
             try:
@@ -119,17 +199,34 @@ class SegmentHost:
         # After a restart of this host, perhaps on another node.
         return self._open(name, replace(entry, node=self._node), create=False)
 
-    def _open_as(self, segment: str, opening: Opening) -> None:
+    def _serves_as(self, segment: str, opening: Opening) -> bool:
+        """Whether ``segment`` is open here, of the incarnation ``opening`` names."""
+        served = self._segments.get(segment)
+        return served is not None and served.incarnation == opening.incarnation
+
+    async def _open_as(self, segment: str, opening: Opening) -> None:
         """Open ``segment`` as its starter says (``opening`` needs ``admin``), unless it is
-        open or was closed after ``opening`` was made."""
+        open or was closed after ``opening`` was made; one open of another incarnation is
+        closed first."""
         name = SegmentName.parse(segment)
         guard().check(opening.credential, Permission.ADMIN, name.topic.namespace_path)
-        if segment in self._segments or not self._newer(segment, opening.at):
+        if self._serves_as(segment, opening) or not self._may_open(name, opening):
             return
+        replaced = self._segments.pop(segment, None)
+        if replaced is not None:
+            await replaced.close()
         entry = Entry(
             self._name, self._node, opening.storage_root, opening.durability, opening.incarnation
         )
-        self._open(name, entry, opening.create and self._may_create)
+        may_create = opening.create and (not self._restarted or opening.at > self._started_at)
+        self._open(name, entry, may_create)
+
+    def _may_open(self, name: SegmentName, opening: Opening) -> bool:
+        """Whether ``opening`` is the latest change to the segment and was made after its
+        topic's last ``close_topic`` (and record it as the latest)."""
+        if opening.at < self._topic_closed.get(str(name.topic), 0):
+            return False
+        return self._newer(str(name), opening.at)
 
     def _newer(self, segment: str, at: int) -> bool:
         """Whether a change made at ``at`` is the latest for ``segment`` (and record it)."""
@@ -184,15 +281,36 @@ def start_segment_actor(
         incarnation = new_incarnation()
     durability = durability or Durability.from_env()
     root = str(storage_root or default_storage_root())
-    host_of = host_name(name, node, hosts or hosts_per_topic())
-    host = get_or_start(
-        SegmentHost, host_of, host_of, topic=name.topic, memory=segment_memory(), node=node
-    )
+    host_of = host_name(name, node, hosts or hosts_per_namespace(), topic_settings())
+    directory = SegmentDirectory()
+    # Entered before the host is looked up, and so before it runs ``open``: whoever looks the
+    # segment up from now on finds its host, a call that overtakes the open opens it there
+    # (``_serving``), and a host about to exit for idleness sees it (``_exit_if_idle``).
+    directory.put(name, Entry(host_of, node or "", root, asdict(durability), incarnation))
+
+    def start() -> ray.actor.ActorHandle:
+        return get_or_start(
+            SegmentHost, host_of, host_of, topic=name.topic, memory=segment_memory(), node=node
+        )
+
+    host = start()
+    if directory.closing(host_of):
+        _wait_out_closing(directory, host_of)
+        host = start()  # the same host if it stayed, else a new one
     opening = Opening(
         root, asdict(durability), initialize, incarnation, time.time_ns(), guard().internal_token()
     )
-    # Entered before the host runs ``open``: whoever looks the segment up from now on finds
-    # its host, and a call that overtakes the open opens it there (``_serving``).
-    SegmentDirectory().put(name, Entry(host_of, node or "", root, opening.durability, incarnation))
     host.open.remote(str(name), opening)
     return SegmentHandle(host, str(name), opening)
+
+
+def _wait_out_closing(directory: SegmentDirectory, host: str) -> None:
+    """Wait until ``host``, marked closing, has either stayed (it lifts its mark) or exited
+    (its mark is lifted here); a mark left by a host that died between marking and
+    deciding is outwaited (a restarted host lifts its own)."""
+    deadline = time.monotonic() + CLOSING_WAIT_S
+    while directory.closing(host) and time.monotonic() < deadline:
+        if gone_for_good(host):
+            directory.unmark_closing(host)
+            return
+        time.sleep(0.02)
