@@ -12,9 +12,10 @@ only bugs show a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from clients import cli_commands as run
 from clients.cli_calls import add_generated, json_object
@@ -408,7 +409,18 @@ def _command(
 # --- entry point ------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def console_script() -> None:
+    """The ``raytopics`` command. Its stdout carries the command's output alone: what
+    Ray prints for a driver goes to stderr while the command runs (``main``), and so do
+    the lines Ray's exit handlers print (how often a report repeated)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stdout = sys.stderr
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    """Runs one command, its output on ``out`` (stdout); returns the exit code."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["help"]:  # `raytopics help [COMMAND...]`, as git and kubectl take it
@@ -416,19 +428,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("serve", "produce", "consume") and args.url:
         parser.error(f"{args.command} runs on Ray; it cannot run through --url")
+    # A Ray driver prints what the cluster reports (a raylet's warning about starting
+    # workers, say) on its stdout, which is this command's output: a consumer's lines or
+    # a JSON answer piped to another program. The command writes to ``args.out``; for
+    # as long as it runs, everything else printed on stdout goes to stderr.
+    args.out = out or sys.stdout
     try:
-        offline = getattr(args, "offline", None)
-        if offline is not None:
-            output = offline(args)
-        else:
-            output = run.serve(args) if args.run is None else _run(args.run, args)
+        with contextlib.redirect_stdout(sys.stderr):
+            offline = getattr(args, "offline", None)
+            if offline is not None:
+                output = offline(args)
+            else:
+                output = run.serve(args) if args.run is None else _run(args.run, args)
     except ScalableTopicsError as err:
         print(f"error: {' '.join(err.message.split())}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     if output:
-        print(output)
+        print(output, file=args.out)
     return 0
 
 
@@ -443,4 +461,4 @@ def _run(command: Command, args: argparse.Namespace) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_script()

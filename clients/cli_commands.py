@@ -273,7 +273,7 @@ def consume(admin: Any, args: argparse.Namespace) -> str:
         json_lines=args.json,
         token=_token(args),
     )
-    count = console.consume(admin, run, sys.stdout, sys.stderr)
+    count = console.consume(admin, run, args.out, sys.stderr)
     print(f"consumed {count} messages from {args.topic}", file=sys.stderr)
     return ""
 
@@ -282,7 +282,7 @@ def top(admin: Any, args: argparse.Namespace) -> str:
     from clients import console
 
     rounds = 1 if args.once else None
-    console.top(admin, args.namespaces, interval_s=args.interval, rounds=rounds, out=sys.stdout)
+    console.top(admin, args.namespaces, interval_s=args.interval, rounds=rounds, out=args.out)
     return ""
 
 
@@ -307,6 +307,7 @@ def serve(args: argparse.Namespace) -> str:
     print(
         f"serving the admin API at {url} (see {url}/openapi.json) and the web console at "
         f"{url}/; Ctrl-C stops",
+        file=args.out,
         flush=True,
     )
     while not stop.wait(0.5):

@@ -148,15 +148,11 @@ def test_topic_lifecycle(cli_env: dict[str, str], unique: str) -> None:
     assert "billing" in stats and "#4" in stats and "SUBSCRIPTION" in stats
     assert json.loads(cli(cli_env, "describe", topic, "--json"))["epoch"] == 2
 
-    reset = cli(
-        cli_env, "subscriptions", "reset", topic, "billing", "2001-09-09T01:46:40+00:00"
-    )
+    reset = cli(cli_env, "subscriptions", "reset", topic, "billing", "2001-09-09T01:46:40+00:00")
     assert "reset subscription billing" in reset and "5 segments, 3 finished" in reset
     future = cli(cli_env, "subscriptions", "reset", topic, "billing", "4102444800000")
     assert "a time still to come" in future
-    assert "cleared the backlog" in cli(
-        cli_env, "subscriptions", "clear-backlog", topic, "billing"
-    )
+    assert "cleared the backlog" in cli(cli_env, "subscriptions", "clear-backlog", topic, "billing")
     bad_time = cli(cli_env, "subscriptions", "reset", topic, "billing", "soon", code=2)
     assert "expected earliest, latest, epoch milliseconds or an ISO 8601 time" in bad_time
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+import time
 from collections import defaultdict
 from datetime import UTC, datetime
 
 import pytest
+import ray
 from hypothesis import given
 from hypothesis import strategies as st
+from ray._private.utils import publish_error_to_driver
 from test_cli import RAYTOPICS, assert_one_error_line, cli_env, raytopics  # noqa: F401
 
 from clients.console import Pacer, TopicSample, as_json, chunks, key_of, rate, top_table
@@ -61,6 +64,38 @@ def test_produce_then_consume_a_hundred_thousand_lines_in_key_order(
     table = raytopics(cli_env, "top", "console/ns", "--once")
     row = next(line for line in table.splitlines() if f"topic://{topic}" in line)
     assert row.split()[1:3] == ["4", "0"] and str(LINES) in row.split()
+    admin.delete_scalable_topic(f"topic://{topic}")
+
+
+def test_what_the_cluster_reports_to_drivers_stays_out_of_the_output(
+    cli_env: dict[str, str],  # noqa: F811
+    admin,
+    unique: str,
+) -> None:
+    """A driver prints what Ray reports to every driver (a raylet's warning about the
+    workers it started) on its stdout; the consumer's stdout is its messages only, and
+    the report goes to stderr."""
+    topic = f"console/ns/reports-{unique}"
+    admin.create_scalable_topic(f"topic://{topic}", 1)
+    done = subprocess.run(
+        [RAYTOPICS, "produce", topic], input="a\nb\n", env=cli_env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    consumer = subprocess.Popen(
+        [RAYTOPICS, "consume", topic, "--from", "earliest", "--json", "--timeout", "6"],
+        env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    report = f"a cluster's report {unique}"
+    gcs = ray._private.worker.global_worker.gcs_client
+    while consumer.poll() is None:
+        publish_error_to_driver("test_report", report, gcs)  # to every driver
+        time.sleep(0.2)
+    out, err = consumer.communicate()
+    assert consumer.returncode == 0, err[-3000:]
+    assert all(line.startswith("{") for line in out.splitlines()), out
+    assert [json.loads(line)["value"] for line in out.splitlines()] == ["a", "b"]
+    assert report in err  # delivered, to stderr
     admin.delete_scalable_topic(f"topic://{topic}")
 
 
