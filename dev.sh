@@ -2,7 +2,7 @@
 # One entry point for humans and CI: creates/reuses .venv at the repo root,
 # installs the project when pyproject.toml changed, then runs what was asked.
 #   ./dev.sh demo          set up, then run the demo on an embedded local Ray
-#   ./dev.sh test [ARGS]   set up, then lint and run the whole test suite
+#   ./dev.sh test [ARGS]   set up, then lint and run the whole test suite (two workers)
 #   ./dev.sh test --quick  set up, then lint and run the quick tier (tests/README.md)
 #   ./dev.sh coverage      set up, then run the whole suite measuring line coverage
 set -euo pipefail
@@ -83,6 +83,16 @@ coverage_hook() {
     >"$site/zz_raytopics_coverage.pth"
 }
 
+# The whole suite runs on two pytest workers by default, each a session with a Ray of
+# its own (tests/README.md, "How a parallel run is laid out"): on 2 cores they finish it
+# in two thirds to four fifths of one worker's time. RAYTOPICS_TEST_WORKERS=N runs N
+# (1: serially).
+parallel() {
+  local workers=${RAYTOPICS_TEST_WORKERS:-2}
+  [ "$workers" -gt 1 ] && echo "-n $workers --dist loadgroup --no-loadscope-reorder"
+  return 0
+}
+
 case "${1:-}" in
   demo)
     setup
@@ -97,15 +107,7 @@ case "${1:-}" in
       shift
       exec .venv/bin/python -m pytest -m "not integration or smoke" --durations=10 "$@"
     fi
-    # One worker by default: the suite is bound by CPU, and on a 2-core machine two
-    # workers take as long and let Ray's time-outs fire (tests/README.md). With more
-    # cores, RAYTOPICS_TEST_WORKERS=N runs N workers, each with a Ray of its own.
-    workers=${RAYTOPICS_TEST_WORKERS:-1}
-    parallel=()
-    if [ "$workers" -gt 1 ]; then
-      parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
-    fi
-    exec .venv/bin/python -m pytest "${parallel[@]}" --durations=25 "$@"
+    exec .venv/bin/python -m pytest $(parallel) --durations=25 "$@"
     ;;
   coverage)
     shift
@@ -114,6 +116,8 @@ case "${1:-}" in
     coverage_hook
     rm -rf build/coverage && mkdir -p build/coverage
     status=0
+    # Serially: tracing every process costs CPU, and on two workers the schemathesis
+    # runs, the admission fill and Spark's tests then miss their time limits.
     COVERAGE_FILE="$PWD/build/coverage/data" .venv/bin/python -m pytest --cov --cov-report= \
       --durations=25 "$@" || status=$?
     COVERAGE_FILE="$PWD/build/coverage/data" .venv/bin/python -m coverage combine -q || true

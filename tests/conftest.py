@@ -7,6 +7,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import hypothesis  # noqa: F401 - see below
 import object_store  # tests/ is on sys.path under pytest
@@ -49,6 +50,10 @@ _choose("RAYTOPICS_TIER_URIS", object_store.operator_tier_uris(TIER_ROOT))
 # its default (16 segments per CPU) is tested on Rays of their own (test_admission,
 # test_schemathesis, the chaos harness), which do not inherit this.
 os.environ.setdefault("RAYTOPICS_SEGMENTS_PER_CPU", "64")
+# Most tests use a namespace of their own, each with a segment host: an idle host costs
+# Ray's per-process floor every second and ~200 MB, so a namespace's host exits soon
+# after its last topic is deleted (30 s by default), not at the end of the run.
+os.environ.setdefault("RAYTOPICS_HOST_IDLE_EXIT_S", "3")
 # Spark's JVMs (the driver's and the executors') run little code for a session's
 # length: the client compiler and the serial collector cost them far less CPU on a
 # small machine (tests/README.md).
@@ -83,29 +88,44 @@ def ray_cluster():
     disconnect()
 
 
+@pytest.fixture(autouse=True)
+def _topics_deleted_after_test() -> Iterator[None]:
+    """Deletes the topics a test created on the session's Ray when the test ends (those
+    of module fixtures, made before it started, when the module ends).
+
+    Every topic keeps a controller and a coordinator host running, each a process that
+    costs Ray's per-process floor for as long as it lives, reports metrics to the node's
+    agent every second and runs its maintenance round: left running, the topics of
+    earlier tests were a steady share of the whole suite's CPU. The product's own delete
+    stops them."""
+    yield from _delete_topics_made_meanwhile()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _topics_deleted_after_module() -> Iterator[None]:
-    """Deletes the topics a module created on the session's Ray when the module ends.
+    yield from _delete_topics_made_meanwhile()
+    if session_topics() is not None:  # Ray's own get_actor would start a Ray otherwise
+        _stop_ray_data_actors()
 
-    Every topic keeps a controller and a segment host running (and a coordinator per
-    subscription), each a process that costs Ray's per-process floor for as long as it
-    lives and reports metrics to the node's agent every second: left running, the
-    topics of earlier modules were a steady share of the whole suite's CPU. The
-    product's own delete stops them."""
+
+def _delete_topics_made_meanwhile() -> Iterator[None]:
     before = session_topics()
     yield
     after = session_topics()
     if after is None:
         return
     from clients import ScalableTopicsAdmin
+    from runtime.errors import UnauthenticatedError
 
-    admin = ScalableTopicsAdmin(controller_restart_timeout_s=10)
+    try:
+        admin = ScalableTopicsAdmin(controller_restart_timeout_s=10)
+    except UnauthenticatedError:  # a module's policy asks for tokens: its own end deletes
+        return
     for topic in sorted(after - (before or set())):
         try:
             admin.delete_scalable_topic(topic)
         except Exception as err:  # noqa: BLE001 - a topic a test left broken on purpose
             print(f"\nleft {topic} running: {type(err).__name__}: {err}")
-    _stop_ray_data_actors()
 
 
 # Detached actors Ray Data starts on first use and never stops: left running, they cost
@@ -135,23 +155,53 @@ def session_topics() -> set[str] | None:
     return {str(topic) for topic in Catalog().all_topics()}
 
 
-@pytest.fixture(scope="session")
+_session_spark: list[Any] = []  # the session's Spark, while it runs
+
+
+@pytest.fixture
 def spark(ray_cluster):
     """One Spark session on Ray (RayDP, one small executor) for every test that asks,
-    as ``spark_session`` makes it: its streaming source and sink ready. A parallel run gives all of
-    them to one worker (``SPARK_GROUP``), so only one worker starts Spark's JVMs."""
-    from clients.spark import warm_up
-    from clients.spark_session import spark_session, stop_spark
+    as ``spark_session`` makes it: its streaming source and sink ready; started by the
+    first. A parallel run gives all of them to one worker (``SPARK_GROUP``), so only one
+    worker starts Spark's JVMs, and it stops them after the group's last test
+    (``pytest_runtest_teardown``) rather than let them idle through the rest of the run."""
+    if not _session_spark:
+        from clients.spark import warm_up
+        from clients.spark_session import spark_session
 
-    session = spark_session(
-        "raytopics-tests",
-        num_executors=1,
-        executor_memory="1g",
-        configs={"spark.ui.enabled": "false"},
-    )
-    warm_up(session)  # its streaming source and sink need no other call
-    yield session
-    stop_spark()
+        session = spark_session(
+            "raytopics-tests",
+            num_executors=1,
+            executor_memory="1g",
+            configs={"spark.ui.enabled": "false"},
+        )
+        warm_up(session)  # its streaming source and sink need no other call
+        _session_spark.append(session)
+    return _session_spark[0]
+
+
+def _uses_spark(item: pytest.Item | None) -> bool:
+    if item is None:
+        return False
+    return "spark" in item.fixturenames or item.get_closest_marker("spark") is not None
+
+
+def _stop_session_spark() -> None:
+    if _session_spark:
+        from clients.spark_session import stop_spark
+
+        stop_spark()
+        _session_spark.clear()
+
+
+@pytest.hookimpl(tryfirst=True)  # before the session's fixtures (its Ray) are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stops the session's Spark after the last test. In a parallel run, the Spark group's
+    tests come to a worker together and in a row: after the last of them no test of this
+    worker asks for Spark again."""
+    in_group = os.environ.get("PYTEST_XDIST_WORKER") and _uses_spark(item)
+    if nextitem is None or (in_group and not _uses_spark(nextitem)):
+        _stop_session_spark()
 
 
 @pytest.fixture(scope="session")

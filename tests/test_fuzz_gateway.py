@@ -24,11 +24,11 @@ import pytest
 import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ray.experimental import internal_kv
 
 from actors.gateway.routes import ROUTES
 from actors.gateway.server import start_gateway, stop_gateway
 from clients import ScalableTopicsAdmin
+from storage.metadata import GcsKeyValue
 from tests.test_gateway import free_port
 
 EXAMPLES = 140  # per endpoint with inputs: x 16 = 2,240 requests
@@ -63,13 +63,12 @@ def world(ray_cluster) -> Iterator[dict[str, Any]]:
             admin.delete_scalable_topic(topic)
 
 
-def snapshot(namespace: str) -> dict[bytes, bytes | None]:
+def snapshot(namespace: str) -> dict[bytes, bytes]:
     """Every KV entry the fuzzed namespaces own (topics and limits)."""
-    entries = {}
-    for prefix in (f"/topics/{TENANT}/", f"/limits/{TENANT}/"):
-        for key in internal_kv._internal_kv_list(prefix.encode(), namespace=namespace):
-            entries[key] = internal_kv._internal_kv_get(key, namespace=namespace)
-    return entries
+    store = GcsKeyValue(namespace)
+    keys = [key for prefix in (f"/topics/{TENANT}/", f"/limits/{TENANT}/")
+            for key in store.keys(prefix.encode())]  # fmt: skip
+    return store.get_many(keys)  # one round trip, not one per key
 
 
 def _param(name: str) -> st.SearchStrategy[str]:
@@ -108,14 +107,17 @@ def _query(route) -> st.SearchStrategy[dict[str, str]]:
     return st.dictionaries(st.sampled_from(keys), value, max_size=2)
 
 
-@st.composite
-def requests(draw, route) -> tuple[str, str, bytes | None, dict[str, str]]:
-    names = re.findall(r"{(\w+)}", route.path)
-    values = {n: urllib.parse.quote(draw(_param(n)), safe="") for n in names}
-    path = route.path.format(**values)
+def requests(route) -> st.SearchStrategy[tuple[str, str, bytes | None, dict[str, str]]]:
+    """Requests to ``route``: mostly its own method, its path's parameters real or not.
+    Built once per route (strategies built inside each draw cost more than the request)."""
+    quoted = {
+        n: _param(n).map(lambda v: urllib.parse.quote(v, safe=""))
+        for n in re.findall(r"{(\w+)}", route.path)
+    }
+    path = st.fixed_dictionaries(quoted).map(lambda values: route.path.format(**values))
     methods = ["GET", "PUT", "POST", "DELETE", "PATCH"]
-    method = draw(st.sampled_from([route.method] * 8 + methods))
-    return method, path, draw(_body(route)), draw(_query(route))
+    method = st.sampled_from([route.method] * 8 + methods)
+    return st.tuples(method, path, _body(route), _query(route))
 
 
 def send(url: str, method: str, path: str, body: bytes | None, query: dict) -> tuple[int, Any]:

@@ -132,17 +132,20 @@ def test_backlog_age_is_the_age_of_the_oldest_unacknowledged_message(admin, uniq
     while total(scrape(), "backlog_age_seconds", topic=topic, subscription="lagging") is None:
         assert time.monotonic() < first, "backlog_age_seconds was never exported"
         time.sleep(0.2)
-    scraped: list[tuple[float, float]] = []  # (value, truth when scraped)
+    # (value, truth when the scrape began, truth when it ended): on a loaded machine a
+    # scrape takes a second or more, and the value is of some moment within it.
+    scraped: list[tuple[float, float, float]] = []
     exports = set()
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or len(scraped) < 12:
+        began = time.time() - oldest_ms / 1000
         value = total(scrape(), "backlog_age_seconds", topic=topic, subscription="lagging")
         assert value is not None, "backlog_age_seconds is not exported"
-        scraped.append((value, time.time() - oldest_ms / 1000))
+        scraped.append((value, began, time.time() - oldest_ms / 1000))
         exports.add(value)
         time.sleep(0.23)
     assert len(exports) >= 10, f"the age was not exported anew every second or so: {exports}"
-    late = [(value, truth) for value, truth in scraped if abs(value - truth) > 2.0]
+    late = [s for s in scraped if not s[1] - 2.0 <= s[0] <= s[2] + 0.5]
     assert not late, f"{len(late)} of {len(scraped)} scrapes more than 2 s off: {late}"
     # every per-segment metric tags a segment alike, by its descriptor: joins work
     samples = scrape()
