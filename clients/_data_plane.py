@@ -29,22 +29,23 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+import sys
 from collections import OrderedDict, deque
 from typing import Any
 
 import pyarrow as pa
-from ray.exceptions import RayActorError
 
 from runtime import tls, wire
 from runtime.batch import deserialize_batch
 from runtime.errors import (
     InvalidArgumentError,
     ScalableTopicsError,
+    SegmentNotFoundError,
     TlsError,
     UnauthenticatedError,
     UnauthorizedError,
+    UnavailableError,
 )
-from runtime.remote import call
 
 # What ends a client's work with a segment instead of a retry: the cluster refused its
 # credential, or the data plane cannot be reached securely.
@@ -81,12 +82,34 @@ def _modified_ns(path: str) -> int:
         return -1
 
 
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """What a failed attempt to connect raises that a later one may not: a socket's
+    error, the segment not served at this moment (a gateway's answer), and in a Ray
+    driver the segment's actor restarting. Ray's exceptions are looked up only where Ray
+    was imported: a client outside Ray never imports it."""
+    retried: tuple[type[BaseException], ...] = (OSError, SegmentNotFoundError, UnavailableError)
+    ray_exceptions = sys.modules.get("ray.exceptions")
+    return retried if ray_exceptions is None else (*retried, ray_exceptions.RayActorError)
+
+
+async def _endpoint(segment: Any, credential: str | None) -> wire.Endpoint:
+    """Where ``segment`` listens now: a Ray driver asks its actor, a client outside Ray
+    the gateway (``clients._remote.RemoteSegment``)."""
+    from clients._remote import RemoteSegment  # here: it builds on this module
+
+    if isinstance(segment, RemoteSegment):
+        return await segment.locate()
+    from runtime.remote import call
+
+    return await call(segment.data_endpoint.remote(credential=credential))
+
+
 async def _open_data_plane(
-    handle: Any, credential: str | None, access: int, **options: Any
+    segment: Any, credential: str | None, access: int, **options: Any
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A connection to the segment's data plane, at the address its actor gives now,
     with the HELLO written: the caller's frames may follow at once."""
-    endpoint = await call(handle.data_endpoint.remote(credential=credential))
+    endpoint = await _endpoint(segment, credential)
     context = _client_tls()
     if endpoint.tls and context is None:
         raise TlsError(
@@ -109,6 +132,16 @@ async def _open_data_plane(
         ) from None
     writer.write(wire.encode_hello(credential, access))
     return reader, writer
+
+
+async def check_access(segment: Any, credential: str | None, access: int) -> None:
+    """Raise the segment's refusal of ``credential`` for ``access`` (``wire.PRODUCE``,
+    ``wire.CONSUME``), if it refuses: the HELLO alone, answered and closed."""
+    reader, writer = await _open_data_plane(segment, credential, access)
+    try:
+        wire.decode_welcome(await _frame(reader))
+    finally:
+        writer.close()
 
 
 class ChannelError(ConnectionError):
@@ -185,12 +218,15 @@ class SegmentChannel:
                     self._handle, self._credential, wire.PRODUCE
                 )
                 break
-            except ScalableTopicsError as err:  # refused: asking again cannot change that
+            except REFUSALS as err:  # asking again cannot change that
                 self._fail_all(err)
                 return
-            except (OSError, RayActorError) as err:
+            except _unreachable() as err:
                 failure = err
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+            except ScalableTopicsError as err:  # the segment is gone: no retry finds it
+                self._fail_all(err)
+                return
         else:
             self._fail_all(ChannelError(f"segment unreachable: {failure}"))
             return

@@ -6,7 +6,8 @@ accepts. The segment actor stays the authority (it checks every append); this
 copy only makes the refusal early. It comes from the admin service, which checks
 the producer's credential (``produce`` implies ``lookup``), never from the
 metadata store or this process's environment: a client whose environment
-differs from the operator's still sees the cluster's limits.
+differs from the operator's still sees the cluster's limits. A client outside Ray
+asks the REST gateway, which asks the admin service.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from actors.admin.caller import AdminServiceCaller
 from runtime.errors import ScalableTopicsError
 from runtime.limits import Limits
 
 log = logging.getLogger(__name__)
+
+# How a client asks for a namespace's limits: (namespace, credential) -> the limits.
+Ask = Callable[[str, str | None], Awaitable[Limits]]
 
 
 class ClusterLimits:
@@ -39,7 +42,9 @@ class ClusterLimits:
         loop: asyncio.AbstractEventLoop,
         max_age_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        ask: Ask | None = None,
     ) -> None:
+        self._ask = ask or _ask_admin_service
         self._namespace, self._credential = namespace, credential
         self._limits, self._loop = limits, loop
         self._max_age_s, self._clock = max_age_s, clock
@@ -47,10 +52,13 @@ class ClusterLimits:
         self._refreshing = False
 
     @classmethod
-    async def open(cls, namespace: str, credential: str | None) -> ClusterLimits:
-        """The namespace's limits now; a refusal (the credential) is raised here."""
-        limits = await _ask(namespace, credential)
-        return cls(namespace, credential, limits, asyncio.get_running_loop())
+    async def open(
+        cls, namespace: str, credential: str | None, ask: Ask | None = None
+    ) -> ClusterLimits:
+        """The namespace's limits now, asked through ``ask`` (default: the admin service
+        over Ray); a refusal (the credential) is raised here."""
+        limits = await (ask or _ask_admin_service)(namespace, credential)
+        return cls(namespace, credential, limits, asyncio.get_running_loop(), ask=ask)
 
     @property
     def current(self) -> Limits:
@@ -64,14 +72,16 @@ class ClusterLimits:
 
     async def _refresh(self) -> None:
         try:
-            self._limits = await _ask(self._namespace, self._credential)
+            self._limits = await self._ask(self._namespace, self._credential)
         except (ScalableTopicsError, TimeoutError) as err:
             log.debug("limits of %s not refreshed: %s", self._namespace, err)
         finally:
             self._read_at, self._refreshing = self._clock(), False
 
 
-async def _ask(namespace: str, credential: str | None) -> Limits:
+async def _ask_admin_service(namespace: str, credential: str | None) -> Limits:
+    from actors.admin.caller import AdminServiceCaller  # a Ray driver's only
+
     answer = await AdminServiceCaller().call(
         "get_namespace_limits", namespace, credential=credential
     )

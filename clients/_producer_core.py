@@ -14,13 +14,12 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from actors.control.dag_watch import DagWatch
-from actors.segment.lookup import find_segment_actor
 from clients._data_plane import ChannelError, SegmentChannel
 from clients._limits import ClusterLimits
 from clients._loop import background_loop
@@ -33,14 +32,14 @@ from runtime.batch import (
 )
 from runtime.errors import (
     ProducerQueueFullError,
-    SegmentNotFoundError,
     SegmentTerminated,
     SendTimeoutError,
+    TlsError,
 )
 from runtime.hashing import key_hashes
 from runtime.layout import SegmentLayout
-from runtime.names import TopicName
-from runtime.remote import call
+from runtime.layout_watch import LayoutWatch
+from runtime.names import SegmentName, TopicName
 from runtime.routing import partition
 
 if TYPE_CHECKING:
@@ -49,6 +48,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _ADOPT_RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class SegmentAccess:
+    """How a producer reaches segments where it runs: ``find`` gives what a channel
+    connects through (a Ray driver: the segment's actor, ``clients._ray``; a process
+    outside Ray: the gateway's answer, ``clients._remote``), waiting for one that is
+    starting; ``unavailable`` is what it raises while the segment is not served, which a
+    send retries until its deadline."""
+
+    find: Callable[[SegmentName], Awaitable[Any]]
+    unavailable: tuple[type[BaseException], ...]
+
 
 # --- one segment -------------------------------------------------------------------
 
@@ -115,12 +127,9 @@ class SegmentSender:
             except SegmentTerminated:
                 self.refused.append((sequence, chunk))
                 self.core.segment_sealed(self)
-            except (
-                SegmentNotFoundError,
-                ActorUnavailableError,
-                ActorDiedError,
-                RayActorError,
-            ) as err:
+            except TlsError as err:  # not a segment that is away: no retry reaches it
+                self._fail(chunk, err)
+            except self.core.access.unavailable as err:
                 self.handle = None
                 if time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
@@ -138,11 +147,11 @@ class SegmentSender:
 
     async def _append(self, sequence: int, chunk: Chunk, deadline: float) -> int:
         """One append over the configured transport; returns the base offset."""
-        self.handle = self.handle or await find_segment_actor(
-            self.name, credential=self.core.credential
-        )  # after a failure
+        self.handle = self.handle or await self.core.access.find(self.name)  # after a failure
         producer_id = self.core.producer_id
         if self.core.config.transport == "ray":
+            from runtime.remote import call  # a Ray driver's only
+
             ref = self.handle.append.remote(
                 chunk.batch, producer_id, sequence, credential=self.core.credential
             )
@@ -164,7 +173,7 @@ class SegmentSender:
         own could overtake one another on the data plane, and a frame that overtook
         its predecessor waits for it, parked in front of it."""
         try:
-            self.handle = await find_segment_actor(self.name, credential=self.core.credential)
+            self.handle = await self.core.access.find(self.name)
         except Exception as err:  # noqa: BLE001 - queued sends must fail, never hang
             queued, self.queue = list(self.queue), deque()
             for chunk in queued:
@@ -206,11 +215,13 @@ class ProducerCore:
         self,
         topic: TopicName,
         config: ProducerConfig,
-        watch: DagWatch,
+        watch: LayoutWatch,
         limits: ClusterLimits,
         credential: str | None,
+        access: SegmentAccess,
     ) -> None:
         self.topic = topic
+        self.access = access
         self.config = config
         self.credential = credential
         self.producer_id = config.producer_id or uuid.uuid4().hex

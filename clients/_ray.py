@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import gc
 import os
+from typing import TYPE_CHECKING
 
 import ray
 
 from runtime.config import GC_FREEZE_ENV
 from runtime.connect import connect
+from runtime.errors import SegmentNotFoundError
+
+if TYPE_CHECKING:
+    from clients._producer_core import SegmentAccess
 
 
 def joined(address: str | None = None) -> None:
@@ -36,3 +41,17 @@ def freeze_what_exists() -> None:
     """
     if os.environ.get(GC_FREEZE_ENV, "1") != "0":
         gc.freeze()
+
+
+def segment_access(credential: str | None) -> SegmentAccess:
+    """How a Ray driver's producer reaches segments: through their actors, looked up by
+    name; while an actor restarts or is not registered yet, sends wait and retry."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    from actors.segment.lookup import find_segment_actor
+    from clients._producer_core import SegmentAccess
+
+    return SegmentAccess(
+        find=lambda name: find_segment_actor(name, credential=credential),
+        unavailable=(SegmentNotFoundError, ActorUnavailableError, ActorDiedError, RayActorError),
+    )

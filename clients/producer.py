@@ -19,6 +19,11 @@ connection, and is checked by the cluster, never here: a producer starts by
 asking the DAG watch for the layout *to produce*, so a token that may not
 produce is refused at construction; a revoked one fails the sends in flight
 and every later one with the refusal.
+
+A process that is not a Ray driver produces through the REST gateway (``url=``, or
+``RAYTOPICS_URL``): the layout, its changes and the segments' addresses come from the
+gateway (``clients._remote``), the records go over the same data plane, and nothing
+imports Ray.
 """
 
 from __future__ import annotations
@@ -28,16 +33,15 @@ import concurrent.futures
 import concurrent.futures.thread  # noqa: F401 - its exit hook first, see below
 import dataclasses
 import logging
+import os
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from actors.control.dag_watch import DagWatch
 from clients._limits import ClusterLimits
 from clients._loop import background_loop
 from clients._producer_core import ProducerCore
-from clients._ray import freeze_what_exists, joined
 from clients._send_results import ROW_OVERHEAD, BulkSink, MessageSink, SendFuture, charge_of
 from clients.message import BatchResult, MessageId
 from runtime.auth import Permission, client_credential
@@ -102,23 +106,43 @@ class Producer:
     """Publish to a scalable topic; thread-safe, usable in Ray tasks and actors."""
 
     def __init__(
-        self, topic: str, *, token: str | None = None, address: str | None = None, **config: Any
+        self,
+        topic: str,
+        *,
+        token: str | None = None,
+        address: str | None = None,
+        url: str | None = None,
+        **config: Any,
     ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``produce`` on the topic's
         namespace when the cluster has an auth policy; a refusal is raised here.
         ``address``: the Ray to join when this process is not connected yet (see
-        ``runtime.connect``; by default ``RAY_ADDRESS`` or the embedded Ray). Bad
-        arguments are refused before any Ray is joined or started."""
+        ``runtime.connect``; by default ``RAY_ADDRESS`` or the embedded Ray). ``url``
+        (default ``RAYTOPICS_URL`` when no ``address`` is given): the REST gateway to
+        produce through instead, from a process that never joins Ray. Bad arguments are
+        refused before any Ray is joined or started."""
         name, settings = TopicName.parse(topic), ProducerConfig(**config)
-        joined(address)
-        self._setup(name, settings, client_credential(token))
-        self._open()  # fail fast here (refused, unknown topic...), not at the first send
-        freeze_what_exists()
+        url = _gateway_url(url, address)
+        if url is not None and settings.transport == "ray":
+            raise InvalidArgumentError("a producer through the gateway (url=) sends over 'tcp'")
+        if url is None:
+            from clients._ray import joined
 
-    def _setup(self, topic: TopicName, config: ProducerConfig, credential: str | None) -> None:
+            joined(address)
+        self._setup(name, settings, client_credential(token), url)
+        self._open()  # fail fast here (refused, unknown topic...), not at the first send
+        if url is None:
+            from clients._ray import freeze_what_exists
+
+            freeze_what_exists()
+
+    def _setup(
+        self, topic: TopicName, config: ProducerConfig, credential: str | None, url: str | None
+    ) -> None:
         self._topic = topic
         self._config = config
         self._credential = credential
+        self._url = url
         self._loop = background_loop()
         self._core: ProducerCore | None = None
         self._open_lock = threading.Lock()
@@ -136,13 +160,44 @@ class Producer:
             return self._core
 
     async def _start_core(self) -> ProducerCore:
+        if self._url is not None:
+            return await self._start_remote_core(self._url)
+        from actors.control.dag_watch import DagWatch
+        from clients._ray import segment_access
+
         watch = await DagWatch.open(self._topic, self._credential, Permission.PRODUCE)
         try:
             limits = await ClusterLimits.open(self._topic.namespace_path, self._credential)
         except BaseException:
             await watch.close()
             raise
-        core = ProducerCore(self._topic, self._config, watch, limits, self._credential)
+        access = segment_access(self._credential)
+        core = ProducerCore(self._topic, self._config, watch, limits, self._credential, access)
+        core.start()
+        return core
+
+    async def _start_remote_core(self, url: str) -> ProducerCore:
+        """Through the gateway: the layout (``lookup``) and limits from it, then a HELLO
+        to one segment for ``produce``, so a token that may look but not produce is
+        refused here too, as the DAG watch refuses it to a Ray driver."""
+        from clients._data_plane import check_access
+        from clients._remote import RemoteCluster
+        from runtime import wire
+
+        cluster = RemoteCluster(url, self._credential)
+        watch = await cluster.watch(self._topic)
+        try:
+            limits = await ClusterLimits.open(
+                self._topic.namespace_path, self._credential, ask=cluster.limits_of
+            )
+            access = cluster.segment_access()
+            layout = watch.layout
+            first = layout.all_segments[next(iter(layout.active_segments))].name(self._topic)
+            await check_access(await access.find(first), self._credential, wire.PRODUCE)
+        except BaseException:
+            await watch.close()
+            raise
+        core = ProducerCore(self._topic, self._config, watch, limits, self._credential, access)
         core.start()
         return core
 
@@ -273,7 +328,7 @@ class Producer:
         """Shipping a producer to a Ray task or actor gives a fresh one there, opened on
         first use: Ray calls made while Ray unpickles task arguments would deadlock. Its
         credential goes with it, as any argument of the task does."""
-        return (_reopen, (str(self._topic), self._config, self._credential))
+        return (_reopen, (str(self._topic), self._config, self._credential, self._url))
 
     def _track(self, future: SendFuture) -> None:
         with self._pending_lock:
@@ -292,12 +347,26 @@ class Producer:
             raise ClientClosedError(f"producer for {self._topic} is closed")
 
 
-def _reopen(topic: str, config: ProducerConfig, credential: str | None) -> Producer:
+def _reopen(
+    topic: str, config: ProducerConfig, credential: str | None, url: str | None = None
+) -> Producer:
     """A fresh producer (its own id): two live producers must never share one."""
     producer = Producer.__new__(Producer)
     config = dataclasses.replace(config, producer_id=None)
-    producer._setup(TopicName.parse(topic), config, credential)
+    producer._setup(TopicName.parse(topic), config, credential, url)
     return producer
+
+
+def _gateway_url(url: str | None, address: str | None) -> str | None:
+    """The gateway a producer goes through: ``url``, else ``RAYTOPICS_URL`` unless a Ray
+    ``address`` was given; ``None``: through Ray."""
+    if url is not None and address is not None:
+        raise InvalidArgumentError("give a Ray address or a gateway url, not both")
+    if url is None and address is None:
+        url = os.environ.get("RAYTOPICS_URL") or None
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise InvalidArgumentError(f"url must start with http:// or https://, got {url!r}")
+    return url
 
 
 def _close_open_producers() -> None:

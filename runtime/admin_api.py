@@ -234,7 +234,7 @@ _OPERATIONS = (
     Operation("stream_initial", _C, _T),
     Operation("stream_latest", _C, _T),
     Operation("stream_ranges", _C, _T),
-    Operation("stream_endpoint", _C, _T),
+    Operation("stream_endpoint", _L, _T),  # the data plane checks produce or consume
     Operation("plan_snapshot", _C, _T),
     Operation("stream_write", _P, _T),
     Operation("sink_open", _P, _T),
@@ -292,7 +292,7 @@ _ENDPOINTS = (
              body={"queryId": "query", "partitionId": "partition", "chunk": "chunk",
                    "recorded": "recorded"}),
     Endpoint("getSegmentEndpoint", "GET", STREAM_ENDPOINT_PATH,
-             "Where a segment's data plane listens now (a reader reconnecting)",
+             "Where a segment's data plane listens now (a client connecting or reconnecting)",
              "stream_endpoint"),
     Endpoint("listSubscriptions", "GET", SUBSCRIPTIONS_PATH, "List the topic's subscriptions",
              "list_subscriptions"),

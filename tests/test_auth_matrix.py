@@ -130,7 +130,9 @@ OPS: tuple[Op, ...] = (
     # own for them: its generic call presents the caller's token all the same)
     Op("stream-start", "consume", 200, "POST", "/admin/v2/scalable/{ns}/{base}/stream/initial",
        {"startingOffsets": "earliest"}, "_call", ("stream_initial", "{topic}", "earliest")),
-    Op("stream-endpoint", "consume", 200, "GET",
+    # where a segment listens: lookup, as the layout that names it (its data plane checks
+    # produce or consume itself); a producer outside Ray asks it too
+    Op("stream-endpoint", "lookup", 200, "GET",
        "/admin/v2/scalable/{ns}/{base}/stream/endpoint/0", None,
        "_call", ("stream_endpoint", "{topic}", 0)),
     Op("stream-write", "produce", 200, "POST", "/admin/v2/scalable/{ns}/{base}/stream/write",

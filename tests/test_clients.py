@@ -267,16 +267,16 @@ def test_a_failed_segment_lookup_fails_its_sends_instead_of_hanging(admin, uniqu
     fails the sends waiting for it; later sends look the actor up again. (The
     producer also looks every segment up as it starts, with no send waiting yet: a
     failure then fails nothing.)"""
-    import clients._producer_core as core
+    import actors.segment.lookup as lookup
 
-    real_lookup, failing = core.find_segment_actor, [True]
+    real_lookup, failing = lookup.find_segment_actor, [True]
 
     async def flaky_lookup(name, timeout_s=None, **options):
         if failing[0]:
             raise RuntimeError("GCS unreachable")
         return await real_lookup(name, timeout_s, **options)
 
-    monkeypatch.setattr(core, "find_segment_actor", flaky_lookup)
+    monkeypatch.setattr(lookup, "find_segment_actor", flaky_lookup)  # before the producer
     topic = f"topic://lost/ns/lookup-{unique}"
     admin.create_scalable_topic(topic, 1)
     with Producer(topic) as prod:

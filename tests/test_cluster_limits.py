@@ -8,7 +8,6 @@ import threading
 
 import pytest
 
-import clients._limits as module
 from clients._limits import ClusterLimits
 from runtime.errors import UnavailableError
 from runtime.limits import Limits
@@ -28,19 +27,18 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(monkeypatch) -> Cluster:
-    found = Cluster()
-    monkeypatch.setattr(module, "_ask", found.ask)
-    return found
+def cluster() -> Cluster:
+    return Cluster()
 
 
 def test_a_change_is_seen_once_the_copy_is_stale_and_never_waits_for(cluster) -> None:
     async def run() -> None:
         now = [0.0]
-        opened = await ClusterLimits.open("t/ns", "token")
+        opened = await ClusterLimits.open("t/ns", "token", ask=cluster.ask)
         limits = ClusterLimits(
-            "t/ns", "token", opened.current, asyncio.get_running_loop(), clock=lambda: now[0]
-        )
+            "t/ns", "token", opened.current, asyncio.get_running_loop(), clock=lambda: now[0],
+            ask=cluster.ask,
+        )  # fmt: skip
         cluster.limits = Limits(max_message_bytes=1024, max_batch_bytes=4096)
         assert limits.current.max_message_bytes == Limits().max_message_bytes  # fresh copy
         now[0] = 2.5
@@ -62,7 +60,7 @@ def test_a_failed_refresh_keeps_the_last_limits_and_tries_again_later(cluster) -
         now = [0.0]
         limits = ClusterLimits(
             "t/ns", None, Limits(max_message_bytes=7), asyncio.get_running_loop(),
-            clock=lambda: now[0],
+            clock=lambda: now[0], ask=cluster.ask,
         )  # fmt: skip
         cluster.down = True
         now[0] = 3.0

@@ -126,10 +126,11 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     assert "clients.admin" in imported_modules(module)
 
 
-def test_the_rest_client_and_the_cli_import_no_ray() -> None:
+def test_the_rest_client_the_cli_and_the_producer_import_no_ray() -> None:
     """A program outside the cluster talks to it over REST (``AdminHttpClient``, ``raytopics
-    --url``) without Ray installed in its way: neither imports it (``clients`` and
-    ``runtime`` import their Ray-bound names when first used)."""
+    --url``) and produces through the gateway without Ray installed in its way: none of
+    them imports it (``clients`` and ``runtime`` import their Ray-bound names when first
+    used, the producer its Ray side only when it joins Ray)."""
     import subprocess
     import sys
 
@@ -138,9 +139,11 @@ def test_the_rest_client_and_the_cli_import_no_ray() -> None:
         "from clients import AdminHttpClient, Message\n"
         "from clients import cli\n"
         "import runtime, runtime.admin_api\n"
-        "assert 'ray' not in sys.modules, 'ray imported'\n"
         "from clients import Producer\n"
-        "assert 'ray' in sys.modules, 'the Ray clients still import it'\n"
+        "import clients._remote, clients._producer_core, clients._data_plane, clients._limits\n"
+        "assert 'ray' not in sys.modules, 'ray imported'\n"
+        "from clients import StreamConsumer\n"
+        "assert 'ray' in sys.modules, 'the consumers still import it'\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
@@ -39,6 +38,7 @@ from runtime.errors import (
     UnauthorizedError,
 )
 from runtime.layout import SegmentLayout
+from runtime.layout_watch import LayoutWatch
 from runtime.names import TopicName
 from runtime.remote import call
 from storage.catalog import Catalog
@@ -169,8 +169,8 @@ async def fetch_layout(
     return SegmentLayout.from_dict(await call(ref))
 
 
-class DagWatch:
-    """Holds the newest layout and wakes waiters when a newer one arrives."""
+class DagWatch(LayoutWatch):
+    """A Ray driver's layout watch: long-polls the DAG watch server."""
 
     def __init__(
         self,
@@ -180,14 +180,9 @@ class DagWatch:
         poll_timeout_s: float = 20.0,
     ) -> None:
         """Use ``open``: a watch starts from a layout read with the caller's credential."""
-        self.topic = topic
-        self.layout = layout
-        self.deleted = False
-        self.refused: Exception | None = None  # the last refusal of the caller's credential
+        super().__init__(topic, layout)
         self._credential = credential
         self._poll_timeout_s = poll_timeout_s
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task | None = None
 
     @classmethod
     async def open(
@@ -201,41 +196,8 @@ class DagWatch:
         layout = await fetch_layout(topic, credential, purpose)
         return cls(topic, layout, credential, poll_timeout_s)
 
-    def start(self) -> None:
-        """Begin long-polling; must be called on the event loop that will use it."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def wait_newer(self, than_epoch: int, timeout_s: float | None = None) -> SegmentLayout:
-        """Wait until a layout with a higher epoch than ``than_epoch`` is known."""
-        async with asyncio.timeout(timeout_s):
-            while self.layout.epoch <= than_epoch and not self.deleted:
-                await self._changed.wait()
-        if self.deleted:
-            raise TopicNotFoundError(f"topic {self.topic} was deleted")
-        return self.layout
-
-    async def updates(self) -> AsyncIterator[SegmentLayout]:
-        """Every layout newer than the one seen before, in order of arrival."""
-        seen = self.layout.epoch
-        while True:
-            layout = await self.wait_newer(seen)
-            seen = layout.epoch
-            yield layout
-
-    async def refresh(self) -> SegmentLayout:
-        """Read the layout now, for a caller that knows it just changed."""
-        try:
-            self._publish(await fetch_layout(self.topic, self._credential))
-        except TopicNotFoundError:
-            self._deleted()
-        return self.layout
+    async def _fetch(self) -> SegmentLayout:
+        return await fetch_layout(self.topic, self._credential)
 
     async def _run(self) -> None:
         while not self.deleted:
@@ -260,19 +222,6 @@ class DagWatch:
                 self.refused = None
                 if found is not None:
                     self._publish(SegmentLayout.from_dict(found))
-
-    def _publish(self, layout: SegmentLayout) -> None:
-        if layout.epoch > self.layout.epoch:
-            self.layout = layout
-            self._wake()
-
-    def _deleted(self) -> None:
-        self.deleted = True
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
 
 
 def dag_watch_actor() -> ray.actor.ActorHandle:

@@ -1,0 +1,140 @@
+"""A client outside Ray: what a Ray driver asks the cluster's actors, asked of the REST
+gateway instead.
+
+A producer needs three things from the cluster besides the segments themselves: the
+topic's layout and each change of it, where each segment's data plane listens, and its
+namespace's limits. A process that is not a Ray driver (a web service, a program far
+from the cluster, with neither Ray nor its version constraints) gets all three from the
+gateway with its token, as the Java Spark connector does, and then speaks the data plane
+exactly as a Ray driver does: the same HELLO with its token, the same append frames, so
+the segments check its permission, deduplicate its retries and keep per-key order just
+the same. Nothing here imports Ray.
+
+The gateway offers no push of layout changes yet: the watch re-reads the layout every
+``POLL_S``. A segment sealed by a split or merge refuses the next append at once, and
+the producer then reads the layout without waiting (``ProducerCore.segment_sealed``), so
+polling costs latency after a layout change, never order or messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from clients._producer_core import SegmentAccess
+from clients.http import AdminHttpClient
+from runtime import wire
+from runtime.errors import (
+    ScalableTopicsError,
+    SegmentNotFoundError,
+    UnauthenticatedError,
+    UnauthorizedError,
+    UnavailableError,
+)
+from runtime.layout import SegmentLayout
+from runtime.layout_watch import LayoutWatch
+from runtime.limits import Limits
+from runtime.names import SegmentName, TopicName
+
+POLL_S = 0.5
+# How long a lookup waits for a segment the layout names to be served (a split's
+# children start just after the layout that names them is written).
+FIND_TIMEOUT_S = 30.0
+# What a lookup through the gateway raises that a later one may not.
+UNAVAILABLE = (SegmentNotFoundError, UnavailableError, OSError, TimeoutError)
+
+
+class RemoteLayoutWatch(LayoutWatch):
+    """A topic's layout as the gateway answers it, re-read every ``poll_s``; it owns the
+    HTTP client and closes it with itself."""
+
+    def __init__(
+        self, topic: TopicName, layout: SegmentLayout, http: AdminHttpClient, poll_s: float
+    ) -> None:
+        super().__init__(topic, layout)
+        self._http = http
+        self._poll_s = poll_s
+
+    @classmethod
+    async def open(
+        cls, topic: TopicName, http: AdminHttpClient, poll_s: float = POLL_S
+    ) -> RemoteLayoutWatch:
+        """The watch, from the layout read now: an unknown topic or a refused token is
+        raised here."""
+        return cls(topic, await http.get_layout_async(str(topic)), http, poll_s)
+
+    async def close(self) -> None:
+        await super().close()
+        await self._http.close_async()
+
+    async def _fetch(self) -> SegmentLayout:
+        return await self._http.get_layout_async(str(self.topic))
+
+    async def _run(self) -> None:
+        while not self.deleted:
+            await asyncio.sleep(self._poll_s)
+            try:
+                await self.refresh()
+            except (UnauthenticatedError, UnauthorizedError) as err:
+                self.refused = err  # the segments refuse it too; a restored grant goes on
+            except (ScalableTopicsError, OSError, TimeoutError):
+                continue  # the gateway is restarting or unreachable: ask again
+            else:
+                self.refused = None
+
+
+@dataclass(frozen=True)
+class RemoteSegment:
+    """A segment as the gateway locates it: what the data plane's channels connect to
+    (``clients._data_plane``), in place of a Ray driver's actor handle."""
+
+    http: AdminHttpClient
+    name: SegmentName
+
+    async def locate(self) -> wire.Endpoint:
+        """Where the segment's data plane listens now (after a restart: its new address)."""
+        found = await self.http._op(
+            "stream_endpoint", name=str(self.name.topic), segment_id=self.name.segment_id
+        )
+        return wire.Endpoint(str(found["host"]), int(found["port"]), bool(found["tls"]))
+
+
+class RemoteCluster:
+    """What a producer outside Ray asks the cluster, through one gateway with one token."""
+
+    def __init__(self, url: str, credential: str | None) -> None:
+        self.url = url
+        self.credential = credential
+        # The token is the caller's: "" (explicitly none) must not fall back to the env.
+        self.http = AdminHttpClient(url, token=credential or "")
+
+    async def watch(self, topic: TopicName) -> RemoteLayoutWatch:
+        try:
+            return await RemoteLayoutWatch.open(topic, self.http)
+        except BaseException:
+            await self.http.close_async()
+            raise
+
+    async def limits_of(self, namespace: str, credential: str | None) -> Limits:
+        """``clients._limits.Ask``: asked with this cluster's own token (the same)."""
+        return Limits(**await self.http.get_namespace_limits_async(namespace))
+
+    def segment_access(self) -> SegmentAccess:
+        return SegmentAccess(
+            find=self.find_segment, unavailable=(SegmentNotFoundError, UnavailableError)
+        )
+
+    async def find_segment(self, name: SegmentName) -> RemoteSegment:
+        """The segment once the gateway can say where it listens, waiting up to
+        ``FIND_TIMEOUT_S`` for one that is starting; a refusal is raised at once."""
+        segment = RemoteSegment(self.http, name)
+        deadline = time.monotonic() + FIND_TIMEOUT_S
+        while True:
+            try:
+                await segment.locate()
+                return segment
+            except UNAVAILABLE:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
