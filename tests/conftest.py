@@ -233,9 +233,27 @@ def kv_snapshot(ray_cluster):
     def take() -> dict[bytes, bytes | None]:
         namespace = ray.get_runtime_context().namespace
         keys = internal_kv._internal_kv_list(b"", namespace=namespace)
-        return {key: internal_kv._internal_kv_get(key, namespace=namespace) for key in keys}
+        return _live_slots(
+            {key: internal_kv._internal_kv_get(key, namespace=namespace) for key in keys}
+        )
 
     return take
+
+
+def _live_slots(entries: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
+    """``entries`` without the superseded version slots of each chain
+    (``{path}#g{generation}#v{seq}``, ``storage.metadata``): a later write compacts those in
+    place at any time, which changes no value anybody reads."""
+    latest: dict[bytes, bytes] = {}
+    for key in entries:
+        chain, versioned, seq = key.rpartition(b"#v")
+        if versioned:
+            latest[chain] = max(latest.get(chain, b""), seq)
+    return {
+        key: value
+        for key, value in entries.items()
+        if not (parts := key.rpartition(b"#v"))[1] or latest[parts[0]] == parts[2]
+    }
 
 
 # --- tiers and the order of a parallel run -------------------------------------------
