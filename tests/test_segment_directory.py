@@ -31,6 +31,25 @@ def test_an_entry_round_trips_and_only_its_host_removes_it() -> None:
     assert directory.get(segment) is None
 
 
+def test_a_close_issued_before_a_segment_was_entered_again_leaves_the_new_entry() -> None:
+    """A topic deleted and created again repeats its segments' names: a close of the old
+    segment that reaches the host after the new one was entered (Ray retries a call across
+    a host's restart; a hibernation's close is not waited for) must not remove it."""
+    directory = SegmentDirectory(MemoryKeyValue())
+    segment = TOPIC.segment(0, 0, 0xFFFF)
+    old = Entry("h1", "n1", "/data", {}, "inc-1", entered_at=100)
+    new = Entry("h1", "n1", "/data", {}, "inc-2", entered_at=300)
+    directory.put(segment, old)
+    directory.put(segment, new)  # started again, not opened by h1 yet
+    directory.remove(segment, "h1", issued_at=200)  # the old incarnation's close
+    assert directory.get(segment) == new
+    directory.remove(segment, "h1", issued_at=300)  # one issued after it was entered
+    assert directory.get(segment) is None
+    directory.put(segment, new)
+    directory.remove(segment, "h1")  # a removal that is not a timed close
+    assert directory.get(segment) is None
+
+
 def test_a_topic_s_entries_are_its_own() -> None:
     directory = SegmentDirectory(MemoryKeyValue())
     mine = [TOPIC.segment(i, 0, 0xFFFF) for i in range(3)]

@@ -47,6 +47,9 @@ class Entry:
     durability: dict[str, Any]
     incarnation: str
     failed: str | None = None
+    # When its starter entered it (ns since the epoch, the ``at`` of its ``Opening``): a
+    # close issued before that is about an earlier opening and must not remove it.
+    entered_at: int = 0
 
     def serves(self, hosts_alive: set[str]) -> bool:
         """Whether the segment is served: its host is alive and did not fail to open it."""
@@ -73,11 +76,16 @@ class SegmentDirectory:
     def put(self, segment: SegmentName, entry: Entry) -> None:
         self._kv.put(_key(segment), entry.to_bytes(), True)
 
-    def remove(self, segment: SegmentName, host: str) -> None:
+    def remove(self, segment: SegmentName, host: str, issued_at: int | None = None) -> None:
         """Remove ``segment``'s entry if ``host`` still owns it (a segment moved to another
-        host, a hibernated tiered one woken elsewhere, keeps the newer entry)."""
+        host, a hibernated tiered one woken elsewhere, keeps the newer entry) and, for a
+        close ``issued_at`` a time, if it was entered before then (a segment started again
+        under the same name, a re-created topic's, keeps the newer entry even where the
+        host has not opened it yet when the older close arrives)."""
         entry = self.get(segment)
-        if entry is not None and entry.host == host:
+        if entry is None or entry.host != host:
+            return
+        if issued_at is None or entry.entered_at <= issued_at:
             self._kv.delete(_key(segment))
 
     def of_topic(self, topic: TopicName) -> dict[str, Entry]:

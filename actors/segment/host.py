@@ -116,7 +116,7 @@ class SegmentHost:
         guard().check(credential, Permission.ADMIN, name.topic.namespace_path)
         if not self._newer(segment, at):
             return False
-        self._directory.remove(name, self._name)
+        self._directory.remove(name, self._name, issued_at=at)
         served = self._segments.pop(segment, None)
         if served is None:
             return False
@@ -135,7 +135,7 @@ class SegmentHost:
         mine = {s: SegmentName.parse(s) for s in self._segments}
         closing = [s for s, n in mine.items() if n.topic == name and self._newer(s, at)]
         for segment in closing:
-            self._directory.remove(mine[segment], self._name)
+            self._directory.remove(mine[segment], self._name, issued_at=at)
             await self._segments.pop(segment).close()
         self._look_for_idleness()
         return len(closing)
@@ -216,7 +216,12 @@ class SegmentHost:
         if replaced is not None:
             await replaced.close()
         entry = Entry(
-            self._name, self._node, opening.storage_root, opening.durability, opening.incarnation
+            self._name,
+            self._node,
+            opening.storage_root,
+            opening.durability,
+            opening.incarnation,
+            entered_at=opening.at,
         )
         may_create = opening.create and (not self._restarted or opening.at > self._started_at)
         self._open(name, entry, may_create)
@@ -286,7 +291,9 @@ def start_segment_actor(
     # Entered before the host is looked up, and so before it runs ``open``: whoever looks the
     # segment up from now on finds its host, a call that overtakes the open opens it there
     # (``_serving``), and a host about to exit for idleness sees it (``_exit_if_idle``).
-    directory.put(name, Entry(host_of, node or "", root, asdict(durability), incarnation))
+    at = time.time_ns()
+    entry = Entry(host_of, node or "", root, asdict(durability), incarnation, entered_at=at)
+    directory.put(name, entry)
 
     def start() -> ray.actor.ActorHandle:
         return get_or_start(
@@ -297,9 +304,8 @@ def start_segment_actor(
     if directory.closing(host_of):
         _wait_out_closing(directory, host_of)
         host = start()  # the same host if it stayed, else a new one
-    opening = Opening(
-        root, asdict(durability), initialize, incarnation, time.time_ns(), guard().internal_token()
-    )
+    token = guard().internal_token()
+    opening = Opening(root, asdict(durability), initialize, incarnation, at, token)
     host.open.remote(str(name), opening)
     return SegmentHandle(host, str(name), opening)
 
