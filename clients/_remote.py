@@ -41,8 +41,10 @@ POLL_S = 0.5
 # How long a lookup waits for a segment the layout names to be served (a split's
 # children start just after the layout that names them is written).
 FIND_TIMEOUT_S = 30.0
-# What a lookup through the gateway raises that a later one may not.
-UNAVAILABLE = (SegmentNotFoundError, UnavailableError, OSError, TimeoutError)
+# What the gateway answers while a segment is not served (a send retries it until its
+# deadline), and what a lookup through the gateway may also meet that a later one may not.
+NOT_SERVED = (SegmentNotFoundError, UnavailableError)
+UNAVAILABLE = (*NOT_SERVED, OSError, TimeoutError)
 
 
 class RemoteLayoutWatch(LayoutWatch):
@@ -104,8 +106,6 @@ class RemoteCluster:
     """What a producer outside Ray asks the cluster, through one gateway with one token."""
 
     def __init__(self, url: str, credential: str | None) -> None:
-        self.url = url
-        self.credential = credential
         # The token is the caller's: "" (explicitly none) must not fall back to the env.
         self.http = AdminHttpClient(url, token=credential or "")
 
@@ -121,9 +121,7 @@ class RemoteCluster:
         return Limits(**await self.http.get_namespace_limits_async(namespace))
 
     def segment_access(self) -> SegmentAccess:
-        return SegmentAccess(
-            find=self.find_segment, unavailable=(SegmentNotFoundError, UnavailableError)
-        )
+        return SegmentAccess(find=self.find_segment, unavailable=NOT_SERVED)
 
     async def find_segment(self, name: SegmentName) -> RemoteSegment:
         """The segment once the gateway can say where it listens, waiting up to
