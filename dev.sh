@@ -66,7 +66,7 @@ setup() {
   if [ ! -f "$stamp" ]; then
     step "upgrading pip" .venv/bin/python -m pip install --upgrade pip
     step "installing the project and its pinned dependencies (a few minutes the first time)" \
-      .venv/bin/python -m pip install -e '.[test]'
+      .venv/bin/python -m pip install -e '.[ray,test]'
     rm -f .venv/.installed-* && touch "$stamp"
   fi
   # The Spark streaming connector (java/): javac against pyspark's own jars; a no-op

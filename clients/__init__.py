@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from clients._install import ray_required
+
 if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from clients.admin import ScalableTopicsAdmin  # noqa: F401
     from clients.checkpoint_consumer import Checkpoint, CheckpointConsumer  # noqa: F401
@@ -48,7 +50,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'clients' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    with ray_required(f"clients.{name}"):
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

@@ -18,6 +18,7 @@ import sys
 from typing import Any, TextIO
 
 from clients import cli_commands as run
+from clients._install import RayNotInstalledError, ray_required
 from clients.cli_calls import add_generated, json_object
 from clients.cli_commands import Command
 from runtime.errors import ScalableTopicsError
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     # as long as it runs, everything else printed on stdout goes to stderr.
     args.out = out or sys.stdout
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), ray_required("raytopics without --url"):
             offline = getattr(args, "offline", None)
             if offline is not None:
                 output = offline(args)
@@ -442,6 +443,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
                 output = run.serve(args) if args.run is None else _run(args.run, args)
     except ScalableTopicsError as err:
         print(f"error: {' '.join(err.message.split())}", file=sys.stderr)
+        return 1
+    except RayNotInstalledError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -39,6 +39,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clients._install import ray_required
 from clients._limits import ClusterLimits
 from clients._loop import background_loop
 from clients._producer_core import ProducerCore
@@ -126,7 +127,8 @@ class Producer:
         if url is not None and settings.transport == "ray":
             raise InvalidArgumentError("a producer through the gateway (url=) sends over 'tcp'")
         if url is None:
-            from clients._ray import joined
+            with ray_required("a Producer without url= (a Ray driver's)"):
+                from clients._ray import joined
 
             joined(address)
         self._setup(name, settings, client_credential(token), url)

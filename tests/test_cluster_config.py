@@ -43,7 +43,7 @@ def test_no_real_addresses(config: dict) -> None:
 
 def test_setup_installs_the_project_and_sets_the_storage_root(config: dict) -> None:
     setup = " ".join(config["setup_commands"])
-    assert "pip install --quiet -e ." in setup
+    assert 'pip install --quiet -e ".[ray]"' in setup
     assert "RAYTOPICS_STORAGE_ROOT=/mnt/raytopics/segments" in setup
     for commands in ("head_start_ray_commands", "worker_start_ray_commands"):
         starts = " ".join(config[commands])

@@ -2,11 +2,14 @@
 Ray produces through the REST gateway, with authentication on, while the topic splits
 twice and merges; every message is stored once and each key's messages in order. A
 program with no token, a wrong one, or one that may look but not produce is refused
-when it starts and stores nothing."""
+when it starts and stores nothing. The same program runs from a fresh virtualenv that
+has only the client install (``scalable-topics-on-ray[client]``: no Ray, Spark or RayDP)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -135,3 +138,62 @@ def test_a_program_without_a_good_token_is_refused_and_stores_nothing(world) -> 
     assert not any(line["ray"] for line in refused.values())
     with StreamConsumer(topic, "check", "checker", token=TOKENS["app"]) as consumer:
         assert consumer.receive(timeout=2.0) is None, "a refused producer stored a message"
+
+
+@pytest.fixture(scope="module")
+def client_python(tmp_path_factory) -> Path:
+    """A fresh virtualenv with this project's client install only, as a user gets it from
+    ``pip install "scalable-topics-on-ray[client]"`` (here from this checkout)."""
+    venv = tmp_path_factory.mktemp("client-venv") / "venv"
+    subprocess.run([_base_python(), "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+               f"{ROOT}[client]"]  # fmt: skip
+    done = subprocess.run(install, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return python
+
+
+def _base_python() -> str:
+    """The interpreter this suite's virtualenv was made from (a venv is made from a base)."""
+    return str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def test_the_client_install_has_no_ray_and_produces_through_the_gateway(
+    world, client_python: Path, tmp_path: Path
+) -> None:
+    listed = subprocess.run([str(client_python), "-m", "pip", "list", "--format=json"],
+                            capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    installed = {package["name"].lower() for package in json.loads(listed.stdout)}
+    assert "scalable-topics-on-ray" in installed
+    assert not installed & {"ray", "pyspark", "raydp"}, installed
+
+    ops, topic = world["ops"], f"topic://{world['namespace']}/from-a-client-install"
+    ops.create_scalable_topic(topic, 2)
+    ops.create_subscription(topic, "check")
+    program_copy = shutil.copy(PROGRAM, tmp_path)  # run away from this checkout's modules
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)),
+           "RAYTOPICS_URL": world["url"], "RAYTOPICS_TOKEN": TOKENS["app"]}  # fmt: skip
+    done = subprocess.run([str(client_python), program_copy, topic, "10", "50"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = json.loads(done.stdout.splitlines()[-1])
+    assert last["sent"] == 500 and last["ray"] is False, last
+
+    # A Ray client in the client install says what is missing, not which module failed.
+    probe = "from clients import StreamConsumer"
+    refused = subprocess.run([str(client_python), "-c", probe], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode != 0
+    assert "RayNotInstalledError" in refused.stderr and "[ray]" in refused.stderr, refused.stderr
+    command = [str(client_python.parent / "raytopics"), "list", world["namespace"]]
+    cli = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and cli.stderr.startswith("error: ") and "[ray]" in cli.stderr
+    assert "Traceback" not in cli.stderr, cli.stderr
+
+    with StreamConsumer(topic, "check", "checker", token=TOKENS["app"]) as consumer:
+        values = []
+        deadline = time.monotonic() + 60
+        while len(values) < 500 and time.monotonic() < deadline:
+            values += [message.value for message in consumer.receive_batch(500, timeout=1.0)]
+    assert sorted(values) == sorted(f"k{k}:{r}".encode() for k in range(50) for r in range(10))
