@@ -29,12 +29,15 @@ consumer per stream (``bench/e2e_redis.py``, ``bench/e2e_nats.py``).
 them on the same machine in the same state: ``off``; ``auth``, a policy stored
 in the cluster and clients presenting a token (every connection's HELLO and
 every Ray call checked); ``tls``, the data plane over TLS with certificates
-made for the run; ``auth+tls``, both. The table then says what each costs
-against ``off`` (rates and CPU per message).
+made for the run; ``auth+tls``, both; ``remote``, producers outside Ray: programs
+that never import Ray and produce through the REST gateway (``Producer(url=...)``,
+``bench/e2e_remote_producer.py``) while the consumers stay in Ray. The table then
+says what each costs against ``off`` (rates and CPU per message).
 
     .venv/bin/python bench/end_to_end.py                 # everything, ~4-6 minutes
     .venv/bin/python bench/end_to_end.py --segments 4 --seconds 5 --skip-redis --skip-nats
     .venv/bin/python bench/end_to_end.py --segments 1 8 --skip-redis --security off auth tls
+    .venv/bin/python bench/end_to_end.py --segments 4 --skip-redis --skip-nats --security off remote
 
 Prints a table and writes ``bench/results/end_to_end.json``.
 """
@@ -43,7 +46,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -90,9 +96,12 @@ AUTH_SETTLE_S = 1.5
 # --- security modes -----------------------------------------------------------------------
 
 SECURITY_MODES = ("off", "auth", "tls", "auth+tls")
-# Variants measured the same way: producers compressing appends (no security).
+# Variants measured the same way: producers compressing appends (no security), and
+# producers outside Ray, through the REST gateway.
 COMPRESSION_MODES = ("zstd", "lz4")
-MODES = SECURITY_MODES + COMPRESSION_MODES
+REMOTE_MODE = "remote"
+MODES = SECURITY_MODES + COMPRESSION_MODES + (REMOTE_MODE,)
+REMOTE_PRODUCER = REPO / "bench" / "e2e_remote_producer.py"
 TOPIC_NAMESPACE = "bench/e2e"
 
 
@@ -106,6 +115,7 @@ class ClientSecurity:
     token: str | None = None
     ca: str | None = None
     compression: str | None = None
+    url: str | None = None  # producers outside Ray, through this gateway
 
     def client_config(self) -> dict[str, Any]:
         """Keyword arguments for ``Producer`` / ``StreamConsumer``."""
@@ -113,7 +123,8 @@ class ClientSecurity:
 
     def producer_config(self) -> dict[str, Any]:
         """Keyword arguments for ``Producer`` alone."""
-        return {"compression": self.compression} if self.compression else {}
+        config: dict[str, Any] = {"compression": self.compression} if self.compression else {}
+        return config | ({"url": self.url} if self.url else {})
 
 
 def apply_client_tls(ca: str | None) -> None:
@@ -163,7 +174,23 @@ def security(mode: str, root: Path) -> Iterator[ClientSecurity]:
         token = stack.enter_context(_auth_on()) if auth else None
         ca = stack.enter_context(_tls_on(root)) if encrypted else None
         compression = mode if mode in COMPRESSION_MODES else None
-        yield ClientSecurity(mode=mode, token=token, ca=ca, compression=compression)
+        url = stack.enter_context(_gateway()) if mode == REMOTE_MODE else None
+        yield ClientSecurity(mode=mode, token=token, ca=ca, compression=compression, url=url)
+
+
+@contextlib.contextmanager
+def _gateway() -> Iterator[str]:
+    """The REST gateway, serving while the block runs; yields its URL."""
+    from _common import free_port
+
+    from actors.gateway.server import start_gateway, stop_gateway
+
+    port = free_port()
+    url = start_gateway(port)
+    try:
+        yield url
+    finally:
+        stop_gateway(port)
 
 
 @contextlib.contextmanager
@@ -356,7 +383,11 @@ def run_ray_case(
         time.sleep(max(0.0, (spec["go_at_ns"] - time.time_ns()) / 1e9))
         return CpuMeter([os.getpid()])  # the driver's tree: Ray itself and every actor
 
-    if args.producer_mode == "task":
+    if client.url is not None:
+        programs = [remote_producer(topic, {**spec, "seed": i}) for i in range(producers)]
+        meter = start_meter()
+        sent_reports = [remote_report(program) for program in programs]
+    elif args.producer_mode == "task":
         remote = ray_producer_task()
         refs = [remote.remote(topic, {**spec, "seed": i}) for i in range(producers)]
         meter = start_meter()
@@ -379,6 +410,9 @@ def run_ray_case(
         args.drain_seconds,
     )
     cpu, breakdown = meter.used()
+    if client.url is not None:  # the programs exited before the meter's sample: their own
+        outside = sum(r["cpu_s"] for r in sent_reports)
+        cpu, breakdown = cpu + outside, breakdown | {"producer outside Ray": outside}
     reports = ray.get([c.report.remote() for c in consumers])
     found = measurement("ray", n, sent_reports, reports, drained, rate, cpu, breakdown)
     return {**found, "security": client.mode}
@@ -434,6 +468,30 @@ def warm_up_ray(admin: Any, args: argparse.Namespace) -> None:
     short = argparse.Namespace(**{**vars(args), "seconds": min(args.seconds, 2.0)})
     with ray_topic(admin, n, short, ClientSecurity()) as (topic, consumers):
         run_ray_case(topic, n, consumers, short, None, short.seconds, ClientSecurity())
+
+
+def remote_producer(topic: str, spec: dict[str, Any]) -> subprocess.Popen:
+    """``ray_producer`` in a program outside Ray (``bench/e2e_remote_producer.py``), a
+    child of this driver, so that ``CpuMeter`` counts it with the rest."""
+    spec = {**spec, "client": dataclasses.asdict(spec["client"])}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    program = subprocess.Popen(
+        [sys.executable, str(REMOTE_PRODUCER), topic],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+    )  # fmt: skip
+    program.stdin.write(json.dumps(spec))
+    program.stdin.close()
+    return program
+
+
+def remote_report(program: subprocess.Popen) -> dict[str, Any]:
+    out = program.stdout.read()  # its spec was written whole at its start
+    if program.wait(timeout=60) != 0:
+        raise RuntimeError(f"the remote producer failed ({program.returncode}); see its stderr")
+    report = json.loads(out.splitlines()[-1])
+    if report.pop("ray_imported"):
+        raise RuntimeError("the remote producer imported Ray")
+    return report
 
 
 _PRODUCER_TASK = None
