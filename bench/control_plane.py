@@ -40,7 +40,7 @@ def main() -> None:
 
     import ray
 
-    from actors.control.controller import controller_actor
+    from actors.control.controller_host import controller_actor
     from actors.guard import guard
     from actors.segment.host import close_segment
     from actors.segment.lookup import find_segment_actor
@@ -81,7 +81,7 @@ def main() -> None:
 
     failovers = []
     for _ in range(args.failovers):
-        ray.kill(controller_actor(name), no_restart=False)
+        ray.kill(controller_actor(name).host, no_restart=False)
         started = time.perf_counter()
         children = admin.split_segment(topic, active)["children"]
         failovers.append(time.perf_counter() - started)

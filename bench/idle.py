@@ -43,7 +43,7 @@ VARIANTS = ("peer", "topic")
 GROUPS = {
     "ray::SegmentHost": "segments",
     "ray::Idle": "segments",  # the peer's stand-ins
-    "ray::ScalableTopicControllerActor": "controller",
+    "ray::ControllerHost": "controller",
     "ray::CoordinatorHost": "coordinators",
     "ray::DagWatchServer": "dag watch",
     "ray::AdminService": "admin service",

@@ -76,10 +76,6 @@ class TopicName:
     # --- Ray actor names (what the dashboard shows) ---------------------------
 
     @property
-    def controller_actor_name(self) -> str:
-        return f"controller:{self.short}"
-
-    @property
     def coordinator_host_name(self) -> str:
         """The actor serving the coordinators of every subscription of the topic."""
         return f"coordinators:{self.short}"

@@ -1,6 +1,7 @@
-"""Which host process a segment goes to: pure naming, shared by whoever starts segments
-and whoever counts or closes their hosts (``actors.segment.directory`` says why segments
-share processes at all).
+"""Which host process a segment, or a topic's controller, goes to: pure naming, shared by
+whoever starts them and whoever counts or closes their hosts (``actors.segment.directory``
+says why segments share processes at all; ``actors.control.controller_host`` why
+controllers do).
 
 A host serves the segments of every topic of one namespace (``tenant/namespace``), as a
 broker serves many topics: a topic's creation then starts its controller only, and an
@@ -23,6 +24,7 @@ from runtime.names import SegmentName, TopicName
 HOSTS_ENV = "RAYTOPICS_SEGMENT_HOSTS"
 DEFAULT_HOSTS_PER_NAMESPACE = 1
 HOST_PREFIX = "segment-host:"
+CONTROLLER_HOST_PREFIX = "controllers:"
 IDLE_EXIT_ENV = "RAYTOPICS_HOST_IDLE_EXIT_S"
 DEFAULT_IDLE_EXIT_S = 30.0
 
@@ -69,7 +71,15 @@ def host_name(
         slot = f"node-{node}"
     else:
         slot = str((_topic_slot(segment.topic) + segment.segment_id) % hosts)
-    return f"{host_prefix(segment.topic)}{_settings_tag(settings or {})}{slot}"
+    return f"{host_prefix(segment.topic)}{settings_tag(settings or {})}{slot}"
+
+
+def controller_host_name(topic: TopicName, settings: Mapping[str, str] | None = None) -> str:
+    """The host of ``topic``'s controller: its namespace's, or, for a topic created with
+    ``settings`` of its own, the one of the namespace's topics created with the same (a
+    controller's process settings are what its segments start with)."""
+    tag = settings_tag(settings or {}).rstrip("/")
+    return f"{CONTROLLER_HOST_PREFIX}{topic.namespace_path}" + (f"/{tag}" if tag else "")
 
 
 def host_namespace(host: str) -> str:
@@ -84,7 +94,7 @@ def host_prefix(topic: TopicName) -> str:
     return f"{HOST_PREFIX}{topic.namespace_path}/"
 
 
-def _settings_tag(settings: Mapping[str, str]) -> str:
+def settings_tag(settings: Mapping[str, str]) -> str:
     """Nothing for a topic without settings of its own, else a short digest of them (never
     the values: actor names are public)."""
     if not settings:

@@ -35,7 +35,7 @@ OPERATION_TIMEOUT_S = 30.0
 
 class Probe:
     def __init__(self, request: dict[str, Any]) -> None:
-        from actors.control.controller import controller_actor
+        from actors.control.controller_host import controller_actor
         from actors.control.coordinator_host import coordinator_actor
         from actors.control.dag_watch import dag_watch_actor
         from actors.segment.lookup import segment_actor

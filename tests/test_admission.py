@@ -23,14 +23,14 @@ import ray
 from test_clients import wait_for
 
 from actors.capacity import free_memory_per_node, node_rooms
-from actors.control.controller import controller_actor
+from actors.control.controller_host import controller_actor
 from actors.registry import named_actors
 from actors.segment.directory import SegmentDirectory
 from clients import Producer, StreamConsumer
 from runtime.capacity import SegmentFootprint
 from runtime.errors import InsufficientCapacityError
 from runtime.names import TopicName
-from runtime.segment_hosts import host_prefix
+from runtime.segment_hosts import controller_host_name, host_prefix
 from storage.durability import default_storage_root
 
 SEGMENT = SegmentFootprint.from_env()
@@ -99,11 +99,13 @@ def produce_and_consume(topic: str, count: int) -> None:
 
 
 def topic_actors(topic: str) -> list[str]:
-    """What serves ``topic``: its own actors (controller, coordinators), the segments its
-    namespace's hosts serve of it, and those hosts."""
+    """What serves ``topic``: its coordinators' host, the segments its namespace's hosts
+    serve of it, and its namespace's hosts (of controllers and of segments)."""
     name = TopicName.parse(topic)
-    own = [n for p in ("controller:", "coordinators:") for n in named_actors(p + name.short)]
-    return own + sorted(SegmentDirectory().of_topic(name)) + named_actors(host_prefix(name))
+    hosts = named_actors(controller_host_name(name)) + named_actors(host_prefix(name))
+    return (
+        named_actors(name.coordinator_host_name) + sorted(SegmentDirectory().of_topic(name)) + hosts
+    )
 
 
 def test_a_topic_larger_than_the_cluster_is_refused_and_changes_nothing(
@@ -121,7 +123,8 @@ def test_a_topic_larger_than_the_cluster_is_refused_and_changes_nothing(
     for said in (f"creating {topic}", f"{asked} new segment actors", "more fit"):
         assert said in message, message
     assert kv_snapshot() == before, "no metadata"
-    assert topic_actors(topic) == actors_before, "no actors, no segments served"
+    # Nothing new (a host another test left may have exited meanwhile, idle).
+    assert set(topic_actors(topic)) <= set(actors_before), "no actors, no segments served"
     assert not (Path(default_storage_root()) / "capacity" / "ns" / f"big-{unique}").exists()
     assert psutil.virtual_memory().used - used_before < 500 << 20, "memory did not move"
 
@@ -138,7 +141,7 @@ def test_the_controller_refuses_too_even_when_asked_directly(admin, unique, room
     assert topic not in admin.list_scalable_topics("capacity/ns")
     assert SegmentDirectory().of_topic(TopicName.parse(topic)) == {}, "no segment served"
     assert named_actors(host_prefix(TopicName.parse(topic))) == hosts_before, "no host started"
-    ray.kill(controller)
+    ray.get(controller.close(None))  # the topic was never made: its controller stops
 
 
 def test_a_split_past_capacity_is_refused_and_the_topic_keeps_working(

@@ -32,7 +32,7 @@ from child_output import last_json  # tests/ is on sys.path under pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.control.controller import controller_actor
+from actors.control.controller_host import controller_actor
 from actors.guard import REFRESH_S, guard
 from actors.registry import alive_actor_names
 from clients import CheckpointConsumer, Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer

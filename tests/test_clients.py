@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 import ray
 
-from actors.control.controller import controller_actor
+from actors.control.controller_host import controller_actor
 from actors.control.coordinator_host import coordinator_actor
 from clients import (
     RECEIVED_SCHEMA,
@@ -246,7 +246,7 @@ def test_stream_consumer_waits_out_a_segment_actor_that_is_gone(admin, unique, m
         stop_serving(segment)  # gone for good, as if deleted
     consumer.acknowledge_cumulative(parent_message)  # drained: the children are assigned
     time.sleep(3)  # ... and their lookups give up, more than once
-    ray.kill(controller_actor(name), no_restart=False)  # its next incarnation recovers
+    ray.kill(controller_actor(name).host, no_restart=False)  # its next incarnation recovers
     wait_for(lambda: actor_names <= served_segments(name), 60, "the children's actors back")
     with Producer(topic) as prod:
         for i in range(20):

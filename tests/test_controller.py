@@ -10,7 +10,8 @@ import pytest
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from actors.control.controller import ScalableTopicController, controller_actor
+from actors.control.controller import ScalableTopicController
+from actors.control.controller_host import controller_actor
 from clients import ScalableTopicsAdmin
 from runtime.config import ray_namespace
 from runtime.errors import (
@@ -143,7 +144,7 @@ def test_stale_controller_cannot_change_metadata_or_segments(admin, unique):
     async def scenario():
         old = ScalableTopicController(topic, root, {"policy": "interval", "interval_s": 0.2})
         await old.ready()
-        ray.kill(controller_actor(name), no_restart=False)  # Ray restarts it: a newer epoch
+        ray.kill(controller_actor(name).host, no_restart=False)  # Ray restarts it: newer epoch
         await wait_until_ready(name, above_epoch=old.epoch)  # Ray restarted it: newer epoch
         before = admin.get_metadata(topic)
         with pytest.raises(StaleEpochError):

@@ -30,7 +30,7 @@ from ports import free_port
 
 import clients.http
 from actors.admin.service import admin_service_actor
-from actors.control.controller import controller_actor
+from actors.control.controller_host import controller_actor
 from actors.gateway.routes import ROUTES, openapi_document
 from actors.gateway.server import create_app, start_gateway, stop_gateway
 from clients import AdminHttpClient, ScalableTopicsAdmin

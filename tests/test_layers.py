@@ -98,8 +98,10 @@ def test_the_gateway_and_connect_form_no_circle() -> None:
 
 
 # The subsystems of ``actors/``, top to bottom: each may import those below it and the
-# modules every subsystem shares (``actors/*.py``: guard, registry, metrics, capacity),
-# never one above it. The gateway reaches the cluster through the admin service only.
+# modules every subsystem shares (``actors/*.py``: guard, registry, metrics, capacity, and
+# the controller directory, through which a segment's lookup reaches the controller that
+# wakes it), never one above it. The gateway reaches the cluster through the admin
+# service only.
 SUBSYSTEMS = ("gateway", "admin", "control", "segment")
 
 
@@ -117,7 +119,8 @@ def test_the_actor_subsystems_point_down_only() -> None:
     assert {m.split(".")[2] for m in gateway if m.startswith("actors.admin.")} == {"caller"}
     assert not {m for m in gateway if m.startswith(("actors.control", "actors.segment"))}
     shared = {path.stem for path in (ROOT / "actors").glob("*.py")} - {"__init__"}
-    assert shared == {"guard", "registry", "metrics", "capacity"}, "a module outside the four"
+    expected = {"guard", "registry", "metrics", "capacity", "controller_directory"}
+    assert shared == expected, "a module outside the shared five"
 
 
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:

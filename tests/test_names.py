@@ -2,13 +2,17 @@ import pytest
 
 from runtime.errors import InvalidNameError
 from runtime.names import SegmentName, TopicName, parse_namespace
+from runtime.segment_hosts import controller_host_name
 
 
 def test_topic_round_trip_and_actor_names():
     t = TopicName.parse("topic://acme/orders/events")
     assert str(t) == "topic://acme/orders/events"
     assert t.namespace_path == "acme/orders"
-    assert t.controller_actor_name == "controller:acme/orders/events"
+    assert controller_host_name(t) == "controllers:acme/orders"
+    assert controller_host_name(t, {}) == "controllers:acme/orders"
+    tagged = controller_host_name(t, {"RAYTOPICS_TLS_CERT": "/etc/cert.pem"})
+    assert tagged.startswith("controllers:acme/orders/with-") and "cert" not in tagged
     assert t.coordinator_host_name == "coordinators:acme/orders/events"
 
 

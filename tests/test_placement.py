@@ -82,7 +82,7 @@ def test_pinned_namespace_starts_and_restarts_on_its_nodes(tmp_path: Path) -> No
     placed = last_json(proc.stdout)
     pinned_node, pinned, restarted = placed["pinned_node"], placed["pinned"], placed["restarted"]
     kinds = {name.split(":")[0] for name in pinned}
-    assert kinds == {"controller", "segment-host", "coordinators"}, pinned
+    assert kinds == {"controllers", "segment-host", "coordinators"}, pinned
     assert set(pinned.values()) == {pinned_node}, pinned
     assert restarted["node"] == pinned_node and restarted["pid"] != restarted["old_pid"]
 
@@ -116,12 +116,12 @@ def main() -> None:
         admin.create_scalable_topic(topic, 2)
         admin.create_subscription(topic, "sub")
         consumer = StreamConsumer(topic, "sub", "c1")
-        pinned = wait_for(lambda: (found := _actors("iso/pinned/")) and len(found) == 3 and found)
-        controller = pinned["controller:iso/pinned/events"]
+        pinned = wait_for(lambda: (found := _actors("iso/pinned")) and len(found) == 3 and found)
+        controller = pinned["controllers:iso/pinned"]  # the namespace's controller host
         ray.kill(ray.get_actor(controller["Name"], namespace="placement"), no_restart=False)
         restarted = wait_for(
             lambda: (
-                (a := _actors("iso/pinned/").get(controller["Name"]))
+                (a := _actors("iso/pinned").get(controller["Name"]))
                 and a["Pid"] != controller["Pid"]
                 and a
             )

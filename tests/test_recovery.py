@@ -13,6 +13,7 @@ import ray
 from test_cli import cli_env, raytopics  # noqa: F401 - a fixture and a helper, shared
 from test_gateway import free_port, http  # noqa: F401 - a helper
 
+from actors.control.controller_host import controller_actor
 from actors.control.dag_watch import dag_watch_actor
 from actors.guard import guard
 from actors.registry import gone_for_good, lookup
@@ -28,6 +29,7 @@ from runtime.errors import (
     TopicNotFoundError,
 )
 from runtime.names import TopicName
+from runtime.segment_hosts import controller_host_name
 from storage.catalog import Catalog
 from tests.segments import stop_serving
 
@@ -315,7 +317,7 @@ def test_recover_refuses_bad_requests_and_changes_nothing(admin, unique, kv_snap
     admin.create_scalable_topic(topic, 1)
     second = admin.get_stats(topic)["incarnation"]
     wipe(topic)
-    ray.kill(ray.get_actor(f"controller:{topic[len('topic://') :]}"), no_restart=True)
+    ray.kill(controller_actor(TopicName.parse(topic)).host, no_restart=True)
     time.sleep(1)
     before = kv_snapshot()
     with pytest.raises(AmbiguousStorageError) as raised:
@@ -327,7 +329,7 @@ def test_recover_refuses_bad_requests_and_changes_nothing(admin, unique, kv_snap
         admin.recover_topic(f"topic://recov/bad/never-{unique}")
     assert kv_snapshot() == before, "a refused recovery writes nothing"
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
-    assert f"controller:{topic[len('topic://') :]}" not in names, "nor starts a controller"
+    assert controller_host_name(TopicName.parse(topic)) not in names, "nor starts a controller"
 
     done = admin.recover_topic(topic, first)
     assert done["incarnation"] == first and admin.get_stats(topic)["incarnation"] == first

@@ -144,11 +144,18 @@ def test_a_program_without_a_good_token_is_refused_and_stores_nothing(world) -> 
 def client_python(tmp_path_factory) -> Path:
     """A fresh virtualenv with this project's client install only, as a user gets it from
     ``pip install "scalable-topics-on-ray[client]"`` (here from this checkout)."""
-    venv = tmp_path_factory.mktemp("client-venv") / "venv"
+    where = tmp_path_factory.mktemp("client-install")
+    source = where / "source"  # a copy: building in place would leave build/ in the checkout
+    for package in ("actors", "clients", "runtime", "storage"):
+        shutil.copytree(ROOT / package, source / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    for file in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / file, source / file)
+    venv = where / "venv"
     subprocess.run([_base_python(), "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     install = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-               f"{ROOT}[client]"]  # fmt: skip
+               f"{source}[client]"]  # fmt: skip
     done = subprocess.run(install, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return python

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from actors.controller_directory import ControllerDirectory, ControllerEntry
 from actors.segment.directory import Entry, SegmentDirectory
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
-from runtime.segment_hosts import HOSTS_ENV, host_name, host_prefix, hosts_per_namespace
+from runtime.segment_hosts import (
+    HOSTS_ENV,
+    controller_host_name,
+    host_name,
+    host_prefix,
+    hosts_per_namespace,
+)
 from storage.metadata import MemoryKeyValue
 
 TOPIC = TopicName("t", "ns", "orders")
@@ -97,3 +104,27 @@ def test_host_names_follow_the_namespace_and_the_node_or_the_segment_id(monkeypa
         monkeypatch.setenv(HOSTS_ENV, bad)
         with pytest.raises(InvalidArgumentError, match=HOSTS_ENV):
             hosts_per_namespace()
+
+
+def test_a_controller_entry_round_trips_its_host_lists_it_and_only_it_removes_it() -> None:
+    directory = ControllerDirectory(MemoryKeyValue())
+    durability = {"policy": "interval", "interval_s": 0.2}
+    assert directory.get(TOPIC) is None
+    directory.put(TOPIC, ControllerEntry("controllers:t/ns", "/data", durability))
+    directory.put(OTHER, ControllerEntry("controllers:t/ns/with-abc", "/data", durability))
+    assert directory.get(TOPIC) == ControllerEntry("controllers:t/ns", "/data", durability)
+    assert directory.of_host("controllers:t/ns") == {str(TOPIC): directory.get(TOPIC)}
+    assert directory.of_host("controllers:t/other") == {}
+    directory.remove(TOPIC, "controllers:t/ns/with-abc")  # not its host: kept
+    assert directory.get(TOPIC) is not None
+    directory.remove(TOPIC, "controllers:t/ns")
+    assert directory.get(TOPIC) is None and directory.get(OTHER) is not None
+
+
+def test_a_namespace_shares_one_controller_host_per_set_of_topic_settings() -> None:
+    tls = {"RAYTOPICS_TLS_CERT": "/etc/a.pem", "RAYTOPICS_TLS_KEY": "/etc/a.key"}
+    assert controller_host_name(TOPIC) == controller_host_name(OTHER) == "controllers:t/ns"
+    assert controller_host_name(TOPIC, {}) == "controllers:t/ns"
+    assert controller_host_name(TOPIC, tls) == controller_host_name(OTHER, dict(tls))
+    assert controller_host_name(TOPIC, tls) != controller_host_name(TOPIC, {**tls, "x": "y"})
+    assert controller_host_name(TopicName("t", "ns2", "orders")) == "controllers:t/ns2"

@@ -25,6 +25,7 @@ from pyarrow import fs as pafs
 from test_metrics import scrape, total
 
 from actors.control.topic_stats import _kept, _segment_stats
+from actors.controller_directory import ControllerDirectory
 from clients import Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
 from runtime.config import ray_namespace
 from runtime.errors import TierRefusedError
@@ -315,7 +316,7 @@ class OffloadKiller:
         name, self.plan = TopicName.parse(topic), dict(plan)
         layout = Catalog().require_topic(name).layout
         self.names = {i: layout.get(i).name(name) for i in plan}
-        self.controller = name.controller_actor_name
+        self.controller = ControllerDirectory().get(name).host  # its host
         self.records = TierRecords(Catalog().store, name, incarnation)
         self.filesystem, base = open_tier(uri)
         self.directories = {i: tier_directory(base, n, incarnation) for i, n in self.names.items()}

@@ -24,6 +24,7 @@ Spark's, ``actors.admin.stream_service``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import asdict
@@ -38,7 +39,7 @@ from actors.admin.permits import admin_operation
 from actors.admin.storage_tasks import scan_storage
 from actors.admin.stream_service import StreamOperations
 from actors.capacity import check_capacity
-from actors.control.controller import controller_actor
+from actors.control.controller_host import controller_actor
 from actors.control.node_disks import check_recoverable
 from actors.control.readiness import await_readiness
 from actors.control.topic_stats import topic_stats
@@ -189,7 +190,8 @@ class AdminService(StreamOperations, ClusterOperations):
     ) -> None:
         self._record(name)
         await self._control(name, restart_timeout_s, "delete", gone=_gone("delete_scalable_topic"))
-        ray.kill(controller_actor(name), no_restart=True)
+        with contextlib.suppress(ValueError, *RESTART_ERRORS):  # none runs: none to stop
+            await call(controller_actor(name).close(self._guard.internal_token()))
 
     # --- subscriptions ------------------------------------------------------------------
 

@@ -27,11 +27,8 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-import ray
 
 from actors.capacity import check_capacity
 from actors.control.coordinators import TopicCoordinators
@@ -46,9 +43,8 @@ from actors.control.topic_parts import LayoutCommands, TopicParts
 from actors.control.topic_subscriptions import TopicSubscriptions
 from actors.guard import guard
 from actors.metrics import ControllerMetrics
-from actors.registry import get_or_start, lookup
 from runtime.auth import Permission
-from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings, ray_namespace
+from runtime.config import ray_namespace
 from runtime.errors import InvalidArgumentError, TopicAlreadyExistsError
 from runtime.layout import SegmentLayout
 from runtime.limits import check_room
@@ -65,7 +61,7 @@ from runtime.operations import (
 from runtime.policy import TopicPolicy
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition, reset_target
 from storage.catalog import Catalog, fenced
-from storage.durability import Durability, default_storage_root
+from storage.durability import Durability
 from storage.records import SubscriptionMetadata, TopicRecord
 from storage.topic_storage import (
     TopicIdentity,
@@ -76,7 +72,8 @@ log = logging.getLogger(__name__)
 
 
 class ScalableTopicController:
-    """Leader logic for one topic; ``ControllerActor`` is this class as a Ray actor."""
+    """Leader logic for one topic; its host runs it as ``ScalableTopicControllerActor``
+    (``actors.control.controller_host``)."""
 
     def __init__(self, topic: str, storage_root: str, durability: dict[str, Any]) -> None:
         self.topic = TopicName.parse(topic)
@@ -471,19 +468,13 @@ class ScalableTopicController:
 
 
 class ScalableTopicControllerActor(ScalableTopicController):
-    """The controller as an actor: it also runs the maintenance loop from the start, so
-    a restarted incarnation keeps scaling and retaining without being called."""
+    """The controller as its host runs it (``actors.control.controller_host``): it also
+    runs the maintenance loop from the start, so a restarted incarnation keeps scaling and
+    retaining without being called."""
 
-    def __init__(
-        self,
-        topic: str,
-        storage_root: str,
-        durability: dict[str, Any],
-        settings: dict[str, str] | None = None,
-    ) -> None:
-        apply_settings(settings)
+    def __init__(self, topic: str, storage_root: str, durability: dict[str, Any]) -> None:
         super().__init__(topic, storage_root, durability)
-        # An async actor, so a loop is running. A restarted incarnation recovers at once
+        # Made in its host's event loop. A restarted incarnation recovers at once
         # (finishes its predecessor's operation, starts missing segment actors) instead
         # of waiting for a call: producers and consumers never call the controller.
         self._recovery = asyncio.get_running_loop().create_task(self._recover_in_background())
@@ -503,35 +494,17 @@ class ScalableTopicControllerActor(ScalableTopicController):
         self._check(credential, Permission.LOOKUP)
         return {"heldBack": self.maintenance.held_back}
 
+    async def stop(self) -> None:
+        """End this controller's background work: its topic was deleted, and its host
+        stops running it. A layout change under way is not cut: it holds the lock."""
+        self.maintenance.stop()
+        for task in (self._maintenance, self._recovery):
+            task.cancel()
+        async with self._lock:
+            pass
+
     async def _recover_in_background(self) -> None:
         try:
             await self._ready()
         except Exception:  # the next call recovers (and reports) instead
             log.exception("%s: recovery at start failed", self.topic)
-
-
-ControllerActor = ray.remote(num_cpus=0, max_restarts=-1)(ScalableTopicControllerActor)
-
-
-def controller_actor(
-    topic: TopicName,
-    *,
-    create: bool = False,
-    storage_root: str | None = None,
-    durability: Durability | None = None,
-    settings: dict[str, str] | None = None,
-) -> ray.actor.ActorHandle:
-    """Handle to a topic's controller; with ``create`` it is started if missing. With
-    ``settings`` (the topic's own, ``runtime.config.TOPIC_SETTINGS``, as its creator
-    has them), those replace this process's: its segments inherit them."""
-    if not create:
-        return lookup(topic.controller_actor_name)
-    durability = durability or Durability.from_env()
-    root = str(storage_root or default_storage_root())
-    args = (str(topic), root, asdict(durability))
-    if settings is not None:
-        cluster = {k: v for k, v in actor_settings().items() if k not in TOPIC_SETTINGS}
-        settings = cluster | settings
-    return get_or_start(
-        ControllerActor, topic.controller_actor_name, *args, topic=topic, settings=settings
-    )

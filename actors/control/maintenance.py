@@ -68,6 +68,10 @@ class TopicMaintenance:
     def start(self) -> asyncio.Task:
         return asyncio.get_running_loop().create_task(self._run_forever())
 
+    def stop(self) -> None:
+        """Stop the tier moves under way (the loop's task is its starter's to cancel)."""
+        self._tier.cancel()
+
     async def _run_forever(self) -> None:
         ages = asyncio.get_running_loop().create_task(self._export_ages_forever())
         try:

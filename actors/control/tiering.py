@@ -76,6 +76,12 @@ class TierMover:
                 )
                 self._moving[segment_id] = move
 
+    def cancel(self) -> None:
+        """Stop the moves under way (their topic's controller stops): a move cut short
+        commits nothing, and the segment stays where it was."""
+        for move in self._moving.values():
+            move.cancel()
+
     async def _move(
         self,
         segment_id: int,

@@ -16,7 +16,7 @@ from typing import Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
 
-from actors.control.controller import controller_actor
+from actors.control.controller_host import controller_actor
 from actors.control.readiness import topic_readiness
 from actors.guard import guard
 from actors.segment.handle import SegmentHandle

@@ -18,6 +18,7 @@ from typing import Any
 
 from ray.exceptions import RayActorError
 
+from actors.controller_directory import ControllerDirectory, ControllerHandle
 from actors.registry import alive_actor_names, gone_for_good, lookup
 from actors.segment.directory import Entry, SegmentDirectory
 from actors.segment.handle import SegmentHandle
@@ -113,9 +114,12 @@ async def _wake(name: SegmentName, credential: str | None) -> bool:
     """Whether the topic's controller started ``name``'s actor because it hibernates (a
     refusal of ``credential`` is raised; no controller running: False, and the caller
     waits as for any segment that is not registered yet)."""
+    entry = ControllerDirectory().get(name.topic)
     try:
-        controller = lookup(name.topic.controller_actor_name)
+        controller = ControllerHandle(lookup(entry.host), str(name.topic)) if entry else None
     except ValueError:
+        controller = None
+    if controller is None:
         return False
     try:
         return await call(controller.wake_segment.remote(name.segment_id, credential=credential))

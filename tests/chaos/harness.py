@@ -237,9 +237,11 @@ class Faults:
         return f"{actor_name} is on the head node: killed its process"
 
     def _controller_node(self, _rng: random.Random) -> str:
+        from actors.controller_directory import ControllerDirectory
         from runtime.names import TopicName
 
-        return self._kill_node_of(TopicName.parse(self.run.topic).controller_actor_name)
+        entry = ControllerDirectory().get(TopicName.parse(self.run.topic))
+        return self._kill_node_of(entry.host) if entry is not None else "no controller runs"
 
     def _segment_node(self, rng: random.Random) -> str:
         from runtime.names import TopicName
