@@ -56,16 +56,6 @@ step() {
   fi
 }
 
-# uv installs the same packages as pip (the same resolution: every direct dependency is
-# pinned) in under half the time, most of a fresh clone's setup; pip does it where uv
-# cannot (no index it can reach).
-UV_VERSION=0.13.9
-
-install_project() {
-  .venv/bin/uv pip install --python .venv/bin/python -e '.[ray,test]' ||
-    { echo "uv failed: installing with pip instead"; .venv/bin/python -m pip install -e '.[ray,test]'; }
-}
-
 setup() {
   if [ ! -x .venv/bin/python ]; then
     local python; python=$(python_bin)
@@ -74,9 +64,9 @@ setup() {
   : >"$LOG"
   local stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
   if [ ! -f "$stamp" ]; then
-    step "upgrading pip" .venv/bin/python -m pip install --upgrade pip "uv==$UV_VERSION"
+    step "upgrading pip" .venv/bin/python -m pip install --upgrade pip
     step "installing the project and its pinned dependencies (a few minutes the first time)" \
-      install_project
+      .venv/bin/python -m pip install -e '.[ray,test]'
     rm -f .venv/.installed-* && touch "$stamp"
   fi
   # The Spark streaming connector (java/): javac against pyspark's own jars; a no-op
