@@ -33,13 +33,18 @@ class GroupState:
     handover: dict[int, str] = field(default_factory=dict)  # segment -> next owner
     finished: set[int] = field(default_factory=set)
     positions: dict[int, int] = field(default_factory=dict)  # released read positions
+    # Where this state's assignment versions start. A consumer asks for its assignment
+    # once it differs from the version it holds, so a coordinator that restarts (and
+    # builds this state anew) must not hand out a version a consumer may hold from before:
+    # it would take a new assignment for the one it has, and wait forever.
+    version_base: int = 0
 
     # --- membership ------------------------------------------------------------------
 
     def join(self, consumer: str, now: float) -> None:
         session = self.sessions.get(consumer)
         if session is None:
-            self.sessions[consumer] = Session(last_seen=now)
+            self.sessions[consumer] = Session(last_seen=now, version=self.version_base)
         else:
             session.last_seen = now
 

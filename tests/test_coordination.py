@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.coordination import GroupState
+from runtime.layout import SegmentLayout
 
 GRACE_S = 30.0
 times = st.floats(min_value=0, max_value=1e6, allow_nan=False)
@@ -38,3 +39,21 @@ def test_a_consumer_heard_from_moves_only_its_own_deadline_later() -> None:
     assert state.expired(50.1, GRACE_S) == ["b"]
     state.leave("b")
     assert state.next_expiry(GRACE_S) == 55.0
+
+
+def test_a_state_built_anew_hands_out_no_version_a_consumer_may_hold_from_before() -> None:
+    """A coordinator that restarts builds its group state anew. Were its versions to count
+    from where the last one's did, a consumer holding version v of the old assignment
+    (two parents) would take the new one's v (their merged child) for the one it has,
+    and never read on: what chaos seed 2 once showed, after a merge and a coordinator kill."""
+    parents = SegmentLayout.initial(2)
+    before = GroupState(version_base=1_000)
+    before.join("a", 0.0)
+    before.rebalance(parents)
+    held = before.sessions["a"].version
+    assert before.view("a") == (0, 1) and held > 1_000
+    after = GroupState(version_base=2_000)  # a later incarnation: a later start
+    after.join("a", 1.0)
+    for _ in range(held - 1_000):  # as many changes as the first saw
+        after.rebalance(parents)
+    assert after.sessions["a"].version != held

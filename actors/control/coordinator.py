@@ -42,7 +42,8 @@ class SubscriptionCoordinator:
         self.subscription = validate_part("subscription", subscription)
         self.catalog = Catalog()
         self._guard = guard()
-        self.state = GroupState()
+        # Versions above every earlier incarnation's: its start in µs (JSON-safe).
+        self.state = GroupState(version_base=time.time_ns() // 1_000)
         self.meta: SubscriptionMetadata | None = None
         self.watch: DagWatch | None = None
         self._changed = asyncio.Event()
