@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.control.controller_host import controller_actor
+from actors.controller_directory import ControllerDirectory, ControllerHandle
 from actors.guard import REFRESH_S, guard
 from actors.registry import alive_actor_names
 from clients import CheckpointConsumer, Producer, QueueConsumer, ScalableTopicsAdmin, StreamConsumer
@@ -282,6 +283,23 @@ def test_waking_starts_only_a_hibernating_segment_of_the_layout(topic) -> None:
     for segment_id in (0, 1, 2, 999, -1):  # running ones, ids not in the layout
         assert ray.get(controller.wake_segment.remote(segment_id, credential=looker)) is False
     assert alive_actor_names(f"segment:{name.short}/") == alive
+
+
+def test_a_controller_host_opens_a_controller_only_for_an_admin(topic) -> None:
+    """A caller holding a controller host's handle (raw Ray access) that asks it to open a
+    topic's controller, with no token, a wrong one or one that may only look, is refused
+    and no controller, nor its directory entry, is made."""
+    name = TopicName.parse(f"{topic}-never")
+    opening = controller_actor(TopicName.parse(topic), create=True).opening
+    handle = ControllerHandle(controller_actor(TopicName.parse(topic)).host, str(name), opening)
+    wrong = client_credential("wrong-data-plane-token-0123456789")
+    looker = client_credential(TOKENS["looker"])
+    for credential, error in ((None, UnauthenticatedError), (wrong, UnauthenticatedError),
+                              (looker, UnauthorizedError)):  # fmt: skip
+        with pytest.raises(error):
+            ray.get(handle.create.remote(2, credential=credential))
+    assert ControllerDirectory().get(name) is None
+    assert not Catalog().topic_exists(name)
 
 
 def test_clients_fail_at_construction(topic) -> None:
