@@ -74,6 +74,7 @@ class ControllerHost:
         self._guard = guard()
         self._directory = ControllerDirectory()
         self._controllers: dict[str, ScalableTopicControllerActor] = {}
+        self._catalog = Catalog()
         self._idle_exit_s = idle_exit_s()
         self._last_call = time.monotonic()
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -120,6 +121,7 @@ class ControllerHost:
         if opening is not None:
             self._guard.check(credential, Permission.ADMIN, topic.namespace_path)
             entry = ControllerEntry(self._name, opening.storage_root, opening.durability)
+            self._directory.put(topic, entry)
             return self._open(topic, entry)
         entry = self._directory.get(topic)
         if entry is None or entry.host != self._name:
@@ -127,9 +129,9 @@ class ControllerHost:
         return self._open(topic, entry)
 
     def _open(self, topic: TopicName, entry: ControllerEntry) -> ScalableTopicControllerActor:
+        """Run ``topic``'s controller here, as ``entry`` (in the directory already) says."""
         controller = ScalableTopicControllerActor(str(topic), entry.storage_root, entry.durability)
         self._controllers[str(topic)] = controller
-        self._directory.put(topic, entry)
         return controller
 
     def _reopen(self, topic: str, entry: ControllerEntry) -> None:
@@ -138,7 +140,7 @@ class ControllerHost:
         retried through an opening)."""
         name = TopicName.parse(topic)
         try:
-            if not Catalog().topic_exists(name):
+            if not self._catalog.topic_exists(name):
                 self._directory.remove(name, self._name)
                 return
             self._open(name, entry)
