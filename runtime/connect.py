@@ -47,6 +47,16 @@ LOCAL_SYSTEM_CONFIG = {
     "metrics_report_interval_ms": 1000,
 }
 
+
+def local_system_config() -> dict[str, Any]:
+    """``LOCAL_SYSTEM_CONFIG`` without the settings this process's environment gives as
+    Ray's own ``RAY_<name>`` variables: a system config overrides Ray's environment, so
+    an operator's ``RAY_metrics_report_interval_ms=10000`` (an idle deployment then
+    exports a tenth as often, its backlog ages up to 10 s old) would be lost otherwise.
+    Ray's processes, which inherit the environment, read those variables themselves."""
+    return {k: v for k, v in LOCAL_SYSTEM_CONFIG.items() if f"RAY_{k}" not in os.environ}
+
+
 # The address that means "the embedded Ray of the storage root", skipping the
 # search for a `ray start` cluster (Ray's "local" likewise never joins one).
 EMBEDDED_ADDRESS = "local"
@@ -187,7 +197,7 @@ def _join_embedded(head_args: dict[str, Any], init_kwargs: dict[str, Any]) -> em
 
     head_args = dict(head_args)
     head_args["_system_config"] = {
-        **LOCAL_SYSTEM_CONFIG,
+        **local_system_config(),
         **(head_args.get("_system_config") or {}),
     }
     if init_kwargs.get("_temp_dir") is not None:

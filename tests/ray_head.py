@@ -40,7 +40,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runtime.connect import LOCAL_SYSTEM_CONFIG  # noqa: E402
+from runtime.connect import local_system_config  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -141,7 +141,7 @@ class RayHead:
         command += [f"--dashboard-port={self.dashboard_port}"]
         command += [f"--dashboard-agent-listen-port={self.agent_port}"]
         command += ["--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats"]
-        command += [f"--system-config={json.dumps(LOCAL_SYSTEM_CONFIG)}"]
+        command += [f"--system-config={json.dumps(local_system_config())}"]
         env = self.env() | {"RAY_REDIS_ADDRESS": self.redis.address}
         started = time.perf_counter()
         done = subprocess.run(

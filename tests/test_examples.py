@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from ports import free_ports  # tests/ is on sys.path under pytest
 
-from runtime.connect import LOCAL_SYSTEM_CONFIG
+from runtime.connect import local_system_config
 
 pytestmark = pytest.mark.integration  # Rays of its own (own storage root and Ray temp dir)
 
@@ -66,7 +66,7 @@ def head() -> Iterator[dict]:
         f"--temp-dir={scratch / 'ray'}",
         "--dashboard-host=127.0.0.1",
         "--include-dashboard=true",
-        f"--system-config={json.dumps(LOCAL_SYSTEM_CONFIG)}",
+        f"--system-config={json.dumps(local_system_config())}",
         *(f"{option}={port}" for option, port in ports.items()),
     ]
     starter = subprocess.Popen(

@@ -1,15 +1,21 @@
 """The metrics reach Ray's Prometheus export with the right tags and plausible values.
 
-Scrapes the real endpoint of the session's Ray node (``metrics_export_port``):
-no dashboard is needed, the node's metrics agent serves it.
+Scrapes the real endpoint of a Ray node (``metrics_export_port``): no dashboard is
+needed, the node's metrics agent serves it. The session's Ray exports every 10 s
+(``RAY_metrics_report_interval_ms`` in ``conftest.py``); how fresh a backlog age is
+at the embedded head's own setting is checked on an embedded Ray of its own.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import ray
@@ -98,7 +104,41 @@ def test_metrics_are_exported_with_tags_and_plausible_values(admin, unique) -> N
     admin.delete_scalable_topic(topic)
 
 
-def test_backlog_age_is_the_age_of_the_oldest_unacknowledged_message(admin, unique) -> None:
+ROOT = Path(__file__).resolve().parents[1]
+AGE_CHECK = """
+import sys
+sys.path[:0] = ["tests"]
+from runtime import connect
+connect("local", log_to_driver=False)
+from clients import ScalableTopicsAdmin
+import test_metrics
+test_metrics.backlog_age_is_the_age_of_the_oldest_unacknowledged_message(
+    ScalableTopicsAdmin(), "embedded"
+)
+print("CHECKED")
+"""
+
+
+@pytest.mark.integration  # an embedded Ray of its own
+def test_backlog_age_is_the_age_of_the_oldest_unacknowledged_message(tmp_path: Path) -> None:
+    """Run as a program on an embedded Ray of its own, as a user's program starts one:
+    with the embedded head's export interval, not the one this session's Ray was
+    given."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RAYTOPICS_", "RAY_ADDRESS", "RAY_metrics_report_interval_ms"))
+    }
+    env |= {"RAYTOPICS_STORAGE_ROOT": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run(
+        [sys.executable, "-c", AGE_CHECK],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert done.stdout.strip().splitlines()[-1] == "CHECKED", done.stdout
+
+
+def backlog_age_is_the_age_of_the_oldest_unacknowledged_message(admin, unique: str) -> None:
     """In stats (taken when asked) and in Prometheus, where a scrape at any moment is
     within 2 s of the truth at that moment (the embedded head exports every second,
     and the controller takes the ages again between its rounds)."""
