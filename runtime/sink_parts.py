@@ -15,12 +15,17 @@ appended in sequence order, since a segment refuses a sequence below one it stor
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from runtime.layout import HashRange, SegmentLayout
 from runtime.names import MAX_HASH
+
+# NumPy only where rows are picked: the catalog, and with it every controller and
+# coordinator process, parses sink writes and never picks rows.
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class SinkPart(BaseModel):
@@ -35,6 +40,8 @@ class SinkPart(BaseModel):
 
     def rows(self, hashes: np.ndarray) -> np.ndarray:
         """Positions of this part's records among the write's routing ``hashes``."""
+        import numpy as np
+
         span = self.hash_range
         return np.flatnonzero((hashes >= span.start) & (hashes <= span.end))
 
@@ -51,7 +58,7 @@ def owned_pieces(layout: SegmentLayout, hashes: np.ndarray, span: HashRange = WH
     pieces: list[Piece] = []
     for segment_id, info in sorted(layout.active_segments.items()):
         start, end = max(span.start, info.hash_range.start), min(span.end, info.hash_range.end)
-        if start <= end and np.any((inside >= start) & (inside <= end)):
+        if start <= end and ((inside >= start) & (inside <= end)).any():
             pieces.append((segment_id, HashRange(start=start, end=end)))
     return pieces
 
