@@ -30,7 +30,7 @@ from clients import Producer, StreamConsumer
 from runtime.capacity import SegmentFootprint
 from runtime.errors import InsufficientCapacityError
 from runtime.names import TopicName
-from runtime.segment_hosts import controller_host_name, host_prefix
+from runtime.segment_hosts import controller_host_name, host_prefix, idle_exit_s
 from storage.durability import default_storage_root
 
 SEGMENT = SegmentFootprint.from_env()
@@ -52,6 +52,7 @@ def room_for(ray_cluster) -> Iterator:
     ballast: list[ray.actor.ActorHandle] = []
 
     def leave(segments: int, topic: str) -> None:
+        settled(TopicName.parse(topic))
         # Memory that earlier tests' segments give back arrives late: top up until
         # exactly ``segments`` fit, each ballast waited for until Ray's books show it.
         deadline = time.monotonic() + 60
@@ -80,6 +81,21 @@ def room_for(ray_cluster) -> Iterator:
         ray.kill(actor)
     # Ray's books lag a kill by a resource report; the next test must see the room back.
     wait_for(lambda: most_free() > free_before - 8 * SEGMENT.memory_bytes, 30, "the room back")
+
+
+def settled(topic: TopicName) -> None:
+    """Waits until Ray's books of free memory stay put for longer than a host's idle
+    exit: the hosts of the tests before this one exit ``idle_exit_s()`` after their
+    topics were deleted, and the memory one gives back after the ballast was sized
+    would leave room for more segments than the test asked for."""
+    window = idle_exit_s() + 1.0
+    last, since = free_memory_per_node(topic), time.monotonic()
+    deadline = since + 60
+    while time.monotonic() - since < window:
+        assert time.monotonic() < deadline, "Ray's books of free memory kept moving"
+        time.sleep(0.2)
+        if (now := free_memory_per_node(topic)) != last:
+            last, since = now, time.monotonic()
 
 
 def produce_and_consume(topic: str, count: int) -> None:

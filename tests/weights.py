@@ -15,12 +15,15 @@ figures, never what runs.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 FILE = Path(__file__).with_name("weights.json")
 UNKNOWN_S = 2.0
+# A test run with ``--dist loadgroup`` is reported as ``name@group``; parameters end in "]".
+GROUP_SUFFIX = re.compile(r"@[^@\]]*$")
 
 
 def load() -> dict[str, float]:
@@ -35,7 +38,8 @@ def from_junit(path: Path) -> dict[str, float]:
     weights = {}
     for case in ElementTree.parse(path).iter("testcase"):
         module = case.get("classname", "").replace(".", "/") + ".py"
-        weights[f"{module}::{case.get('name')}"] = round(float(case.get("time", 0)), 2)
+        name = GROUP_SUFFIX.sub("", case.get("name", ""))  # xdist's ``@group``, not the id
+        weights[f"{module}::{name}"] = round(float(case.get("time", 0)), 2)
     return dict(sorted(weights.items()))
 
 
