@@ -8,17 +8,14 @@ at the embedded head's own setting is checked on an embedded Ray of its own.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 import urllib.request
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 import ray
+from test_embedded import Place, place  # noqa: F401 - tests/ is on sys.path under pytest
 
 from clients import Producer, StreamConsumer
 from runtime.batch import make_batch
@@ -104,7 +101,6 @@ def test_metrics_are_exported_with_tags_and_plausible_values(admin, unique) -> N
     admin.delete_scalable_topic(topic)
 
 
-ROOT = Path(__file__).resolve().parents[1]
 AGE_CHECK = """
 import sys
 sys.path[:0] = ["tests"]
@@ -120,21 +116,11 @@ print("CHECKED")
 
 
 @pytest.mark.integration  # an embedded Ray of its own
-def test_backlog_age_is_the_age_of_the_oldest_unacknowledged_message(tmp_path: Path) -> None:
-    """Run as a program on an embedded Ray of its own, as a user's program starts one:
-    with the embedded head's export interval, not the one this session's Ray was
-    given."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("RAYTOPICS_", "RAY_ADDRESS", "RAY_metrics_report_interval_ms"))
-    }
-    env |= {"RAYTOPICS_STORAGE_ROOT": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
-    done = subprocess.run(
-        [sys.executable, "-c", AGE_CHECK],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+def test_backlog_age_is_the_age_of_the_oldest_unacknowledged_message(place: Place) -> None:  # noqa: F811
+    """Run as a program on an embedded Ray of its own, as a user's program starts one
+    (no ``RAY_`` variable of this session's: the embedded head's export interval)."""
+    done = place.run(AGE_CHECK, timeout=300)
+    assert done.code == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert done.stdout.strip().splitlines()[-1] == "CHECKED", done.stdout
 
 
