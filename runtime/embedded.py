@@ -49,11 +49,12 @@ import psutil
 from runtime.errors import ConflictError, InvalidArgumentError, UnavailableError
 from runtime.processes import (
     PROBE_TIMEOUT_S,
+    STOP_WAIT_S,
     ProcessId,
     host_port,
     lock_holder,
     stop_processes,
-    tcp_answers,
+    tcp_refuses,
 )
 
 METADATA_DIR = ".metadata"  # under the storage root; never a valid tenant name
@@ -163,15 +164,20 @@ class HeadRecord:
             processes=[ProcessId.from_dict(p) for p in data["processes"]],
         )
 
-    def answers(self) -> bool:
-        """Its GCS and raylet run (the very processes recorded) and the GCS accepts
-        connections: a driver can join it."""
+    def why_unusable(self) -> str | None:
+        """Why no driver can join it (a recorded GCS or raylet exited, or the GCS
+        refuses connections), or ``None``. A GCS slow to accept counts as usable: a
+        loaded machine must not make the next program stop a head others are using."""
         required = [p for p in self.processes if p.kind in _REQUIRED]
-        return (
-            len(required) == len(_REQUIRED)
-            and all(p.alive() for p in required)
-            and tcp_answers(self.gcs_address)
-        )
+        missing = set(_REQUIRED) - {p.kind for p in required}
+        if missing:
+            return f"no {', '.join(sorted(missing))} recorded"
+        for process in required:
+            if not process.alive():
+                return f"its {process.kind} (pid {process.pid}) exited"
+        if tcp_refuses(self.gcs_address):
+            return f"its GCS refuses connections at {self.gcs_address}"
+        return None
 
 
 @dataclass
@@ -296,11 +302,15 @@ def join_or_start(
         state = State.read(directory / STATE_FILE)
         state.users = [u for u in state.users if u.alive() and not u.same_process(me)]
         head, started = state.head, False
-        if head is not None and not head.answers():
-            stop_processes(head.processes)  # what is left of a head that cannot serve
+        replaced = head is not None and (why := head.why_unusable()) is not None
+        if replaced:
+            print(f"raytopics: the embedded Ray of {storage_root} cannot serve ({why}); "
+                  "stopping what is left of it and starting another", file=sys.stderr)  # fmt: skip
+            stop_processes(head.processes)
             head, state.users = None, []
         if head is None:
-            head = _start_head(directory, head_args)
+            # a GCS just stopped releases its RocksDB lock only once it has exited
+            head = _start_head(directory, head_args, STOP_WAIT_S if replaced else 0.0)
             started = True
             try:
                 init(head.gcs_address)
@@ -374,7 +384,7 @@ def _adopt_auth_mode(head_mode: str) -> None:
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def _start_head(directory: Path, head_args: dict[str, Any]) -> HeadRecord:
+def _start_head(directory: Path, head_args: dict[str, Any], lock_wait_s: float = 0.0) -> HeadRecord:
     """Start a head that outlives this process (no reaper, no exit hook, no parent-death
     signal), as ``ray start --head`` does, with its GCS tables in RocksDB under
     ``directory/gcs``, or in Redis when ``RAY_REDIS_ADDRESS`` says so."""
@@ -395,7 +405,7 @@ def _start_head(directory: Path, head_args: dict[str, Any]) -> HeadRecord:
         metadata = f"redis://{redis}"
     else:
         gcs_dir = directory / GCS_DIR
-        _check_rocksdb_free(gcs_dir)
+        _check_rocksdb_free(gcs_dir, lock_wait_s)
         system_config |= {"gcs_storage": "rocksdb", "gcs_storage_path": str(gcs_dir)}
         metadata = str(gcs_dir)
 
@@ -494,18 +504,30 @@ def _terminal_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _check_rocksdb_free(gcs_dir: Path) -> None:
+def _check_rocksdb_free(gcs_dir: Path, wait_s: float = 0.0) -> None:
     """``ConflictError`` naming the file when a process holds a RocksDB lock of
-    ``gcs_dir``: a GCS started on it would crash, and its program wait forever."""
+    ``gcs_dir`` (still, after ``wait_s``): a GCS started on it would crash, and its
+    program wait forever."""
+    deadline = time.monotonic() + wait_s
+    while (held := _rocksdb_lock_held(gcs_dir)) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if held is None:
+        return
+    lock, holder = held
+    who = f"pid {holder}" if holder > 0 else "another process"
+    with contextlib.suppress(psutil.Error, ValueError):
+        who += f" ({' '.join(psutil.Process(holder).cmdline())[:120]})"
+    raise ConflictError(
+        f"{lock} is locked by {who}, which is not the embedded Ray recorded in "
+        f"{gcs_dir.parent / STATE_FILE}: another Ray keeps its GCS tables there. "
+        "Stop it, or point RAYTOPICS_STORAGE_ROOT elsewhere"
+    )
+
+
+def _rocksdb_lock_held(gcs_dir: Path) -> tuple[Path, int] | None:
+    """The first RocksDB ``LOCK`` file of ``gcs_dir`` that a process holds, and its pid."""
     for lock in sorted(gcs_dir.glob("*/LOCK")):
         holder = lock_holder(lock)
-        if holder is None:
-            continue
-        who = f"pid {holder}" if holder > 0 else "another process"
-        with contextlib.suppress(psutil.Error, ValueError):
-            who += f" ({' '.join(psutil.Process(holder).cmdline())[:120]})"
-        raise ConflictError(
-            f"{lock} is locked by {who}, which is not the embedded Ray recorded in "
-            f"{gcs_dir.parent / STATE_FILE}: another Ray keeps its GCS tables there. "
-            "Stop it, or point RAYTOPICS_STORAGE_ROOT elsewhere"
-        )
+        if holder is not None:
+            return lock, holder
+    return None

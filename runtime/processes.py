@@ -22,6 +22,9 @@ import psutil
 
 PROBE_TIMEOUT_S = 2.0
 STOP_GRACE_S = 3.0  # per process, after SIGTERM, before SIGKILL
+# How long a SIGKILLed process may take to exit (and drop its file locks) on a loaded
+# machine, for a caller that must not start until it has.
+STOP_WAIT_S = 30.0
 
 
 # --- processes ------------------------------------------------------------------------
@@ -127,6 +130,23 @@ def tcp_answers(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
             return True
     except (OSError, ValueError):
         return False
+
+
+def tcp_refuses(address: str, attempts: int = 3, pause_s: float = 1.0) -> bool:
+    """Whether ``host:port`` refuses connections ``attempts`` times in a row: nothing
+    listens there. A time-out is not a refusal (a listener too busy to accept still
+    listens), and one refusal may be a listener restarting its socket."""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(pause_s)
+        try:
+            with socket.create_connection(host_port(address), timeout=PROBE_TIMEOUT_S):
+                return False
+        except TimeoutError:
+            return False
+        except (OSError, ValueError):
+            continue
+    return True
 
 
 def lock_holder(path: Path) -> int | None:

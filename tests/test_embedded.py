@@ -401,11 +401,17 @@ def test_a_head_its_programs_left_behind_is_taken_over(place: Place) -> None:
     killed.wait(timeout=30)
     broken = place.state.head
     assert broken is not None
-    next(p for p in broken.processes if p.kind == "gcs_server").process().kill()
+    gcs = next(p for p in broken.processes if p.kind == "gcs_server")
+    gcs.process().kill()
 
     successor = place.run(SAY_WHERE)
     assert successor.result() == {"backend": "rocksdb", "durable": True}
-    assert successor.said()[0].startswith("raytopics: started the embedded Ray"), successor.said()
+    said = successor.said()
+    assert said[0] == (
+        f"raytopics: the embedded Ray of {place.root} cannot serve (its gcs_server "
+        f"(pid {gcs.pid}) exited); stopping what is left of it and starting another"
+    ), said
+    assert said[1].startswith("raytopics: started the embedded Ray"), said
     assert gone(broken.processes)
     assert place.state.head is None and not place.ray_processes()
 
