@@ -2,8 +2,9 @@
 
 A pid alone names a process only until it exits: the kernel hands the number to
 the next program. Whatever outlives the process that recorded it (a state file
-of the embedded Ray, say) therefore keeps a pid *and* its create time, and
-nothing is ever signalled unless both still match.
+of the embedded Ray, say) therefore keeps a pid *and* its start (since the boot, which
+no setting of the wall clock moves), and nothing is ever signalled unless both still
+match.
 """
 
 from __future__ import annotations
@@ -30,31 +31,67 @@ STOP_WAIT_S = 30.0
 # --- processes ------------------------------------------------------------------------
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+MATCH_S = 0.05  # start times of one process read twice differ by less (10 ms ticks)
+
+
+def since_boot(proc: psutil.Process) -> float:
+    """When ``proc`` started, in seconds after the boot: the kernel's own count (clock
+    ticks in ``/proc/<pid>/stat``), which no setting of the wall clock moves. Where
+    there is no ``/proc``, psutil's wall-clock start time stands in."""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_bytes()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            raise psutil.NoSuchProcess(proc.pid) from None
+        return proc.create_time()
+    ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])  # field 22, starttime
+    return ticks / CLOCK_TICKS
+
+
+def boot_id() -> str:
+    """This boot of the machine: a pid and a start since boot name a process of it only."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class ProcessId:
-    """A process as it can be recognised later: its pid and when it started."""
+    """A process as it can be recognised later: its pid and when it started, counted
+    from the boot (as the kernel does): a start time on the wall clock moves whenever
+    that clock is set (NTP stepping it, a VM resumed from a snapshot), and would then
+    match neither the process nor anything to stop."""
 
     pid: int
-    create_time: float
+    since_boot: float
+    boot: str
     kind: str = ""
 
     @classmethod
     def of(cls, pid: int, kind: str = "") -> ProcessId | None:
         try:
-            return cls(pid, psutil.Process(pid).create_time(), kind)
+            return cls(pid, since_boot(psutil.Process(pid)), boot_id(), kind)
         except psutil.Error:
             return None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProcessId:
-        return cls(int(data["pid"]), float(data["create_time"]), str(data.get("kind", "")))
+        kind = str(data.get("kind", ""))
+        if "since_boot" not in data:  # recorded by an earlier version: a wall-clock start
+            since_boot = float(data["create_time"]) - psutil.boot_time()
+            return cls(int(data["pid"]), since_boot, boot_id(), kind)
+        return cls(int(data["pid"]), float(data["since_boot"]), str(data["boot"]), kind)
 
     def process(self) -> psutil.Process | None:
         """The running process, or ``None`` once it exited (a zombie has exited) or
         its pid belongs to another process now."""
+        if self.boot != boot_id():
+            return None  # the machine restarted since: every pid names another process
         try:
             proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) > 0.05:
+            if abs(since_boot(proc) - self.since_boot) > MATCH_S:
                 return None
             return None if proc.status() == psutil.STATUS_ZOMBIE else proc
         except psutil.Error:
@@ -64,7 +101,11 @@ class ProcessId:
         return self.process() is not None
 
     def same_process(self, other: ProcessId) -> bool:
-        return self.pid == other.pid and abs(self.create_time - other.create_time) <= 0.05
+        return (
+            self.pid == other.pid
+            and self.boot == other.boot
+            and abs(self.since_boot - other.since_boot) <= MATCH_S
+        )
 
 
 def _gone(proc: psutil.Process) -> bool:

@@ -8,13 +8,16 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+import psutil
+import psutil._pslinux
 import pytest
 
 from runtime.embedded import _check_rocksdb_free
 from runtime.errors import ConflictError
-from runtime.processes import tcp_refuses
+from runtime.processes import ProcessId, stop_processes, tcp_refuses
 
 # Locks a file as RocksDB locks its LOCK, says so, and holds it for argv[2] seconds.
 HOLD_LOCK = """
@@ -93,3 +96,44 @@ def test_a_lock_let_go_within_the_wait_is_free(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+
+def test_a_recorded_process_is_still_itself_after_the_wall_clock_is_set(monkeypatch) -> None:
+    """NTP stepping the clock, or a VM resumed from a snapshot, moves the boot time that
+    wall-clock start times are computed from: the process must still match, and be
+    stopped when asked, or a live head counts as gone and cannot be stopped."""
+    child = _sleeper()
+    try:
+        recorded = ProcessId.of(child.pid, "gcs_server")
+        assert recorded is not None and recorded.alive()
+        wall = psutil.Process(child.pid).create_time()
+        stepped = psutil.boot_time() + 7.5
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: stepped)
+        assert psutil.Process(child.pid).create_time() == pytest.approx(wall + 7.5)
+        again = ProcessId.from_dict(asdict(recorded))
+        assert again == recorded and again.alive() and again.same_process(recorded)
+        stop_processes([again])  # reaps its own child: child.wait() cannot see how it ended
+        assert not recorded.alive() and not psutil.pid_exists(child.pid)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
+def test_a_record_of_an_earlier_version_or_another_boot(monkeypatch) -> None:
+    child = _sleeper()
+    try:
+        wall = psutil.Process(child.pid).create_time()
+        earlier = ProcessId.from_dict({"pid": child.pid, "create_time": wall, "kind": "raylet"})
+        assert earlier.alive() and earlier.kind == "raylet"
+        assert not ProcessId.from_dict({"pid": child.pid, "create_time": wall - 5}).alive()
+        other_boot = ProcessId(child.pid, earlier.since_boot, "another-boot")
+        assert not other_boot.alive() and not other_boot.same_process(earlier)
+        stop_processes([other_boot])  # never signals a process it cannot recognise
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait(timeout=30)
