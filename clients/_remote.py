@@ -10,10 +10,10 @@ exactly as a Ray driver does: the same HELLO with its token, the same append fra
 the segments check its permission, deduplicate its retries and keep per-key order just
 the same. Nothing here imports Ray.
 
-The gateway offers no push of layout changes yet: the watch re-reads the layout every
-``POLL_S``. A segment sealed by a split or merge refuses the next append at once, and
-the producer then reads the layout without waiting (``ProducerCore.segment_sealed``), so
-polling costs latency after a layout change, never order or messages.
+Layout changes come as a Ray driver's do: a long poll (``GET …/layout?knownEpoch=N``)
+that the gateway answers from the cluster's DAG watch as soon as a split or merge
+commits. A segment sealed meanwhile refuses the next append at once, and the producer
+then reads the layout without waiting (``ProducerCore.segment_sealed``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from runtime import wire
 from runtime.errors import (
     ScalableTopicsError,
     SegmentNotFoundError,
+    TopicNotFoundError,
     UnauthenticatedError,
     UnauthorizedError,
     UnavailableError,
@@ -37,7 +38,10 @@ from runtime.layout_watch import LayoutWatch
 from runtime.limits import Limits
 from runtime.names import SegmentName, TopicName
 
-POLL_S = 0.5
+# How long one long poll of the layout waits in the cluster (the gateway answers within
+# half its own time-out whatever is asked), and the pause after a failed one.
+LISTEN_S = 20.0
+RETRY_S = 0.5
 # How long a lookup waits for a segment the layout names to be served (a split's
 # children start just after the layout that names them is written).
 FIND_TIMEOUT_S = 30.0
@@ -48,23 +52,23 @@ UNAVAILABLE = (*NOT_SERVED, OSError, TimeoutError)
 
 
 class RemoteLayoutWatch(LayoutWatch):
-    """A topic's layout as the gateway answers it, re-read every ``poll_s``; it owns the
-    HTTP client and closes it with itself."""
+    """A topic's layout as the gateway answers it, long-polled for each change; it owns
+    the HTTP client and closes it with itself."""
 
     def __init__(
-        self, topic: TopicName, layout: SegmentLayout, http: AdminHttpClient, poll_s: float
+        self, topic: TopicName, layout: SegmentLayout, http: AdminHttpClient, listen_s: float
     ) -> None:
         super().__init__(topic, layout)
         self._http = http
-        self._poll_s = poll_s
+        self._listen_s = listen_s
 
     @classmethod
     async def open(
-        cls, topic: TopicName, http: AdminHttpClient, poll_s: float = POLL_S
+        cls, topic: TopicName, http: AdminHttpClient, listen_s: float = LISTEN_S
     ) -> RemoteLayoutWatch:
         """The watch, from the layout read now: an unknown topic or a refused token is
         raised here."""
-        return cls(topic, await http.get_layout_async(str(topic)), http, poll_s)
+        return cls(topic, await http.get_layout_async(str(topic)), http, listen_s)
 
     async def close(self) -> None:
         await super().close()
@@ -75,15 +79,21 @@ class RemoteLayoutWatch(LayoutWatch):
 
     async def _run(self) -> None:
         while not self.deleted:
-            await asyncio.sleep(self._poll_s)
             try:
-                await self.refresh()
+                found = await self._http.watch_layout_async(
+                    str(self.topic), self.layout.epoch, self._listen_s
+                )
+            except TopicNotFoundError:
+                self._deleted()
             except (UnauthenticatedError, UnauthorizedError) as err:
                 self.refused = err  # the segments refuse it too; a restored grant goes on
+                await asyncio.sleep(RETRY_S)
             except (ScalableTopicsError, OSError, TimeoutError):
-                continue  # the gateway is restarting or unreachable: ask again
+                await asyncio.sleep(RETRY_S)  # the gateway is restarting or unreachable
             else:
                 self.refused = None
+                if found is not None:
+                    self._publish(found)
 
 
 @dataclass(frozen=True)

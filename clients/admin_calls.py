@@ -26,7 +26,7 @@ from runtime.admin_api import merged_ids, split_hashes
 from runtime.auth import AuthPolicy
 from runtime.layout import SegmentLayout
 from runtime.policy import TopicPolicy
-from runtime.readiness import DEFAULT_READY_TIMEOUT_S, wait_until_ready
+from runtime.readiness import DEFAULT_READY_TIMEOUT_S, MAX_WAIT_S, wait_until_ready
 from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms, time_ms
 
 
@@ -65,6 +65,16 @@ class AdminCalls(ABC):
     async def get_layout_async(self, topic: str) -> SegmentLayout:
         """The topic's segment DAG as a ``SegmentLayout``."""
         return SegmentLayout.from_dict(await self.get_metadata_async(topic))
+
+    async def watch_layout_async(
+        self, topic: str, known_epoch: int, wait_s: float = MAX_WAIT_S
+    ) -> SegmentLayout | None:
+        """The topic's layout once its epoch is not ``known_epoch`` any more (a split, a
+        merge), waiting in the cluster up to ``wait_s`` seconds (at most
+        ``runtime.readiness.MAX_WAIT_S``, and half the gateway's time-out); ``None`` when
+        none came. Raises ``TopicNotFoundError`` once the topic is deleted."""
+        found = await self._op("watch_layout", name=topic, known_epoch=known_epoch, wait_s=wait_s)
+        return None if found["layout"] is None else SegmentLayout.from_dict(found["layout"])
 
     async def list_subscriptions_async(self, topic: str) -> list[str]:
         """The names of the topic's subscriptions."""

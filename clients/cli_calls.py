@@ -31,7 +31,7 @@ Converter = Callable[[str], Any]
 
 # Methods that answer with a Python object a shell has no use for, and the command
 # that prints the same.
-PYTHON_ONLY = {"get_layout": "describe"}
+PYTHON_ONLY = {"get_layout": "describe", "watch_layout": "describe"}
 
 
 def api_methods() -> list[str]:

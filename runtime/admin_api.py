@@ -56,6 +56,7 @@ from runtime.names import MAX_HASH
 from runtime.rest import (
     AUTH_PATH,
     CLEAR_BACKLOG_PATH,
+    LAYOUT_PATH,
     LIMITS_PATH,
     MERGE_PATH,
     NAMESPACE_PATH,
@@ -201,6 +202,7 @@ _OPERATIONS = (
     Operation("list_subscriptions", _L, _T),
     Operation("get_stats", _L, _T),
     Operation("topic_status", _L, _T),
+    Operation("watch_layout", _L, _T),
     Operation("get_policy", _L, _T),
     Operation("get_namespace_policy", _L, _NS),
     Operation("get_namespace_limits", _L, _NS),
@@ -260,6 +262,11 @@ _ENDPOINTS = (
              "Whether every segment of the topic has a running actor (a new topic's segments "
              "start in the background); waits up to waitS seconds for it", "topic_status",
              query={"waitS": "wait_s"}),
+    Endpoint("watchLayout", "GET", LAYOUT_PATH,
+             "The topic's segment layout once its epoch differs from knownEpoch (at once "
+             "without one), waiting up to waitS seconds for a split, merge or delete: "
+             "{\"layout\": null} when none came", "watch_layout",
+             query={"knownEpoch": "known_epoch", "waitS": "wait_s"}),
     Endpoint("planStreamStart", "POST", STREAM_INITIAL_PATH,
              "A streaming query's first position (Spark's readStream; see docs/spark.md)",
              "stream_initial",

@@ -24,6 +24,7 @@ NAMESPACE_PATH = SCALABLE + "/{tenant}/{namespace}"
 TOPIC_PATH = NAMESPACE_PATH + "/{topic}"
 STATS_PATH = TOPIC_PATH + "/stats"
 STATUS_PATH = TOPIC_PATH + "/status"
+LAYOUT_PATH = TOPIC_PATH + "/layout"  # a long poll for its next change
 STREAM_INITIAL_PATH = TOPIC_PATH + "/stream/initial"
 STREAM_LATEST_PATH = TOPIC_PATH + "/stream/latest"
 STREAM_RANGES_PATH = TOPIC_PATH + "/stream/ranges"

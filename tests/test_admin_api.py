@@ -186,6 +186,7 @@ _CLIENT_CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "list_subscriptions": (("topic://t/ns/x",), {}),
     "get_stats": (("topic://t/ns/x",), {}),
     "get_status": (("topic://t/ns/x",), {}),
+    "watch_layout": (("topic://t/ns/x", 4, 12.5), {}),
     "wait_until_ready": (("topic://t/ns/x", 5.0), {}),
     "create_scalable_topic": (("topic://t/ns/x", 3, {"team": "a"}), {}),
     "delete_scalable_topic": (("topic://t/ns/x",), {}),
@@ -230,6 +231,7 @@ _ANSWERS: dict[str, Any] = {
     "get_metadata": None,
     "topic_status": {"state": "ready", "segments": 1, "running": 1, "notRunning": []},
     "stream_initial": {"position": {"next": {}, "finished": []}},
+    "watch_layout": {"layout": None},
 }
 
 

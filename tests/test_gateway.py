@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -209,6 +210,11 @@ BAD_REQUESTS = [
     ("status-wait-word", "GET", "{T}/status?waitS=soon", None, 400, "invalid_argument"),
     ("status-wait-too-long", "GET", "{T}/status?waitS=20.5", None, 400, "invalid_argument"),
     ("status-wait-negative", "GET", "{T}/status?waitS=-1", None, 400, "invalid_argument"),
+    ("layout-missing-topic", "GET", "{N}/layout?knownEpoch=0", None, 404, "topic_not_found"),
+    ("layout-epoch-word", "GET", "{T}/layout?knownEpoch=one", None, 400, "invalid_argument"),
+    ("layout-epoch-negative", "GET", "{T}/layout?knownEpoch=-1", None, 400,
+     "invalid_argument"),
+    ("layout-wait-too-long", "GET", "{T}/layout?waitS=21", None, 400, "invalid_argument"),
     ("split-negative-id", "POST", "{T}/split/-1", None, 400, "invalid_argument"),
     ("split-word-id", "POST", "{T}/split/one", None, 400, "invalid_argument"),
     ("split-fraction-id", "POST", "{T}/split/1.5", None, 400, "invalid_argument"),
@@ -345,6 +351,9 @@ class _SlowService:
             await asyncio.sleep(args[1])
             return {"topic": args[0], "state": "starting", "segments": 1, "running": 0,
                     "notRunning": [0]}  # fmt: skip
+        if method == "watch_layout":
+            await asyncio.sleep(args[2])
+            return {"layout": None}
         if method == "create_scalable_topic":
             await asyncio.sleep(1.0)
             return None
@@ -354,7 +363,8 @@ class _SlowService:
 def test_every_request_is_answered_within_the_time_out(ray_cluster) -> None:
     """What the OpenAPI document promises: past the gateway's time-out a request gets a 504
     ``timeout`` (saying a change may still complete), not a hung connection; a status long
-    poll is kept inside the time-out, so it always answers; an operation with a longer
+    poll (of a topic's status or layout) is kept inside the time-out, so it always answers;
+    an operation with a longer
     time-out of its own (a create starts segment processes) is waited for that long."""
 
     async def scenario() -> list[tuple[int, dict[str, Any], float]]:
@@ -366,6 +376,7 @@ def test_every_request_is_answered_within_the_time_out(ray_cluster) -> None:
                 ("PUT", f"/admin/v2/limits/{TENANT}/{NAMESPACE}", {"max_topics_per_namespace": 2}),
                 ("GET", f"{SCALABLE}/t/status?waitS=20", None),
                 ("PUT", f"{SCALABLE}/t", {"numSegments": 1}),
+                ("GET", f"{SCALABLE}/t/layout?knownEpoch=3&waitS=20", None),
             ):
                 started = time.monotonic()
                 response = await client.request(method, path, json=body)
@@ -378,6 +389,7 @@ def test_every_request_is_answered_within_the_time_out(ray_cluster) -> None:
         :3
     ]
     created, _, created_s = replies[3]
+    assert replies[4][:2] == (200, {"layout": None}) and 0.2 < replies[4][2] < 0.5
     assert (read, read_body["error"]) == (504, "timeout") and read_s < 2
     assert (
         "within 0.5s" in read_body["message"] and "RAYTOPICS_REST_TIMEOUT_S" in read_body["message"]
@@ -535,6 +547,49 @@ def test_http_client_round_trip(gateway: str, admin: ScalableTopicsAdmin, unique
         client.delete_subscription(topic, "s1")
         client.delete_scalable_topic(topic)
         _same_error(apis, lambda api: api.list_subscriptions(topic), TopicNotFoundError)
+
+
+def test_a_layout_long_poll_answers_when_a_split_or_merge_commits(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """``GET …/layout?knownEpoch=N&waitS=S``: at once when the caller's epoch is stale,
+    as soon as a split or merge commits when it is current (not at the end of the wait),
+    ``{"layout": null}`` when nothing changed, 404 once the topic is deleted."""
+    topic, base = f"topic://{TENANT}/{NAMESPACE}/watch-{unique}", f"{SCALABLE}/watch-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    with AdminHttpClient(gateway) as client:
+        now = http(gateway, "GET", f"{base}/layout")
+        assert now == (200, {"layout": admin.get_metadata(topic)})
+        epoch = now[1]["layout"]["epoch"]
+        started = time.monotonic()
+        assert http(gateway, "GET", f"{base}/layout?knownEpoch={epoch}&waitS=1") == (
+            200, {"layout": None}
+        )  # fmt: skip
+        assert time.monotonic() - started >= 1
+        assert client.watch_layout(topic, epoch + 7, 20).to_dict() == admin.get_metadata(topic)
+
+        def change_soon(change: Callable[[], Any]) -> threading.Thread:
+            thread = threading.Thread(target=lambda: (time.sleep(1), change()))
+            thread.start()
+            return thread
+
+        for change in (lambda: admin.split_segment(topic, 0),
+                       lambda: admin.merge_segments(topic, 1, 2)):  # fmt: skip
+            changing = change_soon(change)
+            started = time.monotonic()
+            newer = client.watch_layout(topic, epoch, 20)
+            took = time.monotonic() - started
+            changing.join(timeout=60)
+            assert newer is not None and newer.epoch > epoch, newer
+            assert newer.to_dict() == admin.get_metadata(topic)
+            assert 0.9 <= took < 10, took  # woken by the commit, not by the end of the wait
+            epoch = newer.epoch
+        assert list(newer.active_segments) == [3]
+
+        deleting = change_soon(lambda: admin.delete_scalable_topic(topic))
+        with pytest.raises(TopicNotFoundError):
+            client.watch_layout(topic, epoch, 20)
+        deleting.join(timeout=60)
 
 
 def test_a_split_at_a_hash_over_rest_and_ray(

@@ -40,6 +40,7 @@ from actors.admin.storage_tasks import scan_storage
 from actors.admin.stream_service import StreamOperations
 from actors.capacity import check_capacity
 from actors.control.controller_host import controller_actor
+from actors.control.dag_watch import dag_watch_actor
 from actors.control.node_disks import check_recoverable
 from actors.control.readiness import await_readiness
 from actors.control.topic_stats import topic_stats
@@ -138,6 +139,27 @@ class AdminService(StreamOperations, ClusterOperations):
         """Whether every segment of the topic has a running actor (``actors.control.readiness``),
         answered as soon as it has or after ``wait_s`` seconds (at most ``MAX_WAIT_S``)."""
         return await await_readiness(self._catalog, name, wait_s)
+
+    @admin_operation
+    async def watch_layout(
+        self,
+        name: TopicName,
+        known_epoch: Annotated[int, Field(ge=0)] | None = None,
+        wait_s: Annotated[Seconds, Field(le=MAX_WAIT_S)] = 0.0,
+        *,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """``{"layout": ...}`` once the topic's layout epoch differs from ``known_epoch``
+        (at once without one), ``{"layout": None}`` after ``wait_s`` without a change: a
+        client outside Ray follows splits and merges with this, as a Ray driver does
+        with the DAG watch (``actors.control.dag_watch``), which answers it. Raises
+        ``TopicNotFoundError`` once the topic is deleted."""
+        if known_epoch is None:
+            return {"layout": self._record(name).layout.to_dict()}
+        listen = dag_watch_actor().listen.remote(
+            str(name), known_epoch, wait_s, credential=credential
+        )
+        return {"layout": await call(listen)}
 
     @admin_operation
     async def get_policy(self, name: TopicName, *, credential: str | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import fields
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, create_model
+from pydantic.json_schema import SkipJsonSchema
 
 from runtime.auth import MIN_TOKEN_CHARS
 from runtime.json_int import JsonInt, json_int
@@ -217,6 +218,28 @@ class StatusQuery(Query):
         allow_inf_nan=False,
         description=f"seconds to wait for the topic to become ready before answering, "
         f"0 to {MAX_WAIT_S:g} (the answer says whether it did)",
+    )
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+class LayoutQuery(Query):
+    known_epoch: Annotated[int, Field(ge=0, le=(1 << 63) - 1)] | SkipJsonSchema[None] = Field(
+        default=None,
+        alias="knownEpoch",
+        json_schema_extra=_no_default,  # a query string cannot say null
+        description="the layout epoch the caller holds: the answer waits for another "
+        "(a split, merge or delete); without it, the layout now",
+    )
+    wait_s: float = Field(
+        default=0.0,
+        alias="waitS",
+        ge=0,
+        le=MAX_WAIT_S,
+        allow_inf_nan=False,
+        description=f"seconds to wait for the epoch to change, 0 to {MAX_WAIT_S:g}",
     )
 
 

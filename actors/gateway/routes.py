@@ -26,6 +26,7 @@ from actors.gateway.documents import (
     CreateSubscriptionBody,
     CreateTopicBody,
     DeleteSegmentQuery,
+    LayoutQuery,
     MergeBody,
     NamespaceLimits,
     NamespaceLimitsBody,
@@ -159,6 +160,11 @@ async def _status(call: Call, p: Params) -> dict[str, Any]:
     return await call(p.topic, min(p.query.wait_s, p.time_left_s / 2))
 
 
+async def _watch_layout(call: Call, p: Params) -> dict[str, Any]:
+    """A long poll kept well inside the time-out, as ``_status``'s."""
+    return await call(p.topic, p.query.known_epoch, min(p.query.wait_s, p.time_left_s / 2))
+
+
 async def _stream_latest(call: Call, p: Params) -> dict[str, Any]:
     b = p.body
     until = b.until.model_dump() if b.until is not None else None
@@ -258,6 +264,7 @@ ROUTES: tuple[Route, ...] = (
     _route("deleteScalableTopic", errors=_MUTATION_ERRORS),
     _route("getStats", returns=OBJECT),
     _route("getStatus", _status, query=StatusQuery, returns=TopicStatus),
+    _route("watchLayout", _watch_layout, query=LayoutQuery, returns=OBJECT, tag="stream"),
     _route("planStreamStart", body=StreamInitialBody, returns=OBJECT,
            errors=_MUTATION_ERRORS, tag="stream"),
     _route("planStreamBatch", _stream_latest, body=StreamLatestBody, body_required=True,
