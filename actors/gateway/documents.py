@@ -209,15 +209,21 @@ class ErrorBody(BaseModel):
     message: str = Field(description="what went wrong and what is allowed instead")
 
 
-class StatusQuery(Query):
-    wait_s: float = Field(
+def _wait_s(waits_for: str) -> Any:
+    """A long poll's ``waitS``: how long the cluster may hold the answer back."""
+    return Field(
         default=0.0,
         alias="waitS",
         ge=0,
         le=MAX_WAIT_S,
         allow_inf_nan=False,
-        description=f"seconds to wait for the topic to become ready before answering, "
-        f"0 to {MAX_WAIT_S:g} (the answer says whether it did)",
+        description=f"seconds to wait for {waits_for}, 0 to {MAX_WAIT_S:g}",
+    )
+
+
+class StatusQuery(Query):
+    wait_s: float = _wait_s(
+        "the topic to become ready before answering (the answer says whether it did)"
     )
 
 
@@ -233,14 +239,7 @@ class LayoutQuery(Query):
         description="the layout epoch the caller holds: the answer waits for another "
         "(a split, merge or delete); without it, the layout now",
     )
-    wait_s: float = Field(
-        default=0.0,
-        alias="waitS",
-        ge=0,
-        le=MAX_WAIT_S,
-        allow_inf_nan=False,
-        description=f"seconds to wait for the epoch to change, 0 to {MAX_WAIT_S:g}",
-    )
+    wait_s: float = _wait_s("the epoch to change")
 
 
 class TopicStatus(BaseModel):
