@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import socket
 import struct
@@ -32,7 +33,7 @@ STOP_WAIT_S = 30.0
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-MATCH_S = 0.05  # start times of one process read twice differ by less (10 ms ticks)
+MATCH_S = 0.05  # above a clock tick: one process's start, read twice, may differ by one
 
 
 def since_boot(proc: psutil.Process) -> float:
@@ -49,6 +50,7 @@ def since_boot(proc: psutil.Process) -> float:
     return ticks / CLOCK_TICKS
 
 
+@functools.cache  # a process never outlives the boot it started in
 def boot_id() -> str:
     """This boot of the machine: a pid and a start since boot name a process of it only."""
     try:
