@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 from runtime.capacity import MEMORY_ENV, PER_CPU_ENV
 from runtime.limits import LIMIT_ENV_VARS
+from runtime.listen import PORTS_ENV
 from runtime.placement import PLACEMENT_ENV
 from runtime.rest import REST_TIMEOUT_ENV
 from runtime.segment_hosts import HOSTS_ENV, IDLE_EXIT_ENV
@@ -46,6 +47,7 @@ ACTOR_SETTINGS = (
     MEMORY_ENV,
     PER_CPU_ENV,
     REST_TIMEOUT_ENV,
+    PORTS_ENV,
     TIER_URIS_ENV,
     *LIMIT_ENV_VARS,
     *TLS_ENV_VARS,

@@ -47,6 +47,7 @@ from typing import Any
 import psutil
 
 from runtime.errors import ConflictError, InvalidArgumentError, UnavailableError
+from runtime.listen import NODE_ENV
 from runtime.processes import (
     PROBE_TIMEOUT_S,
     STOP_WAIT_S,
@@ -90,7 +91,7 @@ _ISOLATION_ARGS = ("enable_resource_isolation", "cgroup_path", "system_reserved_
 HEAD_ONLY_ARGS = (*_HEAD_PARAMS, *_ISOLATION_ARGS)
 # A program's own settings, never the head's: every actor of every later program
 # would inherit them from the raylet (auth tokens file, durability, limits, ...).
-_PRIVATE_ENV_PREFIX = "RAYTOPICS_"
+_PRIVATE_ENV_PREFIX = "RAYTOPICS_"  # but a node's own (NODE_ENV): its starter speaks for it
 # Ray's log monitor looks for new log files ten times a second while a session has fewer
 # than 1,000 of them (every worker adds three): half of its idle CPU, a few ms a second
 # for as long as the head runs (bench/README.md, idle.py). Once a second, a new worker's
@@ -434,7 +435,7 @@ def _start_head(directory: Path, head_args: dict[str, Any], lock_wait_s: float =
     before = {p.pid for p in psutil.Process().children()}
     try:
         with (
-            _environment_without(_PRIVATE_ENV_PREFIX),
+            _environment_without(_PRIVATE_ENV_PREFIX, keep=NODE_ENV),
             _environment_defaults(QUIET_RAY_ENV),
             _terminal_signals_blocked(),
         ):
@@ -480,10 +481,12 @@ def _environment_defaults(defaults: dict[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _environment_without(prefix: str) -> Iterator[None]:
-    """Hide this process's ``prefix*`` variables from the processes started meanwhile
-    (Ray copies ``os.environ`` into each); they are back as soon as the head runs."""
-    hidden = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(prefix)}
+def _environment_without(prefix: str, keep: tuple[str, ...] = ()) -> Iterator[None]:
+    """Hide this process's ``prefix*`` variables but ``keep`` from the processes started
+    meanwhile (Ray copies ``os.environ`` into each); they are back once the head runs."""
+    hidden = {
+        k: os.environ.pop(k) for k in list(os.environ) if k.startswith(prefix) and k not in keep
+    }
     try:
         yield
     finally:

@@ -52,3 +52,15 @@ def free_port() -> int:
 
 def free_ports(count: int) -> list[int]:
     return [free_port() for _ in range(count)]
+
+
+def free_port_range(count: int) -> range:
+    """``count`` consecutive ports as ``free_port`` chooses each: for a server that
+    is given a range (a data plane behind a firewall, ``runtime.listen``)."""
+    last = max(_last(), _FIRST + 1000) - count
+    while True:
+        first = random.randint(_FIRST, last)
+        ports = range(first, first + count)
+        if _given.isdisjoint(ports) and all(_free(port) for port in ports):
+            _given.update(ports)
+            return ports

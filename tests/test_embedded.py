@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 from child_output import last_json  # tests/ is on sys.path under pytest
-from ports import free_port
+from ports import free_port, free_port_range
 from test_examples import stop_group
 
 from runtime.embedded import METADATA_DIR, STATE_FILE, State
@@ -173,8 +173,11 @@ while len(before) < 300:
     before.append(f"{message.key}={message.value.decode()}")
 checkpoint = checkpoints.checkpoint().to_json()
 checkpoints.close()
+import asyncio
+endpoints = [asyncio.run(admin._op("stream_endpoint", name=TOPIC, segment_id=i)) for i in (0, 1)]
 print(json.dumps({"acked": acked, "before": before, "checkpoint": checkpoint,
-                  "policy": policy, "limits": limits, "connect_s": connected_s}))
+                  "policy": policy, "limits": limits, "connect_s": connected_s,
+                  "endpoints": endpoints}))
 """
 )
 
@@ -226,8 +229,16 @@ def test_metadata_outlives_the_program_that_wrote_it(place: Place) -> None:
     stale.parent.mkdir(parents=True)
     stale.write_text(f"127.0.0.1:{free_port()}")
 
-    first_run = place.run(FIRST)
+    # as an operator whose clients reach the node through a NAT: data planes at ports of
+    # a range opened for them, clients told the node's name (runtime.listen)
+    ports = free_port_range(4)
+    first_run = place.run(
+        FIRST, RAYTOPICS_DATA_PLANE_PORTS=f"{ports[0]}-{ports[-1]}",
+        RAYTOPICS_DATA_PLANE_BIND="127.0.0.1", RAYTOPICS_ADVERTISED_HOST="localhost",
+    )  # fmt: skip
     first = first_run.result()
+    for endpoint in first["endpoints"]:
+        assert endpoint["host"] == "localhost" and endpoint["port"] in ports, first["endpoints"]
     gcs = place.root / METADATA_DIR / "gcs"
     assert first_run.said()[0].startswith("raytopics: started the embedded Ray"), first_run.said()
     assert "Ray's token authentication off (RAY_AUTH_MODE=disabled)" in first_run.said()[0]

@@ -41,6 +41,7 @@ from runtime.batch import ipc_parts
 from runtime.config import env_float
 from runtime.errors import InvalidArgumentError, ScalableTopicsError, UnavailableError
 from runtime.limits import LiveLimits
+from runtime.listen import addresses, port_range
 from runtime.names import SegmentName
 from runtime.subscription import ResetTarget, reset_target
 from storage.asleep import SleepingSegments
@@ -164,7 +165,8 @@ class Segment:
                     lambda: self._guard.version,
                     lambda error: self._metrics.rejected(error.code),
                 )
-                await server.start(ray.util.get_node_ip_address(), tls.server_context())
+                host, told = addresses(ray.util.get_node_ip_address())
+                await server.start(host, tls.server_context(), port_range(), told)
                 self._data_plane = server
         return self._data_plane.endpoint
 

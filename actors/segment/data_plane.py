@@ -26,6 +26,7 @@ every ``RECHECK_S``), and refuses those that no longer pass.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import ssl
 from collections import deque
@@ -39,6 +40,7 @@ from runtime.errors import (
     UnauthorizedError,
     UnavailableError,
 )
+from runtime.listen import PORTS_ENV, PortRange
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +80,36 @@ class DataPlaneServer:
         self._server: asyncio.Server | None = None
         self._rechecking: asyncio.Task | None = None
 
-    async def start(self, host: str, tls: ssl.SSLContext | None) -> wire.Endpoint:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: DataPlaneProtocol(self),
-            host=host,
-            port=0,
-            ssl=tls,
-            ssl_handshake_timeout=HELLO_TIMEOUT_S if tls is not None else None,
-        )
+    async def start(
+        self,
+        host: str,
+        tls: ssl.SSLContext | None,
+        ports: PortRange | None = None,
+        advertised: str | None = None,
+    ) -> wire.Endpoint:
+        """Listen on ``host``, at the first free port of ``ports`` (any port without
+        one), and tell clients ``advertised`` (``runtime.listen``) instead of ``host``
+        when given. ``UnavailableError`` naming the range when every port is taken."""
+        for port in ports or (0,):
+            try:
+                self._server = await asyncio.get_running_loop().create_server(
+                    lambda: DataPlaneProtocol(self),
+                    host=host,
+                    port=port,
+                    ssl=tls,
+                    ssl_handshake_timeout=HELLO_TIMEOUT_S if tls is not None else None,
+                )
+                break
+            except OSError as err:
+                if ports is None or err.errno != errno.EADDRINUSE:
+                    raise
+        else:
+            raise UnavailableError(
+                f"no free port in {PORTS_ENV}={ports} on {host}: each segment's data plane "
+                "needs one of its own; widen the range"
+            )
         bound_host, port = self._server.sockets[0].getsockname()[:2]
-        self.endpoint = wire.Endpoint(bound_host, port, tls is not None)
+        self.endpoint = wire.Endpoint(advertised or bound_host, port, tls is not None)
         return self.endpoint
 
     def connected(self, connection: DataPlaneProtocol) -> None:
