@@ -12,9 +12,11 @@ acknowledged (or a timeout passes): a rebalance does not duplicate messages.
 When a sealed segment is read and acknowledged to its end, the consumer
 reports it finished, which is what lets the coordinator hand out its children.
 
-Every call carries the consumer's credential. A refusal (the token was revoked,
-the grant withdrawn) is not retried: the application's next receive raises it,
-after whatever had already arrived.
+The coordinator and the segments are reached through a ``GroupAccess``: their actors
+from a Ray driver, the REST gateway from a process outside Ray; the logic here is the
+same over both. Every call carries the consumer's credential. A refusal (the token was
+revoked, the grant withdrawn) is not retried: the application's next receive raises
+it, after whatever had already arrived.
 """
 
 from __future__ import annotations
@@ -27,14 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from ray.exceptions import RayActorError
 
-from actors.control.coordinator_host import coordinator_actor
-from actors.segment.lookup import find_segment_actor, find_segment_again
 from clients._data_plane import REFUSALS, ChannelError, ReadChannel
+from clients._gc import freeze_what_exists
+from clients._group_access import GroupAccess
 from clients._inbox import Inbox
+from clients._install import ray_required
 from clients._loop import background_loop
-from clients._ray import freeze_what_exists
 from clients.message import Message, messages_from_delivery, table_from_deliveries
 from runtime import wire
 from runtime.errors import (
@@ -46,7 +47,6 @@ from runtime.errors import (
     is_integer,
 )
 from runtime.names import SegmentName, TopicName, validate_part
-from runtime.remote import call
 
 log = logging.getLogger(__name__)
 # How long a sealed segment's "finished" may be refused before it is worth a warning.
@@ -95,6 +95,7 @@ class GroupConsumerCore:
         acknowledges: bool,
         config: ConsumerConfig,
         credential: str | None,
+        access: GroupAccess,
         start_positions: dict[int, int] | None = None,
     ) -> None:
         self.topic = topic
@@ -104,7 +105,8 @@ class GroupConsumerCore:
         self.acknowledges = acknowledges
         self.config = config
         self.start_positions = dict(start_positions or {})
-        self.coordinator = coordinator_actor(topic, group)
+        self.access = access
+        self.restarting = access.restarting
         self.readers: dict[int, _Reader] = {}
         self.finished: set[int] = set()
         # delivery batches, tagged with their _Reader; unpacked when the application takes them
@@ -115,7 +117,11 @@ class GroupConsumerCore:
         self.refused: Exception | None = None  # the cluster refused the credential
 
     async def start(self) -> None:
-        await self._apply(await self._register())
+        try:
+            await self._apply(await self._register())
+        except BaseException:
+            await self.access.close()
+            raise
         loop = asyncio.get_running_loop()
         self.tasks = [loop.create_task(self._follow_assignment())]
         if self.acknowledges:
@@ -169,35 +175,27 @@ class GroupConsumerCore:
             task.cancel()
         readers = list(self.readers.values())
         await asyncio.gather(*(self._give_up(r, wait_for_acks=False) for r in readers))
-        with contextlib.suppress(RayActorError, ConsumerNotRegisteredError, *REFUSALS):
-            unregister = self.coordinator.unregister.remote(
-                self.consumer, credential=self.credential
-            )
-            await call(unregister)
+        with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *REFUSALS):
+            await self.access.unregister(self.consumer)
+        await self.access.close()
 
     # --- assignment -------------------------------------------------------------------
 
     async def _register(self) -> dict[str, Any]:
-        ref = self.coordinator.register.remote(self.consumer, credential=self.credential)
-        return await call(ref)
+        return await self.access.register(self.consumer)
 
     async def _follow_assignment(self) -> None:
         while not self.closed:
             try:
-                ref = self.coordinator.poll.remote(
-                    self.consumer,
-                    self.version,
-                    self.config.poll_timeout_s,
-                    credential=self.credential,
-                )
-                assignment = await call(ref)
+                poll_s = self.config.poll_timeout_s
+                assignment = await self.access.poll(self.consumer, self.version, poll_s)
             except ConsumerNotRegisteredError:
                 try:
                     assignment = await self._register()
                 except REFUSALS as err:
                     self.fail(err)
                     return
-            except RayActorError:
+            except self.restarting:
                 await asyncio.sleep(0.2)  # the coordinator is restarting
                 continue
             except REFUSALS as err:
@@ -209,7 +207,7 @@ class GroupConsumerCore:
                 except REFUSALS as err:
                     self.fail(err)
                     return
-                except (SegmentNotFoundError, RayActorError) as err:
+                except (SegmentNotFoundError, *self.restarting) as err:
                     # A segment's actor is gone until its controller brings it back.
                     # Forgetting the version makes the next poll hand the same
                     # assignment back at once, so the lookup is tried again.
@@ -226,7 +224,7 @@ class GroupConsumerCore:
         for segment_id, spec in wanted.items():
             if segment_id not in self.readers and segment_id not in self.finished:
                 name = SegmentName.parse(spec["segmentTopic"])
-                handle = await find_segment_actor(name, credential=self.credential)
+                handle = await self.access.find(name)
                 position = await self._start_position(handle, name, spec.get("startPosition"))
                 reader = _Reader(name, handle, position, self.credential)
                 self.readers[segment_id] = reader
@@ -234,8 +232,7 @@ class GroupConsumerCore:
 
     async def _start_position(self, handle: Any, name: SegmentName, released: int | None) -> int:
         if self.acknowledges:
-            status = await call(handle.position.remote(self.group, credential=self.credential))
-            return status["position"]
+            return await self.access.position(handle, name)
         if name.segment_id in self.start_positions:
             return self.start_positions[name.segment_id]
         return released or 0
@@ -250,7 +247,7 @@ class GroupConsumerCore:
                     continue
                 try:
                     batch, end_offset, terminated = await self._read_once(reader)
-                except (RayActorError, ChannelError):
+                except (*self.restarting, ChannelError):
                     await asyncio.sleep(0.2)  # the segment is restarting, or hibernated
                     if reader.revoked or self.closed:
                         # Given up while the read was out: nothing to reattach to, and
@@ -280,7 +277,7 @@ class GroupConsumerCore:
         """A new handle and channel when the segment's actor was replaced
         (``find_segment_again``)."""
         try:
-            handle = await find_segment_again(reader.name, credential=self.credential)
+            handle = await self.access.find_again(reader.name)
         except REFUSALS as err:
             self.fail(err)
             return
@@ -316,14 +313,11 @@ class GroupConsumerCore:
             if settled >= reader.end:
                 await self._flush(reader)
                 try:
-                    finished = self.coordinator.finished.remote(
-                        self.consumer, reader.segment_id, settled, credential=self.credential
-                    )
-                    await call(finished)
+                    await self.access.finished(self.consumer, reader.segment_id, settled)
                 except REFUSALS as err:
                     self.fail(err)
                     return
-                except (ConflictError, RayActorError, TimeoutError) as err:
+                except (ConflictError, TimeoutError, *self.restarting) as err:
                     # Not sealed yet, the coordinator restarting, or the segment not
                     # answering it: asked again
                     refused_since = refused_since or time.monotonic()
@@ -357,11 +351,8 @@ class GroupConsumerCore:
             await self._flush(reader)
         self.readers.pop(reader.segment_id, None)
         position = None if self.acknowledges else reader.delivered
-        with contextlib.suppress(RayActorError, ConsumerNotRegisteredError, *REFUSALS):
-            release = self.coordinator.release.remote(
-                self.consumer, reader.segment_id, position, credential=self.credential
-            )
-            await call(release)
+        with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *REFUSALS):
+            await self.access.release(self.consumer, reader.segment_id, position)
 
     # --- acknowledgements -------------------------------------------------------------
 
@@ -379,12 +370,9 @@ class GroupConsumerCore:
         if not self.acknowledges or reader.acked <= reader.flushed:
             return
         target = reader.acked
-        ack = reader.handle.ack_cumulative.remote(
-            self.group, target - 1, credential=self.credential
-        )
         try:
-            await call(ack)
-        except RayActorError:
+            await self.access.ack_cumulative(reader.handle, reader.name, target - 1)
+        except self.restarting:
             await self._reattach(reader)  # the ack is sent again by the next flush
             return
         except REFUSALS as err:
@@ -400,6 +388,30 @@ def _after(batch: pa.RecordBatch) -> int:
 
 def run_on_loop(coro: Any) -> Any:
     return background_loop().run(coro)
+
+
+def group_access(
+    topic: TopicName,
+    subscription: str,
+    consumer: str,
+    credential: str | None,
+    *,
+    url: str | None,
+    address: str | None,
+) -> GroupAccess:
+    """How a consumer reaches its group: through the gateway at ``url``, else as a Ray
+    driver (joining ``address``'s Ray first). Names are checked before either."""
+    validate_part("subscription", subscription)
+    validate_part("consumer name", consumer)
+    if url is not None:
+        from clients._remote import RemoteCluster
+
+        return RemoteCluster(url, credential).group_access(topic, subscription)
+    with ray_required("a consumer without url= (a Ray driver's)"):
+        from clients._ray import RayGroupAccess, joined
+
+    joined(address)
+    return RayGroupAccess(topic, subscription, credential)
 
 
 class GroupConsumer:

@@ -1,16 +1,17 @@
-"""Plumbing the Ray clients share: joining the cluster, keeping the GC out of delivery."""
+"""Plumbing the Ray clients share: joining the cluster, and how a Ray driver's producer
+and consumers reach segments and coordinators (their actors, called directly)."""
 
 from __future__ import annotations
 
-import gc
-import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ray
+from ray.exceptions import RayActorError
 
-from runtime.config import GC_FREEZE_ENV
 from runtime.connect import connect
 from runtime.errors import SegmentNotFoundError
+from runtime.names import SegmentName, TopicName
+from runtime.remote import call
 
 if TYPE_CHECKING:
     from clients._producer_core import SegmentAccess
@@ -27,22 +28,6 @@ def joined(address: str | None = None) -> None:
         connect(address)
 
 
-def freeze_what_exists() -> None:
-    """Take every object alive once a client has started (the ~130k that importing Ray
-    and pyarrow and starting the client leave behind) out of the cyclic GC's full
-    collections. Clients call it when they have started.
-
-    A consumer makes tens of thousands of messages a second, enough of them live
-    through two young collections to set off a full one every second or so, and a
-    full collection walks every tracked object, during which nothing is delivered
-    (it set the p99 of bench/end_to_end.py's half load: bench/README.md).
-    Frozen objects are still freed by reference counting; only cycles among them
-    would never be collected. ``RAYTOPICS_GC_FREEZE=0`` leaves the GC alone.
-    """
-    if os.environ.get(GC_FREEZE_ENV, "1") != "0":
-        gc.freeze()
-
-
 def segment_access(credential: str | None) -> SegmentAccess:
     """How a Ray driver's producer reaches segments: through their actors, looked up by
     name; while an actor restarts or is not registered yet, sends wait and retry."""
@@ -55,3 +40,63 @@ def segment_access(credential: str | None) -> SegmentAccess:
         find=lambda name: find_segment_actor(name, credential=credential),
         unavailable=(SegmentNotFoundError, ActorUnavailableError, ActorDiedError, RayActorError),
     )
+
+
+class RayGroupAccess:
+    """``GroupAccess`` of a Ray driver: the subscription's coordinator and the segments'
+    actors, called directly."""
+
+    def __init__(self, topic: TopicName, subscription: str, credential: str | None) -> None:
+        from actors.control.coordinator_host import coordinator_actor
+
+        self.coordinator = coordinator_actor(topic, subscription)
+        self.subscription = subscription
+        self.credential = credential
+        self.restarting: tuple[type[BaseException], ...] = (RayActorError,)
+
+    async def register(self, consumer: str) -> dict[str, Any]:
+        return await call(self.coordinator.register.remote(consumer, credential=self.credential))
+
+    async def poll(
+        self, consumer: str, known_version: int, timeout_s: float
+    ) -> dict[str, Any] | None:
+        ref = self.coordinator.poll.remote(
+            consumer, known_version, timeout_s, credential=self.credential
+        )
+        return await call(ref)
+
+    async def release(self, consumer: str, segment_id: int, position: int | None) -> None:
+        ref = self.coordinator.release.remote(
+            consumer, segment_id, position, credential=self.credential
+        )
+        await call(ref)
+
+    async def finished(self, consumer: str, segment_id: int, position: int | None) -> None:
+        ref = self.coordinator.finished.remote(
+            consumer, segment_id, position, credential=self.credential
+        )
+        await call(ref)
+
+    async def unregister(self, consumer: str) -> None:
+        await call(self.coordinator.unregister.remote(consumer, credential=self.credential))
+
+    async def find(self, name: SegmentName) -> Any:
+        from actors.segment.lookup import find_segment_actor
+
+        return await find_segment_actor(name, credential=self.credential)
+
+    async def find_again(self, name: SegmentName) -> Any | None:
+        from actors.segment.lookup import find_segment_again
+
+        return await find_segment_again(name, credential=self.credential)
+
+    async def position(self, segment: Any, name: SegmentName) -> int:
+        ref = segment.position.remote(self.subscription, credential=self.credential)
+        return (await call(ref))["position"]
+
+    async def ack_cumulative(self, segment: Any, name: SegmentName, offset: int) -> None:
+        ref = segment.ack_cumulative.remote(self.subscription, offset, credential=self.credential)
+        await call(ref)
+
+    async def close(self) -> None:
+        """Nothing to let go of: Ray keeps the handles."""

@@ -1,6 +1,10 @@
 """A client outside Ray: what a Ray driver asks the cluster's actors, asked of the REST
 gateway instead.
 
+A stream consumer's group membership and acknowledgements go the same way
+(``RemoteGroupAccess``): the gateway calls the subscription's coordinator and the
+segments as the consumer, with its token, while the records come over the data plane.
+
 A producer needs three things from the cluster besides the segments themselves: the
 topic's layout and each change of it, where each segment's data plane listens, and its
 namespace's limits. A process that is not a Ray driver (a web service, a program far
@@ -19,13 +23,16 @@ then reads the layout without waiting (``ProducerCore.segment_sealed``).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from clients._producer_core import SegmentAccess
 from clients.http import AdminHttpClient
 from runtime import wire
 from runtime.errors import (
+    InvalidArgumentError,
     ScalableTopicsError,
     SegmentNotFoundError,
     TopicNotFoundError,
@@ -49,6 +56,22 @@ FIND_TIMEOUT_S = 30.0
 # deadline), and what a lookup through the gateway may also meet that a later one may not.
 NOT_SERVED = (SegmentNotFoundError, UnavailableError)
 UNAVAILABLE = (*NOT_SERVED, OSError, TimeoutError)
+# What a consumer's call through the gateway meets while the gateway, a coordinator or a
+# segment restarts (``RequestTimeoutError`` included): asked again.
+RESTARTING = (UnavailableError, OSError, TimeoutError)
+URL_ENV = "RAYTOPICS_URL"
+
+
+def gateway_url(url: str | None, address: str | None) -> str | None:
+    """The gateway a client goes through: ``url``, else ``RAYTOPICS_URL`` unless a Ray
+    ``address`` was given; ``None``: through Ray."""
+    if url is not None and address is not None:
+        raise InvalidArgumentError("give a Ray address or a gateway url, not both")
+    if url is None and address is None:
+        url = os.environ.get(URL_ENV) or None
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise InvalidArgumentError(f"url must start with http:// or https://, got {url!r}")
+    return url
 
 
 class RemoteLayoutWatch(LayoutWatch):
@@ -113,7 +136,7 @@ class RemoteSegment:
 
 
 class RemoteCluster:
-    """What a producer outside Ray asks the cluster, through one gateway with one token."""
+    """What a client outside Ray asks the cluster, through one gateway with one token."""
 
     def __init__(self, url: str, credential: str | None) -> None:
         # The token is the caller's: "" (explicitly none) must not fall back to the env.
@@ -146,3 +169,72 @@ class RemoteCluster:
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.2)
+
+    def group_access(self, topic: TopicName, subscription: str) -> RemoteGroupAccess:
+        return RemoteGroupAccess(self, topic, subscription)
+
+
+class RemoteGroupAccess:
+    """``clients._group_access.GroupAccess`` through the gateway: the consumer's calls to
+    its coordinator and its acknowledgements as requests, as the consumer (its token)."""
+
+    restarting: tuple[type[BaseException], ...] = RESTARTING
+
+    def __init__(self, cluster: RemoteCluster, topic: TopicName, subscription: str) -> None:
+        self.cluster = cluster
+        self.http = cluster.http
+        self.topic = str(topic)
+        self.subscription = subscription
+
+    async def register(self, consumer: str) -> dict[str, Any]:
+        return await self._op("register_consumer", consumer=consumer)
+
+    async def poll(
+        self, consumer: str, known_version: int, timeout_s: float
+    ) -> dict[str, Any] | None:
+        found = await self._op(
+            "poll_assignment", consumer=consumer, known_version=known_version, wait_s=timeout_s
+        )
+        return found["assignment"]
+
+    async def release(self, consumer: str, segment_id: int, position: int | None) -> None:
+        await self._hand_back(consumer, segment_id, position, finished=False)
+
+    async def finished(self, consumer: str, segment_id: int, position: int | None) -> None:
+        await self._hand_back(consumer, segment_id, position, finished=True)
+
+    async def unregister(self, consumer: str) -> None:
+        await self._op("unregister_consumer", consumer=consumer)
+
+    async def find(self, name: SegmentName) -> RemoteSegment:
+        return await self.cluster.find_segment(name)
+
+    async def find_again(self, name: SegmentName) -> RemoteSegment | None:
+        """The same segment: each connection asks the gateway where it listens now."""
+        return None
+
+    async def position(self, segment: Any, name: SegmentName) -> int:
+        found = await self._op("get_cursor", segment_id=name.segment_id)
+        return int(found["position"])
+
+    async def ack_cumulative(self, segment: Any, name: SegmentName, offset: int) -> None:
+        await self._op("acknowledge_cumulative", segment_id=name.segment_id, offset=offset)
+
+    async def close(self) -> None:
+        await self.http.close_async()
+
+    async def _hand_back(
+        self, consumer: str, segment_id: int, position: int | None, *, finished: bool
+    ) -> None:
+        await self._op(
+            "hand_back_segment",
+            consumer=consumer,
+            segment_id=segment_id,
+            finished=finished,
+            position=position,
+        )
+
+    async def _op(self, operation: str, **args: Any) -> Any:
+        return await self.http._op(
+            operation, name=self.topic, subscription=self.subscription, **args
+        )

@@ -19,10 +19,10 @@ from clients._group_consumer import (
     GroupConsumerCore,
     run_on_loop,
 )
-from clients._ray import joined
+from clients._ray import RayGroupAccess, joined
 from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError
-from runtime.names import TopicName
+from runtime.names import TopicName, validate_part
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S
 
@@ -91,22 +91,24 @@ class CheckpointConsumer(GroupConsumer):
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
         namespace when the cluster has an auth policy; a refusal is raised here.
         ``address``: the Ray to join when this process is not connected yet."""
-        joined(address)
         name = TopicName.parse(topic)
         if start is not None and start.topic != str(name):
             raise InvalidArgumentError(f"checkpoint is for {start.topic}, not {name}")
-        credential = client_credential(token)
+        settings, credential = ConsumerConfig(**config), client_credential(token)
+        joined(address)
+        access = RayGroupAccess(name, validate_part("subscription", group), credential)
         self._core = GroupConsumerCore(
             name,
             group,
             consumer_name,
             acknowledges=False,
-            config=ConsumerConfig(**config),
+            config=settings,
             credential=credential,
+            access=access,
             start_positions=start.positions if start else None,
         )
         self._topic = str(name)
-        coordinator = self._core.coordinator
+        self._coordinator = coordinator = access.coordinator
         run_on_loop(call(coordinator.ensure_group.remote(session_grace_s, credential=credential)))
         if start is not None:
             reset = coordinator.reset.remote(
@@ -118,5 +120,5 @@ class CheckpointConsumer(GroupConsumer):
     def checkpoint(self) -> Checkpoint:
         """Where this consumer is: resume from it to get exactly the messages after it."""
         core = self._core
-        snapshot = run_on_loop(call(core.coordinator.snapshot.remote(credential=core.credential)))
+        snapshot = run_on_loop(call(self._coordinator.snapshot.remote(credential=core.credential)))
         return Checkpoint(self._topic, self._core.positions(), tuple(snapshot["finished"]))

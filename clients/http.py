@@ -264,6 +264,7 @@ _PATH_FIELDS: Mapping[str, Callable[[Any], dict[str, Any]]] = {
     "name": _topic_fields,
     "namespace": _namespace_fields,
     "subscription": _subscription_fields,
+    "consumer": lambda value: {"consumer": validate_part("consumer name", value)},
     "segment_id": lambda value: {"segmentId": value},
     "segment_id1": lambda value: {"segmentId1": value},
     "segment_id2": lambda value: {"segmentId2": value},

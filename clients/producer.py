@@ -33,16 +33,17 @@ import concurrent.futures
 import concurrent.futures.thread  # noqa: F401 - its exit hook first, see below
 import dataclasses
 import logging
-import os
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clients._gc import freeze_what_exists
 from clients._install import ray_required
 from clients._limits import ClusterLimits
 from clients._loop import background_loop
 from clients._producer_core import ProducerCore
+from clients._remote import gateway_url
 from clients._send_results import ROW_OVERHEAD, BulkSink, MessageSink, SendFuture, charge_of
 from clients.message import BatchResult, MessageId
 from runtime.auth import Permission, client_credential
@@ -123,7 +124,7 @@ class Producer:
         produce through instead, from a process that never joins Ray. Bad arguments are
         refused before any Ray is joined or started."""
         name, settings = TopicName.parse(topic), ProducerConfig(**config)
-        url = _gateway_url(url, address)
+        url = gateway_url(url, address)
         if url is not None and settings.transport == "ray":
             raise InvalidArgumentError("a producer through the gateway (url=) sends over 'tcp'")
         if url is None:
@@ -133,10 +134,7 @@ class Producer:
             joined(address)
         self._setup(name, settings, client_credential(token), url)
         self._open()  # fail fast here (refused, unknown topic...), not at the first send
-        if url is None:
-            from clients._ray import freeze_what_exists
-
-            freeze_what_exists()
+        freeze_what_exists()
 
     def _setup(
         self, topic: TopicName, config: ProducerConfig, credential: str | None, url: str | None
@@ -357,18 +355,6 @@ def _reopen(
     config = dataclasses.replace(config, producer_id=None)
     producer._setup(TopicName.parse(topic), config, credential, url)
     return producer
-
-
-def _gateway_url(url: str | None, address: str | None) -> str | None:
-    """The gateway a producer goes through: ``url``, else ``RAYTOPICS_URL`` unless a Ray
-    ``address`` was given; ``None``: through Ray."""
-    if url is not None and address is not None:
-        raise InvalidArgumentError("give a Ray address or a gateway url, not both")
-    if url is None and address is None:
-        url = os.environ.get("RAYTOPICS_URL") or None
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise InvalidArgumentError(f"url must start with http:// or https://, got {url!r}")
-    return url
 
 
 def _close_open_producers() -> None:

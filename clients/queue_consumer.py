@@ -25,9 +25,10 @@ from ray.exceptions import RayActorError
 from actors.control.dag_watch import DagWatch
 from actors.segment.lookup import find_segment_actor, find_segment_again
 from clients._data_plane import REFUSALS
+from clients._gc import freeze_what_exists
 from clients._inbox import Inbox
 from clients._loop import background_loop
-from clients._ray import freeze_what_exists, joined
+from clients._ray import joined
 from clients.message import Message, messages_from_delivery
 from clients.producer import Producer
 from runtime.auth import Permission, client_credential

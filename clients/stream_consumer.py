@@ -17,9 +17,10 @@ from clients._group_consumer import (
     ConsumerConfig,
     GroupConsumer,
     GroupConsumerCore,
+    group_access,
     run_on_loop,
 )
-from clients._ray import joined
+from clients._remote import gateway_url
 from clients.message import Message, highest_offsets
 from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError
@@ -40,19 +41,30 @@ class StreamConsumer(GroupConsumer):
         *,
         token: str | None = None,
         address: str | None = None,
+        url: str | None = None,
         **config: Any,
     ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
         namespace when the cluster has an auth policy; a refusal is raised here.
-        ``address``: the Ray to join when this process is not connected yet."""
-        joined(address)
+        ``address``: the Ray to join when this process is not connected yet. ``url``
+        (default ``RAYTOPICS_URL`` when no ``address`` is given): the REST gateway to
+        consume through instead, from a process that never joins Ray; the records still
+        come over the segments' data plane. Bad arguments are refused before any Ray is
+        joined or started."""
+        name, settings = TopicName.parse(topic), ConsumerConfig(**config)
+        credential = client_credential(token)
+        url = gateway_url(url, address)
+        access = group_access(
+            name, subscription, consumer_name, credential, url=url, address=address
+        )
         self._core = GroupConsumerCore(
-            TopicName.parse(topic),
+            name,
             subscription,
             consumer_name,
             acknowledges=True,
-            config=ConsumerConfig(**config),
-            credential=client_credential(token),
+            config=settings,
+            credential=credential,
+            access=access,
         )
         run_on_loop(self._core.start())
 

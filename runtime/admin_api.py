@@ -54,8 +54,12 @@ from runtime.errors import (
 from runtime.layout import MAX_SPLIT_CHILDREN
 from runtime.names import MAX_HASH
 from runtime.rest import (
+    ASSIGNMENT_PATH,
     AUTH_PATH,
     CLEAR_BACKLOG_PATH,
+    CONSUMER_PATH,
+    CURSOR_PATH,
+    FINISHED_PATH,
     LAYOUT_PATH,
     LIMITS_PATH,
     MERGE_PATH,
@@ -64,6 +68,7 @@ from runtime.rest import (
     ORPHANED_STORAGE_PATH,
     POLICY_PATH,
     RECOVER_PATH,
+    RELEASE_PATH,
     RESET_PATH,
     SEGMENT_PATH,
     SPLIT_PATH,
@@ -168,6 +173,7 @@ PATH_PARAMETERS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "name": ("tenant", "namespace", "topic"),
     "namespace": ("tenant", "namespace"),
     "subscription": ("subscription",),
+    "consumer": ("consumer",),
     "segment_id": ("segmentId",),
     "segment_id1": ("segmentId1",),
     "segment_id2": ("segmentId2",),
@@ -217,6 +223,14 @@ _OPERATIONS = (
     Operation("delete_subscription", _C, _T, gone=(SubscriptionNotFoundError, TopicNotFoundError),
               timeout_s=_WAITS_S),
     Operation("reset_subscription", _C, _T, timeout_s=_WAITS_S),
+    # a stream consumer outside Ray (actors.admin.consumer_service): membership and cursors;
+    # a coordinator's host or a hibernated segment may have to start first
+    Operation("register_consumer", _C, _T, timeout_s=_WAITS_S),
+    Operation("poll_assignment", _C, _T),
+    Operation("hand_back_segment", _C, _T, timeout_s=_WAITS_S),
+    Operation("unregister_consumer", _C, _T, timeout_s=_WAITS_S),
+    Operation("get_cursor", _C, _T, timeout_s=_WAITS_S),
+    Operation("acknowledge_cumulative", _C, _T, timeout_s=_WAITS_S),
     # policy and limits
     Operation("set_policy", _A, _T, timeout_s=_WAITS_S),
     Operation("set_namespace_policy", _A, _NS, timeout_s=_WAITS_S),
@@ -316,6 +330,31 @@ _ENDPOINTS = (
     Endpoint("clearBacklog", "POST", CLEAR_BACKLOG_PATH,
              "Acknowledge everything a subscription has not yet (a reset to latest)",
              "reset_subscription", fixes={"to": "latest"}),
+    Endpoint("registerConsumer", "PUT", CONSUMER_PATH,
+             "Join the subscription as this stream consumer (again within its grace period: "
+             "with the same segments); answers the consumer's assignment", "register_consumer"),
+    Endpoint("pollAssignment", "GET", ASSIGNMENT_PATH,
+             "The consumer's assignment once its version differs from knownVersion, waiting "
+             "up to waitS seconds ({\"assignment\": null} when none came); each poll is also "
+             "the consumer's heartbeat", "poll_assignment",
+             query={"knownVersion": "known_version", "waitS": "wait_s"}),
+    Endpoint("releaseSegment", "POST", RELEASE_PATH,
+             "Give a segment up (a rebalance took it), after acknowledging what was delivered "
+             "from it", "hand_back_segment", status=204, body={"position": "position"},
+             fixes={"finished": False}),
+    Endpoint("finishSegment", "POST", FINISHED_PATH,
+             "The consumer read and acknowledged a sealed segment to its end: its children "
+             "may be handed out", "hand_back_segment", status=204, body={"position": "position"},
+             fixes={"finished": True}),
+    Endpoint("unregisterConsumer", "DELETE", CONSUMER_PATH,
+             "Leave the subscription now: the other consumers rebalance at once",
+             "unregister_consumer", status=204),
+    Endpoint("getCursor", "GET", CURSOR_PATH,
+             "The subscription's position in a segment: the first offset not acknowledged",
+             "get_cursor"),
+    Endpoint("acknowledgeCumulative", "POST", CURSOR_PATH,
+             "Acknowledge a segment's messages up to offset, inclusive (a position already "
+             "past it stays)", "acknowledge_cumulative", status=204, body={"offset": "offset"}),
     Endpoint("splitSegment", "POST", SPLIT_PATH,
              "Split an ACTIVE segment at its hash midpoint, or where a body's at says",
              "split_segment", body={"at": "at", "parts": "parts"}),

@@ -37,6 +37,12 @@ SUBSCRIPTIONS_PATH = TOPIC_PATH + "/subscriptions"
 SUBSCRIPTION_PATH = SUBSCRIPTIONS_PATH + "/{subscription}"
 RESET_PATH = SUBSCRIPTION_PATH + "/reset"
 CLEAR_BACKLOG_PATH = SUBSCRIPTION_PATH + "/clear-backlog"
+# A stream consumer outside Ray: its membership, and its subscription's cursor per segment
+CONSUMER_PATH = SUBSCRIPTION_PATH + "/consumers/{consumer}"
+ASSIGNMENT_PATH = CONSUMER_PATH + "/assignment"  # a long poll, and the consumer's heartbeat
+RELEASE_PATH = CONSUMER_PATH + "/release/{segmentId}"
+FINISHED_PATH = CONSUMER_PATH + "/finished/{segmentId}"
+CURSOR_PATH = SUBSCRIPTION_PATH + "/cursors/{segmentId}"
 SPLIT_PATH = TOPIC_PATH + "/split/{segmentId}"
 MERGE_PATH = TOPIC_PATH + "/merge/{segmentId1}/{segmentId2}"
 SEGMENT_PATH = SEGMENTS + "/{tenant}/{namespace}/{topic}/{descriptor}"

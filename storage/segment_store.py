@@ -19,6 +19,7 @@ import pyarrow as pa
 from runtime.batch import REDELIVERIES_KEY
 from runtime.dispatch import QueueDispatcher
 from runtime.errors import (
+    InvalidArgumentError,
     ScalableTopicsError,
     SegmentNotFoundError,
     StaleEpochError,
@@ -329,6 +330,7 @@ class SegmentStore:
         """``save_later``: keep the ack in memory until ``save_acks`` (``CursorStore``
         says why); returns whether a save is owed now."""
         self._check_alive()
+        self._check_written(offset)
         return self.cursors.ack_cumulative(subscription, offset, save_later=save_later)
 
     def save_acks(self) -> None:
@@ -339,6 +341,7 @@ class SegmentStore:
     def ack(self, subscription: str, offsets: Iterable[int]) -> None:
         self._check_alive()
         offsets = list(offsets)
+        self._check_written(max((o for o in offsets if isinstance(o, int)), default=-1))
         self.cursors.ack(subscription, offsets)
         self._dispatcher(subscription).acknowledged(offsets)
 
@@ -473,6 +476,15 @@ class SegmentStore:
     def _check_alive(self) -> None:
         if self._deleted:
             raise SegmentNotFoundError(f"{self.name} has been deleted")
+
+    def _check_written(self, offset: int) -> None:
+        """Only what was written can be acknowledged: a cursor moved past the end would
+        skip the messages written there next, delivered to no consumer."""
+        if isinstance(offset, int) and offset >= self.log.end_offset:
+            raise InvalidArgumentError(
+                f"offset {offset} of {self.name} is not written yet: its end is "
+                f"{self.log.end_offset}"
+            )
 
     def _check_identity(self, identity: SegmentIdentity) -> None:
         expected = (str(self.name.topic), self.incarnation, self.name.segment_id)

@@ -1,5 +1,5 @@
 """A program that produces through the REST gateway and never imports Ray
-(``tests/test_remote_producer.py`` runs it with ``RAYTOPICS_URL`` and its token, if any,
+(``tests/test_remote_clients.py`` runs it with ``RAYTOPICS_URL`` and its token, if any,
 in its environment).
 
     python tests/remote_producer.py TOPIC ROUNDS KEYS PAUSE...

@@ -34,7 +34,7 @@ from actors.admin.service import admin_service_actor
 from actors.control.controller_host import controller_actor
 from actors.gateway.routes import ROUTES, openapi_document
 from actors.gateway.server import create_app, start_gateway, stop_gateway
-from clients import AdminHttpClient, ScalableTopicsAdmin
+from clients import AdminHttpClient, Producer, ScalableTopicsAdmin
 from runtime.errors import (
     ConflictError,
     InconsistentRequestError,
@@ -215,6 +215,33 @@ BAD_REQUESTS = [
     ("layout-epoch-negative", "GET", "{T}/layout?knownEpoch=-1", None, 400,
      "invalid_argument"),
     ("layout-wait-too-long", "GET", "{T}/layout?waitS=21", None, 400, "invalid_argument"),
+    ("join-missing-topic", "PUT", "{N}/subscriptions/s1/consumers/c1", None, 404,
+     "topic_not_found"),
+    ("join-unknown-subscription", "PUT", "{T}/subscriptions/nope/consumers/c1", None, 404,
+     "subscription_not_found"),
+    ("join-bad-name", "PUT", "{T}/subscriptions/s1/consumers/b%24d", None, 400, "invalid_name"),
+    ("poll-not-joined", "GET", "{T}/subscriptions/s1/consumers/ghost/assignment", None, 404,
+     "consumer_not_registered"),
+    ("poll-version-word", "GET", "{T}/subscriptions/s1/consumers/c1/assignment?knownVersion=x",
+     None, 400, "invalid_argument"),
+    ("poll-version-below", "GET", "{T}/subscriptions/s1/consumers/c1/assignment?knownVersion=-2",
+     None, 400, "invalid_argument"),
+    ("poll-wait-too-long", "GET", "{T}/subscriptions/s1/consumers/c1/assignment?waitS=21", None,
+     400, "invalid_argument"),
+    ("release-negative", "POST", "{T}/subscriptions/s1/consumers/c1/release/1",
+     {"position": -1}, 400, "invalid_argument"),
+    ("finish-not-joined", "POST", "{T}/subscriptions/s1/consumers/ghost/finished/0", None, 404,
+     "consumer_not_registered"),
+    ("cursor-unknown-segment", "GET", "{T}/subscriptions/s1/cursors/99", None, 404,
+     "segment_not_found"),
+    ("cursor-unknown-subscription", "GET", "{T}/subscriptions/nope/cursors/1", None, 404,
+     "subscription_not_found"),
+    ("ack-no-body", "POST", "{T}/subscriptions/s1/cursors/1", None, 400, "invalid_request"),
+    ("ack-offset-string", "POST", "{T}/subscriptions/s1/cursors/1", {"offset": "0"}, 400,
+     "invalid_argument"),
+    # segment 1 holds no message: offset 0 is not written, so not acknowledged
+    ("ack-not-written", "POST", "{T}/subscriptions/s1/cursors/1", {"offset": 0}, 400,
+     "invalid_argument"),
     ("split-negative-id", "POST", "{T}/split/-1", None, 400, "invalid_argument"),
     ("split-word-id", "POST", "{T}/split/one", None, 400, "invalid_argument"),
     ("split-fraction-id", "POST", "{T}/split/1.5", None, 400, "invalid_argument"),
@@ -590,6 +617,45 @@ def test_a_layout_long_poll_answers_when_a_split_or_merge_commits(
         with pytest.raises(TopicNotFoundError):
             client.watch_layout(topic, epoch, 20)
         deleting.join(timeout=60)
+
+
+def test_a_stream_consumer_over_rest_joins_follows_its_assignment_and_leaves(
+    gateway: str, admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """What a stream consumer outside Ray calls (``clients._remote.RemoteGroupAccess``),
+    as raw requests: a join answers the assignment, a poll with it waits and answers
+    null, a sealed parent read to its end is finished and its children are assigned,
+    acknowledgements move the cursor, and leaving hands everything back."""
+    topic, base = f"topic://{TENANT}/{NAMESPACE}/members-{unique}", f"{SCALABLE}/members-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    admin.create_subscription(topic, "s")
+    with Producer(topic) as producer:
+        producer.send(b"before the split", key="k").result(timeout=30)
+    admin.split_segment(topic, 0)  # 0 sealed with one message; children 1, 2
+    me = f"{base}/subscriptions/s/consumers/c1"
+
+    status, joined = http(gateway, "PUT", me)
+    assert status == 200 and [s["segmentId"] for s in joined["segments"]] == [0], joined
+    version = joined["version"]
+    assert http(gateway, "GET", f"{me}/assignment?knownVersion={version}&waitS=0.5") == (
+        200, {"assignment": None})  # fmt: skip
+    assert http(gateway, "GET", f"{base}/subscriptions/s/cursors/0") == (
+        200, {"position": 0, "drained": False})  # fmt: skip
+    status, refused = http(gateway, "POST", f"{me}/finished/0", {})
+    assert (status, refused["error"]) == (409, "conflict")  # its message is not acknowledged
+    assert http(gateway, "POST", f"{base}/subscriptions/s/cursors/0", {"offset": 0}) == (204, None)
+    assert http(gateway, "GET", f"{base}/subscriptions/s/cursors/0") == (
+        200, {"position": 1, "drained": True})  # fmt: skip
+    assert http(gateway, "POST", f"{me}/finished/0", {"position": 1}) == (204, None)
+    status, polled = http(gateway, "GET", f"{me}/assignment?knownVersion={version}&waitS=10")
+    assert status == 200 and sorted(s["segmentId"] for s in polled["assignment"]["segments"]) == [
+        1, 2]  # fmt: skip
+
+    assert http(gateway, "DELETE", me) == (204, None)
+    status, gone = http(gateway, "GET", f"{me}/assignment")
+    assert (status, gone["error"]) == (404, "consumer_not_registered")
+    assert admin.get_stats(topic)["subscriptions"]["s"]["assignments"] == {}
+    admin.delete_scalable_topic(topic)
 
 
 def test_a_split_at_a_hash_over_rest_and_ray(

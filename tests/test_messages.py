@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clients._ray import freeze_what_exists
+from clients._gc import freeze_what_exists
 from clients.message import highest_offsets
 from runtime.batch import DELIVERY_SCHEMA
 from runtime.config import GC_FREEZE_ENV

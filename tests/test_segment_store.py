@@ -223,6 +223,22 @@ def test_ack_on_missing_subscription_is_not_found(store: SegmentStore) -> None:
         store.queue_receive("nope", "c", 10)
 
 
+def test_an_offset_not_written_yet_cannot_be_acknowledged(store: SegmentStore) -> None:
+    """A cursor moved past the end would skip what is written there next: a client that
+    lies (or a stale one) is refused, and the cursor stays where it was."""
+    store.create_subscription("s", "earliest", None)
+    store.append(batch_of(0, 3), None, None)
+    store.ack_cumulative("s", 0)
+    for refused in (lambda: store.ack_cumulative("s", 3), lambda: store.ack("s", [1, 99])):
+        with pytest.raises(InvalidArgumentError, match="not written yet"):
+            refused()
+    assert store.position("s") == 1
+    store.ack("s", [1, 2])  # the last one written
+    assert store.position("s") == 3
+    store.append(batch_of(3, 2), None, None)
+    assert store.read(store.position("s"), 10).num_rows == 2  # nothing skipped
+
+
 # --- queue dispatch -------------------------------------------------------------------
 
 

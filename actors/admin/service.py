@@ -35,6 +35,7 @@ from pydantic import Field
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from actors.admin.cluster_service import ClusterOperations
+from actors.admin.consumer_service import ConsumerOperations
 from actors.admin.permits import admin_operation
 from actors.admin.storage_tasks import scan_storage
 from actors.admin.stream_service import StreamOperations
@@ -74,7 +75,7 @@ DEFAULT_SEGMENT_TIMEOUT_S = 10.0
 RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 
-class AdminService(StreamOperations, ClusterOperations):
+class AdminService(StreamOperations, ConsumerOperations, ClusterOperations):
     """The Admin API, each method checking ``credential`` first; ``AdminServiceActor``
     is this class as a Ray actor."""
 

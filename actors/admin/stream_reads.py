@@ -311,11 +311,16 @@ def _offset_in_tier(record: TieredRecord, time_ms: int) -> int:
 
 
 async def _endpoint(name: TopicName, layout: SegmentLayout, segment_id: int) -> dict[str, Any]:
-    handle = await find_segment_actor(
-        layout.get(segment_id).name(name),
-        SEGMENT_TIMEOUT_S,
-        unless_dead=True,
-        credential=guard().internal_token(),
-    )
-    endpoint = await call(handle.data_endpoint.remote(credential=guard().internal_token()))
+    """A segment of the layout whose actor does not answer now (it is restarting, or
+    starting after a split) is unavailable (503, asked again), not unknown (404)."""
+    try:
+        handle = await find_segment_actor(
+            layout.get(segment_id).name(name),
+            SEGMENT_TIMEOUT_S,
+            unless_dead=True,
+            credential=guard().internal_token(),
+        )
+        endpoint = await call(handle.data_endpoint.remote(credential=guard().internal_token()))
+    except (SegmentNotFoundError, RayActorError) as err:
+        raise UnavailableError(f"segment {segment_id} of {name} is not served now: {err}") from None
     return {"host": endpoint.host, "port": endpoint.port, "tls": endpoint.tls}

@@ -242,6 +242,34 @@ class LayoutQuery(Query):
     wait_s: float = _wait_s("the epoch to change")
 
 
+class AssignmentQuery(Query):
+    known_version: int = Field(
+        default=-1,
+        alias="knownVersion",
+        ge=-1,
+        le=(1 << 63) - 1,
+        description="the assignment version the consumer holds (-1: none yet): the answer "
+        "waits for another",
+    )
+    wait_s: float = _wait_s("the consumer's assignment to change")
+
+
+_OFFSET = json_int(ge=0, le=(1 << 63) - 1)
+
+
+class SegmentPositionBody(Body):
+    position: _OFFSET | None = Field(
+        default=None,
+        description="the consumer's next offset in the segment, for a checkpoint group "
+        "(whose consumers keep no cursor in it); a stream subscription's position is its "
+        "cursor in the segment (its acknowledgements), and this is ignored",
+    )
+
+
+class AcknowledgeBody(Body):
+    offset: _OFFSET = Field(description="the highest offset acknowledged, with all before it")
+
+
 class TopicStatus(BaseModel):
     topic: str
     state: Literal["ready", "starting"] = Field(

@@ -21,6 +21,8 @@ from actors.gateway.documents import (
     HEALTH,
     OBJECT,
     STRINGS,
+    AcknowledgeBody,
+    AssignmentQuery,
     AuthDocument,
     CreateSegmentBody,
     CreateSubscriptionBody,
@@ -35,6 +37,7 @@ from actors.gateway.documents import (
     Query,
     RecoverBody,
     ResetSubscriptionBody,
+    SegmentPositionBody,
     SplitBody,
     StatusQuery,
     StreamInitialBody,
@@ -165,6 +168,13 @@ async def _watch_layout(call: Call, p: Params) -> dict[str, Any]:
     return await call(p.topic, p.query.known_epoch, min(p.query.wait_s, p.time_left_s / 2))
 
 
+async def _poll_assignment(call: Call, p: Params) -> dict[str, Any]:
+    """A long poll kept well inside the time-out, as ``_status``'s."""
+    q = p.query
+    wait_s = min(q.wait_s, p.time_left_s / 2)
+    return await call(p.topic, p.path["subscription"], p.path["consumer"], q.known_version, wait_s)
+
+
 async def _stream_latest(call: Call, p: Params) -> dict[str, Any]:
     b = p.body
     until = b.until.model_dump() if b.until is not None else None
@@ -249,6 +259,7 @@ _PATH_VALUES: Mapping[str, Callable[[Params], Any]] = {
     "name": lambda p: p.topic,
     "namespace": lambda p: p.namespace,
     "subscription": lambda p: p.path["subscription"],
+    "consumer": lambda p: p.path["consumer"],
     "segment_id": lambda p: p.path["segmentId"],
     "segment_id1": lambda p: p.path["segmentId1"],
     "segment_id2": lambda p: p.path["segmentId2"],
@@ -286,6 +297,17 @@ ROUTES: tuple[Route, ...] = (
     _route("resetSubscription", body=ResetSubscriptionBody, body_required=True, returns=OBJECT,
            errors=_MUTATION_ERRORS),
     _route("clearBacklog", returns=OBJECT, errors=_MUTATION_ERRORS),
+    _route("registerConsumer", returns=OBJECT, errors=_MUTATION_ERRORS, tag="consumers"),
+    _route("pollAssignment", _poll_assignment, query=AssignmentQuery, returns=OBJECT,
+           tag="consumers"),
+    _route("releaseSegment", body=SegmentPositionBody, errors=_MUTATION_ERRORS,
+           tag="consumers"),
+    _route("finishSegment", body=SegmentPositionBody, errors=_MUTATION_ERRORS,
+           tag="consumers"),
+    _route("unregisterConsumer", errors=_MUTATION_ERRORS, tag="consumers"),
+    _route("getCursor", returns=OBJECT, tag="consumers"),
+    _route("acknowledgeCumulative", body=AcknowledgeBody, body_required=True,
+           errors=_MUTATION_ERRORS, tag="consumers"),
     _route("splitSegment", body=SplitBody, returns=CompletedOperation, errors=_MUTATION_ERRORS),
     _route("mergeSegments", body=MergeBody, returns=CompletedOperation, errors=_MUTATION_ERRORS),
     _route("getPolicy", returns=TopicPolicy),

@@ -83,7 +83,7 @@ log = logging.getLogger(__name__)
 
 # --- request parsing ---------------------------------------------------------------------
 
-_NAME_PARAMS = ("tenant", "namespace", "topic", "subscription")
+_NAME_PARAMS = ("tenant", "namespace", "topic", "subscription", "consumer")
 _SEGMENT_ID = re.compile(r"[0-9]{1,19}")
 
 

@@ -1,9 +1,10 @@
-"""A producer outside Ray (``Producer(url=...)``, issue 44): a program that never imports
-Ray produces through the REST gateway, with authentication on, while the topic splits
-twice and merges; every message is stored once and each key's messages in order. A
-program with no token, a wrong one, or one that may look but not produce is refused
-when it starts and stores nothing. The same program runs from a fresh virtualenv that
-has only the client install (``scalable-topics-on-ray[client]``: no Ray, Spark or RayDP)."""
+"""Clients outside Ray (``Producer(url=...)``, ``StreamConsumer(url=...)``, issue 44): two
+programs that never import Ray produce and consume through the REST gateway, with
+authentication on, while the topic splits twice and merges; every message is received
+once and each key's messages in order. A program with no token, a wrong one, or one that
+may look but not produce or consume is refused when it starts, and a refused producer
+stores nothing. Both run from a fresh virtualenv that has only the client install
+(``scalable-topics-on-ray[client]``: no Ray, Spark or RayDP)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +26,7 @@ from actors.gateway.server import start_gateway, stop_gateway
 from clients import ScalableTopicsAdmin, StreamConsumer
 
 PROGRAM = str(Path(__file__).with_name("remote_producer.py"))
+CONSUMER = str(Path(__file__).with_name("remote_consumer.py"))
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = {name: f"{name}-remote-producer-token-0123456789" for name in ("ops", "app", "look")}
 ROUNDS, KEYS = 100, 200  # 20,000 messages
@@ -62,18 +63,22 @@ def world(ray_cluster) -> Iterator[dict[str, Any]]:
                 ops.delete_scalable_topic(topic)
 
 
-def program(url: str, token: str | None, topic: str, *args: int) -> subprocess.Popen:
-    """The producer program in a process of its own: the gateway's URL and the token in
-    its environment, nothing else of the cluster's (no Ray address, no policy file)."""
+def program(url: str, token: str | None, topic: str, *args: Any, path: str = PROGRAM) -> Any:
+    """A client program in a process of its own: the gateway's URL and the token in its
+    environment, nothing else of the cluster's (no Ray address, no policy file)."""
     env = client_env(RAYTOPICS_URL=url)
     env.pop("RAY_ADDRESS")
     if token is not None:
         env["RAYTOPICS_TOKEN"] = token
-    command = [sys.executable, PROGRAM, topic, *map(str, args)]
+    command = [sys.executable, path, topic, *map(str, args)]
     return subprocess.Popen(
         command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+
+def consumer(url: str, token: str | None, topic: str, expected: int) -> subprocess.Popen:
+    return program(url, token, topic, "check", expected, path=CONSUMER)
 
 
 def lines(proc: subprocess.Popen) -> Iterator[dict[str, Any]]:
@@ -83,10 +88,13 @@ def lines(proc: subprocess.Popen) -> Iterator[dict[str, Any]]:
     assert proc.returncode == 0, proc.stderr.read()[-3000:]
 
 
-def test_a_program_without_ray_produces_through_splits_and_a_merge(world) -> None:
+def test_programs_without_ray_produce_and_consume_through_splits_and_a_merge(world) -> None:
     ops, topic = world["ops"], f"topic://{world['namespace']}/orders"
     ops.create_scalable_topic(topic, 1)
     ops.create_subscription(topic, "check")
+    reader = consumer(world["url"], TOKENS["app"], topic, ROUNDS * KEYS)
+    read = lines(reader)
+    assert next(read) == {"started": True}  # it reads while the layout changes
     proc = program(world["url"], TOKENS["app"], topic, ROUNDS, KEYS, *PAUSES)
     changes = iter([
         lambda: ops.split_segment(topic, 0),  # 0 -> 1, 2
@@ -105,23 +113,14 @@ def test_a_program_without_ray_produces_through_splits_and_a_merge(world) -> Non
     # segment and the first split's upper child take what was sent after the last change.
     assert {0, 2, 5} <= set(last["segments"]) <= set(range(6)), last
 
-    seen: dict[str, list[int]] = {}
-    with StreamConsumer(topic, "check", "checker", token=TOKENS["app"]) as consumer:
-        deadline = time.monotonic() + 120
-        received = 0
-        while received < ROUNDS * KEYS and time.monotonic() < deadline:
-            batch = consumer.receive_batch(5_000, timeout=1.0)
-            for message in batch:
-                key, round_ = message.value.decode().split(":")
-                assert key == message.key
-                seen.setdefault(key, []).append(int(round_))
-            received += len(batch)
-            if batch:  # a sealed segment's children come once it is acknowledged whole
-                consumer.acknowledge_cumulative(batch)
-        time.sleep(1.0)  # a duplicate would show now
-        assert consumer.receive(timeout=0.5) is None
-    assert received == ROUNDS * KEYS
-    assert seen == {f"k{k}": list(range(ROUNDS)) for k in range(KEYS)}, "lost, doubled or reordered"
+    (got,) = list(read)
+    assert got["ray"] is False and got["mismatched"] == 0, {k: got[k] for k in got if k != "seen"}
+    assert got["received"] == ROUNDS * KEYS and got["extra"] == 0, got["received"]
+    want = {f"k{k}": list(range(ROUNDS)) for k in range(KEYS)}
+    assert got["seen"] == want, "lost, doubled or reordered"
+    # Everything is acknowledged: a Ray driver joining the subscription finds nothing.
+    with StreamConsumer(topic, "check", "checker", token=TOKENS["app"]) as checker:
+        assert checker.receive(timeout=2.0) is None
 
 
 def test_a_program_without_a_good_token_is_refused_and_stores_nothing(world) -> None:
@@ -131,13 +130,17 @@ def test_a_program_without_a_good_token_is_refused_and_stores_nothing(world) -> 
     tokens = {"no token": None, "wrong": "wrong-remote-producer-token-0123456789",
               "lookup only": TOKENS["look"]}  # fmt: skip
     procs = {label: program(world["url"], token, topic, 1, 10) for label, token in tokens.items()}
-    refused = {label: list(lines(proc))[-1] for label, proc in procs.items()}
-    assert refused["no token"]["refused"] == "UnauthenticatedError", refused
-    assert refused["wrong"]["refused"] == "UnauthenticatedError", refused
-    assert refused["lookup only"]["refused"] == "UnauthorizedError", refused
-    assert not any(line["ray"] for line in refused.values())
-    with StreamConsumer(topic, "check", "checker", token=TOKENS["app"]) as consumer:
-        assert consumer.receive(timeout=2.0) is None, "a refused producer stored a message"
+    readers = {label: consumer(world["url"], token, topic, 1) for label, token in tokens.items()}
+    for kind in (procs, readers):
+        refused = {label: list(lines(proc))[-1] for label, proc in kind.items()}
+        assert refused["no token"]["refused"] == "UnauthenticatedError", refused
+        assert refused["wrong"]["refused"] == "UnauthenticatedError", refused
+        assert refused["lookup only"]["refused"] == "UnauthorizedError", refused
+        assert not any(line["ray"] for line in refused.values())
+    with StreamConsumer(topic, "check", "checker", token=TOKENS["app"]) as checker:
+        assert checker.receive(timeout=2.0) is None, "a refused producer stored a message"
+    joined = ops.get_stats(topic)["subscriptions"]["check"]["assignments"]
+    assert "remote-consumer" not in joined, "a refused consumer joined"
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +169,7 @@ def _base_python() -> str:
     return str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
 
 
-def test_the_client_install_has_no_ray_and_produces_through_the_gateway(
+def test_the_client_install_has_no_ray_and_produces_and_consumes_through_the_gateway(
     world, client_python: Path, tmp_path: Path
 ) -> None:
     listed = subprocess.run([str(client_python), "-m", "pip", "list", "--format=json"],
@@ -187,8 +190,16 @@ def test_the_client_install_has_no_ray_and_produces_through_the_gateway(
     last = json.loads(done.stdout.splitlines()[-1])
     assert last["sent"] == 500 and last["ray"] is False, last
 
+    consumed = subprocess.run([str(client_python), shutil.copy(CONSUMER, tmp_path), topic,
+                               "check", "500"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=180)  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr[-3000:]
+    got = json.loads(consumed.stdout.splitlines()[-1])
+    assert got["ray"] is False and got["received"] == 500 and got["extra"] == 0, got
+    assert got["seen"] == {f"k{k}": list(range(10)) for k in range(50)}
+
     # A Ray client in the client install says what is missing, not which module failed.
-    probe = "from clients import StreamConsumer"
+    probe = "from clients import ScalableTopicsAdmin"
     refused = subprocess.run([str(client_python), "-c", probe], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert refused.returncode != 0
@@ -197,10 +208,3 @@ def test_the_client_install_has_no_ray_and_produces_through_the_gateway(
     cli = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert cli.returncode == 1 and cli.stderr.startswith("error: ") and "[ray]" in cli.stderr
     assert "Traceback" not in cli.stderr, cli.stderr
-
-    with StreamConsumer(topic, "check", "checker", token=TOKENS["app"]) as consumer:
-        values = []
-        deadline = time.monotonic() + 60
-        while len(values) < 500 and time.monotonic() < deadline:
-            values += [message.value for message in consumer.receive_batch(500, timeout=1.0)]
-    assert sorted(values) == sorted(f"k{k}:{r}".encode() for k in range(50) for r in range(10))
