@@ -47,6 +47,22 @@ class GroupAccess(Protocol):
 
     async def unregister(self, consumer: str) -> None: ...
 
+    # --- the coordinator: a checkpoint group's shared progress ---------------------------
+
+    async def ensure_group(self, session_grace_s: float) -> None:
+        """Make the checkpoint group on its first use; ``ConflictError`` when the name is a
+        subscription's."""
+        ...
+
+    async def reset(self, finished: list[int], positions: dict[int, int]) -> None:
+        """The group's finished segments and released positions become these (a
+        consumer starting from a checkpoint)."""
+        ...
+
+    async def snapshot(self) -> dict[str, Any]:
+        """The group's progress (``finished``: the segments read to their end)."""
+        ...
+
     # --- the segments ------------------------------------------------------------------
 
     async def find(self, name: SegmentName) -> Any:

@@ -80,6 +80,16 @@ class RayGroupAccess:
     async def unregister(self, consumer: str) -> None:
         await call(self.coordinator.unregister.remote(consumer, credential=self.credential))
 
+    async def ensure_group(self, session_grace_s: float) -> None:
+        ref = self.coordinator.ensure_group.remote(session_grace_s, credential=self.credential)
+        await call(ref)
+
+    async def reset(self, finished: list[int], positions: dict[int, int]) -> None:
+        await call(self.coordinator.reset.remote(finished, positions, credential=self.credential))
+
+    async def snapshot(self) -> dict[str, Any]:
+        return await call(self.coordinator.snapshot.remote(credential=self.credential))
+
     async def find(self, name: SegmentName) -> Any:
         from actors.segment.lookup import find_segment_actor
 

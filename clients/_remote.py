@@ -206,6 +206,15 @@ class RemoteGroupAccess:
     async def unregister(self, consumer: str) -> None:
         await self._op("unregister_consumer", consumer=consumer)
 
+    async def ensure_group(self, session_grace_s: float) -> None:
+        await self._op("ensure_checkpoint_group", session_grace_s=session_grace_s)
+
+    async def reset(self, finished: list[int], positions: dict[int, int]) -> None:
+        await self._op("reset_checkpoint_group", finished=finished, positions=positions)
+
+    async def snapshot(self) -> dict[str, Any]:
+        return await self._op("checkpoint_group")
+
     async def find(self, name: SegmentName) -> RemoteSegment:
         return await self.cluster.find_segment(name)
 

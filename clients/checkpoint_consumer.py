@@ -13,17 +13,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from clients._group_access import GroupAccess
 from clients._group_consumer import (
     ConsumerConfig,
     GroupConsumer,
     GroupConsumerCore,
+    group_access,
     run_on_loop,
 )
-from clients._ray import RayGroupAccess, joined
+from clients._remote import gateway_url
 from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError
-from runtime.names import TopicName, validate_part
-from runtime.remote import call
+from runtime.names import TopicName
 from runtime.subscription import DEFAULT_GRACE_S
 
 
@@ -46,16 +47,24 @@ class Checkpoint:
 
     @classmethod
     def at_timestamp(
-        cls, topic: str, when: datetime | int, *, token: str | None = None
+        cls, topic: str, when: datetime | int, *, token: str | None = None, url: str | None = None
     ) -> Checkpoint:
         """Where a reader starts to receive every message published at or after ``when``
         (a timezone-aware ``datetime``, or epoch milliseconds) and none before: in each
         segment its first such message, and the segments that end before it finished.
         For ``CheckpointConsumer(start=...)``; ``read_topic`` and ``read_topic_dataset``
-        take the time itself as ``start`` or ``end``. Needs ``consume``."""
-        from clients.admin import ScalableTopicsAdmin
+        take the time itself as ``start`` or ``end``. Needs ``consume``. Asked of the
+        REST gateway at ``url`` (default ``RAYTOPICS_URL``) when there is one."""
+        url = gateway_url(url, None)
+        if url is not None:
+            from clients.http import AdminHttpClient
 
-        found = ScalableTopicsAdmin(token=token).position_at_time(topic, when)
+            with AdminHttpClient(url, token=token) as http:
+                found = http.position_at_time(topic, when)
+        else:
+            from clients.admin import ScalableTopicsAdmin
+
+            found = ScalableTopicsAdmin(token=token).position_at_time(topic, when)
         return cls(
             topic=str(TopicName.parse(topic)),
             positions={int(k): int(v) for k, v in found["next"].items()},
@@ -86,17 +95,20 @@ class CheckpointConsumer(GroupConsumer):
         session_grace_s: float = DEFAULT_GRACE_S,
         token: str | None = None,
         address: str | None = None,
+        url: str | None = None,
         **config: Any,
     ) -> None:
         """``token`` (default ``RAYTOPICS_TOKEN``) needs ``consume`` on the topic's
         namespace when the cluster has an auth policy; a refusal is raised here.
-        ``address``: the Ray to join when this process is not connected yet."""
+        ``address``: the Ray to join when this process is not connected yet. ``url``
+        (default ``RAYTOPICS_URL`` when no ``address`` is given): the REST gateway to
+        consume through instead, from a process that never joins Ray."""
         name = TopicName.parse(topic)
         if start is not None and start.topic != str(name):
             raise InvalidArgumentError(f"checkpoint is for {start.topic}, not {name}")
         settings, credential = ConsumerConfig(**config), client_credential(token)
-        joined(address)
-        access = RayGroupAccess(name, validate_part("subscription", group), credential)
+        url = gateway_url(url, address)
+        access = group_access(name, group, consumer_name, credential, url=url, address=address)
         self._core = GroupConsumerCore(
             name,
             group,
@@ -108,17 +120,21 @@ class CheckpointConsumer(GroupConsumer):
             start_positions=start.positions if start else None,
         )
         self._topic = str(name)
-        self._coordinator = coordinator = access.coordinator
-        run_on_loop(call(coordinator.ensure_group.remote(session_grace_s, credential=credential)))
-        if start is not None:
-            reset = coordinator.reset.remote(
-                list(start.finished), start.positions, credential=credential
-            )
-            run_on_loop(call(reset))
-        run_on_loop(self._core.start())
+        run_on_loop(self._join(access, session_grace_s, start))
+
+    async def _join(
+        self, access: GroupAccess, session_grace_s: float, start: Checkpoint | None
+    ) -> None:
+        try:
+            await access.ensure_group(session_grace_s)
+            if start is not None:
+                await access.reset(list(start.finished), start.positions)
+        except BaseException:
+            await access.close()
+            raise
+        await self._core.start()
 
     def checkpoint(self) -> Checkpoint:
         """Where this consumer is: resume from it to get exactly the messages after it."""
-        core = self._core
-        snapshot = run_on_loop(call(self._coordinator.snapshot.remote(credential=core.credential)))
+        snapshot = run_on_loop(self._core.access.snapshot())
         return Checkpoint(self._topic, self._core.positions(), tuple(snapshot["finished"]))

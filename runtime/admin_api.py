@@ -56,6 +56,8 @@ from runtime.names import MAX_HASH
 from runtime.rest import (
     ASSIGNMENT_PATH,
     AUTH_PATH,
+    CHECKPOINT_GROUP_PATH,
+    CHECKPOINT_GROUP_RESET_PATH,
     CLEAR_BACKLOG_PATH,
     CONSUMER_PATH,
     CURSOR_PATH,
@@ -231,6 +233,9 @@ _OPERATIONS = (
     Operation("unregister_consumer", _C, _T, timeout_s=_WAITS_S),
     Operation("get_cursor", _C, _T, timeout_s=_WAITS_S),
     Operation("acknowledge_cumulative", _C, _T, timeout_s=_WAITS_S),
+    Operation("ensure_checkpoint_group", _C, _T, timeout_s=_WAITS_S),
+    Operation("reset_checkpoint_group", _C, _T, timeout_s=_WAITS_S),
+    Operation("checkpoint_group", _C, _T, timeout_s=_WAITS_S),
     # policy and limits
     Operation("set_policy", _A, _T, timeout_s=_WAITS_S),
     Operation("set_namespace_policy", _A, _NS, timeout_s=_WAITS_S),
@@ -355,6 +360,17 @@ _ENDPOINTS = (
     Endpoint("acknowledgeCumulative", "POST", CURSOR_PATH,
              "Acknowledge a segment's messages up to offset, inclusive (a position already "
              "past it stays)", "acknowledge_cumulative", status=204, body={"offset": "offset"}),
+    Endpoint("ensureCheckpointGroup", "PUT", CHECKPOINT_GROUP_PATH,
+             "Make the checkpoint group on its first use (its consumers keep their positions "
+             "themselves); 409 when the name is a subscription's", "ensure_checkpoint_group",
+             status=204, body={"sessionGraceS": "session_grace_s"}),
+    Endpoint("getCheckpointGroup", "GET", CHECKPOINT_GROUP_PATH,
+             "The group's progress: the segments read to their end (finished) and which "
+             "consumer holds which", "checkpoint_group"),
+    Endpoint("resetCheckpointGroup", "POST", CHECKPOINT_GROUP_RESET_PATH,
+             "The group's finished segments and positions become a checkpoint's (a consumer "
+             "starting from it)", "reset_checkpoint_group", status=204,
+             body={"finished": "finished", "positions": "positions"}),
     Endpoint("splitSegment", "POST", SPLIT_PATH,
              "Split an ACTIVE segment at its hash midpoint, or where a body's at says",
              "split_segment", body={"at": "at", "parts": "parts"}),

@@ -43,6 +43,9 @@ ASSIGNMENT_PATH = CONSUMER_PATH + "/assignment"  # a long poll, and the consumer
 RELEASE_PATH = CONSUMER_PATH + "/release/{segmentId}"
 FINISHED_PATH = CONSUMER_PATH + "/finished/{segmentId}"
 CURSOR_PATH = SUBSCRIPTION_PATH + "/cursors/{segmentId}"
+# A checkpoint group (its consumers join as a stream consumer's do, above)
+CHECKPOINT_GROUP_PATH = TOPIC_PATH + "/checkpoint-groups/{subscription}"
+CHECKPOINT_GROUP_RESET_PATH = CHECKPOINT_GROUP_PATH + "/reset"
 SPLIT_PATH = TOPIC_PATH + "/split/{segmentId}"
 MERGE_PATH = TOPIC_PATH + "/merge/{segmentId1}/{segmentId2}"
 SEGMENT_PATH = SEGMENTS + "/{tenant}/{namespace}/{topic}/{descriptor}"

@@ -27,18 +27,21 @@ from actors.control.coordinator_host import CoordinatorHandle, coordinator_actor
 from actors.guard import Guard
 from actors.segment.lookup import SegmentHandle, find_segment_actor
 from runtime.admin_api import Ordinal, Seconds, SegmentId
-from runtime.errors import SegmentNotFoundError, UnavailableError
+from runtime.errors import SegmentNotFoundError, SubscriptionNotFoundError, UnavailableError
 from runtime.layout import SegmentLayout
 from runtime.names import TopicName, validate_part
 from runtime.readiness import MAX_WAIT_S
 from runtime.remote import call
+from runtime.subscription import DEFAULT_GRACE_S
 from storage.catalog import Catalog
+from storage.records import SubscriptionKind
 
 RESTARTING = (ActorDiedError, ActorUnavailableError, RayActorError)
 # How long a segment's lookup waits for its actor (a hibernated one is started again).
 SEGMENT_WAIT_S = 10.0
 # A consumer's known assignment version before its first: any assignment is news.
 NO_VERSION = -1
+SegmentKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,18})$")]  # an id as a JSON key
 
 
 class ConsumerOperations:
@@ -98,6 +101,45 @@ class ConsumerOperations:
         coordinator = self._coordinator(name, subscription, consumer)
         await _answer(coordinator.unregister.remote(consumer, credential=credential))
 
+    # --- a checkpoint group's shared progress: its coordinator -------------------------
+
+    @admin_operation
+    async def ensure_checkpoint_group(
+        self,
+        name: TopicName,
+        subscription: str,
+        session_grace_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = DEFAULT_GRACE_S,
+        *,
+        credential: str | None = None,
+    ) -> None:
+        """Made on its first use; ``ConflictError`` when the name is a subscription's."""
+        self._catalog.require_topic(name)
+        coordinator = coordinator_actor(name, validate_part("subscription", subscription))
+        await _answer(coordinator.ensure_group.remote(session_grace_s, credential=credential))
+
+    @admin_operation
+    async def reset_checkpoint_group(
+        self,
+        name: TopicName,
+        subscription: str,
+        finished: list[SegmentId],
+        positions: dict[SegmentKey, Ordinal] | None = None,
+        *,
+        credential: str | None = None,
+    ) -> None:
+        """The group's finished segments and positions become a checkpoint's."""
+        coordinator = self._checkpoint_group(name, subscription)
+        by_id = {int(segment): offset for segment, offset in (positions or {}).items()}
+        await _answer(coordinator.reset.remote(finished, by_id, credential=credential))
+
+    @admin_operation
+    async def checkpoint_group(
+        self, name: TopicName, subscription: str, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """``{"finished": [...], "consumers": {name: [segment ids]}, ...}``."""
+        coordinator = self._checkpoint_group(name, subscription)
+        return await _answer(coordinator.snapshot.remote(credential=credential))
+
     # --- cursors: the segments ---------------------------------------------------------
 
     @admin_operation
@@ -132,6 +174,15 @@ class ConsumerOperations:
     def _coordinator(self, name: TopicName, subscription: str, consumer: str) -> CoordinatorHandle:
         validate_part("consumer name", consumer)
         self._require_subscription(name, subscription)
+        return coordinator_actor(name, subscription)
+
+    def _checkpoint_group(self, name: TopicName, subscription: str) -> CoordinatorHandle:
+        """Only a checkpoint group's progress is read or set here: a subscription's is its
+        consumers' acknowledgements."""
+        self._catalog.require_topic(name)
+        meta = self._catalog.subscription(name, validate_part("subscription", subscription))
+        if meta is None or meta.kind != SubscriptionKind.CHECKPOINT_GROUP:
+            raise SubscriptionNotFoundError(f"{name} has no checkpoint group {subscription!r}")
         return coordinator_actor(name, subscription)
 
     def _require_subscription(self, name: TopicName, subscription: str) -> SegmentLayout:

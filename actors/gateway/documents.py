@@ -48,17 +48,23 @@ class CreateTopicBody(Body):
     )
 
 
-class CreateSubscriptionBody(Body):
-    position: StartPosition = Field(
-        default="earliest", description="where the subscription starts: 'earliest' or 'latest'"
-    )
-    session_grace_s: float = Field(
+def _session_grace_s() -> Any:
+    """How long a consumer that went quiet keeps its segments (a subscription's or a
+    checkpoint group's)."""
+    return Field(
         default=DEFAULT_GRACE_S,
         alias="sessionGraceS",
         gt=0,
         allow_inf_nan=False,
         description="seconds a disconnected stream consumer keeps its segments, > 0",
     )
+
+
+class CreateSubscriptionBody(Body):
+    position: StartPosition = Field(
+        default="earliest", description="where the subscription starts: 'earliest' or 'latest'"
+    )
+    session_grace_s: float = _session_grace_s()
 
 
 class ResetSubscriptionBody(Body):
@@ -254,11 +260,15 @@ class AssignmentQuery(Query):
     wait_s: float = _wait_s("the consumer's assignment to change")
 
 
-_OFFSET = json_int(ge=0, le=(1 << 63) - 1)
+_INT64 = (1 << 63) - 1
+_NON_NEGATIVE = json_int(ge=0, le=_INT64)
+_ONLY_PATTERNS: dict[str, Any] = {"additionalProperties": False}  # keys are segment ids
+_SEGMENT_KEY_PATTERN = r"^(0|[1-9][0-9]{0,18})$"
+_SEGMENT_KEY = Annotated[str, StringConstraints(pattern=_SEGMENT_KEY_PATTERN)]
 
 
 class SegmentPositionBody(Body):
-    position: _OFFSET | None = Field(
+    position: _NON_NEGATIVE | None = Field(
         default=None,
         description="the consumer's next offset in the segment, for a checkpoint group "
         "(whose consumers keep no cursor in it); a stream subscription's position is its "
@@ -267,7 +277,22 @@ class SegmentPositionBody(Body):
 
 
 class AcknowledgeBody(Body):
-    offset: _OFFSET = Field(description="the highest offset acknowledged, with all before it")
+    offset: _NON_NEGATIVE = Field(description="the highest offset acknowledged, with all before it")
+
+
+class CheckpointGroupBody(Body):
+    session_grace_s: float = _session_grace_s()
+
+
+class ResetCheckpointGroupBody(Body):
+    finished: list[_NON_NEGATIVE] = Field(
+        description="the segments the checkpoint read to their end"
+    )
+    positions: dict[_SEGMENT_KEY, _NON_NEGATIVE] = Field(
+        default_factory=dict,
+        description="segment id → the checkpoint's next offset in it",
+        json_schema_extra=_ONLY_PATTERNS,
+    )
 
 
 class TopicStatus(BaseModel):
@@ -281,12 +306,6 @@ class TopicStatus(BaseModel):
         alias="notRunning",
         description=f"ids of segments without a running actor (at most {MAX_LISTED})",
     )
-
-
-_INT64 = (1 << 63) - 1
-_SEGMENT_KEY_PATTERN = r"^(0|[1-9][0-9]{0,18})$"
-_SEGMENT_KEY = Annotated[str, StringConstraints(pattern=_SEGMENT_KEY_PATTERN)]
-_ONLY_PATTERNS: dict[str, Any] = {"additionalProperties": False}  # keys are segment ids
 
 
 class StreamPositionDoc(Body):
