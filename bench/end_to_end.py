@@ -29,9 +29,10 @@ consumer per stream (``bench/e2e_redis.py``, ``bench/e2e_nats.py``).
 them on the same machine in the same state: ``off``; ``auth``, a policy stored
 in the cluster and clients presenting a token (every connection's HELLO and
 every Ray call checked); ``tls``, the data plane over TLS with certificates
-made for the run; ``auth+tls``, both; ``remote``, producers outside Ray: programs
-that never import Ray and produce through the REST gateway (``Producer(url=...)``,
-``bench/e2e_remote_producer.py``) while the consumers stay in Ray. The table then
+made for the run; ``auth+tls``, both; ``remote``, producers and consumers outside Ray:
+programs that never import Ray and produce and consume through the REST gateway
+(``Producer(url=...)``, ``StreamConsumer(url=...)``, ``bench/e2e_remote_producer.py`` and
+``bench/e2e_remote_consumer.py``), the records over the data plane. The table then
 says what each costs against ``off`` (rates and CPU per message).
 
     .venv/bin/python bench/end_to_end.py                 # everything, ~4-6 minutes
@@ -102,6 +103,7 @@ COMPRESSION_MODES = ("zstd", "lz4")
 REMOTE_MODE = "remote"
 MODES = SECURITY_MODES + COMPRESSION_MODES + (REMOTE_MODE,)
 REMOTE_PRODUCER = REPO / "bench" / "e2e_remote_producer.py"
+REMOTE_CONSUMER = REPO / "bench" / "e2e_remote_consumer.py"
 TOPIC_NAMESPACE = "bench/e2e"
 
 
@@ -115,7 +117,7 @@ class ClientSecurity:
     token: str | None = None
     ca: str | None = None
     compression: str | None = None
-    url: str | None = None  # producers outside Ray, through this gateway
+    url: str | None = None  # producers and consumers outside Ray, through this gateway
 
     def client_config(self) -> dict[str, Any]:
         """Keyword arguments for ``Producer`` / ``StreamConsumer``."""
@@ -124,7 +126,11 @@ class ClientSecurity:
     def producer_config(self) -> dict[str, Any]:
         """Keyword arguments for ``Producer`` alone."""
         config: dict[str, Any] = {"compression": self.compression} if self.compression else {}
-        return config | ({"url": self.url} if self.url else {})
+        return config | self.gateway()
+
+    def gateway(self) -> dict[str, Any]:
+        """``url=`` for a client outside Ray, nothing for a Ray driver's."""
+        return {"url": self.url} if self.url else {}
 
 
 def apply_client_tls(ca: str | None) -> None:
@@ -279,86 +285,140 @@ def ray_producer(topic: str, spec: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+class ConsumerBench:
+    """A StreamConsumer in its own process (a Ray actor, or a program outside Ray in the
+    ``remote`` mode): receives, stamps latency, acks everything."""
+
+    def __init__(
+        self,
+        topic: str,
+        name: str,
+        batch: int,
+        columnar: bool,
+        config: dict[str, Any],
+        client: ClientSecurity,
+    ) -> None:
+        from clients import StreamConsumer
+
+        apply_client_tls(client.ca)
+        config = {**config, **client.client_config(), **client.gateway()}
+        self.consumer = StreamConsumer(topic, SUBSCRIPTION, name, **config)
+        self.batch = batch
+        self.receive = self._receive_table if columnar else self._receive_messages
+        self.log = LatencyLog()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stopped:
+            if (received := self.receive()) is not None:
+                self.log.add(*received)
+
+    def _receive_table(self) -> tuple[np.ndarray, int, tuple[np.ndarray, np.ndarray]] | None:
+        from runtime.batch import int64_values
+
+        table = self.consumer.receive_table(self.batch, timeout=0.1)
+        if not table.num_rows:
+            return None
+        now = time.time_ns()
+        self.consumer.acknowledge_cumulative(table)
+        stamps = np.concatenate([value_stamps(c) for c in table.column("value").chunks])
+        publish = table.column("publish_time").chunks
+        stored = np.concatenate([int64_values(c) for c in publish]) * 1_000_000
+        rows = np.asarray(sample_rows(len(stamps)))
+        return stamps, now, (stamps[rows], stored[rows])
+
+    def _receive_messages(
+        self,
+    ) -> tuple[np.ndarray, int, tuple[np.ndarray, np.ndarray]] | None:
+        messages = self.consumer.receive_batch(self.batch, timeout=0.1)
+        if not messages:
+            return None
+        now = time.time_ns()
+        self.consumer.acknowledge_cumulative(messages)
+        rows = sample_rows(len(messages))
+        stored = np.array(
+            [round(messages[i].publish_time.timestamp() * 1e3) * 1_000_000 for i in rows]
+        )
+        sent = stamps_of([messages[i].value for i in rows])
+        return stamps_of(map(VALUE_OF, messages)), now, (sent, stored)
+
+    def assigned(self) -> list[int]:
+        return self.consumer.assigned_segments()
+
+    def received(self) -> int:
+        return self.log.received
+
+    def reset(self, measure_from_ns: int) -> None:
+        self.log = LatencyLog(measure_from_ns)
+
+    def report(self) -> dict[str, Any]:
+        return self.log.snapshot(with_latencies=True)
+
+    def close(self) -> None:
+        self.stopped = True
+        self.thread.join(timeout=5)
+        self.consumer.close()
+
+
 def make_consumer_class() -> Any:
     import ray
 
-    @ray.remote(num_cpus=0, max_concurrency=4)
-    class BenchConsumer:
-        """A StreamConsumer in its own process: receives, stamps latency, acks everything."""
+    return ray.remote(num_cpus=0, max_concurrency=4)(ConsumerBench)
 
-        def __init__(
-            self,
-            topic: str,
-            name: str,
-            batch: int,
-            columnar: bool,
-            config: dict[str, Any],
-            client: ClientSecurity,
-        ) -> None:
-            from clients import StreamConsumer
 
-            apply_client_tls(client.ca)
-            config = {**config, **client.client_config()}
-            self.consumer = StreamConsumer(topic, SUBSCRIPTION, name, **config)
-            self.batch = batch
-            self.receive = self._receive_table if columnar else self._receive_messages
-            self.log = LatencyLog()
-            self.stopped = False
-            self.thread = threading.Thread(target=self._loop, daemon=True)
-            self.thread.start()
+class ConsumerProgram:
+    """``ConsumerBench`` in a program outside Ray (``bench/e2e_remote_consumer.py``), a
+    child of this driver so that ``CpuMeter`` counts it: each method call is a JSON line
+    to it, and its answer one back."""
 
-        def _loop(self) -> None:
-            while not self.stopped:
-                if (received := self.receive()) is not None:
-                    self.log.add(*received)
+    def __init__(self, topic: str, name: str, *spec: Any) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+        self.program = subprocess.Popen(
+            [sys.executable, str(REMOTE_CONSUMER)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
+        )  # fmt: skip
+        first = [topic, name, *spec[:-1], dataclasses.asdict(spec[-1])]
+        self.ask("start", *first)
 
-        def _receive_table(self) -> tuple[np.ndarray, int, tuple[np.ndarray, np.ndarray]] | None:
-            from runtime.batch import int64_values
+    def ask(self, method: str, *args: Any) -> Any:
+        self.program.stdin.write(json.dumps({"call": method, "args": args}) + "\n")
+        line = self.program.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the remote consumer exited ({self.program.wait()}): its stderr")
+        answer = json.loads(line)
+        if answer.get("ray_imported"):
+            raise RuntimeError("the remote consumer imported Ray")
+        found = answer["answer"]
+        if isinstance(found, dict):
+            found = {key: _from_program(value) for key, value in found.items()}
+        return found
 
-            table = self.consumer.receive_table(self.batch, timeout=0.1)
-            if not table.num_rows:
-                return None
-            now = time.time_ns()
-            self.consumer.acknowledge_cumulative(table)
-            stamps = np.concatenate([value_stamps(c) for c in table.column("value").chunks])
-            publish = table.column("publish_time").chunks
-            stored = np.concatenate([int64_values(c) for c in publish]) * 1_000_000
-            rows = np.asarray(sample_rows(len(stamps)))
-            return stamps, now, (stamps[rows], stored[rows])
+    def close(self) -> None:
+        self.ask("close")
+        self.program.stdin.close()
+        self.program.wait(timeout=30)
 
-        def _receive_messages(
-            self,
-        ) -> tuple[np.ndarray, int, tuple[np.ndarray, np.ndarray]] | None:
-            messages = self.consumer.receive_batch(self.batch, timeout=0.1)
-            if not messages:
-                return None
-            now = time.time_ns()
-            self.consumer.acknowledge_cumulative(messages)
-            rows = sample_rows(len(messages))
-            stored = np.array(
-                [round(messages[i].publish_time.timestamp() * 1e3) * 1_000_000 for i in rows]
-            )
-            sent = stamps_of([messages[i].value for i in rows])
-            return stamps_of(map(VALUE_OF, messages)), now, (sent, stored)
 
-        def assigned(self) -> list[int]:
-            return self.consumer.assigned_segments()
+def _from_program(value: Any) -> Any:
+    """An array a consumer program saved for its answer, read back (and its file gone)."""
+    if not (isinstance(value, dict) and set(value) == {"npy"}):
+        return value
+    path = Path(value["npy"])
+    try:
+        return np.load(path)
+    finally:
+        path.unlink(missing_ok=True)
 
-        def received(self) -> int:
-            return self.log.received
 
-        def reset(self, measure_from_ns: int) -> None:
-            self.log = LatencyLog(measure_from_ns)
+def ask(consumers: list[Any], method: str, *args: Any) -> list[Any]:
+    """Each consumer's ``method``: an actor's through Ray, a program's over its pipes."""
+    if consumers and isinstance(consumers[0], ConsumerProgram):
+        return [consumer.ask(method, *args) for consumer in consumers]
+    import ray
 
-        def report(self) -> dict[str, Any]:
-            return self.log.snapshot(with_latencies=True)
-
-        def close(self) -> None:
-            self.stopped = True
-            self.thread.join(timeout=5)
-            self.consumer.close()
-
-    return BenchConsumer
+    return ray.get([getattr(consumer, method).remote(*args) for consumer in consumers])
 
 
 def run_ray_case(
@@ -374,7 +434,7 @@ def run_ray_case(
 
     producers, spec = producer_spec(args, rate, seconds)
     spec["client"] = client
-    ray.get([c.reset.remote(spec["measure_from_ns"]) for c in consumers])
+    ask(consumers, "reset", spec["measure_from_ns"])
     spec["producer_config"] = {"batch_max_records": max(args.batch, 5_000)}
     if args.linger_ms is not None:
         spec["producer_config"]["linger_ms"] = args.linger_ms
@@ -406,14 +466,14 @@ def run_ray_case(
             t.join()
     sent = sum(r["sent"] + r["warmup"] for r in sent_reports)
     drained = wait_until(
-        lambda: sum(ray.get([c.received.remote() for c in consumers])) >= sent,
+        lambda: sum(ask(consumers, "received")) >= sent,
         args.drain_seconds,
     )
     cpu, breakdown = meter.used()
     if client.url is not None:  # the programs exited before the meter's sample: their own
         outside = sum(r["cpu_s"] for r in sent_reports)
         cpu, breakdown = cpu + outside, breakdown | {"producer outside Ray": outside}
-    reports = ray.get([c.report.remote() for c in consumers])
+    reports = ask(consumers, "report")
     found = measurement("ray", n, sent_reports, reports, drained, rate, cpu, breakdown)
     return {**found, "security": client.mode}
 
@@ -516,23 +576,27 @@ def ray_topic(
     topic = f"topic://{TOPIC_NAMESPACE}/s{n}-{uuid.uuid4().hex[:6]}"
     admin.create_scalable_topic(topic, n)
     admin.create_subscription(topic, SUBSCRIPTION)
-    consumer_class = make_consumer_class()
     config = {"read_batch": args.read_batch} if args.read_batch else {}
-    consumers = [
-        consumer_class.remote(topic, f"c{i}", args.batch, args.consume == "table", config, client)
-        for i in range(args.consumers)
-    ]
+    spec = (args.batch, args.consume == "table", config, client)
+    if client.url is not None:
+        consumers: list[Any] = [
+            ConsumerProgram(topic, f"c{i}", *spec) for i in range(args.consumers)
+        ]
+    else:
+        consumer_class = make_consumer_class()
+        consumers = [consumer_class.remote(topic, f"c{i}", *spec) for i in range(args.consumers)]
     try:
-        if not wait_until(
-            lambda: sum(len(s) for s in ray.get([c.assigned.remote() for c in consumers])) >= n,
-            30,
-        ):
+        if not wait_until(lambda: sum(map(len, ask(consumers, "assigned"))) >= n, 30):
             raise RuntimeError(f"consumers of {topic} were not assigned all {n} segments in 30 s")
         yield topic, consumers
     finally:
-        ray.get([c.close.remote() for c in consumers])
-        for c in consumers:
-            ray.kill(c)
+        if client.url is not None:
+            for c in consumers:
+                c.close()
+        else:
+            ray.get([c.close.remote() for c in consumers])
+            for c in consumers:
+                ray.kill(c)
         admin.delete_scalable_topic(topic)
 
 
