@@ -34,7 +34,7 @@ from runtime.readiness import MAX_WAIT_S
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S
 from storage.catalog import Catalog
-from storage.records import SubscriptionKind
+from storage.records import SubscriptionKind, SubscriptionMetadata
 
 RESTARTING = (ActorDiedError, ActorUnavailableError, RayActorError)
 # How long a segment's lookup waits for its actor (a hibernated one is started again).
@@ -179,23 +179,24 @@ class ConsumerOperations:
     def _checkpoint_group(self, name: TopicName, subscription: str) -> CoordinatorHandle:
         """Only a checkpoint group's progress is read or set here: a subscription's is its
         consumers' acknowledgements."""
-        self._catalog.require_topic(name)
-        meta = self._catalog.subscription(name, validate_part("subscription", subscription))
-        if meta is None or meta.kind != SubscriptionKind.CHECKPOINT_GROUP:
+        _, meta = self._require_subscription(name, subscription)
+        if meta.kind != SubscriptionKind.CHECKPOINT_GROUP:
             raise SubscriptionNotFoundError(f"{name} has no checkpoint group {subscription!r}")
         return coordinator_actor(name, subscription)
 
-    def _require_subscription(self, name: TopicName, subscription: str) -> SegmentLayout:
-        """The topic's layout, once the topic and then the subscription are known to exist
-        (the error names the first that does not)."""
+    def _require_subscription(
+        self, name: TopicName, subscription: str
+    ) -> tuple[SegmentLayout, SubscriptionMetadata]:
+        """The topic's layout and the subscription's record, once the topic and then the
+        subscription are known to exist (the error names the first that does not)."""
         layout = self._catalog.require_topic(name).layout
-        self._catalog.require_subscription(name, validate_part("subscription", subscription))
-        return layout
+        meta = self._catalog.require_subscription(name, validate_part("subscription", subscription))
+        return layout, meta
 
     async def _segment(
         self, name: TopicName, subscription: str, segment_id: int, credential: str | None
     ) -> SegmentHandle:
-        layout = self._require_subscription(name, subscription)
+        layout, _ = self._require_subscription(name, subscription)
         if segment_id not in layout.all_segments:
             raise SegmentNotFoundError(f"{name} has no segment {segment_id}")
         segment = layout.get(segment_id).name(name)
