@@ -133,8 +133,15 @@ def test_scalability_under_load_with_splits_merges_and_rebalancing(admin, unique
 class ConsumerHost:
     """A stream consumer in its own process, so killing the process disconnects it."""
 
-    def __init__(self, topic: str, subscription: str, name: str) -> None:
-        self.consumer = StreamConsumer(topic, subscription, name, poll_timeout_s=1.0)
+    def __init__(self, topic: str, subscription: str, name: str, join: bool = True) -> None:
+        self.args = (topic, subscription, name)
+        self.consumer: StreamConsumer | None = None
+        if join:
+            self.join()
+
+    def join(self) -> None:
+        """Join the group; a host started with ``join=False`` is a warm process waiting to."""
+        self.consumer = StreamConsumer(*self.args, poll_timeout_s=1.0)
 
     def assigned(self) -> list[int]:
         return self.consumer.assigned_segments()
@@ -155,17 +162,22 @@ def owners(topic: str, subscription: str) -> dict[int, str]:
 def test_sessions_survive_disconnects_within_grace_and_coordinator_restarts(admin, unique):
     topic = f"topic://sessions/ns/t-{unique}"
     admin.create_scalable_topic(topic, 4)
-    admin.create_subscription(topic, "s", session_grace_s=6)
+    admin.create_subscription(topic, "s", session_grace_s=8)
     a = ConsumerHost.remote(topic, "s", "a")
     b = ConsumerHost.remote(topic, "s", "b")
     wait_for(lambda: len(ray.get(a.assigned.remote())) == 2, what="a balanced")
     wait_for(lambda: len(ray.get(b.assigned.remote())) == 2, what="b balanced")
     a_segments, b_segments = ray.get(a.assigned.remote()), ray.get(b.assigned.remote())
+    a_again = ConsumerHost.remote(topic, "s", "a", join=False)
+    ray.get(a_again.__ray_ready__.remote())  # its process is up before a goes
 
     ray.kill(a, no_restart=True)  # a disconnects without leaving
+    killed_at = time.monotonic()
     time.sleep(2)
     assert owners(topic, "s") == {**{s: "a" for s in a_segments}, **{s: "b" for s in b_segments}}
-    a = ConsumerHost.remote(topic, "s", "a")  # back within the grace period
+    a = a_again
+    ray.get(a.join.remote())  # back within the grace period
+    assert time.monotonic() - killed_at < 8, "the test was too slow to rejoin within the grace"
     wait_for(lambda: ray.get(a.assigned.remote()) == a_segments, what="a's segments back")
     assert ray.get(b.assigned.remote()) == b_segments, "b must not be rebalanced"
 
