@@ -13,7 +13,8 @@ Writes ``bench/results/capacity.json``.
 
 ``--fill``: with the default settings, creates topics over REST until admission
 refuses one, then, 60 s after the last create, measures what a full machine still
-serves: the load average against the cores, the acknowledgement time of a
+serves: the cores the cluster's processes keep busy and the load average against
+the cores, the acknowledgement time of a
 producer's sends on a topic created before, and how long ``get_stats`` takes.
 Writes ``bench/results/capacity_fill.json`` (or ``--out``); ``tests/test_admission``
 runs it and holds it to generous bounds.
@@ -22,6 +23,7 @@ runs it and holds it to generous bounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -164,7 +166,9 @@ def fill(segments_per_topic: int, settle_s: float) -> dict:
     }
     if not created:
         return result
-    time.sleep(max(0.0, last_create + settle_s - time.monotonic()))
+    time.sleep(max(0.0, last_create + settle_s - CLUSTER_CPU_WINDOW_S - time.monotonic()))
+    result["cluster_cpu_cores"] = round(cluster_cpu_cores(CLUSTER_CPU_WINDOW_S), 2)
+    result["cluster_processes"] = len(cluster_processes())
     result["load_average_1m"] = round(os.getloadavg()[0], 2)
     latencies = []
     with Producer(created[0]) as producer:
@@ -187,6 +191,40 @@ def fill(segments_per_topic: int, settle_s: float) -> dict:
     result["get_stats_ms_max"] = round(max(stats_ms), 1)
     result["load_average_1m_after"] = round(os.getloadavg()[0], 2)
     return result
+
+
+CLUSTER_CPU_WINDOW_S = 10.0
+
+
+def cluster_processes() -> list[psutil.Process]:
+    """This program's Ray: the processes naming its session, and their descendants
+    (workers and agents), whatever else runs on the machine."""
+    import ray
+
+    session = ray._private.worker.global_worker.node.session_name
+    found: dict[int, psutil.Process] = {}
+    for process in psutil.process_iter(["cmdline"]):
+        if session in " ".join(process.info["cmdline"] or []):
+            with contextlib.suppress(psutil.Error):
+                for member in [process, *process.children(recursive=True)]:
+                    found[member.pid] = member
+    return list(found.values())
+
+
+def cluster_cpu_cores(window_s: float) -> float:
+    """Cores this program's Ray kept busy over ``window_s``: the load it puts on the
+    machine, unlike the load average, which counts the machine's other work too."""
+
+    def cpu_s(process: psutil.Process) -> float:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            return times.user + times.system
+        return 0.0
+
+    before = {p.pid: cpu_s(p) for p in cluster_processes()}
+    time.sleep(window_s)
+    used = sum(cpu_s(p) - before.get(p.pid, 0.0) for p in cluster_processes())
+    return used / window_s
 
 
 def free_port() -> int:

@@ -218,10 +218,12 @@ def test_the_autoscaler_is_held_back_by_capacity_and_says_so(admin, unique, room
 @pytest.mark.integration  # a Ray of its own, with the default settings
 def test_a_machine_filled_over_rest_still_serves(tmp_path: Path) -> None:
     """Topics are created over REST until admission refuses one (by CPU on this
-    machine: 16 segments per core); a minute later the machine is not overloaded, a
-    producer's sends are acknowledged quickly and stats answer. The bounds are
-    generous (the suite runs beside); bench/README.md has the figures against the
-    goal of load <= 2x the cores, send p99 <= 100 ms and stats <= 200 ms."""
+    machine: 16 segments per core); a minute later the cluster keeps at most half the
+    cores busy, a producer's sends are acknowledged quickly and stats answer. The
+    cluster's own CPU is held, not the machine's load average, which counts the other
+    worker's tests too. The bounds are generous (the suite runs beside);
+    bench/README.md has the figures against the goal of load <= 2x the cores, send
+    p99 <= 100 ms and stats <= 200 ms."""
     out = tmp_path / "fill.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYTOPICS_SEGMENT")}
     env.pop("RAY_ADDRESS", None)
@@ -236,6 +238,7 @@ def test_a_machine_filled_over_rest_still_serves(tmp_path: Path) -> None:
     assert result["refusal"]["error"] == "insufficient_capacity", result
     assert "per CPU" in result["refusal"]["message"], result
     assert 0 < result["segments_admitted"] <= cores * 16, result
-    assert result["load_average_1m"] <= 4 * cores, result
+    assert result["cluster_processes"] >= 3, result  # GCS, raylet, segment hosts at least
+    assert result["cluster_cpu_cores"] <= cores / 2, result
     assert result["send_ack_ms"]["p99"] <= 500, result
     assert result["get_stats_ms_max"] <= 1000, result
