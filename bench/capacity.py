@@ -167,8 +167,8 @@ def fill(segments_per_topic: int, settle_s: float) -> dict:
     if not created:
         return result
     time.sleep(max(0.0, last_create + settle_s - CLUSTER_CPU_WINDOW_S - time.monotonic()))
-    result["cluster_cpu_cores"] = round(cluster_cpu_cores(CLUSTER_CPU_WINDOW_S), 2)
-    result["cluster_processes"] = len(cluster_processes())
+    cores_busy, processes = cluster_cpu_cores(CLUSTER_CPU_WINDOW_S)
+    result["cluster_cpu_cores"], result["cluster_processes"] = round(cores_busy, 2), processes
     result["load_average_1m"] = round(os.getloadavg()[0], 2)
     latencies = []
     with Producer(created[0]) as producer:
@@ -211,9 +211,10 @@ def cluster_processes() -> list[psutil.Process]:
     return list(found.values())
 
 
-def cluster_cpu_cores(window_s: float) -> float:
-    """Cores this program's Ray kept busy over ``window_s``: the load it puts on the
-    machine, unlike the load average, which counts the machine's other work too."""
+def cluster_cpu_cores(window_s: float) -> tuple[float, int]:
+    """Cores this program's Ray kept busy over ``window_s`` (the load it puts on the
+    machine, unlike the load average, which counts the machine's other work too), and
+    how many processes it ran at the end."""
 
     def cpu_s(process: psutil.Process) -> float:
         with contextlib.suppress(psutil.Error):
@@ -223,8 +224,9 @@ def cluster_cpu_cores(window_s: float) -> float:
 
     before = {p.pid: cpu_s(p) for p in cluster_processes()}
     time.sleep(window_s)
-    used = sum(cpu_s(p) - before.get(p.pid, 0.0) for p in cluster_processes())
-    return used / window_s
+    after = cluster_processes()
+    used = sum(cpu_s(p) - before.get(p.pid, 0.0) for p in after)
+    return used / window_s, len(after)
 
 
 def free_port() -> int:
