@@ -31,7 +31,8 @@ import os
 import ssl
 import sys
 from collections import OrderedDict, deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -59,6 +60,8 @@ _STREAM_LIMIT = 4 << 20  # buffer whole deliveries instead of pausing the socket
 # producer pays for in system time on every append (bench/README.md has the figures).
 _WRITE_AHEAD = 4 << 20
 
+
+_T = TypeVar("_T")
 
 _tls_contexts: dict[tuple[str, int] | None, ssl.SSLContext | None] = {}
 
@@ -306,47 +309,76 @@ class SegmentChannel:
 
 
 class ReadChannel:
-    """A stream consumer's connection to one segment: reads, one at a time."""
+    """A consumer's connection to one segment: one exchange at a time (callers that
+    ask at once wait their turn). A stream consumer reads through one; a queue
+    consumer takes through one and settles through another, so that an
+    acknowledgement never waits behind a long-poll."""
 
     def __init__(self, handle: Any, *, credential: str | None = None) -> None:
         self._handle = handle
         self._credential = credential
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._turn = asyncio.Lock()
 
     async def read(self, request: wire.ReadRequest) -> tuple[pa.RecordBatch, int, bool]:
         """(the delivery batch, the segment's end offset, whether it is terminated), or
         the segment's typed error; ``ChannelError`` or ``RayActorError`` if it cannot be
         reached now (the caller retries: reads and cumulative acks are idempotent)."""
-        try:
-            async with asyncio.timeout(request.wait_s + READ_GRACE_S):  # no task, unlike wait_for
-                body = await self._exchange(request)
-        except (OSError, asyncio.IncompleteReadError, TimeoutError) as err:
-            self.close()
-            raise ChannelError(f"segment read failed: {err!r}") from err
-        except BaseException:  # cancelled mid-exchange: the answer would go to the next read
-            self.close()
-            raise
-        try:
-            end_offset, terminated, payload = wire.decode_records(body)
-        except ScalableTopicsError as err:
-            if wire.is_refusal(err):
-                self.close()  # the segment closed it too
-            raise
+        body = await self._ask(wire.encode_read(request), request.wait_s)
+        end_offset, terminated, payload = self._answer(wire.decode_records, body)
         return deserialize_batch(payload), end_offset, terminated
+
+    async def take(self, request: wire.TakeRequest) -> tuple[pa.RecordBatch, bool]:
+        """(messages no other consumer of the subscription holds, whether the segment is
+        drained for it: sealed, and all of it acknowledged); errors as ``read``'s. A
+        take that failed on the way may have handed out messages: they come back to
+        the subscription after its ack timeout."""
+        body = await self._ask(wire.encode_take(request), request.wait_s)
+        _, flags, payload = self._answer(wire.decode_taken, body)
+        return deserialize_batch(payload), bool(flags & wire.DRAINED)
+
+    async def settle(self, request: wire.SettleRequest) -> None:
+        """Acknowledge, hand back, or say goodbye; errors as ``read``'s (settling the
+        same offsets again is harmless)."""
+        self._answer(wire.decode_response, await self._ask(wire.encode_settle(request), 0.0))
 
     def close(self) -> None:
         if self._streams is not None:
             self._streams[1].close()
             self._streams = None
 
-    async def _exchange(self, request: wire.ReadRequest) -> bytes:
+    async def _ask(self, frame: bytes, wait_s: float) -> bytes:
+        async with self._turn:
+            return await self._ask_now(frame, wait_s)
+
+    async def _ask_now(self, frame: bytes, wait_s: float) -> bytes:
+        try:
+            async with asyncio.timeout(wait_s + READ_GRACE_S):  # no task, unlike wait_for
+                return await self._exchange(frame)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError) as err:
+            self.close()
+            raise ChannelError(f"segment read failed: {err!r}") from err
+        except BaseException:  # cancelled mid-exchange: the answer would go to the next read
+            self.close()
+            raise
+
+    def _answer(self, decode: Callable[[bytes], _T], body: bytes) -> _T:
+        """``decode(body)``; a refusal closes the connection (the segment closed it too)."""
+        try:
+            return decode(body)
+        except ScalableTopicsError as err:
+            if wire.is_refusal(err):
+                self.close()
+            raise
+
+    async def _exchange(self, frame: bytes) -> bytes:
         fresh = self._streams is None
         if fresh:
             self._streams = await _open_data_plane(
                 self._handle, self._credential, wire.CONSUME, limit=_STREAM_LIMIT
             )
         reader, writer = self._streams
-        writer.write(wire.encode_read(request))
+        writer.write(frame)
         if fresh:
             wire.decode_welcome(await _frame(reader))
         return await _frame(reader)

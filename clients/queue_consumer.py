@@ -3,12 +3,19 @@
 No coordinator is involved: every queue consumer
 attaches to every segment that still has backlog — active and sealed — and
 each segment hands different messages to the consumers pulling from it.
-New segments arrive through the DAG watch; a sealed segment is dropped once
+New segments arrive through the layout watch; a sealed segment is dropped once
 its backlog for the subscription is fully acknowledged. Unacknowledged
 messages come back after the segment's ack timeout or a negative ack.
 
-Every call carries the consumer's credential; a refusal (the token was revoked)
-is not retried: the next receive raises it.
+Messages are taken and settled (acknowledged, handed back, a goodbye) over each
+segment's data plane (``runtime.wire``), a Ray driver's and a process outside
+Ray's alike: two connections per segment, so that acknowledgements never wait
+behind a long-poll. What differs is only how the consumer learns the layout and
+where a segment listens (``QueueAccess``): a Ray driver asks the cluster's
+actors, a process outside Ray the REST gateway (``url=``).
+
+Every connection carries the consumer's credential; a refusal (the token was
+revoked) is not retried: the next receive raises it.
 """
 
 from __future__ import annotations
@@ -18,25 +25,94 @@ import contextlib
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from ray.exceptions import RayActorError
-
-from actors.control.dag_watch import DagWatch
-from actors.segment.lookup import find_segment_actor, find_segment_again
-from clients._data_plane import REFUSALS
+from clients._data_plane import REFUSALS, ChannelError, ReadChannel, _unreachable, check_access
 from clients._gc import freeze_what_exists
 from clients._inbox import Inbox
+from clients._install import ray_required
 from clients._loop import background_loop
-from clients._ray import joined
+from clients._remote import gateway_url
 from clients.message import Message, messages_from_delivery
 from clients.producer import Producer
-from runtime.auth import Permission, client_credential
+from runtime import wire
+from runtime.auth import client_credential
 from runtime.errors import ClientClosedError, SegmentNotFoundError
 from runtime.layout import SegmentLayout
+from runtime.layout_watch import LayoutWatch
 from runtime.names import SegmentName, TopicName, validate_part
 from runtime.redelivery import DeadLetterPolicy, RedeliveryBackoff, dead_letter_properties
-from runtime.remote import call
+
+TAKE_WAIT_S = 1.0  # one take's long-poll
+FLUSH_EVERY_S = 0.05  # how often acknowledgements go out, batched per segment
+
+
+@dataclass(frozen=True)
+class QueueAccess:
+    """How a queue consumer learns its topic's layout and finds its segments."""
+
+    watch: Callable[[], Awaitable[LayoutWatch]]  # raises a refusal of ``consume``
+    find: Callable[[SegmentName], Awaitable[Any]]  # ``SegmentNotFoundError`` once gone
+    find_again: Callable[[SegmentName], Awaitable[Any | None]]  # after a failed exchange
+
+
+def queue_access(
+    topic: TopicName, credential: str | None, *, url: str | None, address: str | None
+) -> QueueAccess:
+    """Through the gateway at ``url``, else as a Ray driver (joining ``address``'s Ray)."""
+    if url is not None:
+        from clients._remote import RemoteCluster
+
+        cluster = RemoteCluster(url, credential)
+
+        async def watch() -> LayoutWatch:
+            """The gateway answers layouts to ``lookup``: ``consume`` is asked of the
+            first segment's data plane (its HELLO alone) before anything is taken."""
+            found = await cluster.watch(topic)
+            try:
+                layout = found.layout
+                first = layout.all_segments[next(iter(layout.active_segments))].name(topic)
+                await check_access(await cluster.find_segment(first), credential, wire.CONSUME)
+            except BaseException:
+                await found.close()
+                raise
+            return found
+
+        async def same(name: SegmentName) -> None:
+            return None  # a channel asks the gateway where the segment listens each time
+
+        return QueueAccess(watch, cluster.find_segment, same)
+    with ray_required("a QueueConsumer without url= (a Ray driver's)"):
+        from actors.control.dag_watch import DagWatch
+        from actors.segment.lookup import find_segment_actor, find_segment_again
+        from clients._ray import joined
+        from runtime.auth import Permission
+
+    joined(address)
+    return QueueAccess(
+        lambda: DagWatch.open(topic, credential, Permission.CONSUME),
+        lambda name: find_segment_actor(name, credential=credential),
+        lambda name: find_segment_again(name, credential=credential),
+    )
+
+
+class _Segment:
+    """One segment a consumer pulls from: its two connections."""
+
+    def __init__(self, name: SegmentName, handle: Any, credential: str | None) -> None:
+        self.name = name
+        self.credential = credential
+        self.connect(handle)
+
+    def connect(self, handle: Any) -> None:
+        self.takes = ReadChannel(handle, credential=self.credential)
+        self.settles = ReadChannel(handle, credential=self.credential)
+
+    def close(self) -> None:
+        self.takes.close()
+        self.settles.close()
 
 
 class _QueueCore:
@@ -48,26 +124,28 @@ class _QueueCore:
         receive_batch: int,
         receiver_queue_size: int,
         credential: str | None,
+        access: QueueAccess,
     ) -> None:
         self.topic = topic
         self.subscription = validate_part("subscription", subscription)
         self.consumer = consumer
         self.credential = credential
+        self.access = access
         self.max_records = receive_batch
         self.queue_size = receiver_queue_size
-        self.watch: DagWatch | None = None
-        self.handles: dict[int, Any] = {}  # segments being pulled from, once their actor is found
-        self.names: dict[int, SegmentName] = {}
+        self.watch: LayoutWatch | None = None
+        self.segments: dict[int, _Segment] = {}  # being pulled from, once found
         self.attached: set[int] = set()
         self.pending_acks: dict[int, list[int]] = defaultdict(list)
         self.messages: Inbox[list[Message]] = Inbox()
         self.tasks: list[asyncio.Task] = []
         self.closed = False
+        self.unreachable = (*_unreachable(), ChannelError)
 
     async def start(self) -> None:
         """Raises the refusal of the consumer's credential, before anything else happens."""
         loop = asyncio.get_running_loop()
-        self.watch = await DagWatch.open(self.topic, self.credential, Permission.CONSUME)
+        self.watch = await self.access.watch()
         self.watch.start()
         self._attach(self.watch.layout)
         self.tasks += [loop.create_task(self._follow()), loop.create_task(self._flush_forever())]
@@ -77,14 +155,15 @@ class _QueueCore:
         self.closed = True
         for task in self.tasks:
             task.cancel()
-        with contextlib.suppress(*REFUSALS):
+        with contextlib.suppress(*REFUSALS, *self.unreachable):
             await self._flush()
-        for handle in self.handles.values():
-            with contextlib.suppress(RayActorError, *REFUSALS):
-                left = handle.consumer_left.remote(
-                    self.subscription, self.consumer, credential=self.credential
-                )
-                await call(left)
+        for segment in self.segments.values():
+            goodbye = wire.SettleRequest(
+                wire.Settle.CONSUMER_LEFT, self.subscription, self.consumer, []
+            )
+            with contextlib.suppress(*REFUSALS, *self.unreachable, SegmentNotFoundError):
+                await segment.settles.settle(goodbye)
+            segment.close()
         if self.watch is not None:
             await self.watch.close()
 
@@ -102,44 +181,56 @@ class _QueueCore:
             self.tasks.append(asyncio.get_running_loop().create_task(self._pull(segment_id, name)))
 
     async def _pull(self, segment_id: int, name: SegmentName) -> None:
-        self.names[segment_id] = name
         try:
-            self.handles[segment_id] = await find_segment_actor(name, credential=self.credential)
+            segment = _Segment(name, await self.access.find(name), self.credential)
         except SegmentNotFoundError:
             return  # deleted (retention pruned it, or the topic is going): nothing to pull
-        stale = False
+        except REFUSALS as err:
+            self.messages.fail(err)
+            return
+        self.segments[segment_id] = segment
+        take = wire.TakeRequest(self.subscription, self.consumer, self.max_records, TAKE_WAIT_S)
         while not self.closed:
             if len(self.messages) >= self.queue_size:
                 await asyncio.sleep(0.005)
                 continue
             try:
-                if stale:
-                    await self._reattach(segment_id)
-                    stale = False
-                handle = self.handles[segment_id]
-                ref = handle.queue_receive.remote(
-                    self.subscription,
-                    self.consumer,
-                    self.max_records,
-                    1.0,
-                    credential=self.credential,
-                )
-                batch = await call(ref)
-                if batch.num_rows:
-                    self.messages.put(messages_from_delivery(segment_id, batch, str(self.topic)))
-                    continue
-                ref = handle.position.remote(self.subscription, credential=self.credential)
-                status = await call(ref)
-            except RayActorError:
-                await asyncio.sleep(0.2)  # the segment is restarting, or hibernated
-                stale = True
-                continue
+                batch, drained = await segment.takes.take(take)
             except REFUSALS as err:
                 self.messages.fail(err)
                 return
-            if status["drained"]:
-                del self.handles[segment_id]
-                return
+            except self.unreachable as err:
+                await asyncio.sleep(0.2)  # the segment is restarting, or hibernated
+                if not await self._reattach(segment, gone=isinstance(err, SegmentNotFoundError)):
+                    break  # deleted (with its topic, or pruned) while pulled from
+                continue
+            if batch.num_rows:
+                self.messages.put(messages_from_delivery(segment_id, batch, str(self.topic)))
+            elif drained:
+                break
+        if self.segments.get(segment_id) is segment:
+            del self.segments[segment_id]
+            segment.close()
+
+    async def _reattach(self, segment: _Segment, *, gone: bool = False) -> bool:
+        """New connections to where the segment's actor is now (after a restart), when
+        the way to it changed; False once it is deleted. ``gone``: the last exchange
+        said it is not served (deleted, or between hosts), so it is looked up anew,
+        waiting for one that is starting. A refusal is raised to the consumer."""
+        try:
+            if gone:
+                handle = await self.access.find(segment.name)
+            else:
+                handle = await self.access.find_again(segment.name)
+        except SegmentNotFoundError:
+            return False
+        except REFUSALS as err:
+            self.messages.fail(err)
+            return True
+        if handle is not None:
+            segment.close()
+            segment.connect(handle)
+        return True
 
     def record_ack(self, segment_id: int, offset: int) -> None:
         """On the loop thread only, so a flush never swaps the list out from under it."""
@@ -147,44 +238,37 @@ class _QueueCore:
 
     async def _flush_forever(self) -> None:
         while True:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(FLUSH_EVERY_S)
             try:
                 await self._flush()
             except REFUSALS as err:
                 self.messages.fail(err)
                 return
 
-    async def _reattach(self, segment_id: int) -> None:
-        """A new handle when the segment's actor was replaced (``find_segment_again``);
-        a refusal is raised."""
-        handle = await find_segment_again(self.names[segment_id], credential=self.credential)
-        if handle is not None and segment_id in self.handles:  # not drained and dropped
-            self.handles[segment_id] = handle
-
     async def _flush(self) -> None:
         batches, self.pending_acks = self.pending_acks, defaultdict(list)
         for segment_id, offsets in batches.items():
-            handle = self.handles.get(segment_id)
-            if handle is None or not offsets:
+            segment = self.segments.get(segment_id)
+            if segment is None or not offsets:
                 continue
-            ack = handle.ack.remote(self.subscription, offsets, credential=self.credential)
+            acks = wire.SettleRequest(wire.Settle.ACK, self.subscription, self.consumer, offsets)
             try:
-                await call(ack)
-            except RayActorError:  # kept for the next flush, to the segment found again
+                await segment.settles.settle(acks)
+            except self.unreachable:  # kept for the next flush, to the segment found again
                 self.pending_acks[segment_id][:0] = offsets
-                await self._reattach(segment_id)
+                await self._reattach(segment)
 
     async def negative_ack(self, message: Message, delay_s: float) -> None:
-        handle = self.handles.get(message.segment_id)
-        if handle is not None:
-            ref = handle.negative_ack.remote(
+        segment = self.segments.get(message.segment_id)
+        if segment is not None:
+            request = wire.SettleRequest(
+                wire.Settle.NEGATIVE_ACK,
                 self.subscription,
-                [message.offset],
                 self.consumer,
+                [message.offset],
                 delay_s,
-                credential=self.credential,
             )
-            await call(ref)
+            await segment.settles.settle(request)
 
 
 class QueueConsumer:
@@ -200,6 +284,7 @@ class QueueConsumer:
         dead_letter: DeadLetterPolicy | None = None,
         negative_ack_backoff: RedeliveryBackoff | None = None,
         address: str | None = None,
+        url: str | None = None,
         receive_batch: int = 500,
         receiver_queue_size: int = 1_000,
     ) -> None:
@@ -214,19 +299,27 @@ class QueueConsumer:
         ``negative_ack_backoff``: how long a negatively acknowledged message is held back
         (by default it comes back at once); ``Message.redelivery_count`` says how often
         a message was delivered before. ``address``: the Ray to join when this process
-        is not connected yet."""
-        joined(address)
+        is not connected yet. ``url`` (default ``RAYTOPICS_URL`` when no ``address`` is
+        given): the REST gateway to learn the layout and find the segments through
+        instead, from a process that never joins Ray; messages are taken and settled
+        over the segments' data plane either way. Bad arguments are refused before any
+        Ray is joined or started."""
         topic_name = TopicName.parse(topic)
         name = consumer_name or f"queue-{uuid.uuid4().hex[:12]}"
         credential = client_credential(token)
+        url = gateway_url(url, address)
+        validate_part("subscription", subscription)
+        access = queue_access(topic_name, credential, url=url, address=address)
         self._dead_letter = dead_letter
         self._backoff = negative_ack_backoff
         self._errors: dict[tuple[int, int], str] = {}  # the last error given per message
         self._dead_letters = (
-            Producer(dead_letter.dead_letter_topic, token=token) if dead_letter else None
+            Producer(dead_letter.dead_letter_topic, token=token, url=url, address=address)
+            if dead_letter
+            else None
         )
         self._core = _QueueCore(
-            topic_name, subscription, name, receive_batch, receiver_queue_size, credential
+            topic_name, subscription, name, receive_batch, receiver_queue_size, credential, access
         )
         self._loop = background_loop()
         self._loop.run(self._core.start())

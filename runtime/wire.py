@@ -16,7 +16,13 @@ answered with the delivery batch as an Arrow IPC stream.
                | i64 cumulative ack (-1: none) | u16 len(subscription) | subscription
     welcome  = u32 length | u8 status=OK | u8 access granted
     appended = u32 length | u8 status=OK | i64 base offset | i64 count
-    records  = u32 length | u8 status=OK | i64 end offset | u8 terminated
+    take     = u32 length | u8 op=QUEUE_TAKE | u32 max records | u32 wait ms
+               | u16 len(subscription) | subscription | consumer (UTF-8, the rest)
+    settle   = u32 length | u8 op=QUEUE_SETTLE | u8 kind (1 ack, 2 negative ack,
+               3 consumer left) | u32 delay ms | u16 len(subscription) | subscription
+               | u16 len(consumer) | consumer | i64 offsets (the rest)
+    records  = u32 length | u8 status=OK | i64 end offset | u8 flags (1 terminated;
+               2 drained: sealed and all of it acknowledged, answering a take)
                | Arrow IPC stream bytes (the delivery batch)
     error    = u32 length | u8 status=ERROR | JSON {"error": code, "message": ...}
 
@@ -32,11 +38,17 @@ be at most ``MAX_HELLO`` bytes: an unauthenticated peer cannot make the segment
 hold a large buffer.
 
 A read's cumulative ack, applied before it reads, saves the consumer a call per
-acknowledgement. Responses come back in request order on each connection.
+acknowledgement. A queue consumer takes messages no other consumer of its
+subscription holds (``take``, answered like a read, with how often each was
+delivered before in the batch's schema metadata) and settles them
+(``settle``: acknowledged, handed back, or all of a departing consumer's handed
+back; answered like an append, with the count of offsets). Responses come back
+in request order on each connection.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import struct
 from collections.abc import Sequence
@@ -59,9 +71,15 @@ _READ = struct.Struct("!BqIIqH")
 _RECORDS = struct.Struct("!BqB")
 _HELLO = struct.Struct("!BBB")
 _WELCOME = struct.Struct("!BB")
+_TAKE = struct.Struct("!BIIH")
+_SETTLE = struct.Struct("!BBIH")
+_NAME_LENGTH = struct.Struct("!H")
+_OFFSET = struct.Struct("!q")
 OP_APPEND = 1
 OP_READ = 2
 OP_HELLO = 3
+OP_QUEUE_TAKE = 4
+OP_QUEUE_SETTLE = 5
 STATUS_OK = 0
 STATUS_ERROR = 1
 MAX_FRAME = 256 << 20
@@ -72,6 +90,13 @@ MAX_HELLO = _HELLO.size + MAX_CREDENTIAL
 PRODUCE = 1
 CONSUME = 2
 _ACCESS = PRODUCE | CONSUME
+# What each kind of frame needs its connection to have been granted.
+ACCESS_OF_OP = {
+    OP_APPEND: PRODUCE,
+    OP_READ: CONSUME,
+    OP_QUEUE_TAKE: CONSUME,
+    OP_QUEUE_SETTLE: CONSUME,
+}
 
 
 def frame_at(buffer: bytes | bytearray, start: int, end: int) -> tuple[int, int] | None:
@@ -210,9 +235,117 @@ def decode_read(body: bytes | memoryview) -> ReadRequest:
     return ReadRequest(offset, max_records, wait_ms / 1000, subscription, None if ack < 0 else ack)
 
 
-def encode_records(end_offset: int, terminated: bool, payload: Sequence[Any]) -> bytes:
-    """``payload``: the pieces of the records' IPC stream (``batch.ipc_parts``)."""
-    head = _RECORDS.pack(STATUS_OK, end_offset, terminated)
+class Settle(enum.IntEnum):
+    """What a ``settle`` frame does with its offsets."""
+
+    ACK = 1
+    NEGATIVE_ACK = 2  # handed back for redelivery, after its delay
+    CONSUMER_LEFT = 3  # everything the consumer holds handed back (no offsets)
+
+
+class TakeRequest(NamedTuple):
+    subscription: str
+    consumer: str
+    max_records: int
+    wait_s: float
+
+
+class SettleRequest(NamedTuple):
+    kind: Settle
+    subscription: str
+    consumer: str
+    offsets: list[int]
+    delay_s: float = 0.0
+
+
+def encode_take(request: TakeRequest) -> bytes:
+    subscription, consumer = request.subscription.encode(), request.consumer.encode()
+    head = _TAKE.pack(
+        OP_QUEUE_TAKE, request.max_records, _millis(request.wait_s), len(subscription)
+    )
+    return (
+        LENGTH.pack(len(head) + len(subscription) + len(consumer)) + head + subscription + consumer
+    )
+
+
+def decode_take(body: bytes | memoryview) -> TakeRequest:
+    if len(body) < _TAKE.size:
+        raise InvalidArgumentError("data plane take frame too short")
+    op, max_records, wait_ms, length = _TAKE.unpack_from(body)
+    _expect(op, OP_QUEUE_TAKE)
+    if max_records < 1:
+        raise InvalidArgumentError(f"a take needs max records >= 1, got {max_records}")
+    subscription, end = _name(body, _TAKE.size, length)
+    return TakeRequest(subscription, _text(body[end:]), max_records, wait_ms / 1000)
+
+
+def encode_settle(request: SettleRequest) -> bytes:
+    subscription, consumer = request.subscription.encode(), request.consumer.encode()
+    parts = (
+        _SETTLE.pack(OP_QUEUE_SETTLE, request.kind, _millis(request.delay_s), len(subscription)),
+        subscription,
+        _NAME_LENGTH.pack(len(consumer)),
+        consumer,
+        struct.pack(f"!{len(request.offsets)}q", *request.offsets),
+    )
+    return LENGTH.pack(sum(map(len, parts))) + b"".join(parts)
+
+
+def decode_settle(body: bytes | memoryview) -> SettleRequest:
+    if len(body) < _SETTLE.size:
+        raise InvalidArgumentError("data plane settle frame too short")
+    op, kind, delay_ms, length = _SETTLE.unpack_from(body)
+    _expect(op, OP_QUEUE_SETTLE)
+    try:
+        settle = Settle(kind)
+    except ValueError:
+        raise InvalidArgumentError(f"unknown settle kind {kind}") from None
+    subscription, end = _name(body, _SETTLE.size, length)
+    if len(body) < end + _NAME_LENGTH.size:
+        raise InvalidArgumentError("data plane settle frame too short")
+    (length,) = _NAME_LENGTH.unpack_from(body, end)
+    consumer, end = _name(body, end + _NAME_LENGTH.size, length)
+    rest = memoryview(body)[end:]
+    if len(rest) % _OFFSET.size:
+        raise InvalidArgumentError("a settle frame's offsets are not whole 8-byte integers")
+    offsets = list(struct.unpack(f"!{len(rest) // _OFFSET.size}q", rest))
+    return SettleRequest(settle, subscription, consumer, offsets, delay_ms / 1000)
+
+
+def _millis(seconds: float) -> int:
+    return min(max(round(seconds * 1000), 0), 0xFFFFFFFF)
+
+
+def _expect(op: int, wanted: int) -> None:
+    if op != wanted:
+        raise InvalidArgumentError(f"unknown data plane operation {op}")
+
+
+def _name(body: bytes | memoryview, start: int, length: int) -> tuple[str, int]:
+    """The UTF-8 name of ``length`` bytes at ``start``, and where it ends."""
+    end = start + length
+    if len(body) < end:
+        raise InvalidArgumentError("data plane frame too short for its names")
+    return _text(body[start:end]), end
+
+
+def _text(view: bytes | memoryview) -> str:
+    try:
+        return bytes(view).decode()
+    except UnicodeDecodeError:
+        raise InvalidArgumentError("a name in a data plane frame is not UTF-8") from None
+
+
+TERMINATED = 1
+DRAINED = 2
+
+
+def encode_records(
+    end_offset: int, terminated: bool, payload: Sequence[Any], flags: int = 0
+) -> bytes:
+    """``payload``: the pieces of the records' IPC stream (``batch.ipc_parts``);
+    ``flags``: ``DRAINED`` beside the segment's being terminated."""
+    head = _RECORDS.pack(STATUS_OK, end_offset, flags | (TERMINATED if terminated else 0))
     size = len(head) + sum(len(part) for part in payload)
     return b"".join((LENGTH.pack(size), head, *payload))  # one copy
 
@@ -220,10 +353,17 @@ def encode_records(end_offset: int, terminated: bool, payload: Sequence[Any]) ->
 def decode_records(body: bytes) -> tuple[int, bool, memoryview]:
     """(the segment's end offset, whether it is terminated, Arrow IPC stream of the
     records read), or raise the typed error the segment reported."""
+    end_offset, flags, payload = decode_taken(body)
+    return end_offset, bool(flags & TERMINATED), payload
+
+
+def decode_taken(body: bytes) -> tuple[int, int, memoryview]:
+    """(the segment's end offset, its flags, the records' Arrow IPC stream), or raise
+    the typed error the segment reported."""
     if body[0] != STATUS_OK:
         _raise_error(body)
-    _, end_offset, terminated = _RECORDS.unpack_from(body)
-    return end_offset, bool(terminated), memoryview(body)[_RECORDS.size :]
+    _, end_offset, flags = _RECORDS.unpack_from(body)
+    return end_offset, flags, memoryview(body)[_RECORDS.size :]
 
 
 def encode_ok(base_offset: int, count: int) -> bytes:

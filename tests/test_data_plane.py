@@ -11,12 +11,15 @@ import signal
 import pyarrow as pa
 import pytest
 import ray
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors.segment import data_plane
 from actors.segment.actor import ACK_SAVE_PERIOD_S
 from actors.segment.host import start_segment_actor
 from clients import Producer, ScalableTopicsAdmin
 from clients._data_plane import _WRITE_AHEAD, ChannelError, ReadChannel, SegmentChannel
+from clients.message import messages_from_delivery
 from runtime import wire
 from runtime.batch import make_batch, serialize_batch
 from runtime.errors import (
@@ -58,6 +61,48 @@ def test_wire_round_trip_and_errors():
     assert (end_offset, terminated, bytes(body)) == (99, True, payload)
     with pytest.raises(SegmentTerminated):
         wire.decode_records(error[4:])
+
+
+names = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    subscription=names,
+    consumer=names,
+    max_records=st.integers(1, 2**32 - 1),
+    wait_ms=st.integers(0, 2**32 - 1),
+    kind=st.sampled_from(list(wire.Settle)),
+    offsets=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=50),
+)
+def test_queue_frames_round_trip(subscription, consumer, max_records, wait_ms, kind, offsets):
+    take = wire.TakeRequest(subscription, consumer, max_records, wait_ms / 1000)
+    assert wire.decode_take(wire.encode_take(take)[4:]) == take
+    settle = wire.SettleRequest(kind, subscription, consumer, offsets, wait_ms / 1000)
+    assert wire.decode_settle(wire.encode_settle(settle)[4:]) == settle
+
+
+def test_malformed_queue_frames_are_typed_errors():
+    take = wire.encode_take(wire.TakeRequest("s", "c", 10, 1.0))[4:]
+    settle = wire.encode_settle(wire.SettleRequest(wire.Settle.ACK, "s", "c", [1, 2]))[4:]
+    bad = {
+        "too short": [take[:5], settle[:5]],
+        "max records": [take[:1] + bytes(4) + take[5:]],
+        "unknown settle kind": [settle[:1] + bytes([9]) + settle[2:]],
+        "names": [take[:9] + b"\x00\x09" + take[11:], settle[:-17]],
+        "8-byte": [settle[:-3]],
+        "UTF-8": [take[:-1] + b"\xff"],
+        "operation": [bytes([wire.OP_READ]) + take[1:], bytes([wire.OP_APPEND]) + settle[1:]],
+    }
+    decoders = {wire.OP_QUEUE_TAKE: wire.decode_take, wire.OP_QUEUE_SETTLE: wire.decode_settle}
+    for why, frames in bad.items():
+        for frame in frames:
+            decode = decoders.get(frame[0], wire.decode_take)
+            with pytest.raises(InvalidArgumentError, match=why):
+                decode(frame)
+    records = wire.encode_records(7, True, (b"",), wire.DRAINED)[4:]
+    assert wire.decode_taken(records)[:2] == (7, wire.TERMINATED | wire.DRAINED)
+    assert wire.decode_records(records)[:2] == (7, True)
 
 
 def read_request(offset: int, wait_s: float = 0.0, ack: int | None = None) -> wire.ReadRequest:
@@ -330,6 +375,72 @@ def test_a_read_channel_reconnects_after_a_segment_crash(segment):
         reader.close()
 
     asyncio.run(scenario())
+
+
+def test_queue_consumers_take_and_settle_over_tcp(segment):
+    """Two queue consumers take different messages; an acknowledged one is not delivered
+    again, a handed-back one comes back (counted), a departing consumer's come back at
+    once; a sealed segment says it is drained once all of it is acknowledged. A take on
+    a connection granted produce only is refused, and a malformed one is answered as
+    malformed without closing the connection."""
+
+    def take(consumer: str, wait_s: float = 0.0) -> wire.TakeRequest:
+        return wire.TakeRequest("s", consumer, 3, wait_s)
+
+    def settle(kind: wire.Settle, consumer: str, *offsets: int, delay_s: float = 0.0):
+        return wire.SettleRequest(kind, "s", consumer, list(offsets), delay_s)
+
+    def offsets(batch: pa.RecordBatch) -> list[int]:
+        return batch.column("offset").to_pylist()
+
+    async def scenario():
+        a, b, settles = ReadChannel(segment), ReadChannel(segment), ReadChannel(segment)
+        producer = SegmentChannel(segment)
+        await producer.append("p", 0, serialize_batch(make_batch([b"x"] * 5)))
+        first, drained = await a.take(take("a"))
+        assert (offsets(first), drained) == ([0, 1, 2], False)
+        assert offsets((await b.take(take("b")))[0]) == [3, 4]
+        waiting = asyncio.ensure_future(b.take(take("b", wait_s=30)))  # a long-poll
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await settles.settle(settle(wire.Settle.ACK, "a", 0, 2))
+        await settles.settle(settle(wire.Settle.NEGATIVE_ACK, "a", 1))  # wakes the poll
+        again = (await asyncio.wait_for(waiting, timeout=5))[0]
+        assert offsets(again) == [1]
+        assert messages_from_delivery(0, again)[0].redelivery_count == 1
+        await settles.settle(settle(wire.Settle.CONSUMER_LEFT, "b"))
+        assert offsets((await a.take(take("a")))[0]) == [1, 3, 4]
+        await segment.terminate.remote()
+        await settles.settle(settle(wire.Settle.ACK, "a", 1, 3))
+        assert (await a.take(take("a", wait_s=5)))[1] is False  # 4 is still held
+        await settles.settle(settle(wire.Settle.ACK, "a", 4))
+        nothing, drained = await a.take(take("a", wait_s=5))  # sealed: no wait
+        assert (nothing.num_rows, drained) == (0, True)
+        with pytest.raises(InvalidArgumentError, match="between 0 and"):
+            await settles.settle(settle(wire.Settle.NEGATIVE_ACK, "a", 4, delay_s=10**6))
+        with pytest.raises(SubscriptionNotFoundError):
+            await a.take(take("a")._replace(subscription="nobody"))
+        reader, writer = await raw_connection(segment)
+        writer.write(wire.LENGTH.pack(3) + bytes([wire.OP_QUEUE_TAKE, 0, 0]))
+        writer.write(wire.encode_take(take("c")))
+        malformed, answered = await _responses(reader, 2)
+        writer.close()
+        produce_only, writer = await raw_connection(segment, wire.PRODUCE)
+        writer.write(wire.encode_settle(settle(wire.Settle.ACK, "c", 0)))
+        (refused,) = await _responses(produce_only, 1)
+        assert await produce_only.read() == b"", "the segment closes the connection"
+        writer.close()
+        for channel in (a, b, settles):
+            channel.close()
+        await producer.close()
+        return malformed, answered, refused
+
+    malformed, answered, refused = asyncio.run(scenario())
+    with pytest.raises(InvalidArgumentError, match="too short"):
+        wire.decode_taken(malformed)
+    assert wire.decode_taken(answered)[1] == wire.TERMINATED | wire.DRAINED
+    with pytest.raises(UnauthorizedError, match="granted produce only, not consume"):
+        wire.decode_response(refused)
 
 
 def test_hello_frames_round_trip_and_refuse_what_is_not_one():

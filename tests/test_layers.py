@@ -129,12 +129,11 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     assert "clients.admin" in imported_modules(module)
 
 
-def test_the_rest_client_the_cli_the_producer_and_the_stream_consumer_import_no_ray() -> None:
+def test_the_rest_client_the_cli_the_producer_and_the_consumers_import_no_ray() -> None:
     """A program outside the cluster talks to it over REST (``AdminHttpClient``, ``raytopics
     --url``), produces and consumes through the gateway without Ray installed in its way:
     none of them imports it (``clients`` and ``runtime`` import their Ray-bound names when
-    first used, the producer and the stream consumer their Ray side only when they join
-    Ray); the queue consumer still runs as a Ray driver only."""
+    first used, the producer and the consumers their Ray side only when they join Ray)."""
     import subprocess
     import sys
 
@@ -150,7 +149,8 @@ def test_the_rest_client_the_cli_the_producer_and_the_stream_consumer_import_no_
         "import clients._group_consumer, clients._group_access\n"
         "assert 'ray' not in sys.modules, 'ray imported by the stream consumer'\n"
         "from clients import QueueConsumer\n"
-        "assert 'ray' in sys.modules, 'the queue consumer runs without Ray now: say so'\n"
+        "import clients.queue_consumer\n"
+        "assert 'ray' not in sys.modules, 'ray imported by the queue consumer'\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120

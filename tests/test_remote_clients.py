@@ -1,7 +1,9 @@
-"""Clients outside Ray (``Producer(url=...)``, ``StreamConsumer(url=...)``, issue 44): two
-programs that never import Ray produce and consume through the REST gateway, with
-authentication on, while the topic splits twice and merges; every message is received
-once and each key's messages in order. A program with no token, a wrong one, or one that
+"""Clients outside Ray (``Producer(url=...)``, ``StreamConsumer(url=...)``,
+``QueueConsumer(url=...)``, ``CheckpointConsumer(url=...)``, issue 44): two programs that
+never import Ray produce and consume through the REST gateway, with authentication on,
+while the topic splits twice and merges; every message is received once and each key's
+messages in order. Two queue consumers that never import Ray share a subscription
+through a split; one through the gateway redelivers and dead-letters. A program with no token, a wrong one, or one that
 may look but not produce or consume is refused when it starts, and a refused producer
 stores nothing. Both run from a fresh virtualenv that has only the client install
 (``scalable-topics-on-ray[client]``: no Ray, Spark or RayDP)."""
@@ -13,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,10 +25,19 @@ from typing import Any
 import pytest
 from auth_support import client_env, policy_removed  # tests/ is on sys.path under pytest
 from ports import free_port
+from waiting import wait_for
 
 from actors.gateway.server import start_gateway, stop_gateway
-from clients import Checkpoint, CheckpointConsumer, Producer, ScalableTopicsAdmin, StreamConsumer
-from runtime.errors import ConflictError, UnauthorizedError
+from clients import (
+    Checkpoint,
+    CheckpointConsumer,
+    DeadLetterPolicy,
+    Producer,
+    QueueConsumer,
+    ScalableTopicsAdmin,
+    StreamConsumer,
+)
+from runtime.errors import ConflictError, UnauthenticatedError, UnauthorizedError
 
 PROGRAM = str(Path(__file__).with_name("remote_producer.py"))
 CONSUMER = str(Path(__file__).with_name("remote_consumer.py"))
@@ -189,6 +201,102 @@ def test_a_checkpoint_consumer_through_the_gateway_resumes_exactly_after_its_che
     with pytest.raises(UnauthorizedError):
         CheckpointConsumer(topic, "connector", "x", start=checkpoint, url=world["url"],
                            token=TOKENS["look"])  # fmt: skip
+
+
+def test_queue_consumers_without_ray_share_a_subscription_through_a_split(world) -> None:
+    """``QueueConsumer(url=...)``: two programs that never import Ray share a queue
+    subscription while the topic splits; every message reaches one of them, each
+    acknowledged over the data plane, so a Ray driver that joins after finds nothing
+    left, not even what a departing consumer held."""
+    ops, topic = world["ops"], f"topic://{world['namespace']}/work"
+    ops.create_scalable_topic(topic, 2)
+    ops.create_subscription(topic, "work")
+    workers = [
+        program(world["url"], TOKENS["app"], topic, "work", 0, "queue", name, path=CONSUMER)
+        for name in ("w1", "w2")
+    ]
+    said: list[list[dict[str, Any]]] = [[], []]
+    readers = [
+        threading.Thread(target=lambda w=w, out=out: out.extend(map(json.loads, w.stdout)))
+        for w, out in zip(workers, said, strict=True)
+    ]
+    for reader in readers:
+        reader.start()
+    wait_for(lambda: all(out for out in said), 120)  # both started
+    assert all(out[0] == {"started": True} for out in said), said
+    remote = {"url": world["url"], "token": TOKENS["app"]}
+    with Producer(topic, **remote) as producer:
+        for i in range(4_000):
+            producer.send(f"{i}".encode(), key=f"k{i % 50}")
+            if i == 2_000:
+                producer.flush()
+                ops.split_segment(topic, 0)
+
+    def values(out: list[dict[str, Any]]) -> list[str]:
+        return [line["got"] for line in list(out) if "got" in line]
+
+    everything = {str(i) for i in range(4_000)}
+    wait_for(lambda: set(values(said[0]) + values(said[1])) >= everything, 120)
+    for worker in workers:
+        worker.stdin.write("stop\n")
+        worker.stdin.flush()
+    for worker, reader in zip(workers, readers, strict=True):
+        reader.join(timeout=60)
+        assert worker.wait(timeout=60) == 0, worker.stderr.read()[-3000:]
+    assert all(out[-1] == {"done": True, "ray": False} for out in said), [o[-1] for o in said]
+    assert all(values(out) for out in said), "one consumer got nothing: nothing was shared"
+    segments = {line["segment"] for out in said for line in out if "segment" in line}
+    assert {1, 2} <= segments, segments  # the split's children were found and read
+    with QueueConsumer(topic, "work", token=TOKENS["app"]) as checker:
+        assert checker.receive(timeout=2.0) is None, "a message was not acknowledged"
+
+
+def test_a_queue_consumer_through_the_gateway_redelivers_and_dead_letters(world) -> None:
+    """Negative acknowledgements come back counted; the delivery past the policy's limit
+    goes to the dead-letter topic (through the gateway too) with where it came from; a
+    closed consumer's unacknowledged messages go to the next at once. A token that may
+    look but not consume, or a wrong one, is refused when the consumer starts."""
+    ops, ns = world["ops"], world["namespace"]
+    topic, dead = f"topic://{ns}/jobs", f"topic://{ns}/jobs-dead"
+    for name in (topic, dead):
+        ops.create_scalable_topic(name, 1)
+    ops.create_subscription(topic, "jobs")
+    ops.create_subscription(dead, "audit")
+    remote = {"url": world["url"], "token": TOKENS["app"]}
+    with Producer(topic, **remote) as producer:
+        for i in range(3):
+            producer.send(f"job-{i}".encode(), key="k")
+    policy = DeadLetterPolicy(2, dead)
+    with QueueConsumer(topic, "jobs", "worker", dead_letter=policy, **remote) as worker:
+        deliveries: list[tuple[str, int]] = []
+        for _ in range(4):
+            message = worker.receive(timeout=30)
+            assert message is not None, deliveries
+            deliveries.append((message.value.decode(), message.redelivery_count))
+            if message.value == b"job-1":
+                worker.negative_acknowledge(message, error="boom")
+            else:
+                worker.acknowledge(message)
+        assert worker.receive(timeout=2.0) is None  # the third delivery was dead-lettered
+    assert sorted(deliveries) == [("job-0", 0), ("job-1", 0), ("job-1", 1), ("job-2", 0)]
+    with StreamConsumer(dead, "audit", "auditor", **remote) as auditor:
+        buried = auditor.receive(timeout=30)
+    assert buried is not None and buried.value == b"job-1", buried
+    assert buried.properties["origin.error"] == "boom", buried.properties
+
+    with Producer(topic, **remote) as producer:
+        producer.send(b"held", key="k")
+    with QueueConsumer(topic, "jobs", "first", **remote) as first:
+        assert first.receive(timeout=30).value == b"held"  # taken, never acknowledged
+    with QueueConsumer(topic, "jobs", "second", **remote) as second:
+        again = second.receive(timeout=10)  # well before the ack timeout
+        assert again is not None and (again.value, again.redelivery_count) == (b"held", 1)
+        second.acknowledge(again)
+
+    wrong = "wrong-remote-producer-token-0123456789"
+    for token, refusal in ((TOKENS["look"], UnauthorizedError), (wrong, UnauthenticatedError)):
+        with pytest.raises(refusal):
+            QueueConsumer(topic, "jobs", url=world["url"], token=token)
 
 
 @pytest.fixture(scope="module")

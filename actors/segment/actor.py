@@ -192,15 +192,7 @@ class Segment:
         credential: str | None = None,
     ) -> pa.RecordBatch:
         self._check(credential, Permission.CONSUME)
-        batch = self._store.queue_receive(subscription, consumer, max_records)
-        due_in = self._store.redelivery_due_in(subscription)
-        waits = not self._store.terminated or due_in is not None
-        if batch.num_rows == 0 and wait_s > 0 and waits:
-            await self._wait(wait_s if due_in is None else min(wait_s, due_in))
-            self._still_open()
-            batch = self._store.queue_receive(subscription, consumer, max_records)
-        self._metrics.delivered(batch.num_rows, batch.nbytes)
-        return batch
+        return await self._take(subscription, consumer, max_records, wait_s)
 
     # --- lifecycle (fenced by controller epoch) ---------------------------------
 
@@ -350,12 +342,7 @@ class Segment:
         """Hand ``offsets`` back for redelivery, ``delay_s`` from now (a consumer's
         redelivery backoff; 0: at once)."""
         self._check(credential, Permission.CONSUME)
-        if not isinstance(delay_s, int | float) or not 0 <= delay_s <= MAX_REDELIVERY_DELAY_S:
-            raise InvalidArgumentError(
-                f"delay_s must be between 0 and {MAX_REDELIVERY_DELAY_S:g} seconds, got {delay_s!r}"
-            )
-        self._store.negative_ack(subscription, offsets, consumer, float(delay_s))
-        self._wake()  # long-polling queue consumers can take the redelivery now
+        self._negative_ack(subscription, offsets, consumer, delay_s)
 
     async def consumer_left(
         self, subscription: str, consumer: str, *, credential: str | None = None
@@ -416,11 +403,21 @@ class Segment:
 
     async def _serve_later(self, body: bytes) -> bytes:
         """A data-plane frame that could not be answered at once: a stream consumer's
-        read (a long-poll, after the cumulative ack it carries), or an append that
-        waits for its producer's previous sequence."""
+        read (a long-poll, after the cumulative ack it carries), a queue consumer's take
+        or settle, or an append that waits for its producer's previous sequence."""
         if wire.is_append(body):
             return await self._appender.append_parked(body)
+        store = self._store
         try:
+            if body[0] == wire.OP_QUEUE_TAKE:
+                take = wire.decode_take(body)
+                batch = await self._take(*take)
+                drained = wire.DRAINED if store.drained(take.subscription) else 0
+                return wire.encode_records(
+                    store.end_offset, store.terminated, ipc_parts(batch), drained
+                )
+            if body[0] == wire.OP_QUEUE_SETTLE:
+                return self._settle(wire.decode_settle(body))
             request = wire.decode_read(body)
             if request.ack is not None:
                 self._ack_with_read(request.subscription, request.ack)
@@ -429,8 +426,51 @@ class Segment:
             return wire.encode_failure(err)
         except ActorUnavailableError:  # closed while it waited: its connection is gone too
             return wire.encode_failure(UnavailableError(f"{self._name} closed"))
-        store = self._store
         return wire.encode_records(store.end_offset, store.terminated, ipc_parts(batch))
+
+    async def _take(
+        self, subscription: str, consumer: str, max_records: int, wait_s: float
+    ) -> pa.RecordBatch:
+        """A queue consumer's messages, of a Ray call and of the data plane alike: those
+        no other consumer of ``subscription`` holds, waiting up to ``wait_s`` for some
+        (or for a delayed redelivery to fall due) when there are none."""
+        self._last_used = time.monotonic()
+        store = self._store
+        max_records = min(max_records, MAX_READ_RECORDS)
+        batch = store.queue_receive(subscription, consumer, max_records)
+        due_in = store.redelivery_due_in(subscription)
+        waits = not store.terminated or due_in is not None
+        if batch.num_rows == 0 and wait_s > 0 and waits:
+            wait_s = min(wait_s, MAX_READ_WAIT_S)
+            await self._wait(wait_s if due_in is None else min(wait_s, due_in))
+            self._still_open()
+            batch = store.queue_receive(subscription, consumer, max_records)
+        self._metrics.delivered(batch.num_rows, batch.nbytes)
+        return batch
+
+    def _settle(self, request: wire.SettleRequest) -> bytes:
+        """A queue consumer's acknowledgement, negative acknowledgement or goodbye."""
+        self._last_used = time.monotonic()
+        if request.kind is wire.Settle.ACK:
+            self._store.ack(request.subscription, request.offsets)
+        elif request.kind is wire.Settle.NEGATIVE_ACK:
+            self._negative_ack(
+                request.subscription, request.offsets, request.consumer, request.delay_s
+            )
+        else:
+            self._store.consumer_left(request.subscription, request.consumer)
+            self._wake()
+        return wire.encode_ok(0, len(request.offsets))
+
+    def _negative_ack(
+        self, subscription: str, offsets: list[int], consumer: str | None, delay_s: float
+    ) -> None:
+        if not isinstance(delay_s, int | float) or not 0 <= delay_s <= MAX_REDELIVERY_DELAY_S:
+            raise InvalidArgumentError(
+                f"delay_s must be between 0 and {MAX_REDELIVERY_DELAY_S:g} seconds, got {delay_s!r}"
+            )
+        self._store.negative_ack(subscription, offsets, consumer, float(delay_s))
+        self._wake()  # long-polling queue consumers can take the redelivery now
 
     async def _read(self, offset: int, max_records: int, wait_s: float) -> pa.RecordBatch:
         """The read of a Ray call and of the data plane alike (not the actor method

@@ -228,9 +228,9 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         if responses and self._transport is not None:
             self._transport.write(b"".join(responses))
         if forbidden is not None:
-            wanted = "append" if self.access == wire.CONSUME else "read"
+            other = _ACCESS_NAMES[(wire.PRODUCE | wire.CONSUME) ^ self.access]
             error = UnauthorizedError(
-                f"this connection was granted {_ACCESS_NAMES[self.access]} only, not {wanted}"
+                f"this connection was granted {_ACCESS_NAMES[self.access]} only, not {other}"
             )
             if self._backlog:
                 self._backlog.append(error)  # after the answers to the frames before it
@@ -287,13 +287,13 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
 
     def _first_forbidden(self, bodies: list[memoryview]) -> int | None:
         """Index of the first frame this connection may not carry (an append without
-        produce, a read without consume); frames of no known op are answered as
-        malformed, as before any access applied."""
+        produce; a read, take or settle without consume); frames of no known op are
+        answered as malformed, as before any access applied."""
         if self.access == wire.PRODUCE | wire.CONSUME:
             return None
-        other = wire.OP_READ if self.access == wire.PRODUCE else wire.OP_APPEND
         for index, body in enumerate(bodies):
-            if len(body) and body[0] == other:
+            needs = wire.ACCESS_OF_OP.get(body[0]) if len(body) else None
+            if needs is not None and not needs & self.access:
                 return index
         return None
 
