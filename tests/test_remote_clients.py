@@ -3,10 +3,11 @@
 never import Ray produce and consume through the REST gateway, with authentication on,
 while the topic splits twice and merges; every message is received once and each key's
 messages in order. Two queue consumers that never import Ray share a subscription
-through a split; one through the gateway redelivers and dead-letters. A program with no token, a wrong one, or one that
-may look but not produce or consume is refused when it starts, and a refused producer
-stores nothing. Both run from a fresh virtualenv that has only the client install
-(``scalable-topics-on-ray[client]``: no Ray, Spark or RayDP)."""
+through a split; one through the gateway redelivers and dead-letters. A program with
+no token, a wrong one, or one that may look but not produce or consume is refused when
+it starts, and a refused producer stores nothing. Both run from a fresh virtualenv
+that has only the client install (``scalable-topics-on-ray[client]``: no Ray, Spark or
+RayDP)."""
 
 from __future__ import annotations
 
