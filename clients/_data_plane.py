@@ -85,7 +85,7 @@ def _modified_ns(path: str) -> int:
         return -1
 
 
-def _unreachable() -> tuple[type[BaseException], ...]:
+def unreachable() -> tuple[type[BaseException], ...]:
     """What a failed attempt to connect raises that a later one may not: a socket's
     error, the segment not served at this moment (a gateway's answer), and in a Ray
     driver the segment's actor restarting. Ray's exceptions are looked up only where Ray
@@ -224,7 +224,7 @@ class SegmentChannel:
             except REFUSALS as err:  # asking again cannot change that
                 self._fail_all(err)
                 return
-            except _unreachable() as err:
+            except unreachable() as err:
                 failure = err
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
             except ScalableTopicsError as err:  # the segment is gone: no retry finds it

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from clients._data_plane import REFUSALS, ChannelError, ReadChannel, _unreachable, check_access
+from clients._data_plane import REFUSALS, ChannelError, ReadChannel, check_access, unreachable
 from clients._gc import freeze_what_exists
 from clients._inbox import Inbox
 from clients._install import ray_required
@@ -140,7 +140,7 @@ class _QueueCore:
         self.messages: Inbox[list[Message]] = Inbox()
         self.tasks: list[asyncio.Task] = []
         self.closed = False
-        self.unreachable = (*_unreachable(), ChannelError)
+        self.unreachable = (*unreachable(), ChannelError)
 
     async def start(self) -> None:
         """Raises the refusal of the consumer's credential, before anything else happens."""
@@ -157,7 +157,7 @@ class _QueueCore:
             task.cancel()
         with contextlib.suppress(*REFUSALS, *self.unreachable):
             await self._flush()
-        for segment in self.segments.values():
+        for segment in list(self.segments.values()):
             goodbye = wire.SettleRequest(
                 wire.Settle.CONSUMER_LEFT, self.subscription, self.consumer, []
             )
@@ -259,6 +259,8 @@ class _QueueCore:
                 await self._reattach(segment)
 
     async def negative_ack(self, message: Message, delay_s: float) -> None:
+        """Hand ``message`` back; a segment that cannot be reached now (restarting) gives
+        what it held back by itself, so that is not the caller's error."""
         segment = self.segments.get(message.segment_id)
         if segment is not None:
             request = wire.SettleRequest(
@@ -268,7 +270,8 @@ class _QueueCore:
                 [message.offset],
                 delay_s,
             )
-            await segment.settles.settle(request)
+            with contextlib.suppress(*self.unreachable):
+                await segment.settles.settle(request)
 
 
 class QueueConsumer:

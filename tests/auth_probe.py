@@ -119,6 +119,25 @@ class Probe:
 
         asyncio.run(read())
 
+    def queue_channel(self, token: str | None, settle: bool) -> None:
+        """A queue consumer's take, or its acknowledgement, over the data plane."""
+        from clients._data_plane import ReadChannel
+        from runtime import wire
+
+        async def ask() -> None:
+            channel = ReadChannel(self.segment, credential=client_credential(token))
+            queue = self.request["queue"]
+            try:
+                if settle:
+                    ack = wire.SettleRequest(wire.Settle.ACK, queue, "intruder", [0])
+                    await channel.settle(ack)
+                else:
+                    await channel.take(wire.TakeRequest(queue, "intruder", 10, 0.0))
+            finally:
+                channel.close()
+
+        asyncio.run(ask())
+
     def raw_data_plane(self, token: str | None) -> None:
         """A HELLO with this token and a well-formed append behind it, on a bare socket."""
         from runtime import wire
@@ -150,17 +169,7 @@ class Probe:
         return {
             "segment.append": lambda: seg.append.remote(make_batch([b"x"]), credential=c),
             "segment.read": lambda: seg.read.remote(0, 10, credential=c),
-            "segment.queue_receive": lambda: seg.queue_receive.remote(
-                self.request["queue"], "intruder", 10, credential=c
-            ),
-            "segment.ack": lambda: seg.ack.remote(self.request["queue"], [0], credential=c),
             "segment.ack_cumulative": lambda: seg.ack_cumulative.remote(sub, 5, credential=c),
-            "segment.negative_ack": lambda: seg.negative_ack.remote(
-                self.request["queue"], [0], "intruder", credential=c
-            ),
-            "segment.consumer_left": lambda: seg.consumer_left.remote(
-                self.request["queue"], "intruder", credential=c
-            ),
             "segment.position": lambda: seg.position.remote(sub, credential=c),
             "segment.data_endpoint": lambda: seg.data_endpoint.remote(credential=c),
             "segment.ready": lambda: seg.ready.remote(credential=c),
@@ -221,6 +230,8 @@ class Probe:
             "read_topic_dataset": lambda: self.bulk_read(token),
             "SegmentChannel": lambda: self.segment_channel(token),
             "ReadChannel": lambda: self.read_channel(token),
+            "take": lambda: self.queue_channel(token, settle=False),
+            "settle": lambda: self.queue_channel(token, settle=True),
             "raw data plane": lambda: self.raw_data_plane(token),
         }
         for label, call in self.calls(token).items():

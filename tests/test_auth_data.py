@@ -82,8 +82,9 @@ CONSUME_OPS = {
     "CheckpointConsumer",
     "read_topic_dataset",
     "ReadChannel",
-    *(f"segment.{m}" for m in ("read", "queue_receive", "ack", "ack_cumulative", "negative_ack")),
-    "segment.consumer_left",
+    "take",
+    "settle",
+    *(f"segment.{m}" for m in ("read", "ack_cumulative")),
     "segment.position",
     *(
         f"coordinator.{m}"

@@ -380,9 +380,9 @@ def test_a_read_channel_reconnects_after_a_segment_crash(segment):
 def test_queue_consumers_take_and_settle_over_tcp(segment):
     """Two queue consumers take different messages; an acknowledged one is not delivered
     again, a handed-back one comes back (counted), a departing consumer's come back at
-    once; a sealed segment says it is drained once all of it is acknowledged. A take on
-    a connection granted produce only is refused, and a malformed one is answered as
-    malformed without closing the connection."""
+    once; a sealed segment says it is drained once all of it is acknowledged. A settle on
+    a connection granted produce only is refused, and a malformed or empty frame is
+    answered as malformed without closing the connection."""
 
     def take(consumer: str, wait_s: float = 0.0) -> wire.TakeRequest:
         return wire.TakeRequest("s", consumer, 3, wait_s)
@@ -421,9 +421,10 @@ def test_queue_consumers_take_and_settle_over_tcp(segment):
         with pytest.raises(SubscriptionNotFoundError):
             await a.take(take("a")._replace(subscription="nobody"))
         reader, writer = await raw_connection(segment)
+        writer.write(wire.LENGTH.pack(0))  # an empty frame
         writer.write(wire.LENGTH.pack(3) + bytes([wire.OP_QUEUE_TAKE, 0, 0]))
         writer.write(wire.encode_take(take("c")))
-        malformed, answered = await _responses(reader, 2)
+        empty, malformed, answered = await _responses(reader, 3)
         writer.close()
         produce_only, writer = await raw_connection(segment, wire.PRODUCE)
         writer.write(wire.encode_settle(settle(wire.Settle.ACK, "c", 0)))
@@ -433,11 +434,12 @@ def test_queue_consumers_take_and_settle_over_tcp(segment):
         for channel in (a, b, settles):
             channel.close()
         await producer.close()
-        return malformed, answered, refused
+        return empty, malformed, answered, refused
 
-    malformed, answered, refused = asyncio.run(scenario())
-    with pytest.raises(InvalidArgumentError, match="too short"):
-        wire.decode_taken(malformed)
+    empty, malformed, answered, refused = asyncio.run(scenario())
+    for answer in (empty, malformed):
+        with pytest.raises(InvalidArgumentError, match="too short"):
+            wire.decode_taken(answer)
     assert wire.decode_taken(answered)[1] == wire.TERMINATED | wire.DRAINED
     with pytest.raises(UnauthorizedError, match="granted produce only, not consume"):
         wire.decode_response(refused)

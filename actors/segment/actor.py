@@ -182,18 +182,6 @@ class Segment:
         self._check(credential, Permission.CONSUME)
         return await self._read(offset, max_records, wait_s)
 
-    async def queue_receive(
-        self,
-        subscription: str,
-        consumer: str,
-        max_records: int = 1_000,
-        wait_s: float = 0.0,
-        *,
-        credential: str | None = None,
-    ) -> pa.RecordBatch:
-        self._check(credential, Permission.CONSUME)
-        return await self._take(subscription, consumer, max_records, wait_s)
-
     # --- lifecycle (fenced by controller epoch) ---------------------------------
 
     @property
@@ -324,33 +312,6 @@ class Segment:
         self._check(credential, Permission.CONSUME)
         self._store.ack_cumulative(subscription, offset)
 
-    async def ack(
-        self, subscription: str, offsets: list[int], *, credential: str | None = None
-    ) -> None:
-        self._check(credential, Permission.CONSUME)
-        self._store.ack(subscription, offsets)
-
-    async def negative_ack(
-        self,
-        subscription: str,
-        offsets: list[int],
-        consumer: str | None = None,
-        delay_s: float = 0.0,
-        *,
-        credential: str | None = None,
-    ) -> None:
-        """Hand ``offsets`` back for redelivery, ``delay_s`` from now (a consumer's
-        redelivery backoff; 0: at once)."""
-        self._check(credential, Permission.CONSUME)
-        self._negative_ack(subscription, offsets, consumer, delay_s)
-
-    async def consumer_left(
-        self, subscription: str, consumer: str, *, credential: str | None = None
-    ) -> None:
-        self._check(credential, Permission.CONSUME)
-        self._store.consumer_left(subscription, consumer)
-        self._wake()
-
     async def stats(self, *, credential: str | None = None) -> dict[str, Any]:
         self._check(credential, Permission.ADMIN)
         self._metrics.flush()  # asked every maintenance round: quiet segments report too
@@ -407,16 +368,16 @@ class Segment:
         or settle, or an append that waits for its producer's previous sequence."""
         if wire.is_append(body):
             return await self._appender.append_parked(body)
-        store = self._store
+        store, op = self._store, body[0] if body else None
         try:
-            if body[0] == wire.OP_QUEUE_TAKE:
+            if op == wire.OP_QUEUE_TAKE:
                 take = wire.decode_take(body)
                 batch = await self._take(*take)
                 drained = wire.DRAINED if store.drained(take.subscription) else 0
                 return wire.encode_records(
                     store.end_offset, store.terminated, ipc_parts(batch), drained
                 )
-            if body[0] == wire.OP_QUEUE_SETTLE:
+            if op == wire.OP_QUEUE_SETTLE:
                 return self._settle(wire.decode_settle(body))
             request = wire.decode_read(body)
             if request.ack is not None:
@@ -431,9 +392,9 @@ class Segment:
     async def _take(
         self, subscription: str, consumer: str, max_records: int, wait_s: float
     ) -> pa.RecordBatch:
-        """A queue consumer's messages, of a Ray call and of the data plane alike: those
-        no other consumer of ``subscription`` holds, waiting up to ``wait_s`` for some
-        (or for a delayed redelivery to fall due) when there are none."""
+        """A queue consumer's messages: those no other consumer of ``subscription``
+        holds, waiting up to ``wait_s`` for some (or for a delayed redelivery to fall
+        due) when there are none."""
         self._last_used = time.monotonic()
         store = self._store
         max_records = min(max_records, MAX_READ_RECORDS)
@@ -449,28 +410,24 @@ class Segment:
         return batch
 
     def _settle(self, request: wire.SettleRequest) -> bytes:
-        """A queue consumer's acknowledgement, negative acknowledgement or goodbye."""
+        """A queue consumer's acknowledgement, negative acknowledgement (after its delay,
+        the consumer's backoff) or goodbye (what it holds goes back at once)."""
         self._last_used = time.monotonic()
+        store, subscription = self._store, request.subscription
         if request.kind is wire.Settle.ACK:
-            self._store.ack(request.subscription, request.offsets)
-        elif request.kind is wire.Settle.NEGATIVE_ACK:
-            self._negative_ack(
-                request.subscription, request.offsets, request.consumer, request.delay_s
-            )
+            store.ack(subscription, request.offsets)
+            return wire.encode_ok(0, len(request.offsets))
+        if request.kind is wire.Settle.NEGATIVE_ACK:
+            if not 0 <= request.delay_s <= MAX_REDELIVERY_DELAY_S:
+                raise InvalidArgumentError(
+                    f"a redelivery delay must be between 0 and {MAX_REDELIVERY_DELAY_S:g} "
+                    f"seconds, got {request.delay_s:g}"
+                )
+            store.negative_ack(subscription, request.offsets, request.consumer, request.delay_s)
         else:
-            self._store.consumer_left(request.subscription, request.consumer)
-            self._wake()
+            store.consumer_left(subscription, request.consumer)
+        self._wake()  # long-polling queue consumers can take what came back
         return wire.encode_ok(0, len(request.offsets))
-
-    def _negative_ack(
-        self, subscription: str, offsets: list[int], consumer: str | None, delay_s: float
-    ) -> None:
-        if not isinstance(delay_s, int | float) or not 0 <= delay_s <= MAX_REDELIVERY_DELAY_S:
-            raise InvalidArgumentError(
-                f"delay_s must be between 0 and {MAX_REDELIVERY_DELAY_S:g} seconds, got {delay_s!r}"
-            )
-        self._store.negative_ack(subscription, offsets, consumer, float(delay_s))
-        self._wake()  # long-polling queue consumers can take the redelivery now
 
     async def _read(self, offset: int, max_records: int, wait_s: float) -> pa.RecordBatch:
         """The read of a Ray call and of the data plane alike (not the actor method
