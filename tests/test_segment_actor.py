@@ -6,6 +6,8 @@ the 2-core CI machine never carries idle actors from earlier tests.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import random
 import signal
@@ -20,6 +22,8 @@ import pytest
 import ray
 
 from actors.segment.host import start_segment_actor
+from clients._data_plane import ReadChannel
+from runtime import wire
 from runtime.batch import make_batch
 from runtime.errors import SegmentTerminated, StaleEpochError
 from runtime.names import SegmentName, TopicName
@@ -192,6 +196,30 @@ def test_appends_waiting_for_their_turn_fail_fast_when_terminated(make_actor) ->
 # --- c. queue dispatch with three consumers ---------------------------------------------
 
 
+class QueueWire:
+    """A queue consumer's two data-plane connections to a segment (takes on one, settles
+    on the other, as ``QueueConsumer`` holds them), driven from one thread."""
+
+    def __init__(self, handle: object, consumer: str) -> None:
+        self.consumer = consumer
+        self.loop = asyncio.new_event_loop()
+        self.takes, self.settles = ReadChannel(handle), ReadChannel(handle)
+
+    def take(self, max_records: int, wait_s: float = 0.0) -> pa.RecordBatch:
+        request = wire.TakeRequest("q", self.consumer, max_records, wait_s)
+        return self.loop.run_until_complete(self.takes.take(request))[0]
+
+    def settle(self, kind: wire.Settle, offsets: list[int]) -> None:
+        request = wire.SettleRequest(kind, "q", self.consumer, offsets)
+        self.loop.run_until_complete(self.settles.settle(request))
+
+    def close(self) -> None:
+        self.takes.close()
+        self.settles.close()
+        self.loop.run_until_complete(asyncio.sleep(0))  # the transports' closing callbacks
+        self.loop.close()
+
+
 def test_queue_dispatch_three_consumers_every_offset_acked_exactly_once(make_actor) -> None:
     total, seed = 10_000, run_seed()
     print(f"queue test seed: {seed}")
@@ -207,12 +235,19 @@ def test_queue_dispatch_three_consumers_every_offset_acked_exactly_once(make_act
     failures: list[str] = []
 
     def consume(consumer: str, rng: random.Random) -> None:
+        queue = QueueWire(handle, consumer)
+        try:
+            take_and_settle(queue, consumer, rng)
+        finally:
+            queue.close()
+
+    def take_and_settle(queue: QueueWire, consumer: str, rng: random.Random) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not failures:
             with lock:
                 if len(acks) == total:
                     return
-            batch = ray.get(handle.queue_receive.remote("q", consumer, 250, 0.2))
+            batch = queue.take(250, 0.2)
             offsets = batch.column("offset").to_pylist()
             values = batch.column("value").to_pylist()
             nack, ack = [], []
@@ -230,9 +265,9 @@ def test_queue_dispatch_three_consumers_every_offset_acked_exactly_once(make_act
                 for offset in nack:  # released before the nack is sent, so it may move on
                     del holder[offset]
             if nack:
-                ray.get(handle.negative_ack.remote("q", nack, consumer))
+                queue.settle(wire.Settle.NEGATIVE_ACK, nack)
             if ack:
-                ray.get(handle.ack.remote("q", ack))
+                queue.settle(wire.Settle.ACK, ack)
                 with lock:
                     for offset in ack:
                         acks[offset] += 1
@@ -261,13 +296,20 @@ def test_queue_long_poll_wakes_on_a_redelivery(make_actor) -> None:
     handle = make_actor()
     ray.get(handle.create_subscription.remote("q"))
     ray.get(handle.append.remote(records(0, 1)))
-    assert ray.get(handle.queue_receive.remote("q", "a", 10)).column("offset").to_pylist() == [0]
-    started = time.monotonic()
-    waiting = handle.queue_receive.remote("q", "b", 10, 5.0)
-    time.sleep(0.3)
-    ray.get(handle.negative_ack.remote("q", [0], "a"))
-    assert ray.get(waiting, timeout=10).column("offset").to_pylist() == [0]
-    assert time.monotonic() - started < 2
+    a, b = QueueWire(handle, "a"), QueueWire(handle, "b")
+    try:
+        assert a.take(10).column("offset").to_pylist() == [0]
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(b.take, 10, 5.0)
+            time.sleep(0.3)
+            assert not waiting.done()
+            a.settle(wire.Settle.NEGATIVE_ACK, [0])
+            assert waiting.result(timeout=10).column("offset").to_pylist() == [0]
+        assert time.monotonic() - started < 2
+    finally:
+        a.close()
+        b.close()
 
 
 # --- d. long-poll read ---------------------------------------------------------------------
