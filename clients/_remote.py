@@ -141,6 +141,7 @@ class RemoteCluster:
     def __init__(self, url: str, credential: str | None) -> None:
         # The token is the caller's: "" (explicitly none) must not fall back to the env.
         self.http = AdminHttpClient(url, token=credential or "")
+        self.credential = credential
 
     async def watch(self, topic: TopicName) -> RemoteLayoutWatch:
         try:
@@ -148,6 +149,23 @@ class RemoteCluster:
         except BaseException:
             await self.http.close_async()
             raise
+
+    async def admitted_watch(self, topic: TopicName, access: int) -> RemoteLayoutWatch:
+        """``watch``, once the first active segment's data plane admits this cluster's
+        token for ``access`` (``wire.PRODUCE``, ``wire.CONSUME``; its HELLO alone): the
+        gateway answers layouts to ``lookup``, so a token that may look but not produce
+        or consume is refused here, as the DAG watch refuses it to a Ray driver."""
+        from clients._data_plane import check_access  # here: it builds on this module
+
+        watch = await self.watch(topic)
+        try:
+            layout = watch.layout
+            first = layout.all_segments[next(iter(layout.active_segments))].name(topic)
+            await check_access(await self.find_segment(first), self.credential, access)
+        except BaseException:
+            await watch.close()
+            raise
+        return watch
 
     async def limits_of(self, namespace: str, credential: str | None) -> Limits:
         """``clients._limits.Ask``: asked with this cluster's own token (the same)."""

@@ -177,26 +177,21 @@ class Producer:
         return core
 
     async def _start_remote_core(self, url: str) -> ProducerCore:
-        """Through the gateway: the layout (``lookup``) and limits from it, then a HELLO
-        to one segment for ``produce``, so a token that may look but not produce is
-        refused here too, as the DAG watch refuses it to a Ray driver."""
-        from clients._data_plane import check_access
+        """Through the gateway: the layout once a segment admits the token for
+        ``produce`` (``RemoteCluster.admitted_watch``), then the limits."""
         from clients._remote import RemoteCluster
         from runtime import wire
 
         cluster = RemoteCluster(url, self._credential)
-        watch = await cluster.watch(self._topic)
+        watch = await cluster.admitted_watch(self._topic, wire.PRODUCE)
         try:
             limits = await ClusterLimits.open(
                 self._topic.namespace_path, self._credential, ask=cluster.limits_of
             )
-            access = cluster.segment_access()
-            layout = watch.layout
-            first = layout.all_segments[next(iter(layout.active_segments))].name(self._topic)
-            await check_access(await access.find(first), self._credential, wire.PRODUCE)
         except BaseException:
             await watch.close()
             raise
+        access = cluster.segment_access()
         core = ProducerCore(self._topic, self._config, watch, limits, self._credential, access)
         core.start()
         return core

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from clients._data_plane import REFUSALS, ChannelError, ReadChannel, check_access, unreachable
+from clients._data_plane import REFUSALS, ChannelError, ReadChannel, unreachable
 from clients._gc import freeze_what_exists
 from clients._inbox import Inbox
 from clients._install import ray_required
@@ -67,23 +67,12 @@ def queue_access(
 
         cluster = RemoteCluster(url, credential)
 
-        async def watch() -> LayoutWatch:
-            """The gateway answers layouts to ``lookup``: ``consume`` is asked of the
-            first segment's data plane (its HELLO alone) before anything is taken."""
-            found = await cluster.watch(topic)
-            try:
-                layout = found.layout
-                first = layout.all_segments[next(iter(layout.active_segments))].name(topic)
-                await check_access(await cluster.find_segment(first), credential, wire.CONSUME)
-            except BaseException:
-                await found.close()
-                raise
-            return found
-
         async def same(name: SegmentName) -> None:
             return None  # a channel asks the gateway where the segment listens each time
 
-        return QueueAccess(watch, cluster.find_segment, same)
+        return QueueAccess(
+            lambda: cluster.admitted_watch(topic, wire.CONSUME), cluster.find_segment, same
+        )
     with ray_required("a QueueConsumer without url= (a Ray driver's)"):
         from actors.control.dag_watch import DagWatch
         from actors.segment.lookup import find_segment_actor, find_segment_again
