@@ -72,6 +72,11 @@ setup() {
   # The Spark streaming connector (java/): javac against pyspark's own jars; a no-op
   # when the jar is newer than its sources.
   step "building the Spark connector" env PYTHON=.venv/bin/python bash java/build.sh build/raytopics-spark.jar
+  # Every Ray worker imports the project afresh; with PYTHONDONTWRITEBYTECODE set (as in
+  # CI's environment) none would leave bytecode behind, so each one would compile the
+  # project's modules again. A no-op for modules whose bytecode is newer than them.
+  step "compiling the project's modules" \
+    .venv/bin/python -m compileall -q -j 0 actors clients runtime storage tests examples
   export PYSPARK_PYTHON="$PWD/.venv/bin/python" RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 }
 
