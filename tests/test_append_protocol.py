@@ -11,7 +11,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.segment.data_plane import DataPlaneServer, HandleLater, HandleNow
+from actors.segment.data_plane import DataPlaneServer, HandleLater, HandleNow, PolicyWatch
 from runtime import wire
 
 EVERYTHING = wire.PRODUCE | wire.CONSUME  # the test's frames are neither appends nor reads
@@ -29,7 +29,7 @@ async def connect(
     handle_now: HandleNow, handle_later: HandleLater
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A server with these handlers on loopback, and a connection to it past its HELLO."""
-    server = DataPlaneServer(handle_now, handle_later, admit_all, lambda: 0)
+    server = DataPlaneServer(handle_now, handle_later, admit_all, PolicyWatch(lambda: 0))
     endpoint = await server.start("127.0.0.1", None)
     reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
     writer.write(wire.encode_hello("any", EVERYTHING))

@@ -515,7 +515,7 @@ def plane(monkeypatch):
         raise AssertionError("nothing parks here")
 
     server = data_plane.DataPlaneServer(
-        handle_now, handle_later, policy.authorize, lambda: policy.version
+        handle_now, handle_later, policy.authorize, data_plane.PolicyWatch(lambda: policy.version)
     )
     return server, policy, stored
 
@@ -560,3 +560,55 @@ def test_the_data_plane_admits_rechecks_and_times_out(plane):
         wire.decode_response(revoked)
     assert stored == [wire.encode_append(None, None, b"payload")[4:]]
     assert not server.connections
+
+
+def test_one_policy_watch_rechecks_every_segment_of_a_process_and_rests_when_idle(monkeypatch):
+    """A host's segments share one watch: one version change refuses the revoked token on
+    every segment's connections, and once none is left open its loop ends."""
+    monkeypatch.setattr(data_plane, "RECHECK_S", 0.05)
+    policy, looked = _Policy(), []
+
+    def version() -> int:
+        looked.append(policy.version)
+        return policy.version
+
+    watch = data_plane.PolicyWatch(version)
+
+    async def never(body):
+        raise AssertionError("nothing parks here")
+
+    servers = [
+        data_plane.DataPlaneServer(lambda bodies: [], never, policy.authorize, watch)
+        for _ in range(3)
+    ]
+
+    async def scenario():
+        writers, readers = [], []
+        for server in servers:
+            endpoint = await server.start("127.0.0.1", None)
+            reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+            writer.write(wire.encode_hello("good-token", wire.PRODUCE))
+            (welcome,) = await _responses(reader, 1)
+            assert wire.decode_welcome(welcome) == wire.PRODUCE
+            readers.append(reader)
+            writers.append(writer)
+        assert watch._task is not None and not watch._task.done()
+        looked.clear()
+        await asyncio.sleep(0.5)
+        rounds = len(looked)  # one look a round for all three segments, not three
+        assert 3 <= rounds <= 12, rounds
+        del policy.grants["good-token"]
+        policy.version += 1
+        revoked = [await asyncio.wait_for(_responses(r, 1), timeout=5) for r in readers]
+        assert [await r.read() for r in readers] == [b""] * 3
+        await asyncio.wait_for(watch._task, timeout=5)  # nobody connected: the loop ended
+        for server in servers:
+            server.stop()
+        for writer in writers:
+            writer.close()
+        return revoked, rounds
+
+    revoked, rounds = asyncio.run(scenario())
+    for (body,) in revoked:
+        with pytest.raises(UnauthenticatedError, match="not valid"):
+            wire.decode_response(body)

@@ -10,7 +10,7 @@ import socket
 import pytest
 from ports import free_port_range  # tests/ is on sys.path under pytest
 
-from actors.segment.data_plane import DataPlaneServer
+from actors.segment.data_plane import DataPlaneServer, PolicyWatch
 from runtime import wire
 from runtime.errors import InvalidArgumentError, UnavailableError
 from runtime.listen import (
@@ -28,7 +28,7 @@ def admit_all(credential: str | None, access: int) -> None:
 
 
 def _server() -> DataPlaneServer:
-    return DataPlaneServer(lambda bodies: [], _never, admit_all, lambda: 0)
+    return DataPlaneServer(lambda bodies: [], _never, admit_all, PolicyWatch(lambda: 0))
 
 
 async def _never(body: bytes) -> bytes:

@@ -33,7 +33,7 @@ from ray.exceptions import ActorUnavailableError
 from actors.guard import guard
 from actors.metrics import SegmentMetrics
 from actors.segment.appender import SegmentAppender
-from actors.segment.data_plane import DataPlaneServer
+from actors.segment.data_plane import DataPlaneServer, PolicyWatch
 from actors.segment.flusher import IntervalFlusher
 from runtime import tls, wire
 from runtime.auth import Permission
@@ -63,6 +63,8 @@ DEFAULT_ACK_TIMEOUT_S = 30.0
 ACK_SAVE_PERIOD_S = 1.0
 # The longest a negative acknowledgement may hold a message back (a day).
 MAX_REDELIVERY_DELAY_S = 86_400.0
+# The policy's version is looked at once for all of this process's segments.
+_POLICY_WATCH = PolicyWatch(lambda: guard().version)
 
 
 class Segment:
@@ -162,7 +164,7 @@ class Segment:
                     self._appender.append_frames,
                     self._serve_later,
                     self._authorize_connection,
-                    lambda: self._guard.version,
+                    _POLICY_WATCH,
                     lambda error: self._metrics.rejected(error.code),
                 )
                 host, told = addresses(ray.util.get_node_ip_address())

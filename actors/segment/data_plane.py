@@ -18,9 +18,11 @@ it, and nothing it sends is parsed as an append or a read; a refusal is an
 error frame and the end of the connection. The check runs once per connection,
 never per frame: what a frame needs afterwards is one comparison of its op
 byte with what the connection was granted. Tokens are revoked and grants
-withdrawn while connections are open, so the server re-checks every open
-connection whenever the policy's version changes (``policy_version``, looked at
-every ``RECHECK_S``), and refuses those that no longer pass.
+withdrawn while connections are open, so every open connection is re-checked
+whenever the policy's version changes, and refused if it no longer passes. One
+``PolicyWatch`` per process looks at the version every ``RECHECK_S`` for all of a
+host's segments, and only while one of them has a connection: what a host does
+while idle does not grow with its segments.
 """
 
 from __future__ import annotations
@@ -67,18 +69,17 @@ class DataPlaneServer:
         handle_now: HandleNow,
         handle_later: HandleLater,
         authorize: Authorize,
-        policy_version: Callable[[], int],
+        policy: PolicyWatch,
         on_refused: Callable[[ScalableTopicsError], None] = lambda error: None,
     ) -> None:
         self.handle_now = handle_now
         self.handle_later = handle_later
         self._authorize = authorize
-        self._policy_version = policy_version
+        self._policy = policy
         self._on_refused = on_refused
         self.connections: set[DataPlaneProtocol] = set()
         self.endpoint: wire.Endpoint | None = None
         self._server: asyncio.Server | None = None
-        self._rechecking: asyncio.Task | None = None
 
     async def start(
         self,
@@ -113,19 +114,16 @@ class DataPlaneServer:
         return self.endpoint
 
     def connected(self, connection: DataPlaneProtocol) -> None:
-        """A connection opened: the policy is watched from now until the last one closes
-        (a segment nobody is connected to does no periodic work)."""
+        """A connection opened: the policy is watched for it until it closes."""
         self.connections.add(connection)
-        if self._rechecking is None or self._rechecking.done():
-            self._rechecking = asyncio.get_running_loop().create_task(self._recheck_while_used())
+        self._policy.watch(self)
 
     def stop(self) -> None:
         """Stop listening and drop every connection: the segment closed (it hibernates or
         was deleted), and its clients find it again through its host."""
         if self._server is not None:
             self._server.close()
-        if self._rechecking is not None:
-            self._rechecking.cancel()
+        self._policy.forget(self)
         for connection in list(self.connections):
             connection.drop()
 
@@ -142,19 +140,6 @@ class DataPlaneServer:
     def refused(self, error: ScalableTopicsError) -> None:
         self._on_refused(error)
 
-    async def _recheck_while_used(self) -> None:
-        seen = self._policy_version()
-        while self.connections:
-            await asyncio.sleep(RECHECK_S)
-            try:
-                version = self._policy_version()
-            except Exception as err:  # noqa: BLE001 - keep serving; look again next round
-                log.warning("data plane: could not read the policy version: %r", err)
-                continue
-            if version != seen:
-                seen = version
-                self.recheck()
-
     def recheck(self) -> None:
         """Refuse every admitted connection whose credential no longer passes."""
         for connection in list(self.connections):
@@ -166,6 +151,47 @@ class DataPlaneServer:
                 connection.refuse(err)
             except Exception as err:  # noqa: BLE001 - unknown is not revoked: look again later
                 log.warning("data plane: could not re-check a connection: %r", err)
+
+
+class PolicyWatch:
+    """Re-checks the open connections of every server that shares it when the policy's
+    version changes: one loop for a process's segments, running only while one of them
+    has a connection.
+
+    Who calls: ``DataPlaneServer.connected`` (``watch``) and ``stop`` (``forget``).
+    What it affects: ``DataPlaneServer.recheck`` of each watched server.
+    """
+
+    def __init__(self, version: Callable[[], int]) -> None:
+        self._version = version
+        self._servers: set[DataPlaneServer] = set()
+        self._task: asyncio.Task | None = None
+
+    def watch(self, server: DataPlaneServer) -> None:
+        """Watch ``server``'s connections until it has none; starts the loop if none runs
+        on this event loop (a loop of a finished ``asyncio.run`` left its task behind)."""
+        self._servers.add(server)
+        running = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not running:
+            self._task = running.create_task(self._recheck_while_used())
+
+    def forget(self, server: DataPlaneServer) -> None:
+        self._servers.discard(server)
+
+    async def _recheck_while_used(self) -> None:
+        seen = self._version()
+        while self._servers:
+            await asyncio.sleep(RECHECK_S)
+            try:
+                version = self._version()
+            except Exception as err:  # noqa: BLE001 - keep serving; look again next round
+                log.warning("data plane: could not read the policy version: %r", err)
+                continue
+            if version != seen:
+                seen = version
+                for server in list(self._servers):
+                    server.recheck()
+            self._servers = {server for server in self._servers if server.connections}
 
 
 class DataPlaneProtocol(asyncio.BufferedProtocol):
