@@ -144,6 +144,8 @@ class _QueueCore:
         self.closed = True
         for task in self.tasks:
             task.cancel()
+        # A flush cancelled mid-exchange put its acknowledgements back: wait for that.
+        await asyncio.gather(*self.tasks, return_exceptions=True)
         with contextlib.suppress(*REFUSALS, *self.unreachable):
             await self._flush()
         for segment in list(self.segments.values()):
@@ -235,17 +237,23 @@ class _QueueCore:
                 return
 
     async def _flush(self) -> None:
-        batches, self.pending_acks = self.pending_acks, defaultdict(list)
-        for segment_id, offsets in batches.items():
+        """Send each segment's acknowledgements; what no answer confirmed (the segment
+        was unreachable, or the flush was cancelled or refused mid-exchange) is kept,
+        ahead of any recorded since, for the next flush."""
+        for segment_id in list(self.pending_acks):
+            offsets = self.pending_acks.pop(segment_id)
             segment = self.segments.get(segment_id)
             if segment is None or not offsets:
                 continue
             acks = wire.SettleRequest(wire.Settle.ACK, self.subscription, self.consumer, offsets)
             try:
                 await segment.settles.settle(acks)
-            except self.unreachable:  # kept for the next flush, to the segment found again
+            except self.unreachable:
                 self.pending_acks[segment_id][:0] = offsets
                 await self._reattach(segment)
+            except BaseException:
+                self.pending_acks[segment_id][:0] = offsets
+                raise
 
     async def negative_ack(self, message: Message, delay_s: float) -> None:
         """Hand ``message`` back; a segment that cannot be reached now (restarting) gives
