@@ -328,6 +328,14 @@ class ReadChannel:
         end_offset, terminated, payload = self._answer(wire.decode_records, body)
         return deserialize_batch(payload), end_offset, terminated
 
+    async def read_share(self, request: wire.ShareRead) -> tuple[pa.RecordBatch, int, bool, int]:
+        """(the records of the share the subscription has not acknowledged, the segment's
+        end offset, whether it is terminated, where the next read starts); errors as
+        ``read``'s."""
+        body = await self._ask(wire.encode_share_read(request), request.wait_s)
+        end_offset, terminated, following, payload = self._answer(wire.decode_shared, body)
+        return deserialize_batch(payload), end_offset, terminated, following
+
     async def take(self, request: wire.TakeRequest) -> tuple[pa.RecordBatch, bool]:
         """(messages no other consumer of the subscription holds, whether the segment is
         drained for it: sealed, and all of it acknowledged); errors as ``read``'s. A

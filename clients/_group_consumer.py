@@ -12,6 +12,13 @@ acknowledged (or a timeout passes): a rebalance does not duplicate messages.
 When a sealed segment is read and acknowledged to its end, the consumer
 reports it finished, which is what lets the coordinator hand out its children.
 
+A stream subscription with more consumers than readable segments shares segments by
+key bucket (``runtime.assignment``): such a reader reads only its buckets, and since
+its offsets are not a prefix of the segment it acknowledges them one by one (a
+``settle`` on a second connection) instead of cumulatively on its next read. The
+segment skips what the subscription acknowledged, so the next owner of a bucket
+starts right after what its last owner acknowledged.
+
 The coordinator and the segments are reached through a ``GroupAccess``: their actors
 from a Ray driver, the REST gateway from a process outside Ray; the logic here is the
 same over both. Every call carries the consumer's credential. A refusal (the token was
@@ -28,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from clients._data_plane import REFUSALS, ChannelError, ReadChannel
@@ -38,6 +46,7 @@ from clients._install import ray_required
 from clients._loop import background_loop
 from clients.message import Message, messages_from_delivery, table_from_deliveries
 from runtime import wire
+from runtime.assignment import Share
 from runtime.errors import (
     ClientClosedError,
     ConflictError,
@@ -66,12 +75,21 @@ class _Reader:
     """Reads one assigned segment from ``position`` on, in order."""
 
     def __init__(
-        self, name: SegmentName, handle: Any, position: int, credential: str | None
+        self,
+        name: SegmentName,
+        handle: Any,
+        position: int,
+        credential: str | None,
+        share: Share | None = None,
     ) -> None:
         self.name = name
         self.segment_id = name.segment_id
         self.handle = handle
+        self.credential = credential
+        self.share = share if share is not None else Share(name.segment_id)
         self.channel = ReadChannel(handle, credential=credential)
+        self.settles: ReadChannel | None = None  # a part's individual acks go here
+        self.sent: list[np.ndarray] = []  # a part's delivered offsets not yet acknowledged
         self.last_read_at = 0.0  # when the last read was sent; later acks ride on the next
         self.ack_sent_at = 0.0
         self.position = position  # next offset to fetch
@@ -81,6 +99,21 @@ class _Reader:
         self.end: int | None = None  # known once the segment is sealed and read out
         self.revoked = False
         self.task: asyncio.Task | None = None
+
+    @property
+    def part(self) -> bool:
+        """Whether it reads some of the segment's key buckets only."""
+        return not self.share.whole
+
+    def settle_channel(self) -> ReadChannel:
+        if self.settles is None:
+            self.settles = ReadChannel(self.handle, credential=self.credential)
+        return self.settles
+
+    def close(self) -> None:
+        self.channel.close()
+        if self.settles is not None:
+            self.settles.close()
 
 
 class GroupConsumerCore:
@@ -145,6 +178,8 @@ class GroupConsumerCore:
             for reader, run in taken:
                 if not reader.revoked:
                     reader.delivered = _after(run)
+                    if reader.part:
+                        reader.sent.append(run.column("offset").to_numpy())
                     runs.append((reader.segment_id, run))
             if runs:
                 return runs
@@ -226,7 +261,9 @@ class GroupConsumerCore:
                 name = SegmentName.parse(spec["segmentTopic"])
                 handle = await self.access.find(name)
                 position = await self._start_position(handle, name, spec.get("startPosition"))
-                reader = _Reader(name, handle, position, self.credential)
+                buckets = spec.get("buckets")
+                share = Share(segment_id, **buckets) if buckets else None
+                reader = _Reader(name, handle, position, self.credential, share)
                 self.readers[segment_id] = reader
                 reader.task = asyncio.get_running_loop().create_task(self._read(reader))
 
@@ -246,7 +283,7 @@ class GroupConsumerCore:
                     await asyncio.sleep(0.005)
                     continue
                 try:
-                    batch, end_offset, terminated = await self._read_once(reader)
+                    batch, end_offset, terminated, following = await self._read_once(reader)
                 except (*self.restarting, ChannelError):
                     await asyncio.sleep(0.2)  # the segment is restarting, or hibernated
                     if reader.revoked or self.closed:
@@ -266,12 +303,14 @@ class GroupConsumerCore:
                 if batch.num_rows:
                     self.messages.put(batch, reader)
                     reader.position = _after(batch)
-                elif terminated and reader.position >= end_offset:
+                if following is not None:
+                    reader.position = max(reader.position, following)
+                if not batch.num_rows and terminated and reader.position >= end_offset:
                     reader.end = end_offset
                     await self._finish_when_settled(reader)
                     return
         finally:
-            reader.channel.close()
+            reader.channel.close()  # its acknowledgements' connection stays for the flushes
 
     async def _reattach(self, reader: _Reader) -> None:
         """A new handle and channel when the segment's actor was replaced
@@ -282,21 +321,33 @@ class GroupConsumerCore:
             self.fail(err)
             return
         if handle is not None:
-            reader.channel.close()
+            reader.close()
             reader.handle = handle
             reader.channel = ReadChannel(handle, credential=self.credential)
+            reader.settles = None
 
-    async def _read_once(self, reader: _Reader) -> tuple[pa.RecordBatch, int, bool]:
-        """One long-poll read, carrying the acknowledgements not yet sent, at most once per
-        ``ack_flush_s``: the segment persists its cursor on every ack."""
+    async def _read_once(self, reader: _Reader) -> tuple[pa.RecordBatch, int, bool, int | None]:
+        """One long-poll read, carrying (a whole segment's reader's) acknowledgements not
+        yet sent, at most once per ``ack_flush_s``: the segment persists its cursor on
+        every ack. A subscription's reader reads its share, what was acknowledged
+        skipped, and learns where to read next; a checkpoint group's reads all."""
         now = time.monotonic()
         due = now - reader.ack_sent_at >= self.config.ack_flush_s
         ack = None
-        if self.acknowledges and reader.acked > reader.flushed and due:
+        if self.acknowledges and not reader.part and reader.acked > reader.flushed and due:
             ack, reader.ack_sent_at = reader.acked - 1, now
-        request = wire.ReadRequest(reader.position, self.config.read_batch, 1.0, self.group, ack)
         reader.last_read_at = now
-        delivery = await reader.channel.read(request)
+        if self.acknowledges:
+            share = reader.share
+            request = wire.ShareRead(
+                reader.position, self.config.read_batch, 1.0, self.group, ack, *share[1:]
+            )
+            delivery = await reader.channel.read_share(request)
+        else:
+            request = wire.ReadRequest(
+                reader.position, self.config.read_batch, 1.0, self.group, None
+            )
+            delivery = (*await reader.channel.read(request), None)
         if ack is not None:
             reader.flushed = max(reader.flushed, ack + 1)
         return delivery
@@ -310,6 +361,8 @@ class GroupConsumerCore:
         refused_since: float | None = None
         while not reader.revoked and not self.closed:
             settled = reader.acked if self.acknowledges else reader.delivered
+            if reader.part and settled >= reader.delivered:
+                settled = reader.end  # all of its buckets it delivered, acknowledged
             if settled >= reader.end:
                 await self._flush(reader)
                 try:
@@ -332,6 +385,7 @@ class GroupConsumerCore:
                     continue
                 self.finished.add(reader.segment_id)
                 self.readers.pop(reader.segment_id, None)
+                reader.close()
                 return
             await asyncio.sleep(0.01)
 
@@ -350,6 +404,7 @@ class GroupConsumerCore:
                 await asyncio.sleep(0.01)
             await self._flush(reader)
         self.readers.pop(reader.segment_id, None)
+        reader.close()
         position = None if self.acknowledges else reader.delivered
         with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *REFUSALS):
             await self.access.release(self.consumer, reader.segment_id, position)
@@ -363,7 +418,7 @@ class GroupConsumerCore:
         while True:
             await asyncio.sleep(self.config.ack_flush_s)
             since = time.monotonic() - self.config.ack_flush_s
-            quiet = [r for r in self.readers.values() if r.last_read_at <= since]
+            quiet = [r for r in self.readers.values() if r.part or r.last_read_at <= since]
             await asyncio.gather(*(self._flush(r) for r in quiet))
 
     async def _flush(self, reader: _Reader) -> None:
@@ -371,14 +426,30 @@ class GroupConsumerCore:
             return
         target = reader.acked
         try:
-            await self.access.ack_cumulative(reader.handle, reader.name, target - 1)
-        except self.restarting:
+            if reader.part:
+                await self._settle_part(reader, target)
+            else:
+                await self.access.ack_cumulative(reader.handle, reader.name, target - 1)
+        except (*self.restarting, ChannelError):
             await self._reattach(reader)  # the ack is sent again by the next flush
             return
         except REFUSALS as err:
             self.fail(err)
             return
         reader.flushed = max(reader.flushed, target)
+
+    async def _settle_part(self, reader: _Reader, target: int) -> None:
+        """Acknowledge, one by one, the part's delivered offsets below ``target``; they
+        are forgotten only once the segment took them."""
+        taken = len(reader.sent)  # the application's thread may append meanwhile
+        sent = np.concatenate(reader.sent[:taken]) if taken else np.zeros(0, np.int64)
+        done = sent < target
+        if done.any():
+            offsets = sent[done].tolist()
+            request = wire.SettleRequest(wire.Settle.ACK, self.group, self.consumer, offsets)
+            await reader.settle_channel().settle(request)
+        left = sent[~done]
+        reader.sent[:taken] = [left] if len(left) else []
 
 
 def _after(batch: pa.RecordBatch) -> int:

@@ -10,13 +10,46 @@ Pure functions, so every rule is property-tested without Ray:
   that owner is present and the load stays balanced (max - min <= 1); a new
   segment prefers the owner of one of its parents (so a split stays on the
   consumer that drained the parent); only the minimum number of segments move.
+* With more consumers than readable segments (a stream subscription's key-shared
+  mode), segments are cut into *shares*: contiguous runs of a segment's key buckets
+  (``runtime.hashing.key_buckets``), one share per consumer, each segment in as equal
+  parts as the budget allows, so every consumer reads and every key stays with one
+  consumer. A consumer keeps the very share it held when it is still wanted, else
+  one overlapping what it held.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from runtime.layout import SegmentInfo, SegmentLayout
+
+
+class Share(NamedTuple):
+    """A consumer's part of a segment: buckets ``[start, end)`` of ``count``; a whole
+    segment has ``count`` 0 (it holds every bucket, whatever the budget)."""
+
+    segment_id: int
+    start: int = 0
+    end: int = 0
+    count: int = 0
+
+    @property
+    def whole(self) -> bool:
+        return self.count == 0
+
+    def overlaps(self, other: Share) -> bool:
+        """Whether a key could belong to both: same segment, and buckets in common (a
+        whole segment, or a different budget, counts as overlapping everything)."""
+        if self.segment_id != other.segment_id:
+            return False
+        if self.whole or other.whole or self.count != other.count:
+            return True
+        return self.start < other.end and other.start < self.end
+
+    def to_dict(self) -> dict[str, int]:
+        return {"start": self.start, "end": self.end, "count": self.count}
 
 
 def readable_segments(layout: SegmentLayout, finished: Iterable[int]) -> list[SegmentInfo]:
@@ -76,3 +109,64 @@ def _balance(owners: dict[int, str], load: dict[str, int]) -> None:
         owners[moved] = light
         load[heavy] -= 1
         load[light] += 1
+
+
+def assign_shares(
+    readable: list[SegmentInfo],
+    consumers: Iterable[str],
+    current: Mapping[Share, str],
+    buckets: int,
+) -> dict[Share, str]:
+    """Desired owner of every share of the readable segments: whole segments by
+    ``assign`` while the consumers are no more than the segments (or ``buckets`` is 1),
+    else every consumer one share, at most ``buckets`` shares a segment."""
+    names = sorted(set(consumers))
+    if len(names) <= len(readable) or buckets <= 1:
+        held: dict[int, str] = {}
+        for share, owner in sorted(current.items()):
+            held.setdefault(share.segment_id, owner)  # a split segment's first share's
+        return {Share(s): c for s, c in assign(readable, names, held).items()}
+    wanted = [
+        Share(info.segment_id, part * buckets // parts, (part + 1) * buckets // parts, buckets)
+        if parts > 1
+        else Share(info.segment_id)
+        for info, parts in _parts(readable, len(names), buckets)
+        for part in range(parts)
+    ]
+    owners: dict[Share, str] = {}
+    free = set(names)
+    for share in wanted:  # the very share it holds
+        owner = current.get(share)
+        if owner in free:
+            owners[share] = owner
+            free.discard(owner)
+    for share in wanted:  # a consumer that held part of these buckets (or a parent)
+        if share in owners:
+            continue
+        near = sorted(
+            c
+            for s, c in current.items()
+            if c in free and (s.overlaps(share) or _parent(s, share, readable))
+        )
+        owner = near[0] if near else min(free, default=None)
+        if owner is not None:
+            owners[share] = owner
+            free.discard(owner)
+    return owners
+
+
+def _parts(
+    readable: list[SegmentInfo], consumers: int, buckets: int
+) -> list[tuple[SegmentInfo, int]]:
+    """How many shares each segment is cut into: the consumers spread as evenly as the
+    segments allow, the widest segments taking the remainder, none above ``buckets``."""
+    base, extra = divmod(consumers, len(readable))
+    widest = sorted(readable, key=lambda i: (-i.hash_range.width, i.hash_range.start))[:extra]
+    more = {info.segment_id for info in widest}
+    return [(info, min(base + (info.segment_id in more), buckets)) for info in readable]
+
+
+def _parent(held: Share, share: Share, readable: list[SegmentInfo]) -> bool:
+    """Whether ``held`` is of a parent of ``share``'s segment."""
+    info = next(i for i in readable if i.segment_id == share.segment_id)
+    return held.segment_id in info.parent_ids

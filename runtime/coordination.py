@@ -1,13 +1,16 @@
 """The state of one subscription's consumer group: sessions, ownership, handovers.
 
-Modelled on Pravega's reader-group state. A segment has at most one *owner*,
-the only consumer allowed to read it. When the balance wants it elsewhere the
-owner is asked to give it up (it disappears from the owner's view) and the new
-consumer gets it only after the owner *releases* it — after acknowledging what
-it delivered — so a rebalance never hands the same message to two consumers.
-A consumer that stops talking keeps its session for a grace period, then is
-evicted and its segments move. Pure logic: the coordinator actor persists and
-pushes what this decides.
+Modelled on Pravega's reader-group state. What is owned is a *share*
+(``runtime.assignment.Share``): a whole segment, or, in a stream subscription with
+more consumers than readable segments, a run of a segment's key buckets. A bucket
+has at most one *owner*, the only consumer allowed to read it. When the balance
+wants a share elsewhere (or cut differently) its owner is asked to give it up (it
+disappears from the owner's view) and no share overlapping it is handed out until
+the owner *releases* it — after acknowledging what it delivered — so a rebalance
+never hands the same message to two consumers and a key's messages never reach
+two consumers at once. A consumer that stops talking keeps its session for a grace
+period, then is evicted and its shares move. Pure logic: the coordinator actor
+persists and pushes what this decides.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.assignment import assign, readable_segments
+from runtime.assignment import Share, assign_shares, readable_segments
 from runtime.layout import SegmentLayout
 
 
@@ -23,14 +26,14 @@ from runtime.layout import SegmentLayout
 class Session:
     last_seen: float
     version: int = 0
-    view: tuple[int, ...] = ()
+    view: tuple[Share, ...] = ()
 
 
 @dataclass
 class GroupState:
     sessions: dict[str, Session] = field(default_factory=dict)
-    owners: dict[int, str] = field(default_factory=dict)
-    handover: dict[int, str] = field(default_factory=dict)  # segment -> next owner
+    owners: dict[Share, str] = field(default_factory=dict)
+    revoked: set[Share] = field(default_factory=set)  # owned, to be released
     finished: set[int] = field(default_factory=set)
     positions: dict[int, int] = field(default_factory=dict)  # released read positions
     # Where this state's assignment versions start. A consumer asks for its assignment
@@ -38,6 +41,9 @@ class GroupState:
     # builds this state anew) must not hand out a version a consumer may hold from before:
     # it would take a new assignment for the one it has, and wait forever.
     version_base: int = 0
+    # Key buckets a segment may be cut into (1: whole segments only, as a checkpoint
+    # group and a subscription whose policy says so).
+    buckets: int = 1
 
     # --- membership ------------------------------------------------------------------
 
@@ -49,12 +55,12 @@ class GroupState:
             session.last_seen = now
 
     def leave(self, consumer: str) -> None:
+        """Who calls: the coordinator, on a graceful close or an expired session; what
+        it held is free at once (whatever it delivered unacknowledged goes again)."""
         self.sessions.pop(consumer, None)
-        for segment in [s for s, o in self.owners.items() if o == consumer]:
-            del self.owners[segment]
-            self._complete_handover(segment)
-        for segment in [s for s, o in self.handover.items() if o == consumer]:
-            del self.handover[segment]
+        for share in [s for s, o in self.owners.items() if o == consumer]:
+            del self.owners[share]
+            self.revoked.discard(share)
 
     def seen(self, consumer: str, now: float) -> None:
         if consumer in self.sessions:
@@ -73,56 +79,64 @@ class GroupState:
     # --- progress ----------------------------------------------------------------------
 
     def release(self, consumer: str, segment: int, position: int | None = None) -> None:
-        """The owner gave ``segment`` up (it acknowledged what it delivered)."""
-        if self.owners.get(segment) != consumer:
-            return
-        if position is not None:
-            self.positions[segment] = position
-        del self.owners[segment]
-        self._complete_handover(segment)
+        """The owner gave its share of ``segment`` up (it acknowledged what it delivered).
+        A consumer owns at most one share of a segment."""
+        for share in [s for s, o in self.owners.items() if o == consumer]:
+            if share.segment_id == segment:
+                if position is not None and share.whole:
+                    self.positions[segment] = position
+                del self.owners[share]
+                self.revoked.discard(share)
 
     def finish(self, segment: int) -> None:
         """``segment`` is sealed and read to its end: its children may become readable."""
         self.finished.add(segment)
-        self.owners.pop(segment, None)
-        self.handover.pop(segment, None)
+        for share in [s for s in self.owners if s.segment_id == segment]:
+            del self.owners[share]
+            self.revoked.discard(share)
         self.positions.pop(segment, None)
 
     # --- balancing ------------------------------------------------------------------------
 
     def rebalance(self, layout: SegmentLayout) -> list[str]:
-        """Recompute ownership; returns the consumers whose view changed."""
+        """Recompute ownership; returns the consumers whose view changed. Who calls: the
+        coordinator after every change (a join, a release, a finish, a layout update)."""
         readable = readable_segments(layout, self.finished)
         readable_ids = {info.segment_id for info in readable}
-        for segment in [s for s in self.owners if s not in readable_ids]:
-            del self.owners[segment]
-        desired = assign(readable, self.sessions, self.owners)
-        self.handover = {}
-        for segment, wanted in desired.items():
-            owner = self.owners.get(segment)
-            if owner is None or owner not in self.sessions:
-                self.owners[segment] = wanted
-            elif owner != wanted:
-                self.handover[segment] = wanted
+        for share in [s for s in self.owners if s.segment_id not in readable_ids]:
+            del self.owners[share]
+        for share in [s for s, o in self.owners.items() if o not in self.sessions]:
+            del self.owners[share]
+        desired = assign_shares(readable, self.sessions, self.owners, self.buckets)
+        self.revoked = {s for s, o in self.owners.items() if desired.get(s) != o}
+        for share, wanted in desired.items():
+            if self.owners.get(share) == wanted:
+                continue
+            if not any(held.overlaps(share) for held in self.owners):
+                self.owners[share] = wanted
         return self._refresh_views()
 
-    def view(self, consumer: str) -> tuple[int, ...]:
+    def view(self, consumer: str) -> tuple[Share, ...]:
         return tuple(
-            sorted(s for s, o in self.owners.items() if o == consumer and s not in self.handover)
+            sorted(s for s, o in self.owners.items() if o == consumer and s not in self.revoked)
         )
+
+    def owned(self, consumer: str) -> tuple[Share, ...]:
+        """What ``consumer`` holds, being given up included: what it must not lose on a
+        restart of the coordinator."""
+        return tuple(sorted(s for s, o in self.owners.items() if o == consumer))
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            "consumers": {c: list(s.view) for c, s in sorted(self.sessions.items())},
-            "owners": dict(sorted(self.owners.items())),
-            "handover": dict(sorted(self.handover.items())),
+            "consumers": {
+                c: [_shown(s) for s in session.view] for c, session in sorted(self.sessions.items())
+            },
+            "owners": [
+                {**_shown(s), "consumer": o, "releasing": s in self.revoked}
+                for s, o in sorted(self.owners.items())
+            ],
             "finished": sorted(self.finished),
         }
-
-    def _complete_handover(self, segment: int) -> None:
-        wanted = self.handover.pop(segment, None)
-        if wanted is not None and wanted in self.sessions:
-            self.owners[segment] = wanted
 
     def _refresh_views(self) -> list[str]:
         changed = []
@@ -133,3 +147,9 @@ class GroupState:
                 session.version += 1
                 changed.append(consumer)
         return changed
+
+
+def _shown(share: Share) -> dict[str, Any]:
+    if share.whole:
+        return {"segmentId": share.segment_id}
+    return {"segmentId": share.segment_id, "buckets": share.to_dict()}

@@ -1,9 +1,15 @@
-"""Key hashing: Murmur3 x86 32-bit, seed 0, over UTF-8 bytes, masked to 16 bits.
+"""Key hashing: Murmur3 x86 32-bit, seed 0, over UTF-8 bytes.
 
-The hash decides which segment owns a key, so it must be identical in every
+Its low 16 bits decide which segment owns a key, so they must be identical in every
 process and language: the scalar path uses the maintained ``mmh3`` C library,
 and the vectorized path (for whole columns from Spark or Ray Data) is a NumPy
 transcription of the same algorithm, checked against ``mmh3`` in the tests.
+
+Its high 16 bits pick the key's *bucket* inside its segment (as Pulsar's key-shared
+buckets do), independent of where the segment's hash range starts and ends: the
+consumers of a key-shared stream subscription each own whole buckets of a segment
+(``runtime.assignment``), and a key's bucket is the same in every segment it passes
+through.
 """
 
 from __future__ import annotations
@@ -35,17 +41,42 @@ def key_hashes(keys: pa.Array | list[str | None]) -> np.ndarray:
     once per 4 bytes of the longest key, never once per message.
     """
     keys = _as_binary(keys)
+    result = (_murmur3_of(keys) & np.uint32(HASH_MASK)).astype(np.int32)
+    if keys.null_count:
+        result[np.asarray(keys.is_null())] = -1
+    return result
+
+
+def key_buckets(keys: pa.Array, buckets: int, offsets: np.ndarray) -> np.ndarray:
+    """Each key's bucket of ``buckets``, from its hash's high 16 bits: bucket ``b`` holds
+    the keys whose high bits fall in ``[b * 65536 / buckets, (b + 1) * 65536 / buckets)``.
+    A message without a key has no order to keep: its bucket follows its offset, so
+    each one goes to exactly one share."""
+    keys = _as_binary(keys)
+    result = ((_murmur3_of(keys) >> np.uint32(16)).astype(np.int64) * buckets) >> 16
+    if keys.null_count:
+        nulls = np.asarray(keys.is_null())
+        result[nulls] = np.asarray(offsets, dtype=np.int64)[nulls] % buckets
+    return result
+
+
+def key_bucket(key: str | bytes | None, buckets: int, offset: int) -> int:
+    """``key_buckets`` of one message."""
+    if key is None:
+        return offset % buckets
+    data = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    return ((mmh3.hash(data, 0, signed=False) >> 16) * buckets) >> 16
+
+
+def _murmur3_of(keys: pa.BinaryArray) -> np.ndarray:
+    """The whole 32-bit hash of every key of a binary column."""
     offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[
         keys.offset : keys.offset + len(keys) + 1
     ]
     starts, lengths = offsets[:-1].astype(np.int64), np.diff(offsets).astype(np.int64)
     raw = keys.buffers()[2]
     data = np.frombuffer(raw, dtype=np.uint8) if raw is not None else np.zeros(0, np.uint8)
-    hashes = _murmur3_columns(np.concatenate([data, np.zeros(4, np.uint8)]), starts, lengths)
-    result = (hashes & np.uint32(HASH_MASK)).astype(np.int32)
-    if keys.null_count:
-        result[np.asarray(keys.is_null())] = -1
-    return result
+    return _murmur3_columns(np.concatenate([data, np.zeros(4, np.uint8)]), starts, lengths)
 
 
 def _as_binary(keys: pa.Array | list[str | None]) -> pa.BinaryArray:

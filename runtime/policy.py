@@ -1,4 +1,5 @@
-"""A topic's operating policy: automatic scaling, retention, tiering and hibernation.
+"""A topic's operating policy: automatic scaling, retention, tiering, hibernation and
+how finely stream subscriptions share segments.
 
 Stored inside the topic record (``policy``), so it changes through the same
 fenced compare-and-swap as the layout and a restarted controller finds it
@@ -125,11 +126,33 @@ class HibernationPolicy(_Model):
     )  # fmt: skip
 
 
+DEFAULT_KEY_BUCKETS = 256
+
+
+class KeySharedPolicy(_Model):
+    """How finely a stream subscription's segments may be shared when it has more
+    consumers than readable segments: each segment's keys fall in ``buckets`` buckets
+    (``runtime.hashing.key_buckets``), and each consumer owns a run of whole buckets,
+    so a key is read by one consumer at a time. 1 turns sharing off: consumers beyond
+    the readable segments wait, as a Kafka group's beyond its partitions."""
+
+    buckets: JsonInt = Field(
+        default=DEFAULT_KEY_BUCKETS, ge=1, le=65536,
+        description="key buckets per segment: the most consumers one segment is shared by",
+    )  # fmt: skip
+
+
 class TopicPolicy(_Model):
     autoscale: AutoscalePolicy | None = None
     retention: RetentionPolicy | None = None
     tiering: TieringPolicy | None = None
     hibernation: HibernationPolicy | None = None
+    key_shared: KeySharedPolicy | None = Field(default=None, alias="keyShared")
+
+    @property
+    def key_buckets(self) -> int:
+        """The key buckets per segment in force (the default when the policy sets none)."""
+        return DEFAULT_KEY_BUCKETS if self.key_shared is None else self.key_shared.buckets
 
     @classmethod
     def parse(cls, data: Any) -> TopicPolicy:
@@ -153,7 +176,8 @@ class TopicPolicy(_Model):
 
     def over(self, default: TopicPolicy | None) -> TopicPolicy:
         """This policy, with ``default``'s part (its namespace's) wherever it sets none:
-        a topic's own part (autoscale, retention, tiering, hibernation) wins as a whole,
+        a topic's own part (autoscale, retention, tiering, hibernation, keyShared) wins as
+        a whole,
         never merged."""
         if default is None:
             return self
@@ -163,6 +187,7 @@ class TopicPolicy(_Model):
                 "retention": self.retention or default.retention,
                 "tiering": self.tiering or default.tiering,
                 "hibernation": self.hibernation or default.hibernation,
+                "key_shared": self.key_shared or default.key_shared,
             }
         )
 

@@ -18,12 +18,18 @@ answered with the delivery batch as an Arrow IPC stream.
     appended = u32 length | u8 status=OK | i64 base offset | i64 count
     take     = u32 length | u8 op=QUEUE_TAKE | u32 max records | u32 wait ms
                | u16 len(subscription) | subscription | consumer (UTF-8, the rest)
+    share    = u32 length | u8 op=SHARE_READ | i64 offset | u32 max records
+               | u32 wait ms | i64 cumulative ack (-1: none) | u32 first bucket
+               | u32 bucket after the last | u32 buckets per segment (0: every key)
+               | u16 len(subscription) | subscription
     settle   = u32 length | u8 op=QUEUE_SETTLE | u8 kind (1 ack, 2 negative ack,
                3 consumer left) | u32 delay ms | u16 len(subscription) | subscription
                | u16 len(consumer) | consumer | i64 offsets (the rest)
     records  = u32 length | u8 status=OK | i64 end offset | u8 flags (1 terminated;
                2 drained: sealed and all of it acknowledged, answering a take)
                | Arrow IPC stream bytes (the delivery batch)
+    shared   = u32 length | u8 status=OK | i64 end offset | u8 flags
+               | i64 next offset (past every record looked at) | Arrow IPC stream bytes
     error    = u32 length | u8 status=ERROR | JSON {"error": code, "message": ...}
 
 Anyone who can reach a segment's port can send it bytes, so the first frame of
@@ -42,8 +48,12 @@ acknowledgement. A queue consumer takes messages no other consumer of its
 subscription holds (``take``, answered like a read, with how often each was
 delivered before in the batch's schema metadata) and settles them
 (``settle``: acknowledged, handed back, or all of a departing consumer's handed
-back; answered like an append, with the count of offsets). Responses come back
-in request order on each connection.
+back; answered like an append, with the count of offsets). A stream subscription's
+consumer reads its *share* (``runtime.assignment.Share``: the segment, or some of its
+key buckets) with ``share``: what the subscription acknowledged already is skipped, as
+are keys of other buckets, so the answer says where the next read starts; a share's
+individual acknowledgements go as ``settle`` frames. Responses come back in request
+order on each connection.
 """
 
 from __future__ import annotations
@@ -73,6 +83,8 @@ _HELLO = struct.Struct("!BBB")
 _WELCOME = struct.Struct("!BB")
 _TAKE = struct.Struct("!BIIH")
 _SETTLE = struct.Struct("!BBIH")
+_SHARE = struct.Struct("!BqIIqIIIH")
+_SHARED = struct.Struct("!BqBq")
 _NAME_LENGTH = struct.Struct("!H")
 _OFFSET = struct.Struct("!q")
 OP_APPEND = 1
@@ -80,6 +92,7 @@ OP_READ = 2
 OP_HELLO = 3
 OP_QUEUE_TAKE = 4
 OP_QUEUE_SETTLE = 5
+OP_SHARE_READ = 6
 STATUS_OK = 0
 STATUS_ERROR = 1
 MAX_FRAME = 256 << 20
@@ -96,6 +109,7 @@ ACCESS_OF_OP = {
     OP_READ: CONSUME,
     OP_QUEUE_TAKE: CONSUME,
     OP_QUEUE_SETTLE: CONSUME,
+    OP_SHARE_READ: CONSUME,
 }
 
 
@@ -233,6 +247,68 @@ def decode_read(body: bytes | memoryview) -> ReadRequest:
         )
     subscription = bytes(body[_READ.size : _READ.size + length]).decode()
     return ReadRequest(offset, max_records, wait_ms / 1000, subscription, None if ack < 0 else ack)
+
+
+class ShareRead(NamedTuple):
+    offset: int
+    max_records: int
+    wait_s: float
+    subscription: str
+    ack: int | None  # cumulative, for a whole segment's reader only
+    start: int = 0  # buckets [start, end) of count; count 0: every key
+    end: int = 0
+    count: int = 0
+
+
+def encode_share_read(request: ShareRead) -> bytes:
+    subscription = request.subscription.encode()
+    head = _SHARE.pack(
+        OP_SHARE_READ,
+        request.offset,
+        request.max_records,
+        _millis(request.wait_s),
+        -1 if request.ack is None else request.ack,
+        request.start,
+        request.end,
+        request.count,
+        len(subscription),
+    )
+    return LENGTH.pack(len(head) + len(subscription)) + head + subscription
+
+
+def decode_share_read(body: bytes | memoryview) -> ShareRead:
+    if len(body) < _SHARE.size:
+        raise InvalidArgumentError("data plane share read frame too short")
+    op, offset, max_records, wait_ms, ack, start, end, count, length = _SHARE.unpack_from(body)
+    _expect(op, OP_SHARE_READ)
+    if offset < 0 or max_records < 1:
+        raise InvalidArgumentError(
+            f"a read needs offset >= 0 and max records >= 1, got {offset} and {max_records}"
+        )
+    if count and not 0 <= start < end <= count:
+        raise InvalidArgumentError(
+            f"a share's buckets must be 0 <= start < end <= count, got [{start}, {end}) of {count}"
+        )
+    subscription, _ = _name(body, _SHARE.size, length)
+    ack_ = None if ack < 0 else ack
+    return ShareRead(offset, max_records, wait_ms / 1000, subscription, ack_, start, end, count)
+
+
+def encode_shared(
+    end_offset: int, terminated: bool, next_offset: int, payload: Sequence[Any]
+) -> bytes:
+    head = _SHARED.pack(STATUS_OK, end_offset, TERMINATED if terminated else 0, next_offset)
+    size = len(head) + sum(len(part) for part in payload)
+    return b"".join((LENGTH.pack(size), head, *payload))
+
+
+def decode_shared(body: bytes) -> tuple[int, bool, int, memoryview]:
+    """(the segment's end offset, whether it is terminated, where the next read starts,
+    the records' Arrow IPC stream), or raise the typed error the segment reported."""
+    if body[0] != STATUS_OK:
+        _raise_error(body)
+    _, end_offset, flags, next_offset = _SHARED.unpack_from(body)
+    return end_offset, bool(flags & TERMINATED), next_offset, memoryview(body)[_SHARED.size :]
 
 
 class Settle(enum.IntEnum):

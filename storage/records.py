@@ -162,6 +162,11 @@ class ConsumerRegistration(BaseModel):
     consumer_name: str = Field(alias="consumerName")
     assigned_segments: tuple[int, ...] = Field(alias="assignedSegments")
     layout_epoch: int = Field(alias="layoutEpoch")
+    # Of the assigned segments, those it holds only some key buckets of:
+    # segment id -> (first bucket, bucket after the last, buckets per segment).
+    assigned_buckets: dict[int, tuple[int, int, int]] = Field(
+        default_factory=dict, alias="assignedBuckets"
+    )
 
 
 class AuthRecord(BaseModel):

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 
 from runtime.batch import REDELIVERIES_KEY
@@ -25,6 +26,7 @@ from runtime.errors import (
     StaleEpochError,
     UnavailableError,
 )
+from runtime.hashing import key_buckets
 from runtime.layout import HashRange, SegmentInfo
 from runtime.names import SegmentName
 from runtime.subscription import ResetTarget
@@ -196,6 +198,38 @@ class SegmentStore:
         self._check_alive()
         offset = max(offset, self.log.start_offset)
         return to_delivery(self.log.read(offset, max_records))
+
+    def share_start(self, subscription: str, offset: int) -> int:
+        """Where a share's read from ``offset`` begins: nothing below the subscription's
+        cumulative acknowledgement is read again."""
+        return max(offset, self.position(subscription))
+
+    def read_share(
+        self, subscription: str, offset: int, max_records: int, buckets: tuple[int, int, int]
+    ) -> tuple[pa.RecordBatch, int]:
+        """A stream subscription's read of the records at ``offset`` and after whose key
+        falls in buckets ``[start, end)`` of ``count`` (``count`` 0: every key), that the
+        subscription has not acknowledged: and the offset after the last record looked
+        at, where the next read starts (records of other buckets, or acknowledged ones,
+        are stepped over, not waited on)."""
+        self._check_alive()
+        offset = self.share_start(subscription, offset)
+        scanned = to_delivery(self.log.read(offset, max_records))
+        if scanned.num_rows == 0:
+            return scanned, offset
+        offsets = scanned.column("offset").to_numpy()
+        following = int(offsets[-1]) + 1
+        keep = np.ones(len(offsets), dtype=bool)
+        for first, end in self.cursors.get(subscription).acked_ranges:
+            if first < following and end > offset:
+                keep &= (offsets < first) | (offsets >= end)
+        start, end, count = buckets
+        if count:
+            bucket = key_buckets(scanned.column("key"), count, offsets)
+            keep &= (bucket >= start) & (bucket < end)
+        if keep.all():
+            return scanned, following
+        return scanned.filter(pa.array(keep)), following
 
     def terminate(self, epoch: int | None, sealed: SealedBy | None = None) -> int:
         """Seal the log; ``sealed`` (a split's or merge's children and the epoch that

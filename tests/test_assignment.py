@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.assignment import assign, readable_segments
+from runtime.assignment import Share, assign, assign_shares, readable_segments
 from runtime.errors import ScalableTopicsError
 from runtime.layout import SegmentLayout
 
@@ -90,3 +90,61 @@ def test_a_consumer_that_joins_gets_its_share_and_only_that_moves() -> None:
     after = assign(readable, ["a", "b", "c"], before)
     assert sorted(list(after.values()).count(n) for n in "abc") == [1, 1, 2]
     assert sum(after[i] != before[i] for i in before) == 1
+
+
+def _tiles(shares: list[Share]) -> bool:
+    """Whether one segment's shares hold every bucket exactly once."""
+    if len(shares) == 1 and shares[0].whole:
+        return True
+    ranges = sorted((s.start, s.end, s.count) for s in shares)
+    counts = {c for _, _, c in ranges}
+    edges = [0] + [end for _, end, _ in ranges]
+    return (
+        len(counts) == 1
+        and all(s.start == e for s, e in zip(sorted(shares), edges, strict=False))
+        and edges[-1] == counts.pop()
+    )
+
+
+@settings(max_examples=300)
+@given(
+    histories(),
+    st.lists(st.sampled_from([f"c{i}" for i in range(12)]), max_size=12),
+    st.lists(st.sampled_from([f"c{i}" for i in range(12)]), max_size=12),
+    st.sampled_from([1, 2, 3, 256]),
+)
+def test_more_consumers_than_segments_share_them_by_key_buckets(
+    history: tuple[SegmentLayout, set[int]], before: list[str], consumers: list[str], buckets: int
+) -> None:
+    """Every readable segment's buckets are held exactly once; past one consumer a
+    segment, every consumer holds one share (while the buckets go round); what a
+    balanced assignment gave stays, and the order of the names does not matter."""
+    layout, finished = history
+    readable = readable_segments(layout, finished)
+    names = sorted(set(consumers))
+    current = assign_shares(readable, before, {}, buckets)
+    owners = assign_shares(readable, consumers, current, buckets)
+    if not names:
+        assert owners == {}
+        return
+    for info in readable:
+        assert _tiles([s for s in owners if s.segment_id == info.segment_id]), owners
+    assert {s.segment_id for s in owners} == {i.segment_id for i in readable}
+    if len(names) > len(readable) and buckets > 1:
+        held = list(owners.values())
+        assert len(held) == len(set(held))  # one share a consumer
+        assert len(held) == min(len(names), len(readable) * buckets)
+    assert assign_shares(readable, consumers, owners, buckets) == owners
+    assert assign_shares(readable, list(reversed(consumers)), current, buckets) == owners
+
+
+def test_a_joining_consumer_cuts_one_segment_and_only_its_buckets_move() -> None:
+    readable = readable_segments(SegmentLayout.initial(4), set())
+    four = assign_shares(readable, "abcd", {}, 256)
+    assert sorted(four) == [Share(i) for i in range(4)]
+    five = assign_shares(readable, "abcde", four, 256)
+    cut = sorted(s for s in five if not s.whole)
+    assert [(s.start, s.end, s.count) for s in cut] == [(0, 128, 256), (128, 256, 256)]
+    # the segment's owner keeps half of it; the other three segments stay put
+    assert five[cut[0]] == four[Share(cut[0].segment_id)]
+    assert {s: c for s, c in five.items() if s.whole}.items() <= four.items()

@@ -4,9 +4,10 @@ never pass a session that has expired, and never come before the first one does.
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.assignment import Share
 from runtime.coordination import GroupState
 from runtime.layout import SegmentLayout
 
@@ -51,9 +52,70 @@ def test_a_state_built_anew_hands_out_no_version_a_consumer_may_hold_from_before
     before.join("a", 0.0)
     before.rebalance(parents)
     held = before.sessions["a"].version
-    assert before.view("a") == (0, 1) and held > 1_000
+    assert before.view("a") == (Share(0), Share(1)) and held > 1_000
     after = GroupState(version_base=2_000)  # a later incarnation: a later start
     after.join("a", 1.0)
     for _ in range(held - 1_000):  # as many changes as the first saw
         after.rebalance(parents)
     assert after.sessions["a"].version != held
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(("join", "leave", "release", "split", "merge", "finish")),
+            st.integers(0, 11),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from([1, 4, 256]),
+)
+def test_no_key_bucket_is_ever_held_by_two_consumers(
+    events: list[tuple[str, int]], buckets: int
+) -> None:
+    """Through joins, leaves, releases, splits, merges and finished segments, the shares
+    held never overlap (a key reaches one consumer at a time), a consumer's view holds
+    only what it owns, and once every share being given up is released the views are
+    the balance itself: every readable bucket held, every consumer reading."""
+    layout, state = SegmentLayout.initial(2), GroupState(buckets=buckets)
+    for kind, n in events:
+        name = f"c{n}"
+        if kind == "join":
+            state.join(name, 0.0)
+        elif kind == "leave":
+            state.leave(name)
+        elif kind == "release":
+            for share in [s for s in state.revoked if state.owners[s] == name]:
+                state.release(name, share.segment_id)
+        elif kind in ("split", "merge") and len(layout.active_segments) < 6:
+            active = sorted(layout.active_segments, key=lambda i: layout.get(i).hash_range.start)
+            if kind == "split":
+                layout = layout.split_segment(active[n % len(active)])
+            elif len(active) > 1:
+                i = n % (len(active) - 1)
+                layout = layout.merge_segments(active[i], active[i + 1])
+        elif kind == "finish":
+            sealed = [i for i in layout.readable(state.finished) if not i.is_active]
+            if sealed:
+                state.finish(sealed[n % len(sealed)].segment_id)
+        state.rebalance(layout)
+        held = sorted(state.owners)
+        assert not any(a.overlaps(b) for i, a in enumerate(held) for b in held[i + 1 :]), held
+        for consumer in state.sessions:
+            assert all(state.owners[s] == consumer for s in state.view(consumer))
+    for _ in range(3):  # everyone gives up what it was asked to
+        for share in list(state.revoked):
+            state.release(state.owners[share], share.segment_id)
+        state.rebalance(layout)
+    assert not state.revoked
+    readable = layout.readable(state.finished)
+    if state.sessions and readable:
+        assert {s.segment_id for s in state.owners} == {i.segment_id for i in readable}
+        sharing = len(state.sessions) > len(readable) and buckets > 1
+        reading = {c for c in state.sessions if state.view(c)}
+        assert len(reading) == (
+            min(len(state.sessions), len(readable) * buckets)
+            if sharing
+            else min(len(state.sessions), len(readable))
+        )

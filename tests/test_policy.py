@@ -28,6 +28,7 @@ def test_python_admin_stores_validates_and_never_half_applies(admin, unique) -> 
         "retention": None,
         "tiering": None,
         "hibernation": None,
+        "keyShared": None,
     }
     stored = admin.set_policy(topic, POLICY)
     assert stored["autoscale"]["targetMsgsPerS"] == 500

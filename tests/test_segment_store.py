@@ -19,6 +19,7 @@ from runtime.errors import (
     StaleEpochError,
     SubscriptionNotFoundError,
 )
+from runtime.hashing import key_bucket
 from runtime.names import SegmentName, TopicName
 from storage.durability import Durability
 from storage.metadata import MetadataStore
@@ -148,6 +149,35 @@ def test_read_returns_delivery_schema_with_offsets(store: SegmentStore) -> None:
     assert got.column("key").to_pylist() == ["k2", "k3", "k4"]
     assert got.column("publish_time").null_count == 0
     assert store.read(7, 10).num_rows == 0
+
+
+def test_shares_read_their_buckets_skip_what_was_acknowledged_and_say_where_to_go_on(
+    store: SegmentStore,
+) -> None:
+    """Two parts of a segment together read each record once; a reader resuming (a
+    bucket's next owner) skips what the subscription acknowledged; records none of
+    which were the part's still move its next read on."""
+    store.create_subscription("s", "earliest", None)
+    store.append(batch_of(0, 40), None, None)
+    store.append(make_batch([b"no key"] * 4), None, None)  # offsets 40-43, keyless
+    halves = [(0, 2, 4), (2, 4, 4)]
+    read = [store.read_share("s", 0, 100, half) for half in halves]
+    assert [following for _, following in read] == [44, 44]
+    got = [offsets(batch) for batch, _ in read]
+    assert sorted(got[0] + got[1]) == list(range(44)) and got[0] and got[1]
+    assert [key_bucket(f"k{o}", 4, o) < 2 for o in got[0] if o < 40] == [True] * (
+        len([o for o in got[0] if o < 40])
+    )
+    assert [o for o in got[0] if o >= 40] == [40, 41]  # keyless: by offset, one part each
+    store.ack("s", got[0][:3])  # the first part acknowledged three, then moved on
+    resumed, following = store.read_share("s", 0, 100, halves[0])
+    assert offsets(resumed) == got[0][3:] and following == 44
+    whole, _ = store.read_share("s", 0, 100, (0, 0, 0))
+    assert offsets(whole) == [o for o in range(44) if o not in got[0][:3]]
+    store.ack("s", got[1])  # the other part acknowledged all of its own
+    small, following = store.read_share("s", 0, 2, halves[1])  # looked at two, none its
+    assert offsets(small) == [] and following == min(got[0][3:]) + 2
+    assert store.read_share("s", 44, 10, halves[0]) == (store.read(44, 1), 44)
 
 
 def test_subscriptions_created_at_earliest_and_latest(store: SegmentStore) -> None:

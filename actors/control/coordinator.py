@@ -2,7 +2,8 @@
 served with the topic's others by its ``CoordinatorHost`` (``actors.control.coordinator_host``).
 
 A thin shell over ``runtime.coordination.GroupState``: it persists each
-consumer's registration (name and owned segments) at its consumer path (``storage.metadata``)
+consumer's registration (name and owned shares: segments, or runs of a segment's key
+buckets) at its consumer path (``storage.metadata``)
 whenever that changes — never per heartbeat — keeps liveness in memory, pushes
 assignment changes to consumers' long-polls, follows the topic's layout through
 a DAG watch, and evicts consumers whose grace period ran out. After a restart
@@ -25,15 +26,20 @@ from typing import Any
 from actors.control.dag_watch import DagWatch
 from actors.guard import guard
 from actors.segment.lookup import LOOKUP_WAIT_S, segment_position
+from runtime.assignment import Share
 from runtime.auth import Permission
 from runtime.coordination import GroupState
 from runtime.errors import ConflictError, ConsumerNotRegisteredError
 from runtime.names import TopicName, validate_part
+from runtime.policy import TopicPolicy
 from storage.catalog import Catalog
 from storage.records import ConsumerRegistration, SubscriptionKind, SubscriptionMetadata
 
 # Past a session's deadline by this much before looking, so it is found expired then.
 _EXPIRY_SLACK_S = 0.05
+# How old the topic's key bucket budget (its policy's ``keyShared``) may be when a
+# rebalance uses it.
+_POLICY_FRESH_S = 5.0
 
 
 class SubscriptionCoordinator:
@@ -47,7 +53,8 @@ class SubscriptionCoordinator:
         self.meta: SubscriptionMetadata | None = None
         self.watch: DagWatch | None = None
         self._changed = asyncio.Event()
-        self._persisted: dict[str, tuple[int, ...]] = {}
+        self._persisted: dict[str, tuple[Share, ...]] = {}
+        self._policy_read_at = float("-inf")
         self._tasks: list[asyncio.Task] = []
         self._start_lock = asyncio.Lock()
         self._joined = asyncio.Event()  # a session began: the expiry deadline may be sooner
@@ -195,8 +202,8 @@ class SubscriptionCoordinator:
             self.state.positions = {int(k): v for k, v in self.meta.positions.items()}
             for name, owned in self._load_registrations().items():
                 self.state.join(name, now)
-                for segment in owned:
-                    self.state.owners[segment] = name
+                for share in owned:
+                    self.state.owners[share] = name
                 self._persisted[name] = tuple(sorted(owned))
             self.watch = await DagWatch.open(self.topic, self._guard.internal_token())
             self.watch.start()
@@ -226,17 +233,39 @@ class SubscriptionCoordinator:
 
     def _settle(self) -> None:
         """Rebalance, persist changed registrations, wake long-polls."""
+        self._refresh_buckets()
         self.state.rebalance(self.watch.layout)
         for consumer in list(self.state.sessions):
-            owned = tuple(sorted(s for s, o in self.state.owners.items() if o == consumer))
+            owned = self.state.owned(consumer)
             if self._persisted.get(consumer) != owned:
                 self._persist(consumer, owned)
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _persist(self, consumer: str, owned: tuple[int, ...]) -> None:
+    def _refresh_buckets(self) -> None:
+        """A subscription's segments are shared by key buckets, as its topic's policy
+        (or its namespace's) says; a checkpoint group's consumers keep whole segments,
+        since each one's positions are its own to commit."""
+        if self.meta.kind != SubscriptionKind.SUBSCRIPTION:
+            self.state.buckets = 1
+            return
+        now = time.monotonic()
+        if now - self._policy_read_at < _POLICY_FRESH_S:
+            return
+        self._policy_read_at = now
+        record = self.catalog.topic(self.topic)
+        if record is not None:
+            default = self.catalog.namespace_policy(self.topic.namespace_path)
+            self.state.buckets = (record.policy or TopicPolicy()).over(default).key_buckets
+
+    def _persist(self, consumer: str, owned: tuple[Share, ...]) -> None:
         registration = ConsumerRegistration(
-            consumer_name=consumer, assigned_segments=owned, layout_epoch=self.watch.layout.epoch
+            consumer_name=consumer,
+            assigned_segments=tuple(s.segment_id for s in owned),
+            layout_epoch=self.watch.layout.epoch,
+            assigned_buckets={
+                s.segment_id: (s.start, s.end, s.count) for s in owned if not s.whole
+            },
         )
         self.catalog.put_registration(self.topic, self.subscription, registration)
         self._persisted[consumer] = owned
@@ -250,17 +279,18 @@ class SubscriptionCoordinator:
         session = self._session(consumer)
         layout = self.watch.layout
         segments = []
-        for segment_id in session.view:
-            info = layout.all_segments[segment_id]
-            rng = info.hash_range
-            segments.append(
-                {
-                    "segmentId": segment_id,
-                    "hashRange": {"start": rng.start, "end": rng.end},
-                    "segmentTopic": str(self.topic.segment(segment_id, rng.start, rng.end)),
-                    "startPosition": self.state.positions.get(segment_id),
-                }
-            )
+        for share in session.view:
+            segment_id = share.segment_id
+            rng = layout.all_segments[segment_id].hash_range
+            spec = {
+                "segmentId": segment_id,
+                "hashRange": {"start": rng.start, "end": rng.end},
+                "segmentTopic": str(self.topic.segment(segment_id, rng.start, rng.end)),
+                "startPosition": self.state.positions.get(segment_id),
+            }
+            if not share.whole:
+                spec["buckets"] = share.to_dict()
+            segments.append(spec)
         return {"version": session.version, "layoutEpoch": layout.epoch, "segments": segments}
 
     def _session(self, consumer: str) -> Any:
@@ -303,8 +333,13 @@ class SubscriptionCoordinator:
     def _update_meta(self, change: Callable[[SubscriptionMetadata], SubscriptionMetadata]) -> None:
         self.meta = self.catalog.update_subscription(self.topic, self.subscription, change)
 
-    def _load_registrations(self) -> dict[str, tuple[int, ...]]:
+    def _load_registrations(self) -> dict[str, tuple[Share, ...]]:
         return {
-            r.consumer_name: r.assigned_segments
+            r.consumer_name: tuple(
+                Share(segment, *r.assigned_buckets[segment])
+                if segment in r.assigned_buckets
+                else Share(segment)
+                for segment in r.assigned_segments
+            )
             for r in self.catalog.registrations(self.topic, self.subscription)
         }

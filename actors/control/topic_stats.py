@@ -173,7 +173,8 @@ async def _autoscale_status(name: TopicName, timeout_s: float) -> dict[str, Any]
 
 def _subs(catalog: Catalog, name: TopicName) -> dict[str, dict[str, Any]]:
     """Each subscription's state, its registered stream consumers and the segments each
-    holds (``assignments``; queue consumers hold none)."""
+    holds (``assignments``; queue consumers hold none), and of those the ones it holds
+    some key buckets of only (``buckets``: consumer -> segment -> bucket range)."""
     result = {}
     for sub in catalog.subscriptions(name):
         meta = catalog.subscription(name, sub)
@@ -183,6 +184,14 @@ def _subs(catalog: Catalog, name: TopicName) -> dict[str, dict[str, Any]]:
                 "state": meta.state,
                 "consumers": len(registrations),
                 "assignments": {r.consumer_name: list(r.assigned_segments) for r in registrations},
+                "buckets": {
+                    r.consumer_name: {
+                        str(segment): {"start": start, "end": end, "count": count}
+                        for segment, (start, end, count) in sorted(r.assigned_buckets.items())
+                    }
+                    for r in registrations
+                    if r.assigned_buckets
+                },
             }
     return result
 

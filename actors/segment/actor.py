@@ -381,6 +381,8 @@ class Segment:
                 )
             if op == wire.OP_QUEUE_SETTLE:
                 return self._settle(wire.decode_settle(body))
+            if op == wire.OP_SHARE_READ:
+                return await self._read_share(wire.decode_share_read(body))
             request = wire.decode_read(body)
             if request.ack is not None:
                 self._ack_with_read(request.subscription, request.ack)
@@ -442,6 +444,24 @@ class Segment:
         batch = self._store.read(offset, max_records)
         self._metrics.delivered(batch.num_rows, batch.nbytes)
         return batch
+
+    async def _read_share(self, request: wire.ShareRead) -> bytes:
+        """A stream subscription's consumer reading its share (``wire``'s ``share``): the
+        cumulative ack it carries first, then a long-poll only when nothing is left to
+        look at, not when what was looked at was all for other buckets."""
+        store, subscription = self._store, request.subscription
+        if request.ack is not None:
+            self._ack_with_read(subscription, request.ack)
+        max_records = min(request.max_records, MAX_READ_RECORDS)
+        self._last_used = time.monotonic()
+        start = store.share_start(subscription, request.offset)
+        if request.wait_s > 0 and store.waits_at(start):
+            await self._wait(min(request.wait_s, MAX_READ_WAIT_S))
+            self._still_open()
+        buckets = (request.start, request.end, request.count)
+        batch, following = store.read_share(subscription, request.offset, max_records, buckets)
+        self._metrics.delivered(batch.num_rows, batch.nbytes)
+        return wire.encode_shared(store.end_offset, store.terminated, following, ipc_parts(batch))
 
     def _ack_with_read(self, subscription: str, offset: int) -> None:
         """A stream consumer's cumulative ack on its next read: saved by the ack saver,

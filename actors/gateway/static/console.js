@@ -213,8 +213,14 @@ function subscriptionRows(stats) {
   if (!names.length) body.innerHTML = `<tr><td colspan="6" class="hint">No subscriptions.</td></tr>`;
   for (const name of names) {
     const sub = stats.subscriptions[name];
+    // A segment shared by key bucket shows the run of buckets held: #3[0-127/256].
+    const parts = sub.buckets || {};
+    const share = (consumer, s) => {
+      const b = (parts[consumer] || {})[s];
+      return b ? `#${s}[${b.start}-${b.end - 1}/${b.count}]` : `#${s}`;
+    };
     const held = Object.entries(sub.assignments || {})
-      .map(([consumer, segments]) => `${escapeHtml(consumer)}: ${segments.map((s) => "#" + s).join(" ") || "none"}`)
+      .map(([consumer, segments]) => `${escapeHtml(consumer)}: ${segments.map((s) => share(consumer, s)).join(" ") || "none"}`)
       .join("; ");
     const row = document.createElement("tr");
     row.innerHTML =
