@@ -23,10 +23,10 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid", strict=True)
 
 
+_TARGETS = ("targetMsgsPerS", "targetBytesPerS", "targetOutputMsgsPerS")
 _A_TARGET = {
     "anyOf": [
-        {"required": [target], "properties": {target: {"type": "number"}}}
-        for target in ("targetMsgsPerS", "targetBytesPerS")
+        {"required": [target], "properties": {target: {"type": "number"}}} for target in _TARGETS
     ]
 }
 
@@ -34,11 +34,19 @@ _A_TARGET = {
 class AutoscalePolicy(_Model):
     """Split a segment whose load stays above target; merge two adjacent cold ones.
 
-    Load is the larger of msgs/s and bytes/s, each relative to its target
+    Load is the largest of msgs/s and bytes/s written and msgs/s acknowledged (summed
+    over its subscriptions: what reading it costs), each relative to its target
     (1.0 = at target). ``scale_factor`` is the hysteresis: two neighbours
     merge only when together they carry less than ``1 / scale_factor`` of one
     segment's target, so the merged segment is far from a split again, and a
     split's two halves (together above target) are never merged back.
+
+    Consumers count too: when a stream subscription has more consumers than active
+    segments, the busiest segment splits if its load is at least
+    ``consumer_split_load`` (never below ``1 / scale_factor``, so a merged segment is
+    not split again for them); below it the consumers share segments by key bucket
+    instead (a *re-bucket*: the layout stays). ``max_merges_per_lineage`` caps how many
+    merges a segment's ancestry may hold, so a lineage does not merge and split forever.
     """
 
     model_config = _Model.model_config | ConfigDict(json_schema_extra=_A_TARGET)
@@ -49,6 +57,19 @@ class AutoscalePolicy(_Model):
     target_bytes_per_s: float | None = Field(
         default=None, alias="targetBytesPerS", gt=0, description="bytes/s one segment should take"
     )
+    target_output_msgs_per_s: float | None = Field(
+        default=None, alias="targetOutputMsgsPerS", gt=0,
+        description="messages/s one segment's subscriptions should acknowledge, summed",
+    )  # fmt: skip
+    consumer_split_load: float = Field(
+        default=0.5, alias="consumerSplitLoad", ge=0, le=1,
+        description="with more stream consumers than active segments, split the busiest "
+        "segment if its load is at least this (else share by key bucket)",
+    )  # fmt: skip
+    max_merges_per_lineage: JsonInt | None = Field(
+        default=None, alias="maxMergesPerLineage", ge=0, le=MAX_SEGMENTS,
+        description="merges a segment's ancestry in the layout may hold (none: no cap)",
+    )  # fmt: skip
     scale_factor: float = Field(
         default=2.0, alias="scaleFactor", gt=1, le=100,
         description="merge only below target / scaleFactor (hysteresis), > 1",
@@ -64,8 +85,9 @@ class AutoscalePolicy(_Model):
 
     @model_validator(mode="after")
     def _a_target(self) -> AutoscalePolicy:
-        if self.target_msgs_per_s is None and self.target_bytes_per_s is None:
-            raise ValueError("set targetMsgsPerS, targetBytesPerS or both")
+        targets = (self.target_msgs_per_s, self.target_bytes_per_s, self.target_output_msgs_per_s)
+        if all(target is None for target in targets):
+            raise ValueError("set targetMsgsPerS, targetBytesPerS, targetOutputMsgsPerS or some")
         return self
 
     def check_consistent(self) -> None:

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.autoscale import LoadTracker, Rate, decide
+from runtime.autoscale import (
+    AckCounter,
+    LoadTracker,
+    Rate,
+    consumer_split_threshold,
+    decide,
+    lineage_merges,
+)
 from runtime.errors import InconsistentRequestError, InvalidArgumentError
 from runtime.layout import SegmentLayout
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
@@ -80,13 +87,20 @@ def layouts(draw) -> SegmentLayout:
     loads=st.lists(st.floats(0, 1000), min_size=16, max_size=16),
     share=st.floats(0, 1),
     factor=st.floats(1.01, 10),
+    consumers=st.integers(0, 20),
+    consumer_load=st.floats(0, 1),
 )
-def test_a_change_is_never_undone_by_the_next_decision(layout, loads, share, factor) -> None:
-    """Whatever the rates: a split's halves are not merged back, a merge not split again."""
-    policy = POLICY.model_copy(update={"scale_factor": factor, "max_segments": 64})
+def test_a_change_is_never_undone_by_the_next_decision(
+    layout, loads, share, factor, consumers, consumer_load
+) -> None:
+    """Whatever the rates and the stream consumers: a split's halves are not merged
+    back, a merge not split again."""
+    policy = POLICY.model_copy(
+        update={"scale_factor": factor, "max_segments": 64, "consumer_split_load": consumer_load}
+    )
     rates = rates_of(layout, loads[: len(layout.active_segments)])
-    decision = decide(policy, layout, rates, now=100, last_change_at=None)
-    if decision is None:
+    decision = decide(policy, layout, rates, now=100, last_change_at=None, consumers=consumers)
+    if decision is None or decision.kind == "rebucket":
         return
     if decision.kind == "split":
         (parent,) = decision.segment_ids
@@ -101,8 +115,58 @@ def test_a_change_is_never_undone_by_the_next_decision(layout, loads, share, fac
         rates[merged] = Rate(sum(rates[i].msgs_per_s for i in decision.segment_ids), 0)
         undo = ("split", (merged,))
     after.check_invariants()
-    again = decide(policy, after, rates, now=1000, last_change_at=100)
-    assert again is None or (again.kind, again.segment_ids) != undo
+    for joined in {consumers, 0, 20}:  # consumers leave or join after it, too
+        again = decide(policy, after, rates, now=1000, last_change_at=100, consumers=joined)
+        assert again is None or (again.kind, again.segment_ids) != undo
+
+
+def test_consumers_outnumbering_segments_split_a_busy_one_or_share_an_idle_one() -> None:
+    layout = SegmentLayout.initial(2)
+    busy = rates_of(layout, [20, 60])  # 0.6 of target: above consumerSplitLoad's 0.5
+    split = decide(POLICY, layout, busy, now=100, last_change_at=None, consumers=5)
+    assert (split.kind, split.segment_ids) == ("split", (1,)), split
+    idle = rates_of(layout, [1, 2])
+    rebucket = decide(POLICY, layout, idle, now=100, last_change_at=None, consumers=5)
+    assert (rebucket.kind, rebucket.segment_ids) == ("rebucket", ())
+    assert "5 stream consumers on 2 segments" in rebucket.reason
+    # as many consumers as segments: the cold pair merges as before
+    assert decide(POLICY, layout, idle, now=100, last_change_at=None, consumers=2).kind == "merge"
+    full = POLICY.model_copy(update={"max_segments": 2})
+    assert decide(full, layout, busy, now=100, last_change_at=None, consumers=5).kind == "rebucket"
+    # the threshold never sits below where segments merge (1 / scaleFactor)
+    loose = POLICY.model_copy(update={"consumer_split_load": 0.1, "scale_factor": 4})
+    low = rates_of(layout, [20, 20])  # 0.2: above 0.1, below 1 / 4
+    assert decide(loose, layout, low, now=100, last_change_at=None, consumers=5).kind == "rebucket"
+    assert consumer_split_threshold(loose) == 0.25
+
+
+def test_what_subscriptions_acknowledge_is_a_load_too() -> None:
+    policy = AutoscalePolicy(target_output_msgs_per_s=100, cooldown_s=0)
+    layout = SegmentLayout.initial(1)
+    assert decide(policy, layout, {0: Rate(1, 1, 250)}, 0, None).kind == "split"
+    assert decide(policy, layout, {0: Rate(500, 10**9, 50)}, 0, None) is None  # writes: no target
+    counter = AckCounter()
+    assert counter.observe({0: {"a": 100}}) == {0: 0}  # first seen: nothing read yet
+    assert counter.observe({0: {"a": 150, "b": 900}}) == {0: 50}  # b is new
+    assert counter.observe({0: {"a": 160, "b": 950}}) == {0: 110}
+    assert counter.observe({0: {"a": 10, "b": 960}}) == {0: 120}  # a reset back: no less
+    assert counter.observe({1: {"a": 5}}) == {1: 0}  # segment 0 is gone: forgotten
+    tracker = LoadTracker()
+    tracker.observe(0.0, {0: (0, 0, 0)})
+    tracker.observe(2.0, {0: (10, 100, 400)})
+    assert tracker.rates(2.0, 2.0) == {0: Rate(5.0, 50.0, 200.0)}
+
+
+def test_merges_per_lineage_are_capped() -> None:
+    layout = SegmentLayout.initial(2).merge_segments(0, 1).split_segment(2)  # 3, 4 active
+    assert lineage_merges(layout, 3) == 1 and lineage_merges(layout, 2) == 1
+    assert lineage_merges(layout, 0) == 0 and lineage_merges(layout, 99) == 0
+    cold = {3: Rate(1, 0), 4: Rate(1, 0)}
+    assert decide(POLICY, layout, cold, 100, None).kind == "merge"
+    once = POLICY.model_copy(update={"max_merges_per_lineage": 1})
+    assert decide(once, layout, cold, 100, None) is None
+    twice = POLICY.model_copy(update={"max_merges_per_lineage": 2})
+    assert decide(twice, layout, cold, 100, None).segment_ids == (3, 4)
 
 
 def test_policy_validation_is_typed() -> None:

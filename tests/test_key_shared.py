@@ -147,3 +147,56 @@ def test_a_consumer_per_segment_or_fewer_reads_whole_segments(admin, unique) -> 
     for consumer in first:
         consumer.close()
     admin.delete_scalable_topic(topic)
+
+
+def _steady(topic: str, per_s: int, stop: threading.Event) -> None:
+    """Send ``per_s`` keyed messages a second until told to stop."""
+    with Producer(topic) as producer:
+        sent = 0
+        started = time.monotonic()
+        while not stop.is_set():
+            due = int((time.monotonic() - started) * per_s)
+            for i in range(sent, due):
+                producer.send(b"x", key=f"k{i % 500}")
+            sent = max(sent, due)
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("loaded", [True, False], ids=["loaded", "idle"])
+def test_consumers_joining_split_a_loaded_topic_and_rebucket_an_idle_one(
+    admin, unique, loaded: bool
+) -> None:
+    """Two segments at 0.7 of their target each (no reason to split by load), then four
+    stream consumers join: the busiest splits. With no load, the same consumers leave
+    the layout as it is and share it by key bucket."""
+    topic = f"topic://shared/scale/t-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    admin.create_subscription(topic, "work")
+    policy = {"targetMsgsPerS": 500, "windowS": 2, "cooldownS": 0, "consumerSplitLoad": 0.5}
+    admin.set_policy(topic, {"autoscale": policy})
+    stop = threading.Event()
+    producing = threading.Thread(target=_steady, args=(topic, 700 if loaded else 0, stop))
+    producing.start()
+    try:
+        time.sleep(5)  # two windows measured: nothing to do without consumers
+        assert len(admin.get_layout(topic).active_segments) == 2
+        consumers = [StreamConsumer(topic, "work", f"c{i}", poll_timeout_s=1.0) for i in range(4)]
+
+        def autoscale() -> dict:
+            return admin.get_stats(topic)["autoscale"]
+
+        if loaded:
+            wait_for(lambda: len(admin.get_layout(topic).active_segments) > 2, 30, autoscale)
+        else:
+            wait_for(lambda: (autoscale() or {}).get("rebucket") is not None, 30, autoscale)
+            time.sleep(4)  # two more windows: still no split
+            assert len(admin.get_layout(topic).active_segments) == 2
+            assert "4 stream consumers on 2 segments" in autoscale()["rebucket"]["reason"]
+            shown = admin.get_stats(topic)["subscriptions"]["work"]["buckets"]
+            assert len(shown) == 4, shown  # each consumer holds a run of a segment's buckets
+        for consumer in consumers:
+            consumer.close()
+    finally:
+        stop.set()
+        producing.join()
+    admin.delete_scalable_topic(topic)

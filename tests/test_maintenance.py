@@ -39,7 +39,7 @@ def segment(*, sealed: bool = False, backlog: int = 0, **extra: Any) -> dict[str
     """A segment's stats as its actor reports them (``SegmentStore.stats``)."""
     return {
         "terminated": sealed,
-        "subscriptions": {"s": {"backlog": backlog}},
+        "subscriptions": {"s": {"backlog": backlog, "markDelete": 100 - backlog}},
         "lastPublishTimeMs": NOW_MS - 2 * HOUR_MS,
         "endOffset": 100,
         "sizeBytes": 10_000,

@@ -490,9 +490,11 @@ class ScalableTopicControllerActor(ScalableTopicController):
 
     def autoscale_status(self, *, credential: str | None = None) -> dict[str, Any]:
         """What the autoscaler could not do (``heldBack``: the last split or merge the
-        policy wanted that the cluster had no room for, until one succeeds)."""
+        policy wanted that the cluster had no room for, until one succeeds), and the last
+        time it kept the layout for more stream consumers than segments (``rebucket``:
+        they share segments by key bucket instead)."""
         self._check(credential, Permission.LOOKUP)
-        return {"heldBack": self.maintenance.held_back}
+        return {"heldBack": self.maintenance.held_back, "rebucket": self.maintenance.rebucket}
 
     async def stop(self) -> None:
         """End this controller's background work: its topic was deleted, and its host

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.control.tiering import TierMover
 from actors.control.topic_parts import LayoutCommands, TopicParts
-from runtime.autoscale import Decision, LoadTracker, decide
+from runtime.autoscale import AckCounter, Decision, LoadTracker, decide
 from runtime.backlog import BacklogAges
 from runtime.config import env_float
 from runtime.errors import (
@@ -31,6 +31,7 @@ from runtime.hibernation import idle_drained, idle_tiered
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
 from runtime.retention import SealedSegmentState, prunable
+from storage.records import SubscriptionKind
 from storage.segment_stats import hibernated_stats
 from storage.tier_records import TieredRecord
 
@@ -52,9 +53,12 @@ class TopicMaintenance:
         self._ctl = parts
         self._commands = commands
         self._tracker = LoadTracker()
+        self._acks = AckCounter()
         self._active_ids: frozenset[int] = frozenset()
         self._last_change: float | None = None
         self.held_back: dict[str, Any] | None = None
+        # The last round that left the layout as it was for the consumers' sake.
+        self.rebucket: dict[str, Any] | None = None
         self._tier = TierMover(parts.topic, parts.metrics, parts.fleet.offload)
         # Tiered segments' records, read once each: a hibernating segment cannot change
         # its own, and the fleet says when it changed one (``records_changed``).
@@ -261,12 +265,33 @@ class TopicMaintenance:
         active = frozenset(layout.active_segments)
         if active != self._active_ids:  # any change, manual ones too, starts a cool-down
             self._active_ids, self._last_change = active, now
-        totals = {i: (stats[i]["endOffset"], stats[i]["sizeBytes"]) for i in active if i in stats}
+        measured = [i for i in active if i in stats]
+        acked = self._acks.observe(
+            {
+                i: {sub: c["markDelete"] for sub, c in stats[i]["subscriptions"].items()}
+                for i in measured
+            }
+        )
+        totals = {i: (stats[i]["endOffset"], stats[i]["sizeBytes"], acked[i]) for i in measured}
         self._tracker.observe(now, totals)
         rates = self._tracker.rates(now, policy.window_s)
-        decision = decide(policy, layout, rates, now, self._last_change)
-        if decision is not None:
+        consumers = self._stream_consumers()
+        decision = decide(policy, layout, rates, now, self._last_change, consumers)
+        if decision is not None and decision.kind == "rebucket":
+            self.rebucket = {"reason": decision.reason, "atMs": time.time_ns() // 1_000_000}
+        elif decision is not None:
             await self._apply(decision)
+
+    def _stream_consumers(self) -> int:
+        """The most consumers a stream subscription of the topic has registered."""
+        catalog, topic = self._ctl.catalog, self._ctl.topic
+        counts = [
+            len(catalog.registrations(topic, sub))
+            for sub in catalog.subscriptions(topic)
+            if (meta := catalog.subscription(topic, sub)) is not None
+            and meta.kind == SubscriptionKind.SUBSCRIPTION
+        ]
+        return max(counts, default=0)
 
     async def _apply(self, decision: Decision) -> None:
         log.info("%s: autoscale %s %s (%s)", self._ctl.topic, decision.kind, decision.segment_ids,
