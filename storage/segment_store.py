@@ -14,7 +14,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import pyarrow as pa
 
 from runtime.batch import REDELIVERIES_KEY
@@ -26,9 +25,9 @@ from runtime.errors import (
     StaleEpochError,
     UnavailableError,
 )
-from runtime.hashing import key_buckets
 from runtime.layout import HashRange, SegmentInfo
 from runtime.names import SegmentName
+from runtime.share_reads import of_share
 from runtime.subscription import ResetTarget
 from runtime.uris import redacted
 from storage.appends import Append, AppendResult
@@ -217,19 +216,9 @@ class SegmentStore:
         scanned = to_delivery(self.log.read(offset, max_records))
         if scanned.num_rows == 0:
             return scanned, offset
-        offsets = scanned.column("offset").to_numpy()
-        following = int(offsets[-1]) + 1
-        keep = np.ones(len(offsets), dtype=bool)
-        for first, end in self.cursors.get(subscription).acked_ranges:
-            if first < following and end > offset:
-                keep &= (offsets < first) | (offsets >= end)
-        start, end, count = buckets
-        if count:
-            bucket = key_buckets(scanned.column("key"), count, offsets)
-            keep &= (bucket >= start) & (bucket < end)
-        if keep.all():
-            return scanned, following
-        return scanned.filter(pa.array(keep)), following
+        following = scanned.column("offset")[-1].as_py() + 1
+        acked = self.cursors.get(subscription).acked_ranges
+        return of_share(scanned, acked, buckets), following
 
     def terminate(self, epoch: int | None, sealed: SealedBy | None = None) -> int:
         """Seal the log; ``sealed`` (a split's or merge's children and the epoch that
