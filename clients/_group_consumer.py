@@ -372,16 +372,19 @@ class GroupConsumerCore:
                     return
                 except (ConflictError, TimeoutError, *self.restarting) as err:
                     # Not sealed yet, the coordinator restarting, or the segment not
-                    # answering it: asked again
+                    # answering it: asked again. A run of a shared segment also waits
+                    # for the other runs' consumers, as long as they take: no warning,
+                    # and asked less often the longer it waits.
                     refused_since = refused_since or time.monotonic()
-                    lasting = time.monotonic() - refused_since >= FINISH_QUIET_S
+                    waited = time.monotonic() - refused_since
+                    lasting = waited >= FINISH_QUIET_S and not reader.part
                     log.log(
                         logging.WARNING if lasting else logging.DEBUG,
                         "finishing segment %s: %s",
                         reader.segment_id,
                         err,
                     )
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(min(0.5 + waited / 10, 2.0) if reader.part else 0.5)
                     continue
                 self.finished.add(reader.segment_id)
                 self.readers.pop(reader.segment_id, None)

@@ -112,7 +112,7 @@ class GroupState:
         for share, wanted in desired.items():
             if self.owners.get(share) == wanted:
                 continue
-            if not any(held.overlaps(share) for held in self.owners):
+            if not any(_blocks(held, owner, share, wanted) for held, owner in self.owners.items()):
                 self.owners[share] = wanted
         return self._refresh_views()
 
@@ -147,6 +147,13 @@ class GroupState:
                 session.version += 1
                 changed.append(consumer)
         return changed
+
+
+def _blocks(held: Share, owner: str, share: Share, wanted: str) -> bool:
+    """Whether ``held`` keeps ``share`` from going to ``wanted`` yet: it holds some of its
+    buckets, or it is another run of the same segment held by ``wanted`` itself (a
+    consumer reads one run of a segment at a time: the old one is released first)."""
+    return held.overlaps(share) or (owner == wanted and held.segment_id == share.segment_id)
 
 
 def _shown(share: Share) -> dict[str, Any]:

@@ -104,6 +104,8 @@ def test_no_key_bucket_is_ever_held_by_two_consumers(
         assert not any(a.overlaps(b) for i, a in enumerate(held) for b in held[i + 1 :]), held
         for consumer in state.sessions:
             assert all(state.owners[s] == consumer for s in state.view(consumer))
+            held = [s.segment_id for s in state.owned(consumer)]
+            assert len(held) == len(set(held)), "one run of a segment at a time"
     for _ in range(3):  # everyone gives up what it was asked to
         for share in list(state.revoked):
             state.release(state.owners[share], share.segment_id)
