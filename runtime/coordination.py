@@ -34,6 +34,11 @@ class GroupState:
     sessions: dict[str, Session] = field(default_factory=dict)
     owners: dict[Share, str] = field(default_factory=dict)
     revoked: set[Share] = field(default_factory=set)  # owned, to be released
+    # Owned shares an assignment handed to their owner carried: only those can be read,
+    # so only those wait for a release when revoked. A share granted and taken back
+    # before its owner heard of it is free at once (it would wait for a release that
+    # its owner, never reading it, has no reason to send).
+    handed: set[Share] = field(default_factory=set)
     finished: set[int] = field(default_factory=set)
     positions: dict[int, int] = field(default_factory=dict)  # released read positions
     # Where this state's assignment versions start. A consumer asks for its assignment
@@ -59,8 +64,7 @@ class GroupState:
         it held is free at once (whatever it delivered unacknowledged goes again)."""
         self.sessions.pop(consumer, None)
         for share in [s for s, o in self.owners.items() if o == consumer]:
-            del self.owners[share]
-            self.revoked.discard(share)
+            self._drop(share)
 
     def seen(self, consumer: str, now: float) -> None:
         if consumer in self.sessions:
@@ -85,15 +89,13 @@ class GroupState:
             if share.segment_id == segment:
                 if position is not None and share.whole:
                     self.positions[segment] = position
-                del self.owners[share]
-                self.revoked.discard(share)
+                self._drop(share)
 
     def finish(self, segment: int) -> None:
         """``segment`` is sealed and read to its end: its children may become readable."""
         self.finished.add(segment)
         for share in [s for s in self.owners if s.segment_id == segment]:
-            del self.owners[share]
-            self.revoked.discard(share)
+            self._drop(share)
         self.positions.pop(segment, None)
 
     # --- balancing ------------------------------------------------------------------------
@@ -104,10 +106,13 @@ class GroupState:
         readable = readable_segments(layout, self.finished)
         readable_ids = {info.segment_id for info in readable}
         for share in [s for s in self.owners if s.segment_id not in readable_ids]:
-            del self.owners[share]
+            self._drop(share)
         for share in [s for s, o in self.owners.items() if o not in self.sessions]:
-            del self.owners[share]
+            self._drop(share)
         desired = assign_shares(readable, self.sessions, self.owners, self.buckets)
+        for share in [s for s, o in self.owners.items() if desired.get(s) != o]:
+            if share not in self.handed:
+                self._drop(share)  # never read: nothing to wait for
         self.revoked = {s for s, o in self.owners.items() if desired.get(s) != o}
         for share, wanted in desired.items():
             if self.owners.get(share) == wanted:
@@ -115,6 +120,18 @@ class GroupState:
             if not any(_blocks(held, owner, share, wanted) for held, owner in self.owners.items()):
                 self.owners[share] = wanted
         return self._refresh_views()
+
+    def handed_out(self, consumer: str) -> None:
+        """Who calls: the coordinator, as it answers ``consumer`` with its view (a
+        registration or a poll): what the view holds may be read from now on."""
+        session = self.sessions.get(consumer)
+        if session is not None:
+            self.handed.update(s for s in session.view if s in self.owners)
+
+    def _drop(self, share: Share) -> None:
+        del self.owners[share]
+        self.revoked.discard(share)
+        self.handed.discard(share)
 
     def view(self, consumer: str) -> tuple[Share, ...]:
         return tuple(

@@ -66,8 +66,8 @@ class AutoscalePolicy(_Model):
         description="with more stream consumers than active segments, split the busiest "
         "segment if its load is at least this (else share by key bucket)",
     )  # fmt: skip
-    max_merges_per_lineage: JsonInt | None = Field(
-        default=None, alias="maxMergesPerLineage", ge=0, le=MAX_SEGMENTS,
+    max_merges_per_lineage: json_int(ge=0, le=MAX_SEGMENTS) | None = Field(
+        default=None, alias="maxMergesPerLineage",
         description="merges a segment's ancestry in the layout may hold (none: no cap)",
     )  # fmt: skip
     scale_factor: float = Field(

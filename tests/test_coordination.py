@@ -64,7 +64,7 @@ def test_a_state_built_anew_hands_out_no_version_a_consumer_may_hold_from_before
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(("join", "leave", "release", "split", "merge", "finish")),
+            st.sampled_from(("join", "leave", "hand", "release", "split", "merge", "finish")),
             st.integers(0, 11),
         ),
         max_size=40,
@@ -85,6 +85,8 @@ def test_no_key_bucket_is_ever_held_by_two_consumers(
             state.join(name, 0.0)
         elif kind == "leave":
             state.leave(name)
+        elif kind == "hand":
+            state.handed_out(name)
         elif kind == "release":
             for share in [s for s in state.revoked if state.owners[s] == name]:
                 state.release(name, share.segment_id)
@@ -107,6 +109,7 @@ def test_no_key_bucket_is_ever_held_by_two_consumers(
             held = [s.segment_id for s in state.owned(consumer)]
             assert len(held) == len(set(held)), "one run of a segment at a time"
     for _ in range(3):  # everyone gives up what it was asked to
+        assert state.revoked <= state.handed  # a share its owner never saw waits for nobody
         for share in list(state.revoked):
             state.release(state.owners[share], share.segment_id)
         state.rebalance(layout)
@@ -121,3 +124,24 @@ def test_no_key_bucket_is_ever_held_by_two_consumers(
             if sharing
             else min(len(state.sessions), len(readable))
         )
+
+
+def test_a_share_taken_back_before_its_owner_heard_of_it_waits_for_no_release() -> None:
+    """Granted to ``a`` and moved on before ``a`` polled: ``a`` never reads it, so never
+    releases it; the next owner gets it at once. One ``a`` was told of is released first."""
+    layout = SegmentLayout.initial(1)
+    state = GroupState(buckets=4)
+    state.join("a", 0.0)
+    state.rebalance(layout)
+    state.handed_out("a")  # a reads the whole segment
+    state.join("b", 0.0)
+    state.rebalance(layout)  # a's whole segment waits for a's release
+    assert state.revoked == {Share(0)} and state.view("b") == ()
+    state.release("a", 0)
+    state.rebalance(layout)
+    granted = dict(state.owners)
+    assert sorted(granted.values()) == ["a", "b"]
+    state.join("c", 0.0)  # before a or b heard of their halves: cut in three at once
+    state.rebalance(layout)
+    assert not state.revoked and sorted(state.owners.values()) == ["a", "b", "c"]
+    assert all(s.end - s.start < 4 and s.count == 4 for s in state.owners)

@@ -204,6 +204,7 @@ class SubscriptionCoordinator:
                 self.state.join(name, now)
                 for share in owned:
                     self.state.owners[share] = name
+                    self.state.handed.add(share)  # it may have been read: released first
                 self._persisted[name] = tuple(sorted(owned))
             self.watch = await DagWatch.open(self.topic, self._guard.internal_token())
             self.watch.start()
@@ -277,6 +278,7 @@ class SubscriptionCoordinator:
 
     def _assignment(self, consumer: str) -> dict[str, Any]:
         session = self._session(consumer)
+        self.state.handed_out(consumer)
         layout = self.watch.layout
         segments = []
         for share in session.view:
