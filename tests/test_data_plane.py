@@ -82,6 +82,45 @@ def test_queue_frames_round_trip(subscription, consumer, max_records, wait_ms, k
     assert wire.decode_settle(wire.encode_settle(settle)[4:]) == settle
 
 
+@given(
+    st.integers(0, 2**40),
+    st.integers(1, 2**20),
+    st.one_of(st.none(), st.integers(0, 2**40)),
+    st.integers(0, 300),
+    st.integers(1, 300),
+    st.text(min_size=1, max_size=20),
+)
+def test_share_reads_round_trip(offset, max_records, ack, start, width, subscription):
+    count = start + width + 1
+    request = wire.ShareRead(
+        offset, max_records, 1.5, subscription, ack, start, start + width, count
+    )
+    assert wire.decode_share_read(wire.encode_share_read(request)[4:]) == request
+    answer = wire.encode_shared(9, True, 7, (b"",))[4:]
+    assert wire.decode_shared(answer)[:3] == (9, True, 7)
+
+
+def test_malformed_share_reads_are_typed_errors():
+    """What a client that lies may send: a range outside its budget, an empty one, a
+    short frame, a name cut off, a bad offset or size."""
+    share = wire.encode_share_read(wire.ShareRead(5, 10, 1.0, "sub", None, 0, 2, 4))[4:]
+    bad = [
+        share[:10],
+        wire.encode_share_read(wire.ShareRead(5, 10, 1.0, "sub", None, 3, 2, 4))[4:],
+        wire.encode_share_read(wire.ShareRead(5, 10, 1.0, "sub", None, 0, 5, 4))[4:],
+        share[:-2],
+        bytes([wire.OP_SHARE_READ])
+        + (2**63 - 1).to_bytes(8, "big", signed=True)[:0]
+        + (-1).to_bytes(8, "big", signed=True)
+        + share[9:],
+        share[:9] + bytes(4) + share[13:],
+        bytes([wire.OP_READ]) + share[1:],
+    ]
+    for frame in bad:
+        with pytest.raises(InvalidArgumentError):
+            wire.decode_share_read(frame)
+
+
 def test_malformed_queue_frames_are_typed_errors():
     take = wire.encode_take(wire.TakeRequest("s", "c", 10, 1.0))[4:]
     settle = wire.encode_settle(wire.SettleRequest(wire.Settle.ACK, "s", "c", [1, 2]))[4:]

@@ -54,6 +54,7 @@ class TopicMaintenance:
         self._commands = commands
         self._tracker = LoadTracker()
         self._acks = AckCounter()
+        self._consumers: tuple[float, int] = (float("-inf"), 0)  # (read at, count)
         self._active_ids: frozenset[int] = frozenset()
         self._last_change: float | None = None
         self.held_back: dict[str, Any] | None = None
@@ -283,7 +284,13 @@ class TopicMaintenance:
             await self._apply(decision)
 
     def _stream_consumers(self) -> int:
-        """The most consumers a stream subscription of the topic has registered."""
+        """The most consumers a stream subscription of the topic has registered, read from
+        the metadata at most every ``_CONSUMERS_FRESH_S``, not every round."""
+        if time.monotonic() - self._consumers[0] >= _CONSUMERS_FRESH_S:
+            self._consumers = (time.monotonic(), self._count_stream_consumers())
+        return self._consumers[1]
+
+    def _count_stream_consumers(self) -> int:
         catalog, topic = self._ctl.catalog, self._ctl.topic
         counts = [
             len(catalog.registrations(topic, sub))
@@ -323,6 +330,9 @@ class TopicMaintenance:
             "message": err.message,
             "atMs": time.time_ns() // 1_000_000,
         }
+
+
+_CONSUMERS_FRESH_S = 2.0
 
 
 def _interval(policy: TopicPolicy) -> float:
