@@ -219,6 +219,24 @@ class ChunkFiles:
         chunk.path.unlink()
         return chunk
 
+    def cut(self, chunk_base: int, position: int) -> None:
+        """Drop every byte from ``position`` of chunk ``chunk_base`` on, and the chunks after
+        it, durably if the policy flushes at all; leaves every handle closed (the log opens
+        the files again and scans what is left)."""
+        self.close()
+        for chunk in self.chunks:
+            if chunk.base_offset > chunk_base:
+                chunk.path.unlink()
+        path = self.directory / f"{chunk_base:020d}.log"
+        os.truncate(path, position)
+        if self._durability.flushes:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                _datasync(fd)
+            finally:
+                os.close(fd)
+            fsync_directory(self.directory)
+
     def synced_directory(self) -> None:
         """Make unlinks durable, if the policy flushes at all."""
         if self._durability.flushes:

@@ -114,15 +114,58 @@ def _read_frame(file: BinaryIO, file_size: int, expected_offset: int) -> tuple[F
     header = file.read(HEADER_SIZE)
     if len(header) < HEADER_SIZE:
         return None
-    magic, crc = PREFIX.unpack_from(header)
+    rest_length = _rest_length(header)
+    # A torn length field can claim gigabytes: check it against the file before reading.
+    if rest_length is None or file.tell() + rest_length > file_size:
+        return None
+    return _decoded(header, file.read(rest_length), expected_offset)
+
+
+def split_frames(data: bytes | memoryview, expected_offset: int) -> list[Encoded]:
+    """Whole frames copied from another log (a leader's, to a follower), each checked as
+    recovery checks a chunk's: the first that is torn, corrupt or out of sequence refuses
+    them all, so a copy is stored whole or not at all."""
+    view, frames, position = memoryview(data), [], 0
+    while position < len(view):
+        header = bytes(view[position : position + HEADER_SIZE])
+        rest_length = _rest_length(header) if len(header) == HEADER_SIZE else None
+        end = position + HEADER_SIZE + (rest_length or 0)
+        decoded = None if rest_length is None or end > len(view) else (
+            _decoded(header, view[position + HEADER_SIZE : end], expected_offset)
+        )  # fmt: skip
+        if decoded is None:
+            raise InvalidArgumentError(
+                f"copied frames: the frame at byte {position} (offset {expected_offset}) is "
+                "torn, corrupt or out of sequence"
+            )
+        frame, payload_length = decoded
+        frames.append(
+            (bytes(view[position : end - payload_length]), view[end - payload_length : end], frame)
+        )
+        expected_offset += frame.count
+        position = end
+    return frames
+
+
+def _rest_length(header: bytes) -> int | None:
+    """The producer id's and payload's bytes that follow a frame's header; None if the
+    header is not a frame's."""
+    magic, _ = PREFIX.unpack_from(header)
+    if magic != MAGIC:
+        return None
+    _, payload_length, _, _, _, _, pid_length = BODY.unpack_from(header, PREFIX.size)
+    return pid_length + payload_length
+
+
+def _decoded(
+    header: bytes, rest: bytes | memoryview, expected_offset: int
+) -> tuple[Frame, int] | None:
+    """The frame of ``header`` and ``rest`` with its payload length, if its checksum holds
+    and it is the next in sequence."""
+    _, crc = PREFIX.unpack_from(header)
     frame_type, payload_length, base, count, publish, sequence, pid_length = BODY.unpack_from(
         header, PREFIX.size
     )
-    # A torn length field can claim gigabytes: check it against the file before reading.
-    rest_length = pid_length + payload_length
-    if magic != MAGIC or file.tell() + rest_length > file_size:
-        return None
-    rest = file.read(rest_length)
     if checksum(header[PREFIX.size :], rest) != crc:
         return None
     if base != expected_offset or not _plausible(frame_type, count):
@@ -132,7 +175,7 @@ def _read_frame(file: BinaryIO, file_size: int, expected_offset: int) -> tuple[F
         base_offset=base,
         count=count,
         publish_time_ms=publish,
-        producer_id=rest[:pid_length].decode() if pid_length else None,
+        producer_id=bytes(rest[:pid_length]).decode() if pid_length else None,
         sequence=None if sequence < 0 else sequence,
     )
     return frame, payload_length

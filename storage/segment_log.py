@@ -42,6 +42,7 @@ from storage.frames import (
     Frame,
     encode_frame,
     scan_frames,
+    split_frames,
 )
 from storage.log_index import IndexEntry, LogIndex, adjacent_runs
 
@@ -74,9 +75,15 @@ class SegmentLog:
         self._durability = durability
         self._segment_id = segment_id
         self._lock = threading.Lock()
+        self._chunk_settings = (max_chunk_bytes, background_sync)
+        self._open_files()
+
+    def _open_files(self) -> None:
+        """Index what the directory holds (recovering a torn tail) and open it for appends."""
+        max_chunk_bytes, background_sync = self._chunk_settings
         self._files = ChunkFiles(
             self._directory,
-            durability,
+            self._durability,
             max_chunk_bytes=max_chunk_bytes,
             background_sync=background_sync,
             label=self._label,
@@ -350,6 +357,78 @@ class SegmentLog:
             self._files.verify()
 
     # --- reading ----------------------------------------------------------------
+
+    # --- copies between replicas ---------------------------------------------------------
+
+    def frames_from(self, offset: int, max_bytes: int) -> bytes:
+        """The stored batches' frames from ``offset`` (where a batch begins) on, verbatim:
+        one at least, then more while they fit in ``max_bytes``. What a leader sends a
+        follower, which stores them with ``append_frames``."""
+        with self._lock:
+            self._check_open()
+            if offset >= self._end_offset:
+                return b""
+            taken, size = [], 0
+            for entry in self._index.entries[self._batch_at(offset) :]:
+                if taken and size + entry.frame_length > max_bytes:
+                    break
+                taken.append(entry)
+                size += entry.frame_length
+            return b"".join(
+                self._files.pread(
+                    run[0].chunk_base,
+                    run[-1].position + run[-1].frame_length - run[0].position,
+                    run[0].position,
+                )
+                for run in adjacent_runs(taken)
+            )
+
+    def append_frames(self, data: bytes | memoryview) -> int:
+        """Store a leader's frames as they are, from this log's end, and return the new end.
+
+        Offsets, publish times and producers' sequences are the leader's, so every replica
+        reads alike and a producer's retry after a failover is a duplicate here too. Checked
+        as recovery checks a chunk (``storage.frames.split_frames``): all stored, or none."""
+        with self._lock:
+            self._check_open()
+            self._check_not_terminated()
+            frames = split_frames(data, self._end_offset)
+            if any(frame.frame_type != FRAME_BATCH for _, _, frame in frames):
+                raise InvalidArgumentError(
+                    "copied frames hold batches only: a replica is sealed with terminate()"
+                )
+            if frames:
+                self._store(frames)
+            return self._end_offset
+
+    def truncate_tail(self, end: int) -> int:
+        """Drop every batch from ``end`` (where a batch begins) on: a follower's tail that
+        its new leader never had (``runtime.replication.divergence``). A sealed log keeps
+        its tail. Returns the records dropped."""
+        with self._lock:
+            self._check_open()
+            if end >= self._end_offset:
+                return 0
+            self._check_not_terminated()
+            cut = self._index.entries[self._batch_at(end)]
+            dropped = self._end_offset - end
+            self._files.cut(cut.chunk_base, cut.position)
+            self._open_files()  # the producers' windows forget the dropped sequences
+            return dropped
+
+    def _batch_at(self, offset: int) -> int:
+        """The index position of the batch that begins at ``offset``."""
+        if offset < self._start_offset:
+            raise InvalidArgumentError(
+                f"offset {offset} is below the start offset {self._start_offset} "
+                f"of segment {self._label}"
+            )
+        position = self._index.first_from(offset)
+        if position == len(self._index) or self._index.entries[position].base_offset != offset:
+            raise InvalidArgumentError(
+                f"offset {offset} does not begin a batch of segment {self._label}"
+            )
+        return position
 
     def read(self, offset: int, max_records: int) -> list[StoredBatch]:
         """Up to ``max_records`` whole records starting exactly at ``offset``."""
