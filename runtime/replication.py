@@ -228,6 +228,36 @@ class ReplicaProgress:
 
 
 @dataclass(frozen=True)
+class Copy:
+    """What a follower does with a copy its leader sent (``follow``): ``accepted`` False
+    when the leader is fenced (nothing else changes); else cut its log to ``keep``, and
+    store the copy only if it begins there (``store``; otherwise the leader sends again
+    from ``keep``)."""
+
+    accepted: bool
+    keep: int = 0
+    store: bool = False
+
+
+def follow(
+    seen_epoch: int,
+    history: EpochHistory,
+    end: int,
+    leader_epoch: int,
+    leader_history: EpochHistory,
+    leader_end: int,
+    copy_from: int,
+) -> Copy:
+    """A follower's answer to a leader's copy of its log from ``copy_from``. The follower
+    then records ``leader_epoch`` as seen and, once stored, adopts
+    ``leader_history.truncated(its new end)``."""
+    if not admits(leader_epoch, seen_epoch):
+        return Copy(accepted=False)
+    keep = divergence(leader_history, leader_end, history, end)
+    return Copy(accepted=True, keep=keep, store=copy_from == keep)
+
+
+@dataclass(frozen=True)
 class ReplicaReport:
     """What a fenced replica tells an election: its log's newest epoch and its end."""
 

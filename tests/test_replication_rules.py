@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from runtime.errors import InvalidArgumentError, UnavailableError
 from runtime.replication import (
     MAX_REPLICATION_FACTOR,
+    Copy,
     EpochHistory,
     EpochStart,
     NotEnoughReplicasError,
@@ -24,6 +25,7 @@ from runtime.replication import (
     admits,
     choose_leader,
     divergence,
+    follow,
     high_watermark,
 )
 
@@ -154,6 +156,14 @@ def test_a_replica_refuses_frames_from_before_the_newest_epoch_it_saw() -> None:
     assert not admits(2, 3)
 
 
+def test_a_follower_cuts_its_tail_and_stores_a_copy_only_where_it_matches() -> None:
+    mine, leaders = history((1, 0), (2, 4)), history((1, 0), (3, 5))
+    assert follow(4, mine, 7, 3, leaders, 9, copy_from=4) == Copy(accepted=False)
+    assert follow(2, mine, 7, 3, leaders, 9, copy_from=4) == Copy(True, keep=4, store=True)
+    # sent from further on than what matches: cut, store nothing, be sent from 4 again
+    assert follow(2, mine, 7, 3, leaders, 9, copy_from=7) == Copy(True, keep=4, store=False)
+
+
 # --- a replica set, simulated ----------------------------------------------------------------
 
 
@@ -217,12 +227,21 @@ class Simulation:
         leader, follower = self.replicas[name], self.replicas[follower_name]
         if follower_name == name or not (leader.alive and follower.alive):
             return
-        if not admits(epoch, follower.seen) or not admits(epoch, leader.seen):
-            return  # fenced: the follower refuses; a fenced leader sends nothing
+        if not admits(epoch, leader.seen):
+            return  # a leader that heard of a newer epoch sends nothing
+        # The leader sends from what it last heard the follower holds; here, where they match
+        # (a copy from elsewhere is answered with ``keep``, and sent again from there)
+        start = divergence(leader.history, len(leader.log), follower.history, len(follower.log))
+        step = follow(
+            follower.seen, follower.history, len(follower.log),
+            epoch, leader.history, len(leader.log), copy_from=start,
+        )  # fmt: skip
+        if not step.accepted:
+            return
+        assert step.store and step.keep == start
         follower.seen = epoch
-        keep = divergence(leader.history, len(leader.log), follower.history, len(follower.log))
-        end = min(len(leader.log), keep + copies)
-        follower.log = follower.log[:keep] + leader.log[keep:end]
+        end = min(len(leader.log), step.keep + copies)
+        follower.log = follower.log[: step.keep] + leader.log[step.keep : end]
         follower.history = leader.history.truncated(end)
         hw = progress.matched(follower_name, follower.history.last_epoch, end)
         follower.known_hw = max(follower.known_hw, min(hw, end))
@@ -312,6 +331,20 @@ def test_a_rejoining_follower_drops_the_tail_its_new_leader_never_had():
     assert sim.replicas["r0"].log == sim.replicas["r1"].log
     sim.crash("r1")
     assert sim.elect(["r0", "r2"]) == "r0"
+    sim.check()
+
+
+def test_a_stale_leader_cannot_take_back_what_its_successor_committed():
+    sim = _an_uncommitted_tail_on_r0(2)
+    assert sim.elect(["r1", "r2"]) == "r1"  # r0 does not know yet
+    sim.append(2)
+    sim.replicate(2, "r2", copies=5)  # C committed on r1 and r2
+    before = list(sim.replicas["r2"].log)
+    sim.replicate(1, "r2", copies=5)  # r0, leader of epoch 1, copies its log to r2: refused
+    sim.append(1)  # and writes on, alone
+    assert sim.replicas["r2"].log == before
+    sim.crash("r1")
+    assert sim.elect(["r0", "r2"]) == "r2"
     sim.check()
 
 
