@@ -21,12 +21,17 @@ from typing import Any
 from runtime.assignment import Share, assign_shares, readable_segments
 from runtime.layout import SegmentLayout
 
+# Answered views a session remembers: a consumer holds one of its last few answers.
+_ANSWERS_KEPT = 8
+
 
 @dataclass
 class Session:
     last_seen: float
     version: int = 0
     view: tuple[Share, ...] = ()
+    # The versions answered to this consumer, until it polls holding a later one.
+    answered: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -39,6 +44,9 @@ class GroupState:
     # before its owner heard of it is free at once (it would wait for a release that
     # its owner, never reading it, has no reason to send).
     handed: set[Share] = field(default_factory=set)
+    # The version of the first answer that carried each handed share: a consumer that
+    # polls holding an older version never received it (``confirmed``).
+    handed_at: dict[Share, int] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
     positions: dict[int, int] = field(default_factory=dict)  # released read positions
     # Where this state's assignment versions start. A consumer asks for its assignment
@@ -125,13 +133,41 @@ class GroupState:
         """Who calls: the coordinator, as it answers ``consumer`` with its view (a
         registration or a poll): what the view holds may be read from now on."""
         session = self.sessions.get(consumer)
-        if session is not None:
-            self.handed.update(s for s in session.view if s in self.owners)
+        if session is None:
+            return
+        session.answered.add(session.version)
+        session.answered.difference_update(sorted(session.answered)[:-_ANSWERS_KEPT])
+        for share in session.view:
+            if share in self.owners:
+                self.handed.add(share)
+                self.handed_at.setdefault(share, session.version)
+
+    def confirmed(self, consumer: str, known_version: int) -> bool:
+        """Who calls: the coordinator, when ``consumer`` polls holding the assignment of
+        ``known_version``. What it affects: the answers after that version were lost on
+        their way (a consumer polls with the version it applied last), so what only they
+        carried was never read, and waits for no release: a share of them being taken
+        back is free at once. A version this state never answered (-1, or one from before
+        a restart of the coordinator) tells nothing. Returns whether a share was freed."""
+        session = self.sessions.get(consumer)
+        if session is None or known_version not in session.answered:
+            return False
+        session.answered = {v for v in session.answered if v >= known_version}
+        freed = False
+        for share in [s for s, o in self.owners.items() if o == consumer]:
+            if share in self.handed and self.handed_at.get(share, known_version) > known_version:
+                self.handed.discard(share)
+                self.handed_at.pop(share, None)
+                if share in self.revoked:
+                    self._drop(share)
+                    freed = True
+        return freed
 
     def _drop(self, share: Share) -> None:
         del self.owners[share]
         self.revoked.discard(share)
         self.handed.discard(share)
+        self.handed_at.pop(share, None)
 
     def view(self, consumer: str) -> tuple[Share, ...]:
         return tuple(

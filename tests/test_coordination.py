@@ -126,15 +126,20 @@ def test_no_key_bucket_is_ever_held_by_two_consumers(
         )
 
 
-def test_a_share_taken_back_before_its_owner_heard_of_it_waits_for_no_release() -> None:
-    """Granted to ``a`` and moved on before ``a`` polled: ``a`` never reads it, so never
-    releases it; the next owner gets it at once. One ``a`` was told of is released first."""
+def _a_reads_one_segment_and_b_joins() -> tuple[SegmentLayout, GroupState]:
     layout = SegmentLayout.initial(1)
     state = GroupState(buckets=4)
     state.join("a", 0.0)
     state.rebalance(layout)
     state.handed_out("a")  # a reads the whole segment
     state.join("b", 0.0)
+    return layout, state
+
+
+def test_a_share_taken_back_before_its_owner_heard_of_it_waits_for_no_release() -> None:
+    """Granted to ``a`` and moved on before ``a`` polled: ``a`` never reads it, so never
+    releases it; the next owner gets it at once. One ``a`` was told of is released first."""
+    layout, state = _a_reads_one_segment_and_b_joins()
     state.rebalance(layout)  # a's whole segment waits for a's release
     assert state.revoked == {Share(0)} and state.view("b") == ()
     state.release("a", 0)
@@ -145,3 +150,131 @@ def test_a_share_taken_back_before_its_owner_heard_of_it_waits_for_no_release() 
     state.rebalance(layout)
     assert not state.revoked and sorted(state.owners.values()) == ["a", "b", "c"]
     assert all(s.end - s.start < 4 and s.count == 4 for s in state.owners)
+
+
+def test_what_only_a_lost_answer_carried_waits_for_no_release() -> None:
+    """``a``'s answer carrying its half of the segment never reached it: its next poll
+    holds the version before. When a third consumer cuts the segment in three and moves
+    that half, it is free at once; had ``a`` received it, it would wait for ``a``'s
+    release."""
+    layout, state = _a_reads_one_segment_and_b_joins()
+    state.rebalance(layout)
+    state.handed_out("a")  # a is told to give it up, and does
+    told = state.sessions["a"].version
+    state.release("a", 0)
+    state.rebalance(layout)
+    state.handed_out("a")  # a's half: this answer is lost
+    state.handed_out("b")  # b's half reaches b
+    state.join("c", 0.0)
+    state.rebalance(layout)
+    (moved,) = state.revoked
+    assert state.owners[moved] == "a"
+    assert not state.confirmed("a", -1)  # a version never answered tells nothing
+    assert state.confirmed("a", told)
+    assert moved not in state.owners and not state.revoked
+    assert not state.confirmed("a", told)  # nothing more to free
+    state.rebalance(layout)
+    assert sorted(state.owners.values()) == ["a", "b", "c"]
+
+
+def test_a_share_received_before_a_lost_answer_still_waits_for_its_release() -> None:
+    """``a`` received the whole of segment 0; the next answer, which still carried it, was
+    lost. Its poll holds the older version, which carried the segment too: ``a`` may be
+    reading it, so the segment moves only once ``a`` released it."""
+    layout = SegmentLayout.initial(2)
+    state = GroupState(buckets=4)
+    state.join("a", 0.0)
+    state.rebalance(layout)
+    state.handed_out("a")  # a reads both segments
+    received = state.sessions["a"].version
+    state.join("b", 0.0)
+    state.rebalance(layout)
+    state.handed_out("a")  # a gives segment 1 up in this answer, which is lost
+    state.release("a", 1)  # (as if a had)
+    state.rebalance(layout)
+    state.join("c", 0.0)
+    state.join("d", 0.0)
+    state.rebalance(layout)  # four consumers: segment 0 cut in two, a's whole one moves
+    assert {state.owners[s] for s in state.revoked} == {"a"}
+    assert not state.confirmed("a", received)
+    assert {s.segment_id for s in state.revoked} == {0}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                ("join", "leave", "answer", "lose", "poll", "release", "split", "finish")
+            ),
+            st.integers(0, 3),
+        ),
+        max_size=50,
+    ),
+    st.sampled_from([1, 4]),
+)
+def test_lost_answers_never_let_two_consumers_read_the_same_bucket(
+    events: list[tuple[str, int]], buckets: int
+) -> None:
+    """Consumers modelled as the client behaves: it registers (a lost registration is
+    retried, so it is answered), an answer to a poll that arrives is applied (its shares
+    read), one that is lost is not, a poll carries the version applied last, and a share
+    dropped from the view is released once acknowledged. Whatever answers are
+    lost, a share a consumer may be reading waits for its release (no bucket read by two
+    at once), and once every consumer polled and released, nothing waits."""
+    layout, state = SegmentLayout.initial(2), GroupState(buckets=buckets)
+    applied: dict[str, int] = {}
+    reading: dict[str, set[Share]] = {}  # received and not released
+
+    def release(name: str) -> None:
+        for share in [s for s in reading[name] if s not in state.view(name)]:
+            if state.owners.get(share) == name:
+                state.release(name, share.segment_id)
+            reading[name].discard(share)
+
+    for kind, n in events:
+        name = f"c{n}"
+        if kind == "join" and name not in state.sessions:  # registered, answered
+            state.join(name, 0.0)
+            state.rebalance(layout)
+            state.handed_out(name)
+            applied[name] = state.sessions[name].version
+            reading[name] = set(state.view(name))
+        elif name not in state.sessions:
+            pass
+        elif kind == "leave":
+            state.leave(name)
+            del applied[name], reading[name]
+        elif kind == "answer":
+            state.handed_out(name)
+            applied[name] = state.sessions[name].version
+            reading[name] |= set(state.view(name))
+        elif kind == "lose":
+            state.handed_out(name)
+        elif kind == "poll":
+            state.confirmed(name, applied[name])
+        elif kind == "release":
+            release(name)
+        if kind == "split" and len(layout.active_segments) < 5:
+            layout = layout.split_segment(sorted(layout.active_segments)[n % 2])
+        elif kind == "finish":
+            sealed = [i for i in layout.readable(state.finished) if not i.is_active]
+            if sealed:
+                done = sealed[n % len(sealed)].segment_id
+                state.finish(done)
+                for shares in reading.values():
+                    shares -= {s for s in shares if s.segment_id == done}
+        state.rebalance(layout)
+        read = [(c, s) for c, shares in reading.items() for s in shares]
+        for i, (c1, s1) in enumerate(read):
+            for c2, s2 in read[i + 1 :]:
+                assert c1 == c2 or not s1.overlaps(s2), f"{c1} and {c2} read {s1} and {s2}"
+    for _ in range(3):  # every consumer polls, applies its answer and releases
+        for name in list(state.sessions):
+            state.confirmed(name, applied[name])
+            state.handed_out(name)
+            applied[name] = state.sessions[name].version
+            reading[name] |= set(state.view(name))
+            release(name)
+        state.rebalance(layout)
+    assert not state.revoked

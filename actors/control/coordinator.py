@@ -89,6 +89,8 @@ class SubscriptionCoordinator:
         self._check(credential)
         await self._start()
         session = self._session(consumer)
+        if self.state.confirmed(consumer, known_version):
+            self._settle()
         deadline = time.monotonic() + timeout_s
         while session.version == known_version and time.monotonic() < deadline:
             self.state.seen(consumer, time.monotonic())
