@@ -130,8 +130,9 @@ def split_frames(data: bytes | memoryview, expected_offset: int) -> list[Encoded
         header = bytes(view[position : position + HEADER_SIZE])
         rest_length = _rest_length(header) if len(header) == HEADER_SIZE else None
         end = position + HEADER_SIZE + (rest_length or 0)
-        decoded = None if rest_length is None or end > len(view) else (
-            _decoded(header, view[position + HEADER_SIZE : end], expected_offset)
+        rest = view[position + HEADER_SIZE : end]
+        decoded = None if rest_length is None or len(rest) < rest_length else (
+            _decoded(header, rest, expected_offset)
         )  # fmt: skip
         if decoded is None:
             raise InvalidArgumentError(

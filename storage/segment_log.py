@@ -356,8 +356,6 @@ class SegmentLog:
             self._check_open()
             self._files.verify()
 
-    # --- reading ----------------------------------------------------------------
-
     # --- copies between replicas ---------------------------------------------------------
 
     def frames_from(self, offset: int, max_bytes: int) -> bytes:
@@ -374,14 +372,7 @@ class SegmentLog:
                     break
                 taken.append(entry)
                 size += entry.frame_length
-            return b"".join(
-                self._files.pread(
-                    run[0].chunk_base,
-                    run[-1].position + run[-1].frame_length - run[0].position,
-                    run[0].position,
-                )
-                for run in adjacent_runs(taken)
-            )
+            return b"".join(self._read_run(run) for run in adjacent_runs(taken))
 
     def append_frames(self, data: bytes | memoryview) -> int:
         """Store a leader's frames as they are, from this log's end, and return the new end.
@@ -430,6 +421,8 @@ class SegmentLog:
             )
         return position
 
+    # --- reading ----------------------------------------------------------------
+
     def read(self, offset: int, max_records: int) -> list[StoredBatch]:
         """Up to ``max_records`` whole records starting exactly at ``offset``."""
         if max_records <= 0:
@@ -458,8 +451,7 @@ class SegmentLog:
         remaining = max_records
         for run in adjacent_runs(entries):
             start = run[0].position
-            length = run[-1].position + run[-1].frame_length - start
-            buffer = pa.py_buffer(self._files.pread(run[0].chunk_base, length, start))
+            buffer = pa.py_buffer(self._read_run(run))
             for entry in run:
                 payload_start = entry.position - start + entry.frame_length - entry.payload_length
                 records = deserialize_batch(buffer.slice(payload_start, entry.payload_length))
@@ -468,6 +460,12 @@ class SegmentLog:
                 batches.append(_stored(entry, records.slice(skip, take), entry.base_offset + skip))
                 remaining -= take
         return batches
+
+    def _read_run(self, run: list[IndexEntry]) -> bytes:
+        """The frames of adjacent batches of one chunk, with one ``pread``."""
+        start = run[0].position
+        length = run[-1].position + run[-1].frame_length - start
+        return self._files.pread(run[0].chunk_base, length, start)
 
     # --- internals --------------------------------------------------------------
 
