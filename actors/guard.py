@@ -82,6 +82,15 @@ class Guard:
             )
         return principal
 
+    def check_internal(self, token: str | None, what: str) -> None:
+        """Require the system's own credential for ``what`` (a replica's fetch: no
+        operator's grant, admin's included, may pose as a segment's replica)."""
+        principal = self.authenticate(token)
+        if principal is not None and principal is not INTERNAL_PRINCIPAL:
+            raise UnauthorizedError(
+                f"principal {principal.name!r} may not {what}: the system's own credential only"
+            )
+
     def allows(self, principal: Principal | None, action: Permission, namespace: str) -> bool:
         """Whether an already authenticated caller may (still) ``action`` on ``namespace``."""
         return principal is None or principal.may(action, namespace)

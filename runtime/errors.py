@@ -284,6 +284,21 @@ class UnseenSendFailuresError(UnavailableError):
         self.failed = failed
 
 
+class NotEnoughReplicasError(UnavailableError):
+    """Fewer replicas of a segment answer than a decision needs: an append not held by
+    the ack quorum in time (not acknowledged; a retry is stored once), or an election
+    that could not fence enough replicas."""
+
+    code = "not_enough_replicas"
+
+
+class NotLeaderError(UnavailableError):
+    """A producer or reader reached a replica of a segment that does not lead it now;
+    clients look the segment up again and reach its leader."""
+
+    code = "not_leader"
+
+
 class ClientClosedError(ScalableTopicsError):
     code = "closed"
     http_status = 409

@@ -52,16 +52,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from runtime.errors import InvalidArgumentError, UnavailableError
+from runtime.errors import InvalidArgumentError, NotEnoughReplicasError
 
 # More copies than this buy no safety a user asks for and multiply every write.
 MAX_REPLICATION_FACTOR = 7
-
-
-class NotEnoughReplicasError(UnavailableError):
-    """Fewer replicas answer than a decision needs (an election's reports, an ack quorum)."""
-
-    code = "not_enough_replicas"
 
 
 @dataclass(frozen=True)
@@ -172,7 +166,9 @@ def divergence(
         # The leader never had this epoch: its entries here go, and the one before decides.
         end = min(end, history.starts[-1].offset)
         history = EpochHistory(history.starts[:-1])
-    return 0
+    # What is left was written before any epoch, by the segment's one writer before it was
+    # replicated: the same in every copy, up to where the leader's first epoch begins.
+    return min(end, leader.end_of(0, leader_end)[1])
 
 
 def high_watermark(leader_end: int, follower_ends: Iterable[int], ack_quorum: int) -> int:
@@ -255,6 +251,39 @@ def follow(
         return Copy(accepted=False)
     keep = divergence(leader_history, leader_end, history, end)
     return Copy(accepted=True, keep=keep, store=copy_from == keep)
+
+
+# What one shipment carries at most: a follower far behind catches up in steps this size.
+DEFAULT_SHIPMENT_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """A follower's ask of its leader (``storage.replica_log``): who it is, the newest
+    epoch it saw, the epoch its log adopted (its history's last) and its end, where the
+    shipment should begin; the leader may hold it up to ``wait_s`` for new entries."""
+
+    replica: str
+    seen_epoch: int
+    adopted_epoch: int
+    offset: int
+    max_bytes: int = DEFAULT_SHIPMENT_BYTES
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """A leader's answer: its epoch, history, start, end and high watermark, and its
+    stored frames from ``offset`` (the fetch's; none while the follower must first cut
+    its tail or begin at ``start``)."""
+
+    epoch: int
+    history: EpochHistory
+    start: int
+    end: int
+    high_watermark: int
+    offset: int
+    frames: bytes | memoryview
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,9 @@ answered with the delivery batch as an Arrow IPC stream.
                | i64 next offset (past every record looked at) | Arrow IPC stream bytes
     error    = u32 length | u8 status=ERROR | JSON {"error": code, "message": ...}
 
+A follower's fetch from its leader and the leader's shipment are
+``runtime.replica_frames``.
+
 Anyone who can reach a segment's port can send it bytes, so the first frame of
 every connection is a HELLO and the segment looks at nothing else until it has
 checked the credential in it (against the cluster's policy) for the access the
@@ -93,16 +96,20 @@ OP_HELLO = 3
 OP_QUEUE_TAKE = 4
 OP_QUEUE_SETTLE = 5
 OP_SHARE_READ = 6
+OP_REPLICA_FETCH = 7  # between a segment's replicas: runtime.replica_frames
 STATUS_OK = 0
 STATUS_ERROR = 1
 MAX_FRAME = 256 << 20
 WIRE_VERSION = 1
 MAX_CREDENTIAL = 4096  # bytes of UTF-8; tokens are tens of characters
 MAX_HELLO = _HELLO.size + MAX_CREDENTIAL
-# What a connection may carry (bits of the HELLO's access byte).
+# What a connection may carry (bits of the HELLO's access byte). REPLICATE is a
+# segment's replica fetching from its leader: the system's own credential only.
 PRODUCE = 1
 CONSUME = 2
-_ACCESS = PRODUCE | CONSUME
+REPLICATE = 4
+ALL_ACCESS = PRODUCE | CONSUME | REPLICATE
+ACCESS_NAMES = {PRODUCE: "produce", CONSUME: "consume", REPLICATE: "replicate"}
 # What each kind of frame needs its connection to have been granted.
 ACCESS_OF_OP = {
     OP_APPEND: PRODUCE,
@@ -110,6 +117,7 @@ ACCESS_OF_OP = {
     OP_QUEUE_TAKE: CONSUME,
     OP_QUEUE_SETTLE: CONSUME,
     OP_SHARE_READ: CONSUME,
+    OP_REPLICA_FETCH: REPLICATE,
 }
 
 
@@ -153,8 +161,10 @@ def decode_hello(body: bytes | memoryview) -> tuple[str | None, int]:
     _, version, access = _HELLO.unpack_from(body)
     if version != WIRE_VERSION:
         raise InvalidArgumentError(f"data plane wire version {version}, expected {WIRE_VERSION}")
-    if access == 0 or access & ~_ACCESS:
-        raise InvalidArgumentError(f"data plane access {access}: 1 (produce), 2 (consume) or 3")
+    if access == 0 or access & ~ALL_ACCESS:
+        raise InvalidArgumentError(
+            f"data plane access {access}: a sum of 1 (produce), 2 (consume), 4 (replicate)"
+        )
     try:
         credential = bytes(body[_HELLO.size :]).decode()
     except UnicodeDecodeError:
@@ -266,7 +276,7 @@ def encode_share_read(request: ShareRead) -> bytes:
         OP_SHARE_READ,
         request.offset,
         request.max_records,
-        _millis(request.wait_s),
+        millis(request.wait_s),
         -1 if request.ack is None else request.ack,
         request.start,
         request.end,
@@ -336,9 +346,7 @@ class SettleRequest(NamedTuple):
 
 def encode_take(request: TakeRequest) -> bytes:
     subscription, consumer = request.subscription.encode(), request.consumer.encode()
-    head = _TAKE.pack(
-        OP_QUEUE_TAKE, request.max_records, _millis(request.wait_s), len(subscription)
-    )
+    head = _TAKE.pack(OP_QUEUE_TAKE, request.max_records, millis(request.wait_s), len(subscription))
     return (
         LENGTH.pack(len(head) + len(subscription) + len(consumer)) + head + subscription + consumer
     )
@@ -352,13 +360,13 @@ def decode_take(body: bytes | memoryview) -> TakeRequest:
     if max_records < 1:
         raise InvalidArgumentError(f"a take needs max records >= 1, got {max_records}")
     subscription, end = _name(body, _TAKE.size, length)
-    return TakeRequest(subscription, _text(body[end:]), max_records, wait_ms / 1000)
+    return TakeRequest(subscription, text(body[end:]), max_records, wait_ms / 1000)
 
 
 def encode_settle(request: SettleRequest) -> bytes:
     subscription, consumer = request.subscription.encode(), request.consumer.encode()
     parts = (
-        _SETTLE.pack(OP_QUEUE_SETTLE, request.kind, _millis(request.delay_s), len(subscription)),
+        _SETTLE.pack(OP_QUEUE_SETTLE, request.kind, millis(request.delay_s), len(subscription)),
         subscription,
         _NAME_LENGTH.pack(len(consumer)),
         consumer,
@@ -388,7 +396,7 @@ def decode_settle(body: bytes | memoryview) -> SettleRequest:
     return SettleRequest(settle, subscription, consumer, offsets, delay_ms / 1000)
 
 
-def _millis(seconds: float) -> int:
+def millis(seconds: float) -> int:
     return min(max(round(seconds * 1000), 0), 0xFFFFFFFF)
 
 
@@ -402,10 +410,10 @@ def _name(body: bytes | memoryview, start: int, length: int) -> tuple[str, int]:
     end = start + length
     if len(body) < end:
         raise InvalidArgumentError("data plane frame too short for its names")
-    return _text(body[start:end]), end
+    return text(body[start:end]), end
 
 
-def _text(view: bytes | memoryview) -> str:
+def text(view: bytes | memoryview) -> str:
     try:
         return bytes(view).decode()
     except UnicodeDecodeError:

@@ -237,6 +237,15 @@ class ChunkFiles:
                 os.close(fd)
             fsync_directory(self.directory)
 
+    def rebase(self, base_offset: int) -> None:
+        """Replace an empty log's chunks with one empty chunk at ``base_offset``; leaves
+        every handle closed, as ``cut`` does."""
+        self.close()
+        for chunk in self.chunks:
+            chunk.path.unlink()
+        self.chunks = []
+        self.create(base_offset)
+
     def synced_directory(self) -> None:
         """Make unlinks durable, if the policy flushes at all."""
         if self._durability.flushes:

@@ -407,6 +407,19 @@ class SegmentLog:
             self._open_files()  # the producers' windows forget the dropped sequences
             return dropped
 
+    def begin_at(self, offset: int) -> None:
+        """Make an empty log begin at ``offset``: a new follower of a leader whose log no
+        longer begins at 0 (retention dropped its head) copies from the leader's start."""
+        with self._lock:
+            self._check_open()
+            if self._end_offset != self._start_offset or len(self._index):
+                raise InvalidArgumentError(
+                    f"segment {self._label} holds records: only an empty log is moved"
+                )
+            if offset != self._end_offset:
+                self._files.rebase(offset)
+                self._open_files()
+
     def _batch_at(self, offset: int) -> int:
         """The index position of the batch that begins at ``offset``."""
         if offset < self._start_offset:

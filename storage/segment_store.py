@@ -30,7 +30,7 @@ from runtime.names import SegmentName
 from runtime.share_reads import of_share
 from runtime.subscription import ResetTarget
 from runtime.uris import redacted
-from storage.appends import Append, AppendResult
+from storage.appends import Append, AppendResult, StoredBatch
 from storage.cursors import CursorStore, Position
 from storage.durability import Durability
 from storage.files import atomic_write
@@ -92,6 +92,7 @@ class SegmentStore:
         self._ack_timeout_s = ack_timeout_s
         self._dispatchers: dict[str, QueueDispatcher] = {}
         self._deleted = False
+        self._readable_limit: int | None = None  # limit_reads
         record = None if create else self._tiered_record()  # a new segment has none
         if record is not None:
             self._open_tiered(record)
@@ -188,15 +189,49 @@ class SegmentStore:
         self._check_alive()
         return self.log.append_all(appends)
 
+    @property
+    def replica_log(self) -> SegmentLog:
+        """The local log a replica copies to or from (``storage.replica_log``): an active
+        segment's; a segment served from the tier has no replicas."""
+        if not isinstance(self.log, SegmentLog):
+            raise UnavailableError(f"{self.name} is served from the tier: it has no replicas")
+        return self.log
+
+    # --- what readers see -----------------------------------------------------------
+
+    def limit_reads(self, end: int | None) -> None:
+        """Serve readers records below ``end`` only: a replicated segment's high
+        watermark, so that no reader sees an entry a failover could take back. ``None``:
+        everything stored (an unreplicated segment)."""
+        self._readable_limit = end
+
+    @property
+    def readable_end(self) -> int:
+        """The end readers are told of and read up to."""
+        end = self.log.end_offset
+        return end if self._readable_limit is None else min(end, self._readable_limit)
+
+    @property
+    def sealed_for_readers(self) -> bool:
+        """Sealed, and all of it readable: a reader at the end has read the segment."""
+        return self.log.terminated and self.readable_end == self.log.end_offset
+
     def waits_at(self, offset: int) -> bool:
         """Whether a long-poll at ``offset`` has to wait: the segment is live and has
-        nothing there yet (an error, or records, is answered at once)."""
-        return not self._deleted and not self.log.terminated and offset >= self.log.end_offset
+        nothing readable there yet (an error, or records, is answered at once)."""
+        return not self._deleted and not self.sealed_for_readers and offset >= self.readable_end
 
     def read(self, offset: int, max_records: int) -> pa.RecordBatch:
         self._check_alive()
         offset = max(offset, self.log.start_offset)
-        return to_delivery(self.log.read(offset, max_records))
+        return to_delivery(self._read_log(offset, max_records))
+
+    def _read_log(self, offset: int, max_records: int) -> list[StoredBatch]:
+        if self._readable_limit is not None and max_records > 0:
+            max_records = min(max_records, self.readable_end - offset)
+            if max_records <= 0:
+                return []
+        return self.log.read(offset, max_records)
 
     def share_start(self, subscription: str, offset: int) -> int:
         """Where a share's read from ``offset`` begins: nothing below the subscription's
@@ -213,7 +248,7 @@ class SegmentStore:
         are stepped over, not waited on)."""
         self._check_alive()
         offset = self.share_start(subscription, offset)
-        scanned = to_delivery(self.log.read(offset, max_records))
+        scanned = to_delivery(self._read_log(offset, max_records))
         if scanned.num_rows == 0:
             return scanned, offset
         following = scanned.column("offset")[-1].as_py() + 1
@@ -347,7 +382,7 @@ class SegmentStore:
         return max(self.cursors.get(subscription).mark_delete, self.log.start_offset)
 
     def drained(self, subscription: str) -> bool:
-        return self.log.terminated and self.position(subscription) >= self.log.end_offset
+        return self.sealed_for_readers and self.position(subscription) >= self.readable_end
 
     def ack_cumulative(self, subscription: str, offset: int, *, save_later: bool = False) -> bool:
         """``save_later``: keep the ack in memory until ``save_acks`` (``CursorStore``
@@ -393,7 +428,7 @@ class SegmentStore:
         cursor = self.cursors.get(subscription)
         dispatcher = self._dispatcher(subscription)
         offsets = dispatcher.take(
-            consumer, max_records, self.log.end_offset, cursor.is_acked, time.monotonic()
+            consumer, max_records, self.readable_end, cursor.is_acked, time.monotonic()
         )
         batch = self._read_offsets(offsets)
         counts = dispatcher.redeliveries(offsets)

@@ -42,17 +42,26 @@ async def exchange(bodies: list[bytes], cuts: random.Random) -> list[tuple[int, 
     """Send ``bodies`` in randomly cut pieces; return the decoded responses in arrival order.
 
     A body starting with b"w" must wait (answered later, asynchronously, with every body
-    after it on the connection); each response
-    carries (index of the body, its length) so order and integrity are both visible.
+    after it on the connection); one starting with b"f" is handled now and answered
+    later (a replicated append waiting for its quorum), after a random delay, so later
+    answers are ready before it. Each response carries (index of the body, its length)
+    so order and integrity are both visible.
     """
     seen = iter(range(len(bodies)))
+    loop = asyncio.get_running_loop()
 
-    def now(bodies: list[memoryview]) -> list[bytes]:
-        responses = []
+    def now(bodies: list[memoryview]) -> list[bytes | asyncio.Future[bytes]]:
+        responses: list[bytes | asyncio.Future[bytes]] = []
         for body in bodies:
             if body[:1] == b"w":
                 break
-            responses.append(wire.encode_ok(next(seen), len(body)))
+            answer = wire.encode_ok(next(seen), len(body))
+            if body[:1] == b"f":
+                future = loop.create_future()
+                loop.call_later(cuts.random() / 100, future.set_result, answer)
+                responses.append(future)
+            else:
+                responses.append(answer)
         return responses
 
     async def later(body: bytes) -> bytes:
@@ -78,13 +87,13 @@ async def exchange(bodies: list[bytes], cuts: random.Random) -> list[tuple[int, 
 @settings(max_examples=25, deadline=None)
 @given(
     sizes=st.lists(st.sampled_from([1, 20, 100_000, 3_000_000, 9_000_000]), max_size=12),
-    waits=st.lists(st.booleans(), max_size=12),
+    kinds=st.lists(st.sampled_from([b"w", b"f", b"n"]), max_size=12),
     seed=st.integers(0, 1000),
 )
-def test_frames_answered_in_order_whatever_their_sizes_and_cuts(sizes, waits, seed) -> None:
+def test_frames_answered_in_order_whatever_their_sizes_and_cuts(sizes, kinds, seed) -> None:
     bodies = [
-        (b"w" if wait else b"n") + bytes(size - 1)
-        for size, wait in zip(sizes, waits + [False] * len(sizes), strict=False)
+        kind + bytes(size - 1)
+        for size, kind in zip(sizes, kinds + [b"n"] * len(sizes), strict=False)
     ]
     responses = asyncio.run(exchange(bodies, random.Random(seed)))
     assert responses == [(index, len(body)) for index, body in enumerate(bodies)]
@@ -102,3 +111,11 @@ def test_an_oversized_length_closes_the_connection() -> None:
         return answer
 
     assert asyncio.run(run()) == b""
+
+
+def test_answers_ready_early_wait_for_an_earlier_frames_later_answer() -> None:
+    """Frames handled together: the first one's answer comes late (a replicated append
+    waiting for its quorum), the others' at once; they leave in the frames' order."""
+    bodies = [b"f" + bytes(19), b"n" + bytes(19), b"f" + bytes(9), b"n" + bytes(3), b"w", b"n"]
+    responses = asyncio.run(exchange(bodies, random.Random(1)))
+    assert responses == [(index, len(body)) for index, body in enumerate(bodies)]

@@ -42,6 +42,8 @@ from runtime.auth import AuthPolicy, client_credential
 from runtime.batch import make_batch, serialize_batch
 from runtime.errors import UnauthenticatedError, UnauthorizedError
 from runtime.names import SegmentName, TopicName
+from runtime.replica_frames import decode_shipment, encode_fetch
+from runtime.replication import Fetch
 from storage.catalog import Catalog
 from tests.segments import segment_actor
 
@@ -336,7 +338,8 @@ async def _frames(reader: asyncio.StreamReader) -> list[bytes]:
 
 
 def test_a_connection_carries_only_what_it_was_granted(topic) -> None:
-    """Append frames need a connection granted produce, reads one granted consume; a HELLO
+    """Append frames need a connection granted produce, reads one granted consume, a
+    replica's fetch one granted replicate (the system's own credential only); a HELLO
     asking for what the token may not have is refused. Each refusal closes it."""
     segment = segments(topic)[0]
     payload = serialize_batch(make_batch([b"sneaked"]))
@@ -363,6 +366,14 @@ def test_a_connection_carries_only_what_it_was_granted(topic) -> None:
     (refused,) = asyncio.run(exchange(TOKENS["reader"], wire.PRODUCE, append))
     with pytest.raises(UnauthorizedError):
         wire.decode_welcome(refused)
+    # Posing as a replica of the segment: the system's own credential only, an admin's not
+    fetch = encode_fetch(Fetch("impostor", 1, 1, 0))
+    (refused,) = asyncio.run(exchange(TOKENS["ops"], wire.REPLICATE, fetch))
+    with pytest.raises(UnauthorizedError, match="system's own credential"):
+        wire.decode_welcome(refused)
+    everything = asyncio.run(exchange(TOKENS["app"], wire.PRODUCE | wire.CONSUME, fetch))
+    with pytest.raises(UnauthorizedError, match="produce and consume only, not replicate"):
+        decode_shipment(everything[1])
     assert state(topic)[0][0] == end
 
 

@@ -494,7 +494,7 @@ def test_hello_frames_round_trip_and_refuse_what_is_not_one():
         wire.decode_hello(append)
     with pytest.raises(InvalidArgumentError, match="version"):
         wire.decode_hello(bytes([wire.OP_HELLO, 99, 1]))
-    for access in (0, 4, 255):
+    for access in (0, 8, 255):
         with pytest.raises(InvalidArgumentError, match="access"):
             wire.decode_hello(bytes([wire.OP_HELLO, wire.WIRE_VERSION, access]))
     with pytest.raises(UnauthenticatedError):

@@ -111,6 +111,16 @@ def test_a_follower_keeps_what_matches_its_leader() -> None:
     assert divergence(leader, 9, EpochHistory(), 0) == 0
 
 
+def test_entries_from_before_any_epoch_match_up_to_the_leaders_first_epoch() -> None:
+    """A segment replicated only once it held data: what its one writer stored before the
+    first epoch is the same in every copy, and a follower's copy of it is kept."""
+    leader = history((1, 10))
+    assert divergence(leader, 15, EpochHistory(), 6) == 6
+    assert divergence(leader, 15, EpochHistory(), 12) == 10
+    assert divergence(EpochHistory(), 9, EpochHistory(), 5) == 5
+    assert divergence(leader, 15, history((2, 8)), 12) == 8  # epoch 2 never was: cut to it
+
+
 # --- the high watermark ---------------------------------------------------------------------
 
 

@@ -35,6 +35,7 @@ from actors.metrics import SegmentMetrics
 from actors.segment.appender import SegmentAppender
 from actors.segment.data_plane import DataPlaneServer, PolicyWatch
 from actors.segment.flusher import IntervalFlusher
+from actors.segment.replication import ReplicaRoles
 from runtime import tls, wire
 from runtime.auth import Permission
 from runtime.batch import ipc_parts
@@ -43,12 +44,14 @@ from runtime.errors import InvalidArgumentError, ScalableTopicsError, Unavailabl
 from runtime.limits import LiveLimits
 from runtime.listen import addresses, port_range
 from runtime.names import SegmentName
+from runtime.replication import Replication
 from runtime.subscription import ResetTarget, reset_target
 from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.cursors import Position
 from storage.durability import Durability, node_storage_root, storage_scope
 from storage.incarnation_storage import IncarnationStorage
+from storage.replica_state import ReplicaStateFile
 from storage.segment_store import SealedBy
 from storage.tier import open_tier, tier_directory
 
@@ -75,10 +78,12 @@ class Segment:
         durability: dict[str, Any],
         create: bool,
         incarnation: str,
+        replica_name: str | None = None,
     ) -> None:
         """Open ``segment``'s storage of topic incarnation ``incarnation``; ``create``: lay it
         out if it is missing (a first open only: one after a restart whose storage is gone
-        must fail, not serve an empty log in its place)."""
+        must fail, not serve an empty log in its place). A replica is named by its node
+        (``replica_name``, for tests that run several on one)."""
         self._name = segment
         self._closed = False
         # With a disk per node, the segment is on this node's own (the controller pinned
@@ -122,6 +127,13 @@ class Segment:
         self._appender = SegmentAppender(
             self._name, self._store, limits, self._metrics, self._appended
         )
+        self._roles = ReplicaRoles(
+            self._name, self._store, ReplicaStateFile(self._store.directory, self._durability),
+            replica_name=replica_name or ray.get_runtime_context().get_node_id(),
+            wait_for_data=self._wait,
+            on_committed=self._wake, credential=self._guard.internal_token,
+            drop_clients=self._drop_clients,
+        )  # fmt: skip
 
     # --- data path ---------------------------------------------------------------
 
@@ -140,7 +152,10 @@ class Segment:
         the contract, not an accident of scheduling.
         """
         self._check(credential, Permission.PRODUCE)
-        return await self._appender.append(batch, producer_id, sequence)
+        base, count = await self._appender.append(batch, producer_id, sequence)
+        if self._roles.leader is not None:
+            await self._roles.leader.committed(base + count)
+        return base, count
 
     async def offset_at_time(self, time_ms: int, *, credential: str | None = None) -> int:
         """The first offset published at or after ``time_ms`` (the end when none was)."""
@@ -161,7 +176,7 @@ class Segment:
         async with self._starting_data_plane:
             if self._data_plane is None:
                 server = DataPlaneServer(
-                    self._appender.append_frames,
+                    self._append_frames,
                     self._serve_later,
                     self._authorize_connection,
                     _POLICY_WATCH,
@@ -198,6 +213,7 @@ class Segment:
         to an exited process would (``ActorUnavailableError``), and clients look the
         segment up again."""
         self._closed = True
+        await self._roles.close()
         if self._data_plane is not None:
             self._data_plane.stop()
         self._appender.release_turns()
@@ -299,9 +315,9 @@ class Segment:
         store = self._store
         status = {
             "startOffset": store.start_offset,
-            "endOffset": store.end_offset,
+            "endOffset": store.readable_end,
             "sizeBytes": store.size_bytes,
-            "terminated": store.terminated,
+            "terminated": store.sealed_for_readers,
         }
         if subscription is not None:
             status["position"] = store.position(subscription)
@@ -341,12 +357,47 @@ class Segment:
             self._store.use_tier(uri, tiered)
             self._tier_error = None
 
+    # --- replication (the controller's, fenced by the segment's leader epoch) ----------
+
+    async def lead(
+        self,
+        epoch: int,
+        factor: int,
+        ack_quorum: int,
+        commit_timeout_s: float | None = None,
+        *,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """Lead leader epoch ``epoch`` of this segment (``actors.segment.replication``)."""
+        self._check(credential, Permission.ADMIN)
+        return await self._roles.lead(epoch, Replication.of(factor, ack_quorum), commit_timeout_s)
+
+    async def follow(
+        self, epoch: int, leader: wire.Endpoint, *, credential: str | None = None
+    ) -> dict[str, Any]:
+        """Follow the leader of ``epoch``, whose data plane is at ``leader``."""
+        self._check(credential, Permission.ADMIN)
+        return await self._roles.follow(epoch, wire.Endpoint(*leader))
+
+    async def fence(self, epoch: int, *, credential: str | None = None) -> dict[str, Any]:
+        """An election at ``epoch``: this replica's newest epoch and end, and from now on
+        no older leader is followed or served as one."""
+        self._check(credential, Permission.ADMIN)
+        report = await self._roles.fence(epoch)
+        return {"replica": report.replica, "lastEpoch": report.last_epoch, "end": report.end}
+
+    async def replica_status(self, *, credential: str | None = None) -> dict[str, Any]:
+        self._check(credential, Permission.ADMIN)
+        return self._roles.status()
+
     # --- internals ---------------------------------------------------------------
 
     def _check(self, credential: str | None, permission: Permission) -> None:
         self._still_open()
         if permission is not Permission.ADMIN:
             self._last_used = time.monotonic()
+            if permission is not Permission.LOOKUP:
+                self._roles.check_serves()
         try:
             self._guard.check(credential, permission, self._namespace)
         except ScalableTopicsError as err:
@@ -359,25 +410,35 @@ class Segment:
 
     def _authorize_connection(self, credential: str | None, access: int) -> None:
         """A data-plane connection's admission (and re-admission when the policy changes)."""
+        if access & (wire.PRODUCE | wire.CONSUME):
+            self._roles.check_serves()
         if access & wire.PRODUCE:
             self._guard.check(credential, Permission.PRODUCE, self._namespace)
         if access & wire.CONSUME:
             self._guard.check(credential, Permission.CONSUME, self._namespace)
+        if access & wire.REPLICATE:
+            self._guard.check_internal(credential, f"replicate segment {self._name}")
 
     async def _serve_later(self, body: bytes) -> bytes:
         """A data-plane frame that could not be answered at once: a stream consumer's
         read (a long-poll, after the cumulative ack it carries), a queue consumer's take
         or settle, or an append that waits for its producer's previous sequence."""
         if wire.is_append(body):
-            return await self._appender.append_parked(body)
+            return await self._answered(await self._appender.append_parked(body))
         store, op = self._store, body[0] if body else None
         try:
+            if op == wire.OP_REPLICA_FETCH:
+                leader = self._roles.leader
+                if leader is None:
+                    self._roles.check_serves()
+                    raise InvalidArgumentError(f"{self._name} is not replicated")
+                return await leader.serve_fetch(body)
             if op == wire.OP_QUEUE_TAKE:
                 take = wire.decode_take(body)
                 batch = await self._take(*take)
                 drained = wire.DRAINED if store.drained(take.subscription) else 0
                 return wire.encode_records(
-                    store.end_offset, store.terminated, ipc_parts(batch), drained
+                    store.readable_end, store.sealed_for_readers, ipc_parts(batch), drained
                 )
             if op == wire.OP_QUEUE_SETTLE:
                 return self._settle(wire.decode_settle(body))
@@ -391,7 +452,7 @@ class Segment:
             return wire.encode_failure(err)
         except ActorUnavailableError:  # closed while it waited: its connection is gone too
             return wire.encode_failure(UnavailableError(f"{self._name} closed"))
-        return wire.encode_records(store.end_offset, store.terminated, ipc_parts(batch))
+        return wire.encode_records(store.readable_end, store.sealed_for_readers, ipc_parts(batch))
 
     async def _take(
         self, subscription: str, consumer: str, max_records: int, wait_s: float
@@ -404,7 +465,7 @@ class Segment:
         max_records = min(max_records, MAX_READ_RECORDS)
         batch = store.queue_receive(subscription, consumer, max_records)
         due_in = store.redelivery_due_in(subscription)
-        waits = not store.terminated or due_in is not None
+        waits = not store.sealed_for_readers or due_in is not None
         if batch.num_rows == 0 and wait_s > 0 and waits:
             wait_s = min(wait_s, MAX_READ_WAIT_S)
             await self._wait(wait_s if due_in is None else min(wait_s, due_in))
@@ -461,7 +522,9 @@ class Segment:
         buckets = (request.start, request.end, request.count)
         batch, following = store.read_share(subscription, request.offset, max_records, buckets)
         self._metrics.delivered(batch.num_rows, batch.nbytes)
-        return wire.encode_shared(store.end_offset, store.terminated, following, ipc_parts(batch))
+        return wire.encode_shared(
+            store.readable_end, store.sealed_for_readers, following, ipc_parts(batch)
+        )
 
     def _ack_with_read(self, subscription: str, offset: int) -> None:
         """A stream consumer's cumulative ack on its next read: saved by the ack saver,
@@ -475,7 +538,27 @@ class Segment:
     def _appended(self) -> None:
         if self._flusher is not None:
             self._flusher.changed()
-        self._wake()
+        if self._roles.leader is not None:
+            self._roles.leader.appended()  # wakes readers when the high watermark moves
+        self._wake()  # a follower's fetch waits for new entries, committed or not
+
+    def _append_frames(self, bodies: list[memoryview]) -> list[bytes | asyncio.Future[bytes]]:
+        """The data plane's appends: stored now; a leader's answered once committed."""
+        responses = self._appender.append_frames(bodies)
+        leader = self._roles.leader
+        if leader is None:
+            return list(responses)
+        return [leader.answer(response) for response in responses]
+
+    async def _answered(self, response: bytes) -> bytes:
+        leader = self._roles.leader
+        answer = leader.answer(response) if leader is not None else response
+        return answer if isinstance(answer, bytes) else await answer
+
+    def _drop_clients(self) -> None:
+        """Producers and readers connected to this replica go: it no longer serves them."""
+        if self._data_plane is not None:
+            self._data_plane.drop_connections()
 
     def _wake(self) -> None:
         self._new_data.set()

@@ -8,7 +8,10 @@ A frame that cannot be answered at once parks the connection: an append that
 must wait for its producer's previous sequence (it arrived on a new connection
 before the old one's frames were stored), or a consumer's long-poll read. It
 and every later frame go through an async backlog, in order, until the backlog
-is empty again.
+is empty again. A frame can also be handled at once and answered later (an append
+a replicated segment stored, whose answer waits until enough replicas hold it):
+its answer is an awaitable, and it and every later answer wait in the backlog, so
+appends keep being stored while earlier ones wait for their quorum.
 
 Whoever reaches the port can send bytes, so a connection is a stranger until
 its first frame, a HELLO (``runtime.wire``), names a credential that the
@@ -46,8 +49,9 @@ from runtime.listen import PORTS_ENV, PortRange
 
 log = logging.getLogger(__name__)
 
-# Responses to the longest prefix of these frames that could be answered now.
-HandleNow = Callable[[list[memoryview]], list[bytes]]
+# Responses to the longest prefix of these frames that could be handled now: each the
+# answer, or what will be the answer (a frame handled now whose answer waits).
+HandleNow = Callable[[list[memoryview]], list[bytes | asyncio.Future[bytes]]]
 HandleLater = Callable[[bytes], Awaitable[bytes]]
 # Raises the typed refusal when the credential may not have this access (wire bits).
 Authorize = Callable[[str | None, int], None]
@@ -58,7 +62,6 @@ RECHECK_S = 1.0  # how often the policy's version is looked at while connections
 _HELLO_BUFFER = 16 << 10
 _INITIAL_BUFFER = 4 << 20
 _MIN_FREE = 256 << 10
-_ACCESS_NAMES = {wire.PRODUCE: "produce", wire.CONSUME: "consume"}
 
 
 class DataPlaneServer:
@@ -124,6 +127,11 @@ class DataPlaneServer:
         if self._server is not None:
             self._server.close()
         self._policy.forget(self)
+        self.drop_connections()
+
+    def drop_connections(self) -> None:
+        """Drop every connection, still listening: their clients connect again and learn
+        what changed (a replica that no longer leads refuses them, naming why)."""
         for connection in list(self.connections):
             connection.drop()
 
@@ -200,7 +208,8 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         self._buffer = bytearray(_HELLO_BUFFER)
         self._start = 0  # first byte not yet parsed
         self._end = 0  # first free byte
-        self._backlog: deque[bytes | ScalableTopicsError] = deque()
+        # Frames to handle later, answers to wait for, and a refusal after them, in order
+        self._backlog: deque[bytes | asyncio.Future[bytes] | ScalableTopicsError] = deque()
         self._draining: asyncio.Task | None = None
         self._transport: asyncio.Transport | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
@@ -247,16 +256,23 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         bodies = list(self._complete_frames())
         forbidden = self._first_forbidden(bodies)
         if forbidden is not None:
+            needs = wire.ACCESS_OF_OP[bodies[forbidden][0]]
             bodies = bodies[:forbidden]
         responses = self._server.handle_now(bodies) if bodies and not self._backlog else []
+        ready = next(
+            (i for i, response in enumerate(responses) if not isinstance(response, bytes)),
+            len(responses),
+        )
+        for answer in responses[ready:]:
+            self._park(answer if not isinstance(answer, bytes) else _ready(answer))
         for body in bodies[len(responses) :]:
             self._park(bytes(body))
-        if responses and self._transport is not None:
-            self._transport.write(b"".join(responses))
+        if ready and self._transport is not None:
+            self._transport.write(b"".join(responses[:ready]))  # type: ignore[arg-type]
         if forbidden is not None:
-            other = _ACCESS_NAMES[(wire.PRODUCE | wire.CONSUME) ^ self.access]
             error = UnauthorizedError(
-                f"this connection was granted {_ACCESS_NAMES[self.access]} only, not {other}"
+                f"this connection was granted {_names(self.access)} only, not "
+                f"{wire.ACCESS_NAMES[needs]}"
             )
             if self._backlog:
                 self._backlog.append(error)  # after the answers to the frames before it
@@ -315,7 +331,7 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         """Index of the first frame this connection may not carry (an append without
         produce; a read, take or settle without consume); frames of no known op are
         answered as malformed, as before any access applied."""
-        if self.access == wire.PRODUCE | wire.CONSUME:
+        if self.access == wire.ALL_ACCESS:
             return None
         for index, body in enumerate(bodies):
             needs = wire.ACCESS_OF_OP.get(body[0]) if len(body) else None
@@ -356,8 +372,9 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
             self._buffer[:pending] = self._buffer[self._start : self._end]
         self._start, self._end = 0, pending
 
-    def _park(self, body: bytes) -> None:
-        self._backlog.append(body)
+    def _park(self, item: bytes | asyncio.Future[bytes]) -> None:
+        """Queue a frame to handle later, or an answer to wait for."""
+        self._backlog.append(item)
         if self._draining is None or self._draining.done():
             self._draining = asyncio.get_running_loop().create_task(self._drain())
 
@@ -367,7 +384,21 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
             if isinstance(item, ScalableTopicsError):
                 self.refuse(item)
                 return
-            response = await self._server.handle_later(item)
+            if isinstance(item, bytes):
+                response = await self._server.handle_later(item)
+            else:
+                response = await item
             self._backlog.popleft()
             if self._transport is not None:
                 self._transport.write(response)
+
+
+def _ready(answer: bytes) -> asyncio.Future[bytes]:
+    """An answer ready now, behind one that is not: it leaves after that one."""
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(answer)
+    return future
+
+
+def _names(access: int) -> str:
+    return " and ".join(name for bit, name in wire.ACCESS_NAMES.items() if access & bit)

@@ -1,0 +1,349 @@
+"""A segment's part in its replication: leading, or following its leader.
+
+The rules are ``runtime.replication``'s and the files ``storage.replica_log``'s; this
+module adds what needs an event loop and sockets:
+
+- ``LeaderRole``: an append is stored at once, as in an unreplicated segment (so a
+  producer's pipeline keeps the disk busy), and *answered* once the high watermark
+  covers it, or with ``NotEnoughReplicasError`` naming the segment when the quorum
+  does not hold it within ``commit_timeout_s``. Readers see only what is below the
+  high watermark (``SegmentStore.limit_reads``). Followers' fetches arrive as
+  data-plane frames and wait, like a consumer's long-poll, until there is something
+  to ship.
+- ``FollowerRole``: a task that keeps one data-plane connection to the leader, greeted
+  with the system's own credential for ``REPLICATE`` access, and sends one fetch at a
+  time; each fetch reports what the last shipment stored. It stops for good when the
+  leader or a shipment is fenced (``StaleEpochError``): only the controller gives a
+  replica its next role. Any other failure (the leader restarting, a dropped
+  connection) is retried with a backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from runtime import tls, wire
+from runtime.errors import (
+    NotEnoughReplicasError,
+    NotLeaderError,
+    ScalableTopicsError,
+    StaleEpochError,
+    UnavailableError,
+)
+from runtime.names import SegmentName
+from runtime.replica_frames import decode_fetch, decode_shipment, encode_fetch, encode_shipment
+from runtime.replication import ReplicaReport, Replication
+from storage.replica_log import FollowerReplica, LeaderReplica
+from storage.replica_state import ReplicaStateFile
+from storage.segment_log import SegmentLog
+from storage.segment_store import SegmentStore
+
+log = logging.getLogger(__name__)
+
+# How long an append waits for its quorum before its producer hears why not: below a
+# producer's send time-out (60 s by default), so the error, not a time-out, reaches it.
+DEFAULT_COMMIT_TIMEOUT_S = 10.0
+# How long a follower's fetch waits at its leader for new entries.
+FETCH_WAIT_S = 1.0
+MAX_FETCH_WAIT_S = 30.0
+RETRY_S = (0.05, 2.0)  # a follower's backoff after a failed fetch: first, most
+
+
+class LeaderRole:
+    """Who calls: the segment, after each group of appends is stored (``appended``), on
+    each append's answer (``answer``, ``committed``) and on each follower's fetch
+    (``serve_fetch``). What it affects: when producers hear back, and the store's
+    readable end."""
+
+    def __init__(
+        self,
+        name: SegmentName,
+        store: SegmentStore,
+        replica: LeaderReplica,
+        wait_for_data: Callable[[float], Awaitable[None]],
+        on_committed: Callable[[], None],
+        commit_timeout_s: float = DEFAULT_COMMIT_TIMEOUT_S,
+    ) -> None:
+        self._name, self._store, self.replica = name, store, replica
+        self._wait_for_data, self._on_committed = wait_for_data, on_committed
+        self._commit_timeout_s = commit_timeout_s
+        # (end, arrival, future, answer): answers waiting for the high watermark
+        self._waiting: list[tuple[int, int, asyncio.Future[bytes], bytes]] = []
+        self._arrivals = itertools.count()
+        store.limit_reads(replica.hw)
+
+    @property
+    def epoch(self) -> int:
+        return self.replica.epoch
+
+    def appended(self) -> None:
+        self._advance(self.replica.appended())
+
+    def answer(self, response: bytes) -> bytes | asyncio.Future[bytes]:
+        """An append's answer, as it is or once the entries it names are committed."""
+        body = memoryview(response)[wire.LENGTH.size :]
+        if body[0] != wire.STATUS_OK:
+            return response  # refused: nothing to wait for
+        base, count = wire.decode_response(bytes(body))
+        return self._when_committed(base + count, response)
+
+    async def committed(self, end: int) -> None:
+        """Wait until the entries below ``end`` are committed (a Ray call's append)."""
+        answer = self._when_committed(end, b"")
+        if isinstance(answer, asyncio.Future):
+            answer = await answer
+        if answer:
+            raise wire.decode_error(answer[wire.LENGTH.size :])
+
+    async def serve_fetch(self, body: bytes) -> bytes:
+        """A follower's fetch: counted, then answered with what follows its offset, at
+        once or when there is some (or when its wait is over)."""
+        fetch = decode_fetch(body)
+        shipment = self.replica.ship(fetch)
+        self._advance(self.replica.hw)
+        if not shipment.frames and fetch.wait_s > 0 and fetch.offset == shipment.end:
+            await self._wait_for_data(min(fetch.wait_s, MAX_FETCH_WAIT_S))
+            shipment = self.replica.ship(replace(fetch, wait_s=0))
+        return b"".join(encode_shipment(shipment))
+
+    def stop(self, why: ScalableTopicsError) -> None:
+        """Leading ends (a new epoch elsewhere, the segment closing): every waiting
+        append hears ``why``; none is acknowledged any more."""
+        waiting, self._waiting = self._waiting, []
+        for _, _, future, _ in waiting:
+            if not future.done():
+                future.set_result(wire.encode_error(why))
+        self.replica.save()
+
+    def _when_committed(self, end: int, answer: bytes) -> bytes | asyncio.Future[bytes]:
+        if end <= self.replica.hw:
+            return answer
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
+        heapq.heappush(self._waiting, (end, next(self._arrivals), future, answer))
+        loop.call_later(self._commit_timeout_s, self._expire, future, end)
+        return future
+
+    def _advance(self, hw: int) -> None:
+        before = self._store.readable_end
+        self._store.limit_reads(hw)
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= hw:
+            _, _, future, answer = heapq.heappop(waiting)
+            if not future.done():
+                future.set_result(answer)
+        if self._store.readable_end != before:
+            self._on_committed()
+
+    def _expire(self, future: asyncio.Future[bytes], end: int) -> None:
+        if future.done():
+            return
+        error = NotEnoughReplicasError(
+            f"{self._name}: the entries up to offset {end} were not held by "
+            f"{self.replica.ack_quorum} replicas within {self._commit_timeout_s:g}s (epoch "
+            f"{self.epoch}; followers holding them: {self._holding(end)}); they are not "
+            "acknowledged, and a retry with the same sequence is stored once"
+        )
+        future.set_result(wire.encode_error(error))
+
+    def _holding(self, end: int) -> str:
+        names = [name for name, held in sorted(self.replica.followers.items()) if held >= end]
+        return ", ".join(names) or "none"
+
+
+class FollowerRole:
+    """Who calls: the segment (``start``, ``stop``). What it affects: the follower's log
+    and ``replica.json``, through ``FollowerReplica``."""
+
+    def __init__(
+        self,
+        name: SegmentName,
+        replica: FollowerReplica,
+        leader: wire.Endpoint,
+        credential: Callable[[], str | None],
+        tls: ssl.SSLContext | None,
+        on_stored: Callable[[], None],
+    ) -> None:
+        self._name, self.replica, self.leader = name, replica, leader
+        self._credential, self._tls, self._on_stored = credential, tls, on_stored
+        self._task: asyncio.Task | None = None
+        self.fenced: StaleEpochError | None = None  # why it stopped for good
+        self.last_error: Exception | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        delay = RETRY_S[0]
+        while True:
+            try:
+                await self._follow()
+            except StaleEpochError as err:
+                self.fenced = err
+                log.info("%s: stopped following %s: %s", self._name, self.leader, err)
+                return
+            except (OSError, ScalableTopicsError, asyncio.IncompleteReadError, ssl.SSLError) as err:
+                self.last_error = err
+                log.debug("%s: fetch from %s failed: %r", self._name, self.leader, err)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_S[1])
+
+    async def _follow(self) -> None:
+        leader = self.leader
+        reader, writer = await asyncio.open_connection(
+            leader.host, leader.port, ssl=self._tls if leader.tls else None
+        )
+        try:
+            writer.write(wire.encode_hello(self._credential(), wire.REPLICATE))
+            welcome = await _frame(reader)
+            if welcome[0] != wire.STATUS_OK:
+                raise wire.decode_error(welcome)
+            while True:
+                writer.write(encode_fetch(replace(self.replica.fetch(), wait_s=FETCH_WAIT_S)))
+                shipment = decode_shipment(await _frame(reader))
+                await asyncio.to_thread(self.replica.receive, shipment)
+                self.last_error = None
+                self._on_stored()
+        finally:
+            writer.close()
+
+
+class ReplicaRoles:
+    """The role this segment's replica has now: none (an unreplicated segment), leader
+    or follower. Only the controller changes it (``lead``, ``follow``, ``fence``), each
+    time at an epoch no older than the last; a replica's saved state refuses an older
+    one across restarts too (``storage.replica_state``).
+
+    Who calls: the segment actor, for the controller's calls and on its data path
+    (``leader`` answers appends; ``check_serves`` refuses producers and readers on a
+    follower)."""
+
+    def __init__(
+        self,
+        name: SegmentName,
+        store: SegmentStore,
+        state_file: ReplicaStateFile,
+        replica_name: str,
+        wait_for_data: Callable[[float], Awaitable[None]],
+        on_committed: Callable[[], None],
+        credential: Callable[[], str | None],
+        drop_clients: Callable[[], None],
+    ) -> None:
+        self._name, self._store, self._state_file = name, store, state_file
+        self.replica_name = replica_name
+        self._wait_for_data, self._on_committed = wait_for_data, on_committed
+        self._credential, self._drop_clients = credential, drop_clients
+        self.leader: LeaderRole | None = None
+        self.follower: FollowerRole | None = None
+
+    def check_serves(self) -> None:
+        """Producers and readers are served by the leader only."""
+        if self.follower is not None:
+            raise NotLeaderError(
+                f"{self._name}: this replica ({self.replica_name}) follows the leader at "
+                f"{self.follower.leader.host}:{self.follower.leader.port}; look the segment up "
+                "again"
+            )
+
+    async def lead(
+        self, epoch: int, replication: Replication, commit_timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """Lead ``epoch``: the log's end begins it, and from now on appends are answered
+        once ``replication.ack_quorum`` replicas hold them."""
+        await self._end_following()
+        replica = LeaderReplica(self.replica_name, self._log, self._state_file, replication, epoch)
+        if self.leader is not None:
+            self.leader.stop(StaleEpochError(f"{self._name}: epoch {epoch} took over"))
+        self.leader = LeaderRole(
+            self._name, self._store, replica, self._wait_for_data, self._on_committed,
+            commit_timeout_s or DEFAULT_COMMIT_TIMEOUT_S,
+        )  # fmt: skip
+        self.leader.appended()  # with an ack quorum of 1, what it holds is committed
+        return self.status()
+
+    async def follow(self, epoch: int, leader: wire.Endpoint) -> dict[str, Any]:
+        """Follow the leader of ``epoch`` at ``leader``: fenced at ``epoch`` first, so no
+        older leader's shipment is taken; producers and readers are sent away."""
+        self._stop_leading(epoch)
+        await self._end_following()
+        replica = FollowerReplica(self.replica_name, self._log, self._state_file)
+        replica.fence(epoch)
+        self._store.limit_reads(replica.hw)
+        self._drop_clients()
+        self.follower = FollowerRole(
+            self._name, replica, leader, self._credential, tls.client_context(),
+            lambda: self._store.limit_reads(replica.hw),
+        )  # fmt: skip
+        self.follower.start()
+        return self.status()
+
+    async def fence(self, epoch: int) -> ReplicaReport:
+        """An election at ``epoch``: stop leading or following, refuse every older
+        leader from now on (durably), and report this log's newest epoch and end."""
+        self._stop_leading(epoch)
+        await self._end_following()
+        return FollowerReplica(self.replica_name, self._log, self._state_file).fence(epoch)
+
+    def status(self) -> dict[str, Any]:
+        """This replica's role, epoch, end and high watermark; a leader's followers."""
+        store = self._store
+        status: dict[str, Any] = {
+            "replica": self.replica_name,
+            "endOffset": store.end_offset,
+            "highWatermark": store.readable_end,
+        }
+        if self.leader is not None:
+            status |= {"role": "leader", "epoch": self.leader.epoch,
+                       "followers": self.leader.replica.followers}  # fmt: skip
+        elif self.follower is not None:
+            state = self.follower.replica.state
+            error = self.follower.fenced or self.follower.last_error
+            status |= {"role": "follower", "epoch": state.seen_epoch,
+                       "leader": f"{self.follower.leader.host}:{self.follower.leader.port}",
+                       "error": None if error is None else repr(error)}  # fmt: skip
+        else:
+            status["role"] = "none"
+        return status
+
+    async def close(self) -> None:
+        self._stop_leading(None)
+        await self._end_following()
+
+    @property
+    def _log(self) -> SegmentLog:
+        return self._store.replica_log
+
+    def _stop_leading(self, epoch: int | None) -> None:
+        if self.leader is None:
+            return
+        why = UnavailableError(f"{self._name} closed") if epoch is None else StaleEpochError(
+            f"{self._name}: epoch {epoch} took over from {self.leader.epoch}"
+        )  # fmt: skip
+        self.leader.stop(why)
+        self.leader = None
+        self._drop_clients()
+
+    async def _end_following(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+            self.follower = None
+
+
+async def _frame(reader: asyncio.StreamReader) -> bytes:
+    (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
+    if length > wire.MAX_FRAME:
+        raise UnavailableError(f"a data plane frame of {length} bytes from the leader")
+    return await reader.readexactly(length)
