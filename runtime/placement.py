@@ -90,3 +90,23 @@ def choose_disk(load: dict[str, int], avoid: set[str] | frozenset[str] = frozens
         raise InvalidArgumentError("no node disk to lay a segment out on")
     candidates = [disk for disk in load if disk not in avoid] or list(load)
     return min(candidates, key=lambda disk: load[disk])
+
+
+def choose_disks(
+    load: dict[str, int], count: int, avoid: set[str] | frozenset[str] = frozenset()
+) -> list[str]:
+    """The node disks of a replicated segment's ``count`` replicas, each on a node of its
+    own, the leader's first: chosen one after another as ``choose_disk`` chooses, each
+    taking one more segment before the next is chosen, so replicas spread. Refused
+    (``runtime.replication.Replication.check_nodes`` says it first, at the policy) when
+    fewer disks than replicas are live."""
+    if count > len(load):
+        raise InvalidArgumentError(
+            f"{count} replicas need {count} node disks, one each; {len(load)} are live"
+        )
+    left, chosen = dict(load), []
+    for _ in range(count):
+        disk = choose_disk(left, avoid)
+        chosen.append(disk)
+        del left[disk]
+    return chosen

@@ -91,6 +91,12 @@ def placements_path(topic: TopicName, incarnation: str) -> str:
     return f"{topic_path(topic)}/placed/{incarnation}"
 
 
+def replica_sets_path(topic: TopicName, incarnation: str) -> str:
+    """Each replicated segment's replicas and leader epoch (``storage.replica_sets``),
+    under the topic so they go with it."""
+    return f"{topic_path(topic)}/replicas/{incarnation}"
+
+
 def asleep_path(topic: TopicName, incarnation: str) -> str:
     """The last stats of a topic incarnation's drained sealed segments whose actors exited
     (``storage.asleep``), under the topic so they go with it."""

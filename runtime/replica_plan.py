@@ -1,0 +1,114 @@
+"""What a topic's controller does next for one replicated segment, from what its replicas
+answered: nothing, tell a replica its role, replace a follower, or elect a leader.
+
+The controller's maintenance round asks each replica of each replicated segment for its
+role (``Segment.replica_status``), then calls ``next_steps`` and carries the steps out;
+this module decides, without Ray, so every case is a unit test. The record
+(``storage.replica_sets.ReplicaSet``) is the authority: a replica whose role differs from
+it is told (a host restarted opens its segments with no role; a stale leader that lost an
+election is told to follow), and one that does not answer is waited for until ``gone``
+says its node is lost (the controller's to decide: Ray reports the node dead, or the
+replica stayed silent past a grace period).
+
+Why a leader that restarted is never told to lead again: its log may have lost an
+unflushed tail that its followers copied (``storage.replica_log.LeaderReplica``), so it
+leads only through an election, at a new epoch, which it wins only if no replica holds
+more. Why an election needs ``reports_needed`` answers: ``runtime.replication``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from runtime.replication import Replication
+
+
+@dataclass(frozen=True)
+class RoleAnswer:
+    """What a replica said of itself: ``leader``, ``follower`` or ``none`` (opened, told
+    nothing yet), and the epoch it leads or follows."""
+
+    role: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Elect:
+    """Fence ``candidates`` at the next epoch, choose among their reports, record the
+    choice by compare-and-swap, then tell the chosen to lead and the others to follow."""
+
+    candidates: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Tell:
+    """Tell ``replica`` its role of the current epoch again (``lead`` is never told here:
+    see the module's docstring)."""
+
+    replica: str
+
+
+@dataclass(frozen=True)
+class Replace:
+    """Follower ``gone`` (its node is lost) is replaced by a new replica on ``new``, which
+    copies the leader's log from its start."""
+
+    gone: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Nothing can be done until nodes come back: why, for the segment's status."""
+
+    why: str
+
+
+Step = Elect | Tell | Replace | Unavailable
+
+
+def next_steps(
+    replicas: Sequence[str],
+    epoch: int,
+    answers: Mapping[str, RoleAnswer | None],
+    gone: set[str],
+    free_disks: Sequence[str],
+    replication: Replication,
+) -> list[Step]:
+    """The steps for a segment whose record says ``replicas`` (the leader first) at
+    ``epoch``: ``answers`` holds each replica's answer (``None``: it did not answer);
+    ``gone``: the replicas whose nodes are lost (not only slow); ``free_disks``: live node
+    disks holding no replica, the preferred first."""
+    leader, followers = replicas[0], replicas[1:]
+    said = answers.get(leader)
+    if said is None and leader not in gone:
+        return []  # slow, not lost: an election now would fail over on every pause
+    if said != RoleAnswer("leader", epoch):
+        return [_election(replicas, answers, replication)]
+    steps: list[Step] = []
+    free = list(free_disks)
+    for follower in followers:
+        answer = answers.get(follower)
+        if answer == RoleAnswer("follower", epoch):
+            continue
+        if answer is not None:
+            steps.append(Tell(follower))
+        elif follower in gone and free:
+            steps.append(Replace(follower, free.pop(0)))
+        elif follower in gone:
+            steps.append(Unavailable(f"follower {follower} is lost and no other node is free"))
+    return steps
+
+
+def _election(
+    replicas: Sequence[str], answers: Mapping[str, RoleAnswer | None], replication: Replication
+) -> Step:
+    answering = tuple(replica for replica in replicas if answers.get(replica) is not None)
+    if len(answering) < replication.reports_needed:
+        return Unavailable(
+            f"its leader {replicas[0]} does not lead, and an election needs "
+            f"{replication.reports_needed} of {replication.factor} replicas; "
+            f"{len(answering)} answer"
+        )
+    return Elect(answering)

@@ -1,0 +1,49 @@
+"""What the controller does next for a replicated segment (``runtime.replica_plan``)."""
+
+from __future__ import annotations
+
+from runtime.replica_plan import Elect, Replace, RoleAnswer, Tell, Unavailable, next_steps
+from runtime.replication import Replication
+
+THREE = Replication.of(3, 2)  # an election needs 2 answers
+SET = ("d1", "d2", "d3")
+LEADS, FOLLOWS = RoleAnswer("leader", 4), RoleAnswer("follower", 4)
+HEALTHY = {"d1": LEADS, "d2": FOLLOWS, "d3": FOLLOWS}
+
+
+def steps(answers: dict, gone: set[str] = frozenset(), free: tuple[str, ...] = ()) -> list:
+    return next_steps(SET, 4, answers, set(gone), free, THREE)
+
+
+def test_a_healthy_segment_needs_nothing() -> None:
+    assert steps(HEALTHY) == []
+
+
+def test_a_silent_leader_is_waited_for_until_its_node_is_lost() -> None:
+    silent = HEALTHY | {"d1": None}
+    assert steps(silent) == []
+    assert steps(silent, gone={"d1"}) == [Elect(("d2", "d3"))]
+
+
+def test_a_leader_that_restarted_is_never_told_to_lead_again_it_is_elected() -> None:
+    """Its log may have lost a tail its followers hold: only an election may pick it."""
+    assert steps(HEALTHY | {"d1": RoleAnswer("none", 0)}) == [Elect(("d1", "d2", "d3"))]
+    assert steps(HEALTHY | {"d1": RoleAnswer("leader", 3)}) == [Elect(("d1", "d2", "d3"))]
+
+
+def test_without_enough_answers_there_is_no_election() -> None:
+    (step,) = steps({"d1": None, "d2": FOLLOWS, "d3": None}, gone={"d1", "d3"})
+    assert isinstance(step, Unavailable) and "needs 2 of 3 replicas; 1 answer" in step.why
+
+
+def test_followers_are_told_their_role_or_replaced_once_lost() -> None:
+    assert steps(HEALTHY | {"d2": RoleAnswer("none", 0)}) == [Tell("d2")]
+    assert steps(HEALTHY | {"d3": RoleAnswer("leader", 3)}) == [Tell("d3")]  # a stale leader
+    assert steps(HEALTHY | {"d3": None}) == []  # slow: waited for
+    assert steps(HEALTHY | {"d3": None}, gone={"d3"}, free=("d7", "d8")) == [Replace("d3", "d7")]
+    both = HEALTHY | {"d2": None, "d3": None}
+    assert steps(both, gone={"d2", "d3"}, free=("d7", "d8")) == [
+        Replace("d2", "d7"), Replace("d3", "d8"),
+    ]  # fmt: skip
+    (step,) = steps(HEALTHY | {"d3": None}, gone={"d3"})
+    assert isinstance(step, Unavailable) and "no other node is free" in step.why
