@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from actors.controller_directory import ControllerDirectory, ControllerEntry
@@ -73,6 +75,28 @@ def test_a_topic_s_entries_are_its_own() -> None:
     assert not failed.serves({"h2"}) and entry("h1").serves({"h1"})
     directory.remove_topic(TOPIC)
     assert directory.of_topic(TOPIC) == {} and directory.get(theirs) is not None
+
+
+def test_a_followers_entry_is_its_hosts_and_never_where_clients_are_sent() -> None:
+    """A replicated segment's leader has the segment's entry; each follower one of its own,
+    by host, which its host reopens it from and which counts on its node."""
+    directory = SegmentDirectory(MemoryKeyValue())
+    segment = TOPIC.segment(0, 0, 0xFFFF)
+    leader = entry("h1", "n1")
+    followers = [replace(entry(h, n), replica=True) for h, n in (("h2", "n2"), ("h3", "n3"))]
+    for placed in (leader, *followers):
+        directory.put(segment, placed)
+    assert directory.get(segment) == leader
+    assert directory.get_replica(segment, "h2") == followers[0]
+    assert directory.get_replica(segment, "h1") is None
+    assert set(directory.of_topic(TOPIC)) == {segment.actor_name}  # what clients look up
+    assert directory.per_node({"h1", "h2", "h3"}) == {"n1": 1, "n2": 1, "n3": 1}
+    assert directory.names_host("t/ns", "h3")
+    directory.remove(segment, "h2")  # its host closed it: the others stay
+    assert directory.get_replica(segment, "h2") is None and directory.get(segment) == leader
+    assert directory.get_replica(segment, "h3") == followers[1]
+    directory.remove_topic(TOPIC)
+    assert directory.get_replica(segment, "h3") is None and directory.get(segment) is None
 
 
 def test_host_names_follow_the_namespace_and_the_node_or_the_segment_id(monkeypatch) -> None:

@@ -9,7 +9,10 @@ per topic every topic a process. The segments of a namespace's topics live in
 keeps its own (``RAYTOPICS_STORAGE_SCOPE=node``: a segment runs where its files are).
 
 This directory maps each segment's name to its host and to what the host needs to
-open it (again). Whoever starts a segment enters it before its host opens it, the
+open it (again). A replicated segment's followers (``actors.segment.replication``) have
+entries of their own, one per host, apart from the segment's: clients are sent to the
+host of the segment's entry, its leader, and a follower's host reopens it from its
+replica entry after a restart. Whoever starts a segment enters it before its host opens it, the
 host enters it again (with its node) once open and removes it when the segment
 closes (hibernates or is deleted), so an entry whose host is alive is a segment that
 serves: a call that reaches the host before the segment is open, or after the host
@@ -50,6 +53,7 @@ class Entry:
     # When its starter entered it (ns since the epoch, the ``at`` of its ``Opening``): a
     # close issued before that is about an earlier opening and must not remove it.
     entered_at: int = 0
+    replica: bool = False  # a follower's entry, not the one clients are sent to
 
     def serves(self, hosts_alive: set[str]) -> bool:
         """Whether the segment is served: its host is alive and did not fail to open it."""
@@ -70,11 +74,19 @@ class SegmentDirectory:
         self._kv = kv if kv is not None else GcsKeyValue(f"raytopics-hosts/{ray_namespace()}")
 
     def get(self, segment: SegmentName) -> Entry | None:
+        """The entry clients are sent to: the segment's, or its leader's."""
         raw = self._kv.get(_key(segment))
         return Entry.from_bytes(raw) if raw is not None else None
 
+    def get_replica(self, segment: SegmentName, host: str) -> Entry | None:
+        """The entry of ``segment``'s follower in ``host``."""
+        raw = self._kv.get(_replica_key(segment, host))
+        return Entry.from_bytes(raw) if raw is not None else None
+
     def put(self, segment: SegmentName, entry: Entry) -> None:
-        self._kv.put(_key(segment), entry.to_bytes(), True)
+        """Enter ``entry``: the segment's own, or (``entry.replica``) its host's follower."""
+        key = _replica_key(segment, entry.host) if entry.replica else _key(segment)
+        self._kv.put(key, entry.to_bytes(), True)
 
     def remove(self, segment: SegmentName, host: str, issued_at: int | None = None) -> None:
         """Remove ``segment``'s entry if ``host`` still owns it (a segment moved to another
@@ -82,11 +94,13 @@ class SegmentDirectory:
         close ``issued_at`` a time, if it was entered before then (a segment started again
         under the same name, a re-created topic's, keeps the newer entry even where the
         host has not opened it yet when the older close arrives)."""
-        entry = self.get(segment)
-        if entry is None or entry.host != host:
-            return
-        if issued_at is None or entry.entered_at <= issued_at:
-            self._kv.delete(_key(segment))
+        for key in (_key(segment), _replica_key(segment, host)):
+            raw = self._kv.get(key)
+            entry = Entry.from_bytes(raw) if raw is not None else None
+            if entry is None or entry.host != host:
+                continue
+            if issued_at is None or entry.entered_at <= issued_at:
+                self._kv.delete(key)
 
     def of_topic(self, topic: TopicName) -> dict[str, Entry]:
         """Every entry of ``topic``'s segments, by segment actor name."""
@@ -94,11 +108,13 @@ class SegmentDirectory:
 
     def remove_topic(self, topic: TopicName) -> None:
         self._kv.delete(_topic_prefix(topic), by_prefix=True)
+        self._kv.delete(_REPLICA + _topic_prefix(topic), by_prefix=True)
 
     def names_host(self, namespace_path: str, host: str) -> bool:
         """Whether an entry of a segment of namespace ``namespace_path`` names ``host``:
         a segment it serves, will open on its first call, or is about to be opened in it."""
-        entries = self._entries(f"segment:{namespace_path}/".encode()).values()
+        prefix = f"segment:{namespace_path}/".encode()
+        entries = [*self._entries(prefix).values(), *self._entries(_REPLICA + prefix).values()]
         return any(entry.host == host for entry in entries)
 
     # A host that serves nothing exits (``SegmentHost.exit_if_idle``) while a starter may
@@ -118,7 +134,7 @@ class SegmentDirectory:
 
     def per_node(self, hosts_alive: set[str]) -> Counter[str]:
         """Segments served per node id, counting only those whose host is in ``hosts_alive``."""
-        entries = self._entries(b"segment:").values()
+        entries = [*self._entries(b"segment:").values(), *self._entries(_REPLICA).values()]
         return Counter(entry.node for entry in entries if entry.serves(hosts_alive))
 
     def _entries(self, prefix: bytes) -> dict[str, Entry]:
@@ -126,8 +142,15 @@ class SegmentDirectory:
         return {key.decode(): Entry.from_bytes(raw) for key, raw in found.items()}
 
 
+_REPLICA = b"replica:"
+
+
 def _key(segment: SegmentName) -> bytes:
     return segment.actor_name.encode()
+
+
+def _replica_key(segment: SegmentName, host: str) -> bytes:
+    return _REPLICA + f"{segment.actor_name}@{host}".encode()
 
 
 def _closing_key(host: str) -> bytes:

@@ -18,7 +18,8 @@ class Opening:
     """How a host opens a segment, from whoever started it (its controller): the storage
     of topic incarnation ``incarnation`` under ``storage_root``, laid out if missing only
     when ``create``. ``at`` (ns since the epoch) orders it against closes, which Ray may
-    deliver out of order; ``credential`` must have ``admin``."""
+    deliver out of order; ``credential`` must have ``admin``. ``replica``: a follower of
+    a replicated segment, entered as one (``actors.segment.directory``)."""
 
     storage_root: str
     durability: dict[str, Any]
@@ -26,6 +27,7 @@ class Opening:
     incarnation: str
     at: int
     credential: str | None
+    replica: bool = False
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,8 @@ class SegmentHost:
         name = SegmentName.parse(segment)
         entry = self._directory.get(name)
         if entry is None or entry.host != self._name:
+            entry = self._directory.get_replica(name, self._name)  # a follower here
+        if entry is None:
             raise ActorUnavailableError(f"{name} is not served by {self._name}", None)
         if entry.failed is not None:
             raise SegmentNotFoundError(entry.failed)
@@ -222,6 +224,7 @@ class SegmentHost:
             opening.durability,
             opening.incarnation,
             entered_at=opening.at,
+            replica=opening.replica,
         )
         may_create = opening.create and (not self._restarted or opening.at > self._started_at)
         self._open(name, entry, may_create)
@@ -269,6 +272,7 @@ def start_segment_actor(
     incarnation: str | None = None,
     node: str | None = None,
     hosts: int | None = None,
+    replica: bool = False,
 ) -> SegmentHandle:
     """Handle to the segment, served by its host (started if missing; on Ray node ``node``
     only, when given: the one whose disk has the segment; else one of ``hosts`` per topic,
@@ -278,7 +282,8 @@ def start_segment_actor(
     The host opens the existing storage of topic incarnation ``incarnation``;
     ``initialize`` lets a brand-new segment create it (the controller initializes
     storage itself beforehand), and a segment started outside any topic (tests,
-    benchmarks) gets an incarnation of its own.
+    benchmarks) gets an incarnation of its own. ``replica``: a follower of a replicated
+    segment, on ``node`` (clients are not sent to it).
     """
     if incarnation is None:
         if not initialize:
@@ -292,7 +297,9 @@ def start_segment_actor(
     # segment up from now on finds its host, a call that overtakes the open opens it there
     # (``_serving``), and a host about to exit for idleness sees it (``_exit_if_idle``).
     at = time.time_ns()
-    entry = Entry(host_of, node or "", root, asdict(durability), incarnation, entered_at=at)
+    entry = Entry(
+        host_of, node or "", root, asdict(durability), incarnation, entered_at=at, replica=replica
+    )
     directory.put(name, entry)
 
     def start() -> ray.actor.ActorHandle:
@@ -305,7 +312,7 @@ def start_segment_actor(
         _wait_out_closing(directory, host_of)
         host = start()  # the same host if it stayed, else a new one
     token = guard().internal_token()
-    opening = Opening(root, asdict(durability), initialize, incarnation, at, token)
+    opening = Opening(root, asdict(durability), initialize, incarnation, at, token, replica)
     host.open.remote(str(name), opening)
     return SegmentHandle(host, str(name), opening)
 
