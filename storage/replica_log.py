@@ -213,9 +213,15 @@ class FollowerReplica:
         log.begin_at(shipment.start)
         return shipment.history.truncated(shipment.start)
 
+    def save(self) -> None:
+        """Record the high watermark too (when the follower stops)."""
+        self._state_file.save(self._state)
+
     def _keep(self, state: ReplicaState) -> None:
-        """Save a change before it is acted on; a high watermark alone is saved too (it is
-        what a restarted follower may serve below)."""
-        if state != self._state:
+        """Save a new epoch or history before it is acted on. A high watermark alone is
+        kept in memory (``save`` records it): a file write per shipment would pace the
+        copies by the disk's flushes, and one that is older after a restart is safe (a
+        replica serves less, never more, until its leader says again)."""
+        if (state.seen_epoch, state.history) != (self._state.seen_epoch, self._state.history):
             self._state_file.save(state)
-            self._state = state
+        self._state = state

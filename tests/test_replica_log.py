@@ -144,10 +144,19 @@ def test_a_follower_that_restarts_keeps_its_epoch_history_and_high_watermark(
     three.catch_up("r1", "r2")
     three.append(1)  # r1 does not hear of it before it restarts
     before = three.followers["r1"].state
+    three.followers["r1"].save()  # as its segment does when it stops
     three.restart("r1")
     assert three.followers["r1"].state == before
     assert three.followers["r1"].hw == 4
     assert three.catch_up("r1") == 6
+    # A crash saves nothing more: the epoch and history stay, the watermark may be older
+    three.append(1)
+    three.catch_up("r1")
+    three.restart("r1")
+    after = three.followers["r1"].state
+    assert (after.seen_epoch, after.history) == (before.seen_epoch, before.history)
+    assert after.high_watermark == 4
+    assert three.catch_up("r1") == 8 and three.followers["r1"].hw == 8
 
 
 def test_an_election_fences_the_old_leader_and_the_new_one_cuts_its_uncommitted_tail(

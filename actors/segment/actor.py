@@ -132,7 +132,7 @@ class Segment:
             replica_name=replica_name or ray.get_runtime_context().get_node_id(),
             wait_for_data=self._wait,
             on_committed=self._wake, credential=self._guard.internal_token,
-            drop_clients=self._drop_clients,
+            drop_clients=self._drop_clients, on_copied=self._copied,
         )  # fmt: skip
 
     # --- data path ---------------------------------------------------------------
@@ -541,6 +541,11 @@ class Segment:
         if self._roles.leader is not None:
             self._roles.leader.appended()  # wakes readers when the high watermark moves
         self._wake()  # a follower's fetch waits for new entries, committed or not
+
+    def _copied(self) -> None:
+        """A follower stored its leader's entries: flushed as its own appends would be."""
+        if self._flusher is not None:
+            self._flusher.changed()
 
     def _append_frames(self, bodies: list[memoryview]) -> list[bytes | asyncio.Future[bytes]]:
         """The data plane's appends: stored now; a leader's answered once committed."""

@@ -210,6 +210,8 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         self._end = 0  # first free byte
         # Frames to handle later, answers to wait for, and a refusal after them, in order
         self._backlog: deque[bytes | asyncio.Future[bytes] | ScalableTopicsError] = deque()
+        self._frames_waiting = 0  # frames in the backlog not handled yet
+        self._refusal_queued = False
         self._draining: asyncio.Task | None = None
         self._transport: asyncio.Transport | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
@@ -258,17 +260,22 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
         if forbidden is not None:
             needs = wire.ACCESS_OF_OP[bodies[forbidden][0]]
             bodies = bodies[:forbidden]
-        responses = self._server.handle_now(bodies) if bodies and not self._backlog else []
-        ready = next(
+        # Frames are handled now unless an earlier one waits to be handled; answers that
+        # wait (appends waiting for their quorum) do not hold back storing the next ones,
+        # but every answer leaves after those owed before it.
+        owed = bool(self._backlog)
+        handle = bodies and not self._frames_waiting and not self._refusal_queued
+        responses = self._server.handle_now(bodies) if handle else []
+        ready = 0 if owed else next(
             (i for i, response in enumerate(responses) if not isinstance(response, bytes)),
             len(responses),
-        )
+        )  # fmt: skip
+        if ready and self._transport is not None:
+            self._transport.write(b"".join(responses[:ready]))  # type: ignore[arg-type]
         for answer in responses[ready:]:
             self._park(answer if not isinstance(answer, bytes) else _ready(answer))
         for body in bodies[len(responses) :]:
             self._park(bytes(body))
-        if ready and self._transport is not None:
-            self._transport.write(b"".join(responses[:ready]))  # type: ignore[arg-type]
         if forbidden is not None:
             error = UnauthorizedError(
                 f"this connection was granted {_names(self.access)} only, not "
@@ -276,6 +283,7 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
             )
             if self._backlog:
                 self._backlog.append(error)  # after the answers to the frames before it
+                self._refusal_queued = True
             else:
                 self.refuse(error)
 
@@ -375,6 +383,8 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
     def _park(self, item: bytes | asyncio.Future[bytes]) -> None:
         """Queue a frame to handle later, or an answer to wait for."""
         self._backlog.append(item)
+        if isinstance(item, bytes):
+            self._frames_waiting += 1
         if self._draining is None or self._draining.done():
             self._draining = asyncio.get_running_loop().create_task(self._drain())
 
@@ -386,6 +396,7 @@ class DataPlaneProtocol(asyncio.BufferedProtocol):
                 return
             if isinstance(item, bytes):
                 response = await self._server.handle_later(item)
+                self._frames_waiting -= 1
             else:
                 response = await item
             self._backlog.popleft()

@@ -53,6 +53,8 @@ DEFAULT_COMMIT_TIMEOUT_S = 10.0
 # How long a follower's fetch waits at its leader for new entries.
 FETCH_WAIT_S = 1.0
 MAX_FETCH_WAIT_S = 30.0
+# A shipment this small is stored on the event loop: a thread hop would cost more.
+INLINE_BYTES = 256 << 10
 RETRY_S = (0.05, 2.0)  # a follower's backoff after a failed fetch: first, most
 
 
@@ -185,6 +187,7 @@ class FollowerRole:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self.replica.save()
 
     async def _run(self) -> None:
         delay = RETRY_S[0]
@@ -214,7 +217,10 @@ class FollowerRole:
             while True:
                 writer.write(encode_fetch(replace(self.replica.fetch(), wait_s=FETCH_WAIT_S)))
                 shipment = decode_shipment(await _frame(reader))
-                await asyncio.to_thread(self.replica.receive, shipment)
+                if len(shipment.frames) < INLINE_BYTES:
+                    self.replica.receive(shipment)
+                else:  # a long write off the event loop, which serves other segments too
+                    await asyncio.to_thread(self.replica.receive, shipment)
                 self.last_error = None
                 self._on_stored()
         finally:
@@ -241,11 +247,14 @@ class ReplicaRoles:
         on_committed: Callable[[], None],
         credential: Callable[[], str | None],
         drop_clients: Callable[[], None],
+        on_copied: Callable[[], None],
     ) -> None:
+        """``on_copied``: a follower stored a shipment (its log's flusher is owed a sync)."""
         self._name, self._store, self._state_file = name, store, state_file
         self.replica_name = replica_name
         self._wait_for_data, self._on_committed = wait_for_data, on_committed
         self._credential, self._drop_clients = credential, drop_clients
+        self._on_copied = on_copied
         self.leader: LeaderRole | None = None
         self.follower: FollowerRole | None = None
 
@@ -283,10 +292,14 @@ class ReplicaRoles:
         replica.fence(epoch)
         self._store.limit_reads(replica.hw)
         self._drop_clients()
+
+        def copied() -> None:
+            self._store.limit_reads(replica.hw)
+            self._on_copied()
+
         self.follower = FollowerRole(
-            self._name, replica, leader, self._credential, tls.client_context(),
-            lambda: self._store.limit_reads(replica.hw),
-        )  # fmt: skip
+            self._name, replica, leader, self._credential, tls.client_context(), copied
+        )
         self.follower.start()
         return self.status()
 
