@@ -26,8 +26,8 @@ from ray.exceptions import (
     RayTaskError,
 )
 
-from actors.segment.actor import MAX_READ_RECORDS
 from actors.segment.lookup import segment_actor
+from actors.segment.reader import MAX_READ_RECORDS
 from runtime.batch import PROPERTIES_TYPE
 from runtime.errors import ScalableTopicsError, UnavailableError, UnavailableSegmentsError
 from runtime.hashing import key_hashes

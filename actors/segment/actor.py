@@ -35,6 +35,7 @@ from actors.metrics import SegmentMetrics
 from actors.segment.appender import SegmentAppender
 from actors.segment.data_plane import DataPlaneServer, PolicyWatch
 from actors.segment.flusher import IntervalFlusher
+from actors.segment.reader import SegmentReader
 from actors.segment.replication import ReplicaRoles
 from runtime import tls, wire
 from runtime.auth import Permission
@@ -55,8 +56,6 @@ from storage.replica_state import ReplicaStateFile
 from storage.segment_store import SealedBy
 from storage.tier import open_tier, tier_directory
 
-MAX_READ_RECORDS = 100_000
-MAX_READ_WAIT_S = 60.0
 # How long a queue consumer may hold a message unacknowledged before it goes to
 # another: the time a crashed consumer's messages stay stuck.
 ACK_TIMEOUT_ENV = "RAYTOPICS_ACK_TIMEOUT_S"
@@ -64,8 +63,6 @@ DEFAULT_ACK_TIMEOUT_S = 30.0
 # How late a cumulative ack that rode on a read may reach the disk, unless durability is
 # ``fsync`` (``storage.cursors.CursorStore`` says why): Pulsar's default mark-delete rate.
 ACK_SAVE_PERIOD_S = 1.0
-# The longest a negative acknowledgement may hold a message back (a day).
-MAX_REDELIVERY_DELAY_S = 86_400.0
 # The policy's version is looked at once for all of this process's segments.
 _POLICY_WATCH = PolicyWatch(lambda: guard().version)
 
@@ -99,7 +96,6 @@ class Segment:
             ack_timeout_s=env_float(ACK_TIMEOUT_ENV, DEFAULT_ACK_TIMEOUT_S),
             background_sync=True,  # by the flusher, off the event loop
         )
-        self._new_data = asyncio.Event()
         self._guard = guard()
         self._namespace = self._name.topic.namespace_path
         self._data_plane: DataPlaneServer | None = None
@@ -124,14 +120,17 @@ class Segment:
         SleepingSegments(catalog.store, self._name.topic, incarnation).woken(self._name.segment_id)
         # The authority on sizes, following the operator's changes within seconds.
         limits = _live_limits(catalog, self._namespace)
+        self._reader = SegmentReader(
+            self._store, self._metrics, self._ack_saver, self._touch, self._still_open
+        )
         self._appender = SegmentAppender(
             self._name, self._store, limits, self._metrics, self._appended
         )
         self._roles = ReplicaRoles(
             self._name, self._store, ReplicaStateFile(self._store.directory, self._durability),
             replica_name=replica_name or ray.get_runtime_context().get_node_id(),
-            wait_for_data=self._wait,
-            on_committed=self._wake, credential=self._guard.internal_token,
+            wait_for_data=self._reader.wait,
+            on_committed=self._reader.wake, credential=self._guard.internal_token,
             drop_clients=self._drop_clients, on_copied=self._copied,
         )  # fmt: skip
 
@@ -197,7 +196,7 @@ class Segment:
     ) -> pa.RecordBatch:
         """Records from ``offset``; waits up to ``wait_s`` when there is nothing yet."""
         self._check(credential, Permission.CONSUME)
-        return await self._read(offset, max_records, wait_s)
+        return await self._reader.read(offset, max_records, wait_s)
 
     # --- lifecycle (fenced by controller epoch) ---------------------------------
 
@@ -217,7 +216,7 @@ class Segment:
         if self._data_plane is not None:
             self._data_plane.stop()
         self._appender.release_turns()
-        self._wake()
+        self._reader.wake()
         if self._flusher is not None and self._flusher.pending:
             with contextlib.suppress(ScalableTopicsError):
                 await asyncio.to_thread(self._store.sync)
@@ -246,14 +245,14 @@ class Segment:
         that replaces it, kept in its storage for recovery."""
         self._check(credential, Permission.ADMIN)
         end = self._store.terminate(epoch, SealedBy(*sealed) if sealed is not None else None)
-        self._wake()
+        self._reader.wake()
         self._appender.release_turns()
         return end
 
     async def delete(self, epoch: int | None = None, *, credential: str | None = None) -> None:
         self._check(credential, Permission.ADMIN)
         self._store.delete(epoch)
-        self._wake()
+        self._reader.wake()
 
     async def retain(
         self,
@@ -404,6 +403,9 @@ class Segment:
             self._metrics.rejected(err.code)
             raise
 
+    def _touch(self) -> None:
+        self._last_used = time.monotonic()
+
     def _still_open(self) -> None:
         if self._closed:
             raise ActorUnavailableError(f"{self._name} is closed here; look it up again", None)
@@ -435,112 +437,31 @@ class Segment:
                 return await leader.serve_fetch(body)
             if op == wire.OP_QUEUE_TAKE:
                 take = wire.decode_take(body)
-                batch = await self._take(*take)
+                batch = await self._reader.take(*take)
                 drained = wire.DRAINED if store.drained(take.subscription) else 0
                 return wire.encode_records(
                     store.readable_end, store.sealed_for_readers, ipc_parts(batch), drained
                 )
             if op == wire.OP_QUEUE_SETTLE:
-                return self._settle(wire.decode_settle(body))
+                return self._reader.settle(wire.decode_settle(body))
             if op == wire.OP_SHARE_READ:
-                return await self._read_share(wire.decode_share_read(body))
+                return await self._reader.read_share(wire.decode_share_read(body))
             request = wire.decode_read(body)
             if request.ack is not None:
-                self._ack_with_read(request.subscription, request.ack)
-            batch = await self._read(request.offset, request.max_records, request.wait_s)
+                self._reader.ack_with_read(request.subscription, request.ack)
+            batch = await self._reader.read(request.offset, request.max_records, request.wait_s)
         except (ScalableTopicsError, ValueError) as err:
             return wire.encode_failure(err)
         except ActorUnavailableError:  # closed while it waited: its connection is gone too
             return wire.encode_failure(UnavailableError(f"{self._name} closed"))
         return wire.encode_records(store.readable_end, store.sealed_for_readers, ipc_parts(batch))
 
-    async def _take(
-        self, subscription: str, consumer: str, max_records: int, wait_s: float
-    ) -> pa.RecordBatch:
-        """A queue consumer's messages: those no other consumer of ``subscription``
-        holds, waiting up to ``wait_s`` for some (or for a delayed redelivery to fall
-        due) when there are none."""
-        self._last_used = time.monotonic()
-        store = self._store
-        max_records = min(max_records, MAX_READ_RECORDS)
-        batch = store.queue_receive(subscription, consumer, max_records)
-        due_in = store.redelivery_due_in(subscription)
-        waits = not store.sealed_for_readers or due_in is not None
-        if batch.num_rows == 0 and wait_s > 0 and waits:
-            wait_s = min(wait_s, MAX_READ_WAIT_S)
-            await self._wait(wait_s if due_in is None else min(wait_s, due_in))
-            self._still_open()
-            batch = store.queue_receive(subscription, consumer, max_records)
-        self._metrics.delivered(batch.num_rows, batch.nbytes)
-        return batch
-
-    def _settle(self, request: wire.SettleRequest) -> bytes:
-        """A queue consumer's acknowledgement, negative acknowledgement (after its delay,
-        the consumer's backoff) or goodbye (what it holds goes back at once)."""
-        self._last_used = time.monotonic()
-        store, subscription = self._store, request.subscription
-        if request.kind is wire.Settle.ACK:
-            store.ack(subscription, request.offsets)
-            return wire.encode_ok(0, len(request.offsets))
-        if request.kind is wire.Settle.NEGATIVE_ACK:
-            if not 0 <= request.delay_s <= MAX_REDELIVERY_DELAY_S:
-                raise InvalidArgumentError(
-                    f"a redelivery delay must be between 0 and {MAX_REDELIVERY_DELAY_S:g} "
-                    f"seconds, got {request.delay_s:g}"
-                )
-            store.negative_ack(subscription, request.offsets, request.consumer, request.delay_s)
-        else:
-            store.consumer_left(subscription, request.consumer)
-        self._wake()  # long-polling queue consumers can take what came back
-        return wire.encode_ok(0, len(request.offsets))
-
-    async def _read(self, offset: int, max_records: int, wait_s: float) -> pa.RecordBatch:
-        """The read of a Ray call and of the data plane alike (not the actor method
-        itself: Ray wraps those for tracing)."""
-        max_records = min(max_records, MAX_READ_RECORDS)
-        self._last_used = time.monotonic()
-        if wait_s > 0 and max_records > 0 and self._store.waits_at(offset):
-            await self._wait(min(wait_s, MAX_READ_WAIT_S))  # nothing yet: read once woken
-            self._still_open()
-        batch = self._store.read(offset, max_records)
-        self._metrics.delivered(batch.num_rows, batch.nbytes)
-        return batch
-
-    async def _read_share(self, request: wire.ShareRead) -> bytes:
-        """A stream subscription's consumer reading its share (``wire``'s ``share``): the
-        cumulative ack it carries first, then a long-poll only when nothing is left to
-        look at, not when what was looked at was all for other buckets."""
-        store, subscription = self._store, request.subscription
-        if request.ack is not None:
-            self._ack_with_read(subscription, request.ack)
-        max_records = min(request.max_records, MAX_READ_RECORDS)
-        self._last_used = time.monotonic()
-        start = store.share_start(subscription, request.offset)
-        if request.wait_s > 0 and store.waits_at(start):
-            await self._wait(min(request.wait_s, MAX_READ_WAIT_S))
-            self._still_open()
-        buckets = (request.start, request.end, request.count)
-        batch, following = store.read_share(subscription, request.offset, max_records, buckets)
-        self._metrics.delivered(batch.num_rows, batch.nbytes)
-        return wire.encode_shared(
-            store.readable_end, store.sealed_for_readers, following, ipc_parts(batch)
-        )
-
-    def _ack_with_read(self, subscription: str, offset: int) -> None:
-        """A stream consumer's cumulative ack on its next read: saved by the ack saver,
-        whereas an ack called for (a consumer releasing or finishing a segment) is saved
-        before its call returns."""
-        saver = self._ack_saver
-        if self._store.ack_cumulative(subscription, offset, save_later=saver is not None):
-            assert saver is not None
-            saver.changed()
-
     def _appended(self) -> None:
         if self._flusher is not None:
             self._flusher.changed()
         if self._roles.leader is not None:
             self._roles.leader.appended()  # wakes readers when the high watermark moves
-        self._wake()  # a follower's fetch waits for new entries, committed or not
+        self._reader.wake()  # a follower's fetch waits for new entries, committed or not
 
     def _copied(self) -> None:
         """A follower stored its leader's entries: flushed as its own appends would be."""
@@ -564,15 +485,6 @@ class Segment:
         """Producers and readers connected to this replica go: it no longer serves them."""
         if self._data_plane is not None:
             self._data_plane.drop_connections()
-
-    def _wake(self) -> None:
-        self._new_data.set()
-        self._new_data = asyncio.Event()
-
-    async def _wait(self, wait_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait_s):  # no task per long-poll, unlike wait_for
-                await self._new_data.wait()
 
 
 _limits_by_namespace: dict[str, LiveLimits] = {}
