@@ -92,9 +92,15 @@ def test_a_followers_entry_is_its_hosts_and_never_where_clients_are_sent() -> No
     assert set(directory.of_topic(TOPIC)) == {segment.actor_name}  # what clients look up
     assert directory.per_node({"h1", "h2", "h3"}) == {"n1": 1, "n2": 1, "n3": 1}
     assert directory.names_host("t/ns", "h3")
+    directory.promote(segment, "h3", at=500)  # h3's follower elected: clients go there
+    assert directory.get(segment) == replace(followers[1], replica=False, entered_at=500)
+    assert directory.get_replica(segment, "h3") is None
+    assert directory.get_replica(segment, "h1") == replace(leader, replica=True)
+    directory.promote(segment, "h1", at=600)  # and back
+    assert directory.get(segment).host == "h1" and directory.get_replica(segment, "h3")
     directory.remove(segment, "h2")  # its host closed it: the others stay
-    assert directory.get_replica(segment, "h2") is None and directory.get(segment) == leader
-    assert directory.get_replica(segment, "h3") == followers[1]
+    assert directory.get_replica(segment, "h2") is None and directory.get(segment).host == "h1"
+    assert directory.get_replica(segment, "h3").host == "h3"
     directory.remove_topic(TOPIC)
     assert directory.get_replica(segment, "h3") is None and directory.get(segment) is None
 

@@ -52,6 +52,7 @@ from storage.catalog import Catalog
 from storage.cursors import Position
 from storage.durability import Durability, node_storage_root, storage_scope
 from storage.incarnation_storage import IncarnationStorage
+from storage.placements import disk_id
 from storage.replica_state import ReplicaStateFile
 from storage.segment_store import SealedBy
 from storage.tier import open_tier, tier_directory
@@ -79,8 +80,9 @@ class Segment:
     ) -> None:
         """Open ``segment``'s storage of topic incarnation ``incarnation``; ``create``: lay it
         out if it is missing (a first open only: one after a restart whose storage is gone
-        must fail, not serve an empty log in its place). A replica is named by its node
-        (``replica_name``, for tests that run several on one)."""
+        must fail, not serve an empty log in its place). A replica is named by its disk
+        (``storage.placements.disk_id``, what ``storage.replica_sets`` records;
+        ``replica_name`` for tests that run several on one)."""
         self._name = segment
         self._closed = False
         # With a disk per node, the segment is on this node's own (the controller pinned
@@ -128,7 +130,7 @@ class Segment:
         )
         self._roles = ReplicaRoles(
             self._name, self._store, ReplicaStateFile(self._store.directory, self._durability),
-            replica_name=replica_name or ray.get_runtime_context().get_node_id(),
+            replica_name=replica_name or disk_id(Path(root)),
             wait_for_data=self._reader.wait,
             on_committed=self._reader.wake, credential=self._guard.internal_token,
             drop_clients=self._drop_clients, on_copied=self._copied,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from runtime.config import ray_namespace
@@ -87,6 +87,19 @@ class SegmentDirectory:
         """Enter ``entry``: the segment's own, or (``entry.replica``) its host's follower."""
         key = _replica_key(segment, entry.host) if entry.replica else _key(segment)
         self._kv.put(key, entry.to_bytes(), True)
+
+    def promote(self, segment: SegmentName, host: str, at: int) -> None:
+        """Send ``segment``'s clients to its follower in ``host`` (elected its leader): that
+        follower's entry becomes the segment's, and the replaced leader's becomes a
+        follower's of its own host, so a restart of either reopens what it now is."""
+        promoted = self.get_replica(segment, host)
+        if promoted is None:
+            raise ValueError(f"{segment} has no follower in {host}")
+        replaced = self.get(segment)
+        self._kv.delete(_replica_key(segment, host))
+        self.put(segment, replace(promoted, replica=False, entered_at=at))
+        if replaced is not None and replaced.host != host:
+            self.put(segment, replace(replaced, replica=True))
 
     def remove(self, segment: SegmentName, host: str, issued_at: int | None = None) -> None:
         """Remove ``segment``'s entry if ``host`` still owns it (a segment moved to another
