@@ -2,10 +2,12 @@
 kinds and the connection; this module the two frames replication adds):
 
     fetch    = u32 length | u8 op=REPLICA_FETCH | i64 seen epoch | i64 adopted epoch
-               | i64 offset | u32 max bytes | u32 wait ms | u16 len(replica) | replica
+               | i64 offset | u32 max bytes | u32 wait ms | i64 cursor version
+               | u16 len(replica) | replica
     shipment = u32 length | u8 status=OK | i64 epoch | i64 start | i64 end
-               | i64 high watermark | i64 offset | u16 epoch starts
-               | (i64 epoch, i64 offset) per start | stored frames (the rest)
+               | i64 high watermark | i64 offset | i64 cursor version
+               | u32 len(cursors) | u16 epoch starts | (i64 epoch, i64 offset) per start
+               | cursors (JSON, when the follower's version differs) | stored frames
 
 A follower sends fetches on a connection of its own to its leader's segment; the
 leader answers each with a shipment (``runtime.replication.Fetch`` and ``Shipment``
@@ -26,8 +28,8 @@ from runtime import wire
 from runtime.errors import InvalidArgumentError
 from runtime.replication import EpochHistory, Fetch, Shipment
 
-_FETCH = struct.Struct("!BqqqIIH")
-_SHIPMENT = struct.Struct("!BqqqqqH")
+_FETCH = struct.Struct("!BqqqIIqH")
+_SHIPMENT = struct.Struct("!BqqqqqqIH")
 _START = struct.Struct("!qq")
 # More epochs than a log could see in its life: every failover is one.
 MAX_EPOCH_STARTS = 65_535
@@ -45,6 +47,7 @@ def encode_fetch(fetch: Fetch) -> bytes:
         fetch.offset,
         min(fetch.max_bytes, wire.MAX_FRAME // 2),
         wire.millis(fetch.wait_s),
+        fetch.cursor_version,
         len(replica),
     )
     return wire.LENGTH.pack(len(head) + len(replica)) + head + replica
@@ -53,7 +56,7 @@ def encode_fetch(fetch: Fetch) -> bytes:
 def decode_fetch(body: bytes | memoryview) -> Fetch:
     if len(body) < _FETCH.size:
         raise InvalidArgumentError("data plane replica fetch frame too short")
-    op, seen, adopted, offset, max_bytes, wait_ms, length = _FETCH.unpack_from(body)
+    op, seen, adopted, offset, max_bytes, wait_ms, cursors, length = _FETCH.unpack_from(body)
     if op != wire.OP_REPLICA_FETCH:
         raise InvalidArgumentError(f"unknown data plane operation {op}")
     if min(seen, adopted, offset) < 0 or adopted > seen or max_bytes < 1:
@@ -65,7 +68,7 @@ def decode_fetch(body: bytes | memoryview) -> Fetch:
     if length > MAX_REPLICA_NAME or len(body) != _FETCH.size + length:
         raise InvalidArgumentError("a replica fetch frame's name does not fit it")
     replica = wire.text(body[_FETCH.size :])
-    return Fetch(replica, seen, adopted, offset, max_bytes, wait_ms / 1000)
+    return Fetch(replica, seen, adopted, offset, max_bytes, wait_ms / 1000, cursors)
 
 
 def encode_shipment(shipment: Shipment) -> list[bytes | memoryview]:
@@ -78,11 +81,13 @@ def encode_shipment(shipment: Shipment) -> list[bytes | memoryview]:
         shipment.end,
         shipment.high_watermark,
         shipment.offset,
+        shipment.cursor_version,
+        len(shipment.cursors),
         len(starts),
     )
     history = b"".join(_START.pack(start.epoch, start.offset) for start in starts)
-    size = len(head) + len(history) + len(shipment.frames)
-    return [wire.LENGTH.pack(size) + head + history, shipment.frames]
+    size = len(head) + len(history) + len(shipment.cursors) + len(shipment.frames)
+    return [wire.LENGTH.pack(size) + head + history + shipment.cursors, shipment.frames]
 
 
 def decode_shipment(body: bytes | memoryview) -> Shipment:
@@ -93,15 +98,18 @@ def decode_shipment(body: bytes | memoryview) -> Shipment:
         raise wire.decode_error(bytes(body))
     if len(body) < _SHIPMENT.size:
         raise InvalidArgumentError("data plane shipment frame too short")
-    _, epoch, start, end, high_watermark, offset, count = _SHIPMENT.unpack_from(body)
+    _, epoch, start, end, high_watermark, offset, cursor_version, cursors_length, count = (
+        _SHIPMENT.unpack_from(body)
+    )
     if min(epoch, start, offset, high_watermark) < 0 or not start <= end or high_watermark > end:
         raise InvalidArgumentError(
             f"a shipment of epoch {epoch} with start {start}, end {end}, high watermark "
             f"{high_watermark} and offset {offset} breaks the log's order"
         )
-    frames_at = _SHIPMENT.size + count * _START.size
+    cursors_at = _SHIPMENT.size + count * _START.size
+    frames_at = cursors_at + cursors_length
     if len(body) < frames_at:
-        raise InvalidArgumentError("a shipment frame too short for its epoch history")
+        raise InvalidArgumentError("a shipment frame too short for its epoch history and cursors")
     history = EpochHistory()
     try:
         for i in range(count):
@@ -115,5 +123,8 @@ def decode_shipment(body: bytes | memoryview) -> Shipment:
         raise InvalidArgumentError(
             f"a shipment of epoch {epoch} holds a history up to epoch {history.last_epoch}"
         )
-    frames = memoryview(body)[frames_at:]
-    return Shipment(epoch, history, start, end, high_watermark, offset, frames)
+    view = memoryview(body)
+    return Shipment(
+        epoch, history, start, end, high_watermark, offset, view[frames_at:],
+        cursor_version, view[cursors_at:frames_at],
+    )  # fmt: skip

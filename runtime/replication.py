@@ -261,7 +261,8 @@ DEFAULT_SHIPMENT_BYTES = 4 << 20
 class Fetch:
     """A follower's ask of its leader (``storage.replica_log``): who it is, the newest
     epoch it saw, the epoch its log adopted (its history's last) and its end, where the
-    shipment should begin; the leader may hold it up to ``wait_s`` for new entries."""
+    shipment should begin; the leader may hold it up to ``wait_s`` for new entries. The
+    version of the cursors it holds tells the leader whether to ship them again."""
 
     replica: str
     seen_epoch: int
@@ -269,6 +270,7 @@ class Fetch:
     offset: int
     max_bytes: int = DEFAULT_SHIPMENT_BYTES
     wait_s: float = 0.0
+    cursor_version: int = 0  # of the subscriptions' cursors the follower holds
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,9 @@ class Shipment:
     high_watermark: int
     offset: int
     frames: bytes | memoryview
+    # The leader's subscription cursors when the follower's version differs (else empty)
+    cursor_version: int = 0
+    cursors: bytes | memoryview = b""
 
 
 @dataclass(frozen=True)

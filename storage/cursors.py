@@ -13,6 +13,7 @@ import contextlib
 import heapq
 import json
 import re
+import secrets
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -228,6 +229,10 @@ class CursorStore:
         self._lock = threading.Lock()
         self._cursors: dict[str, Cursor] = {c.name: c for c in backend.load()}
         self._unsaved: set[str] = set()  # names whose cursor is ahead of the backend's
+        # Raised by every change: a replicated segment's followers ask for the cursors
+        # again when it moved (``export``). It starts at random, so a restarted store
+        # never repeats a version a follower already holds.
+        self.version = secrets.randbits(48) << 8
 
     def create(self, name: str, position: Position, start_offset: int, end_offset: int) -> Cursor:
         """Create a cursor at the first or the next offset; an existing cursor is kept
@@ -246,6 +251,7 @@ class CursorStore:
                 cursor = Cursor(name, mark)
                 self._backend.save(cursor, create=True)
                 self._cursors[name] = cursor
+                self.version += 1
             return cursor.copy()
 
     def get(self, name: str) -> Cursor:
@@ -268,6 +274,7 @@ class CursorStore:
             self._cursors.pop(name, None)
             self._unsaved.discard(name)
             self._backend.remove(name)
+            self.version += 1
 
     def move(self, name: str, offset: int) -> Cursor:
         """Put the subscription's cursor at ``offset``: everything before it counts as
@@ -277,6 +284,7 @@ class CursorStore:
             self._live(name)
             cursor = Cursor(name, offset)
             self._cursors[name] = cursor
+            self.version += 1
             self._persist(cursor)
             return cursor.copy()
 
@@ -287,6 +295,7 @@ class CursorStore:
             cursor = self._live(name)
             if not cursor.ack_cumulative(offset):
                 return False
+            self.version += 1
             if save_later:
                 self._unsaved.add(name)
                 return True
@@ -311,7 +320,38 @@ class CursorStore:
         with self._lock:
             cursor = self._live(name)
             if cursor.ack(offsets):
+                self.version += 1
                 self._persist(cursor)
+
+    def export(self) -> tuple[int, bytes]:
+        """The version and every cursor, acks not saved yet included: what a replicated
+        segment's leader ships to its followers when their version differs."""
+        with self._lock:
+            cursors = [cursor.to_dict() for cursor in self._cursors.values()]
+            return self.version, json.dumps(cursors, separators=(",", ":")).encode()
+
+    def adopt(self, exported: bytes) -> None:
+        """Make this store hold exactly the cursors ``export`` gave (a follower's, from
+        its leader's), each saved before it returns. ``InvalidArgumentError`` for bytes
+        that are not an export, and nothing changes then."""
+        try:
+            data = json.loads(exported)
+        except ValueError as err:
+            raise InvalidArgumentError(f"cursors that cannot be adopted: {err}") from None
+        if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+            raise InvalidArgumentError("cursors that cannot be adopted: not a list of cursors")
+        cursors = {c.name: c for c in map(Cursor.from_dict, data)}
+        with self._lock:
+            for name in set(self._cursors) - set(cursors):
+                self._cursors.pop(name)
+                self._unsaved.discard(name)
+                self._backend.remove(name)
+            for name, cursor in cursors.items():
+                if self._cursors.get(name) != cursor:
+                    self._backend.save(cursor, create=name not in self._cursors)
+                    self._cursors[name] = cursor
+                    self._unsaved.discard(name)
+            self.version += 1
 
     def abandon_unsaved(self) -> None:
         """Forget the deferred acks, for a store whose files are about to be removed (the

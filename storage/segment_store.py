@@ -391,6 +391,19 @@ class SegmentStore:
         self._check_written(offset)
         return self.cursors.ack_cumulative(subscription, offset, save_later=save_later)
 
+    @property
+    def cursor_version(self) -> int:
+        return self.cursors.version
+
+    def export_cursors(self) -> tuple[int, bytes]:
+        """Every cursor and their version (``CursorStore.export``): a leader's, to ship."""
+        return self.cursors.export()
+
+    def adopt_cursors(self, exported: bytes) -> None:
+        """Hold exactly the cursors a leader exported (a follower's store)."""
+        self._check_alive()
+        self.cursors.adopt(exported)
+
     def save_acks(self) -> None:
         """Persist acks taken with ``save_later`` (the actor's saver, off its loop)."""
         if not self._deleted:

@@ -207,3 +207,35 @@ def test_abandoned_acks_are_not_saved(tmp_path: Path) -> None:
     store.abandon_unsaved()
     store.save_unsaved()
     assert _on_disk(tmp_path, "s") == 0
+
+
+def test_a_follower_holds_exactly_the_cursors_its_leader_exported(tmp_path: Path) -> None:
+    """``export``/``adopt``: how a replicated segment's cursors reach its followers. Every
+    change raises the version (deferred acks too, before they are saved); what a follower
+    adopts is saved, replaces what it held, and is there after a restart."""
+    leader = CursorStore(tmp_path / "leader")
+    follower = CursorStore(tmp_path / "follower")
+    follower.create("gone", "earliest", 0, 0)  # held from an older export
+    versions = [leader.version]
+    leader.create("s", "earliest", 0, 100)
+    leader.create("q", "latest", 0, 100)
+    versions.append(leader.version)
+    leader.ack_cumulative("s", 9, save_later=True)
+    versions.append(leader.version)
+    leader.ack("q", [101, 103])
+    versions.append(leader.version)
+    assert versions == sorted(set(versions))  # each change a newer version
+    version, exported = leader.export()
+    assert version == leader.version
+    follower.adopt(exported)
+    assert {c.name: c for c in follower.snapshot()} == {c.name: c for c in leader.snapshot()}
+    assert follower.get("s").mark_delete == 10  # the ack the leader had not saved yet
+    restarted = CursorStore(tmp_path / "follower")
+    assert sorted(restarted.names()) == ["q", "s"]
+    assert restarted.get("q").acked_ranges == ((101, 102), (103, 104))
+    # A store restarted does not repeat a version a follower may hold
+    assert CursorStore(tmp_path / "leader").version != version
+    for garbage in (b"{", b'{"s": 1}', b'[{"name": "s"}]', b"[1]"):
+        with pytest.raises(InvalidArgumentError):
+            restarted.adopt(garbage)
+    assert sorted(restarted.names()) == ["q", "s"]

@@ -47,21 +47,32 @@ def histories(draw: st.DrawFn) -> EpochHistory:
     offset=st.integers(0, 2**62),
     max_bytes=st.integers(1, 64 << 20),
     wait_ms=st.integers(0, 60_000),
+    version=st.integers(0, 2**60),
 )
 def test_a_fetch_decodes_to_itself(
-    replica: str, epochs: list[int], offset: int, max_bytes: int, wait_ms: int
+    replica: str, epochs: list[int], offset: int, max_bytes: int, wait_ms: int, version: int
 ) -> None:
     adopted, seen = epochs
-    fetch = Fetch(replica, seen, adopted, offset, max_bytes, wait_ms / 1000)
+    fetch = Fetch(replica, seen, adopted, offset, max_bytes, wait_ms / 1000, version)
     assert decode_fetch(body(encode_fetch(fetch))) == fetch
 
 
-@given(history=histories(), data=st.binary(max_size=300), extra=st.integers(0, 9))
-def test_a_shipment_decodes_to_itself(history: EpochHistory, data: bytes, extra: int) -> None:
+@given(
+    history=histories(),
+    data=st.binary(max_size=300),
+    extra=st.integers(0, 9),
+    cursors=st.binary(max_size=100),
+    version=st.integers(0, 2**60),
+)
+def test_a_shipment_decodes_to_itself(
+    history: EpochHistory, data: bytes, extra: int, cursors: bytes, version: int
+) -> None:
     epoch = history.last_epoch + extra
-    shipment = Shipment(epoch, history, 3, 90, 40, 7, data)
+    shipment = Shipment(epoch, history, 3, 90, 40, 7, data, version, cursors)
     decoded = decode_shipment(body(encode_shipment(shipment)))
-    assert decoded == Shipment(epoch, history, 3, 90, 40, 7, memoryview(data))
+    assert decoded == Shipment(
+        epoch, history, 3, 90, 40, 7, memoryview(data), version, memoryview(cursors)
+    )
 
 
 @settings(max_examples=300)
@@ -93,13 +104,13 @@ def _shipment_bytes(**changes: int) -> bytes:
         (lambda: _shipment_bytes(high_watermark=11), "breaks the log's order"),
         (lambda: _shipment_bytes(start=11), "breaks the log's order"),
         (lambda: _shipment_bytes(epoch=2), "history up to epoch 3"),
-        (lambda: _shipment_bytes()[:50], "too short for its epoch history"),
+        (lambda: _shipment_bytes()[:60], "too short for its epoch history"),
         (lambda: _shipment_bytes()[:20], "too short"),
         # epochs that do not rise: the second start's epoch overwritten with the first's
         (
             lambda: (
                 b := bytearray(_shipment_bytes()),
-                b.__setitem__(slice(59, 67), b[43:51]),
+                b.__setitem__(slice(71, 79), b[55:63]),
                 bytes(b),
             )[-1],
             "breaks its rules",

@@ -240,6 +240,36 @@ def test_followers_serve_no_producer_and_no_reader(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_cursors_and_acknowledgements_reach_the_followers(tmp_path: Path) -> None:
+    """A subscription created, acknowledged cumulatively and individually on the leader is
+    held by every follower soon after, as it stands on the leader."""
+
+    async def scenario() -> None:
+        async with replicas(tmp_path) as three:
+            await three.lead("r0", 1, ack_quorum=2, timeout_s=10)
+            leader = three.segments["r0"]
+            await leader.append(make_batch([b"m"] * 10))
+            await leader.create_subscription("s")
+            await leader.create_subscription("gone")
+            await leader.ack_cumulative("s", 4)
+            await leader.delete_subscription("gone")
+            leader._store.ack("s", [7])
+
+            async def held() -> bool:
+                wanted = leader._store.cursors.snapshot()
+                return all(
+                    three.segments[name]._store.cursors.snapshot() == wanted
+                    for name in ("r1", "r2")
+                )
+
+            await until(held)
+            follower = three.segments["r1"]._store.cursors
+            assert follower.names() == ["s"] and follower.get("s").mark_delete == 5
+            assert follower.get("s").acked_ranges == ((7, 8),)
+
+    run(scenario)
+
+
 def test_an_unreplicated_segment_serves_as_before(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with replicas(tmp_path, count=1) as one:

@@ -64,6 +64,7 @@ def test_replicas_on_three_nodes_each_with_its_own_disk(tmp_path: Path) -> None:
     assert result["after_failover"] == [[60 + 2 * i, 2] for i in range(10)], result
     assert result["values_after_failover"] == [f"m{i}" for i in range(40) for _ in (0, 1)]
     assert result["roles_after_failover"] == [["leader", 2], ["follower", 2]], result
+    assert result["cursor_after_failover"] == 30, result  # acknowledged before, kept
     # the other follower gone too: the append is stored on the leader only, refused
     # naming the segment, and never read
     assert result["without_quorum"].startswith("NotEnoughReplicasError"), result
@@ -149,6 +150,18 @@ def main(scratch: Path) -> None:
         ray.get(handles["b"].follow.remote(1, endpoint))
         ends_after = caught_up(60)
 
+        # A subscription acknowledged on the leader: its cursor rides to the followers
+        ray.get(handles["a"].create_subscription.remote("s"))
+        ray.get(handles["a"].ack_cumulative.remote("s", 29))
+
+        def cursors_held() -> bool:
+            versions = {
+                ray.get(h.replica_status.remote())["cursorVersion"] for h in handles.values()
+            }
+            return len(versions) == 1
+
+        _until(cursors_held)
+
         # Node A, the leader's, is lost: an election among B and C, recorded first
         disk = {n: disk_id(disks[n]) for n in NODES}
         records = ReplicaSets(Catalog().store, name.topic, incarnation)
@@ -164,6 +177,7 @@ def main(scratch: Path) -> None:
         assert new_leader.host == handles[leader].host
         after_failover = asyncio.run(produce(30, 10))
         values = ray.get(new_leader.read.remote(0, 1000)).column("value").to_pylist()
+        cursor = ray.get(new_leader.position.remote("s"))["position"]
         statuses = [ray.get(handles[n].replica_status.remote()) for n in (leader, other)]
 
         ray.kill(handles[other].host, no_restart=True)
@@ -183,6 +197,7 @@ def main(scratch: Path) -> None:
             "elected": [elected.epoch, leader], "after_failover": after_failover,
             "values_after_failover": [v.decode() for v in values],
             "roles_after_failover": [(st["role"], st["epoch"]) for st in statuses],
+            "cursor_after_failover": cursor,
         }), flush=True)  # fmt: skip
     finally:
         ray.shutdown()
@@ -199,6 +214,14 @@ def _retry(call):  # noqa: ANN001, ANN202
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def _until(check) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + 30
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("the condition never held")
+        time.sleep(0.1)
 
 
 def _dead(call) -> None:  # noqa: ANN001

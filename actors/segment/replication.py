@@ -12,7 +12,10 @@ module adds what needs an event loop and sockets:
   to ship.
 - ``FollowerRole``: a task that keeps one data-plane connection to the leader, greeted
   with the system's own credential for ``REPLICATE`` access, and sends one fetch at a
-  time; each fetch reports what the last shipment stored. It stops for good when the
+  time; each fetch reports what the last shipment stored. The subscriptions' cursors
+  ride the same stream: a shipment carries all of them whenever they changed since the
+  version the follower holds, so a new leader redelivers at most what was acknowledged
+  since its last copy, and never skips a message. It stops for good when the
   leader or a shipment is fenced (``StaleEpochError``): only the controller gives a
   replica its next role. Any other failure (the leader restarting, a dropped
   connection) is retried with a backoff.
@@ -110,9 +113,18 @@ class LeaderRole:
         fetch = decode_fetch(body)
         shipment = self.replica.ship(fetch)
         self._advance(self.replica.hw)
-        if not shipment.frames and fetch.wait_s > 0 and fetch.offset == shipment.end:
+        store = self._store
+        if (
+            not shipment.frames
+            and store.cursor_version == fetch.cursor_version
+            and fetch.wait_s > 0
+            and fetch.offset == shipment.end
+        ):
             await self._wait_for_data(min(fetch.wait_s, MAX_FETCH_WAIT_S))
             shipment = self.replica.ship(replace(fetch, wait_s=0))
+        if store.cursor_version != fetch.cursor_version:
+            version, cursors = store.export_cursors()
+            shipment = replace(shipment, cursor_version=version, cursors=cursors)
         return b"".join(encode_shipment(shipment))
 
     def stop(self, why: ScalableTopicsError) -> None:
@@ -172,9 +184,13 @@ class FollowerRole:
         credential: Callable[[], str | None],
         tls: ssl.SSLContext | None,
         on_stored: Callable[[], None],
+        adopt_cursors: Callable[[bytes], None],
     ) -> None:
+        """``adopt_cursors``: hold the subscriptions' cursors the leader shipped."""
         self._name, self.replica, self.leader = name, replica, leader
         self._credential, self._tls, self._on_stored = credential, tls, on_stored
+        self._adopt_cursors = adopt_cursors
+        self.cursor_version = 0  # of the cursors held: none yet, so the first ships them
         self._task: asyncio.Task | None = None
         self.fenced: StaleEpochError | None = None  # why it stopped for good
         self.last_error: Exception | None = None
@@ -215,8 +231,14 @@ class FollowerRole:
             if welcome[0] != wire.STATUS_OK:
                 raise wire.decode_error(welcome)
             while True:
-                writer.write(encode_fetch(replace(self.replica.fetch(), wait_s=FETCH_WAIT_S)))
+                fetch = replace(
+                    self.replica.fetch(), wait_s=FETCH_WAIT_S, cursor_version=self.cursor_version
+                )
+                writer.write(encode_fetch(fetch))
                 shipment = decode_shipment(await _frame(reader))
+                if shipment.cursors:
+                    self._adopt_cursors(bytes(shipment.cursors))
+                    self.cursor_version = shipment.cursor_version
                 if len(shipment.frames) < INLINE_BYTES:
                     self.replica.receive(shipment)
                 else:  # a long write off the event loop, which serves other segments too
@@ -298,8 +320,9 @@ class ReplicaRoles:
             self._on_copied()
 
         self.follower = FollowerRole(
-            self._name, replica, leader, self._credential, tls.client_context(), copied
-        )
+            self._name, replica, leader, self._credential, tls.client_context(), copied,
+            self._store.adopt_cursors,
+        )  # fmt: skip
         self.follower.start()
         return self.status()
 
@@ -317,6 +340,7 @@ class ReplicaRoles:
             "replica": self.replica_name,
             "endOffset": store.end_offset,
             "highWatermark": store.readable_end,
+            "cursorVersion": store.cursor_version,  # a follower's: its leader's it holds
         }
         if self.leader is not None:
             status |= {"role": "leader", "epoch": self.leader.epoch,
@@ -325,6 +349,7 @@ class ReplicaRoles:
             state = self.follower.replica.state
             error = self.follower.fenced or self.follower.last_error
             status |= {"role": "follower", "epoch": state.seen_epoch,
+                       "cursorVersion": self.follower.cursor_version,
                        "leader": f"{self.follower.leader.host}:{self.follower.leader.port}",
                        "error": None if error is None else repr(error)}  # fmt: skip
         else:
