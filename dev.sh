@@ -63,9 +63,16 @@ step() {
 # cannot be installed or fails.
 UV_VERSION=0.13.9
 
+uv_install() {
+  .venv/bin/uv pip install --python .venv/bin/python --compile-bytecode "$@" -e '.[ray,test]'
+}
+
+# From uv's cache alone first: asked again, a package index may answer that a source
+# package changed, and uv then builds its wheel anew (pyspark's, some 13 s). A cache that
+# lacks something fails at once, and the index is asked.
 install_project() {
   if .venv/bin/python -m pip install --quiet "uv==$UV_VERSION" &&
-    .venv/bin/uv pip install --python .venv/bin/python --compile-bytecode -e '.[ray,test]'; then
+    { uv_install --offline || uv_install; }; then
     return
   fi
   echo "uv failed: installing with pip instead"

@@ -306,14 +306,18 @@ def admits(frame_epoch: int, seen_epoch: int) -> bool:
     return frame_epoch >= seen_epoch
 
 
-def choose_leader(reports: Iterable[ReplicaReport], replication: Replication) -> ReplicaReport:
+def choose_leader(
+    reports: Iterable[ReplicaReport], replication: Replication, prefer: str | None = None
+) -> ReplicaReport:
     """The replica to lead the next epoch: among at least ``reports_needed`` fenced
-    replicas, the most up-to-date log (newest last epoch, then longest; the name breaks
-    a tie, so every controller that sees the same reports chooses alike)."""
+    replicas, the most up-to-date log (newest last epoch, then longest). A tie goes to
+    ``prefer`` (the leader the record names: a segment's first election keeps the leader
+    its placement chose, and a leader that restarted keeps leading when nobody holds more),
+    then to the name, so every controller that sees the same reports chooses alike."""
     heard = {report.replica: report for report in reports}
     if len(heard) < replication.reports_needed:
         raise NotEnoughReplicasError(
             f"an election needs {replication.reports_needed} of {replication.factor} replicas "
             f"(ackQuorum {replication.ack_quorum}); {len(heard)} answered"
         )
-    return max(heard.values(), key=lambda r: (r.last_epoch, r.end, r.replica))
+    return max(heard.values(), key=lambda r: (r.last_epoch, r.end, r.replica == prefer, r.replica))

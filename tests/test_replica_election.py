@@ -63,6 +63,14 @@ def test_the_most_up_to_date_replica_leads_once_the_choice_is_recorded() -> None
     ]  # fmt: skip  d1 did not answer: the maintenance round tells it when it is back
 
 
+def test_a_tie_keeps_the_leader_the_record_names() -> None:
+    """A new segment's first election (nobody leads yet, every log alike) keeps the leader
+    its placement chose, so leaders spread as the placement spread them."""
+    records, replicas = setup({"d1": (0, 0), "d2": (0, 0), "d3": (0, 0)})
+    elected = asyncio.run(elect(records, 7, ("d1", "d2", "d3"), THREE, replicas))
+    assert elected == ReplicaSet(4, ("d1", "d2", "d3"))
+
+
 def test_too_few_answers_elect_nobody_and_change_nothing() -> None:
     records, replicas = setup({"d1": None, "d2": None, "d3": (3, 42)})
     with pytest.raises(NotEnoughReplicasError, match="needs 2 of 3"):

@@ -159,6 +159,9 @@ def test_the_newest_epoch_wins_then_the_longest_log_then_the_name() -> None:
     assert choose_leader([newer, longer], replication) == longer
     tie = [ReplicaReport("b", 3, 6), longer]
     assert choose_leader(tie, replication) == choose_leader(tie[::-1], replication) == longer
+    # A tie goes to the leader the record names first, never past a more up-to-date log
+    assert choose_leader(tie, replication, prefer="b") == tie[0]
+    assert choose_leader([newer, longer], replication, prefer="a") == longer
 
 
 def test_a_replica_refuses_frames_from_before_the_newest_epoch_it_saw() -> None:

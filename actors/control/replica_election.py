@@ -73,7 +73,7 @@ async def elect(
     epoch = current.epoch + 1
     answers = await asyncio.gather(*(calls.fence(c, epoch) for c in candidates))
     reports = [report for report in answers if report is not None]
-    chosen = choose_leader(reports, replication).replica
+    chosen = choose_leader(reports, replication, prefer=current.leader).replica
     elected = current.elected(chosen)
     records.change(segment_id, version, elected)
     await calls.lead(chosen, elected.epoch, replication)

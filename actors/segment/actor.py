@@ -130,7 +130,7 @@ class Segment:
         )
         self._roles = ReplicaRoles(
             self._name, self._store, ReplicaStateFile(self._store.directory, self._durability),
-            replica_name=replica_name or disk_id(Path(root)),
+            replica_name=lambda: replica_name or disk_id(Path(root)),
             wait_for_data=self._reader.wait,
             on_committed=self._reader.wake, credential=self._guard.internal_token,
             drop_clients=self._drop_clients, on_copied=self._copied,

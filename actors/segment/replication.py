@@ -264,7 +264,7 @@ class ReplicaRoles:
         name: SegmentName,
         store: SegmentStore,
         state_file: ReplicaStateFile,
-        replica_name: str,
+        replica_name: Callable[[], str],
         wait_for_data: Callable[[float], Awaitable[None]],
         on_committed: Callable[[], None],
         credential: Callable[[], str | None],
@@ -273,12 +273,21 @@ class ReplicaRoles:
     ) -> None:
         """``on_copied``: a follower stored a shipment (its log's flusher is owed a sync)."""
         self._name, self._store, self._state_file = name, store, state_file
-        self.replica_name = replica_name
+        self._replica_name = replica_name
+        self._named: str | None = None
         self._wait_for_data, self._on_committed = wait_for_data, on_committed
         self._credential, self._drop_clients = credential, drop_clients
         self._on_copied = on_copied
         self.leader: LeaderRole | None = None
         self.follower: FollowerRole | None = None
+
+    @property
+    def replica_name(self) -> str:
+        """This replica's name (its disk's id), looked up when replication first needs it:
+        an unreplicated segment never does."""
+        if self._named is None:
+            self._named = self._replica_name()
+        return self._named
 
     def check_serves(self) -> None:
         """Producers and readers are served by the leader only."""
