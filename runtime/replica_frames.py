@@ -6,7 +6,8 @@ kinds and the connection; this module the two frames replication adds):
                | u16 len(replica) | replica
     shipment = u32 length | u8 status=OK | i64 epoch | i64 start | i64 end
                | i64 high watermark | i64 offset | i64 cursor version
-               | u32 len(cursors) | u16 epoch starts | (i64 epoch, i64 offset) per start
+               | u32 len(cursors) | u16 epoch starts | u8 flags (1: the leader's log is
+               sealed at its end) | (i64 epoch, i64 offset) per start
                | cursors (JSON, when the follower's version differs) | stored frames
 
 A follower sends fetches on a connection of its own to its leader's segment; the
@@ -29,7 +30,8 @@ from runtime.errors import InvalidArgumentError
 from runtime.replication import EpochHistory, Fetch, Shipment
 
 _FETCH = struct.Struct("!BqqqIIqH")
-_SHIPMENT = struct.Struct("!BqqqqqqIH")
+_SHIPMENT = struct.Struct("!BqqqqqqIHB")
+SEALED = 1
 _START = struct.Struct("!qq")
 # More epochs than a log could see in its life: every failover is one.
 MAX_EPOCH_STARTS = 65_535
@@ -84,6 +86,7 @@ def encode_shipment(shipment: Shipment) -> list[bytes | memoryview]:
         shipment.cursor_version,
         len(shipment.cursors),
         len(starts),
+        SEALED if shipment.sealed else 0,
     )
     history = b"".join(_START.pack(start.epoch, start.offset) for start in starts)
     size = len(head) + len(history) + len(shipment.cursors) + len(shipment.frames)
@@ -98,7 +101,7 @@ def decode_shipment(body: bytes | memoryview) -> Shipment:
         raise wire.decode_error(bytes(body))
     if len(body) < _SHIPMENT.size:
         raise InvalidArgumentError("data plane shipment frame too short")
-    _, epoch, start, end, high_watermark, offset, cursor_version, cursors_length, count = (
+    _, epoch, start, end, high_watermark, offset, cursor_version, cursors_length, count, flags = (
         _SHIPMENT.unpack_from(body)
     )
     if min(epoch, start, offset, high_watermark) < 0 or not start <= end or high_watermark > end:
@@ -126,5 +129,5 @@ def decode_shipment(body: bytes | memoryview) -> Shipment:
     view = memoryview(body)
     return Shipment(
         epoch, history, start, end, high_watermark, offset, view[frames_at:],
-        cursor_version, view[cursors_at:frames_at],
+        cursor_version, view[cursors_at:frames_at], bool(flags & SEALED),
     )  # fmt: skip

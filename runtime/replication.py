@@ -289,6 +289,7 @@ class Shipment:
     # The leader's subscription cursors when the follower's version differs (else empty)
     cursor_version: int = 0
     cursors: bytes | memoryview = b""
+    sealed: bool = False  # the leader's log is sealed at ``end``
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,10 @@ class LeaderReplica:
         frames = b""
         if self._continues(fetch, end):
             frames = log.frames_from(fetch.offset, fetch.max_bytes)
-        return Shipment(self.epoch, history, log.start_offset, end, self.hw, fetch.offset, frames)
+        return Shipment(
+            self.epoch, history, log.start_offset, end, self.hw, fetch.offset, frames,
+            sealed=log.terminated,
+        )  # fmt: skip
 
     def forget(self, replica: str) -> None:
         """``replica`` left the replica set: it no longer counts toward the quorum."""
@@ -186,6 +189,8 @@ class FollowerReplica:
             if shipment.frames:
                 log.append_frames(shipment.frames)
             history = shipment.history.truncated(log.end_offset)
+        if shipment.sealed and log.end_offset == shipment.end and not log.terminated:
+            log.terminate()  # all of a sealed leader's log is here: sealed alike
         high_watermark = max(state.high_watermark, min(shipment.high_watermark, log.end_offset))
         self._keep(ReplicaState(max(state.seen_epoch, shipment.epoch), history, high_watermark))
         return log.end_offset

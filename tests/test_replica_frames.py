@@ -68,10 +68,11 @@ def test_a_shipment_decodes_to_itself(
     history: EpochHistory, data: bytes, extra: int, cursors: bytes, version: int
 ) -> None:
     epoch = history.last_epoch + extra
-    shipment = Shipment(epoch, history, 3, 90, 40, 7, data, version, cursors)
+    sealed = extra > 4
+    shipment = Shipment(epoch, history, 3, 90, 40, 7, data, version, cursors, sealed)
     decoded = decode_shipment(body(encode_shipment(shipment)))
     assert decoded == Shipment(
-        epoch, history, 3, 90, 40, 7, memoryview(data), version, memoryview(cursors)
+        epoch, history, 3, 90, 40, 7, memoryview(data), version, memoryview(cursors), sealed
     )
 
 
@@ -110,7 +111,7 @@ def _shipment_bytes(**changes: int) -> bytes:
         (
             lambda: (
                 b := bytearray(_shipment_bytes()),
-                b.__setitem__(slice(71, 79), b[55:63]),
+                b.__setitem__(slice(72, 80), b[56:64]),
                 bytes(b),
             )[-1],
             "breaks its rules",

@@ -185,6 +185,19 @@ def test_an_election_fences_the_old_leader_and_the_new_one_cuts_its_uncommitted_
     assert old.hw == 4  # it acknowledged nothing after the election
 
 
+def test_followers_seal_with_their_leader_once_they_hold_all_of_it(three: Replicas) -> None:
+    three.append(3)
+    three.logs["r0"].terminate()  # a split or merge sealed the segment on its leader
+    three.pull("r1", max_bytes=1)  # one batch of three: not sealed yet
+    assert not three.logs["r1"].terminated
+    three.catch_up("r1", "r2")
+    for name in ("r1", "r2"):
+        log = three.logs[name]
+        assert log.terminated and log.end_offset == three.logs["r0"].end_offset == 6
+    three.restart("r1")
+    assert three.logs["r1"].terminated and three.pull("r1") == 6  # sealed stays sealed
+
+
 def test_a_replica_never_leads_an_epoch_twice(three: Replicas) -> None:
     three.append(1)
     three.restart("r0")

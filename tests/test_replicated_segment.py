@@ -270,6 +270,25 @@ def test_cursors_and_acknowledgements_reach_the_followers(tmp_path: Path) -> Non
     run(scenario)
 
 
+def test_a_sealed_leaders_followers_seal_at_its_end(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with replicas(tmp_path) as three:
+            await three.lead("r0", 1, ack_quorum=2, timeout_s=10)
+            leader = three.segments["r0"]
+            assert await leader.append(make_batch([b"m"] * 5)) == (0, 5)
+            assert await leader.terminate() == 5
+
+            async def sealed() -> bool:
+                return all(s._store.terminated for s in three.segments.values())
+
+            await until(sealed)
+            assert {s._store.end_offset for s in three.segments.values()} == {5}
+            position = await leader.position()
+            assert position["terminated"] and position["endOffset"] == 5
+
+    run(scenario)
+
+
 def test_an_unreplicated_segment_serves_as_before(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with replicas(tmp_path, count=1) as one:
