@@ -76,6 +76,7 @@ def test_replicas_on_three_nodes_each_with_its_own_disk(tmp_path: Path) -> None:
 def main(scratch: Path) -> None:
     import ray
     from ray.cluster_utils import Cluster
+    from waiting import wait_for
 
     from actors.control.replica_election import HostReplicaCalls, elect
     from actors.segment.host import start_segment_actor
@@ -160,7 +161,7 @@ def main(scratch: Path) -> None:
             }
             return len(versions) == 1
 
-        _until(cursors_held)
+        wait_for(cursors_held, 30)
 
         # Node A, the leader's, is lost: an election among B and C, recorded first
         disk = {n: disk_id(disks[n]) for n in NODES}
@@ -214,14 +215,6 @@ def _retry(call):  # noqa: ANN001, ANN202
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-
-
-def _until(check) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + 30
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("the condition never held")
-        time.sleep(0.1)
 
 
 def _dead(call) -> None:  # noqa: ANN001

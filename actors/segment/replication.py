@@ -53,8 +53,10 @@ log = logging.getLogger(__name__)
 # How long an append waits for its quorum before its producer hears why not: below a
 # producer's send time-out (60 s by default), so the error, not a time-out, reaches it.
 DEFAULT_COMMIT_TIMEOUT_S = 10.0
-# How long a follower's fetch waits at its leader for new entries.
-FETCH_WAIT_S = 1.0
+# How long a follower's fetch waits at its leader for new entries: what an idle replicated
+# segment costs (a fetch per follower this often), and how late a cursor change made while
+# no entry arrives reaches the followers (new entries end the wait at once).
+FETCH_WAIT_S = 5.0
 MAX_FETCH_WAIT_S = 30.0
 # A shipment this small is stored on the event loop: a thread hop would cost more.
 INLINE_BYTES = 256 << 10
