@@ -47,6 +47,9 @@ class _Metrics:
     held_back: Counter
     tier_failures: Counter
     tiered: Gauge
+    under_replicated: Gauge
+    replica_lag: Gauge
+    leader_changes: Counter
 
 
 @functools.cache
@@ -111,6 +114,22 @@ def _metrics() -> _Metrics:
             "tier_offload_failures_total",
             "Moves of a sealed segment to the tier that failed (retried later)",
             ("topic", "code"),
+        ),
+        under_replicated=gauge(
+            "under_replicated_segments",
+            "Replicated active segments with fewer replicas in their role and caught up "
+            "than their replication factor",
+            ("topic",),
+        ),
+        replica_lag=gauge(
+            "replica_lag_entries",
+            "Entries a segment's furthest-behind follower lacks of its leader's log",
+            ("topic", "segment"),
+        ),
+        leader_changes=counter(
+            "leader_changes_total",
+            "Leader elections of replicated segments won (a new segment's first included)",
+            ("topic",),
         ),
         tiered=gauge(
             "segments_by_storage",
@@ -216,6 +235,15 @@ class ControllerMetrics:
 
     def tier_failed(self, code: str) -> None:
         _metrics().tier_failures.inc(1, {"topic": self._topic, "code": code})
+
+    def replicas(self, under_replicated: int, lag: dict[str, int]) -> None:
+        """``lag``: per segment descriptor, its furthest-behind follower's missing entries."""
+        _metrics().under_replicated.set(under_replicated, {"topic": self._topic})
+        for descriptor, entries in lag.items():
+            _metrics().replica_lag.set(entries, {"topic": self._topic, "segment": descriptor})
+
+    def leader_changed(self) -> None:
+        _metrics().leader_changes.inc(1, {"topic": self._topic})
 
 
 def record_rejected(topic: str, component: str, code: str) -> None:

@@ -31,7 +31,7 @@ import os
 import ssl
 import sys
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -92,7 +92,9 @@ def unreachable() -> tuple[type[BaseException], ...]:
     was imported: a client outside Ray never imports it."""
     retried: tuple[type[BaseException], ...] = (OSError, SegmentNotFoundError, UnavailableError)
     ray_exceptions = sys.modules.get("ray.exceptions")
-    return retried if ray_exceptions is None else (*retried, ray_exceptions.RayActorError)
+    if ray_exceptions is None:
+        return retried
+    return (*retried, ray_exceptions.RayActorError, ray_exceptions.ActorUnschedulableError)
 
 
 async def _endpoint(segment: Any, credential: str | None) -> wire.Endpoint:
@@ -153,11 +155,20 @@ class ChannelError(ConnectionError):
 
 class SegmentChannel:
     def __init__(
-        self, handle: Any, *, credential: str | None = None, reconnect_attempts: int = 50
+        self,
+        handle: Any,
+        *,
+        credential: str | None = None,
+        reconnect_attempts: int = 50,
+        relocate: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
+        """``relocate``: the segment looked up again, before each connection but the
+        first (a replicated segment's leader may have moved to another node)."""
         self._handle = handle
         self._credential = credential
         self._attempts = reconnect_attempts
+        self._relocate = relocate
+        self._connected = False
         self._pending: OrderedDict[int, tuple[bytes, asyncio.Future]] = OrderedDict()
         self._on_wire: deque[int] = deque()  # keys written on the current connection
         self._unsent: deque[int] = deque()  # keys not yet written on it, in order
@@ -217,9 +228,12 @@ class SegmentChannel:
         failure: Exception | None = None
         for attempt in range(self._attempts):
             try:
+                if self._relocate is not None and (self._connected or attempt):
+                    self._handle = await self._relocate()
                 reader, writer = await _open_data_plane(
                     self._handle, self._credential, wire.PRODUCE
                 )
+                self._connected = True
                 break
             except REFUSALS as err:  # asking again cannot change that
                 self._fail_all(err)

@@ -52,6 +52,7 @@ from runtime.errors import (
     ConflictError,
     ConsumerNotRegisteredError,
     InvalidArgumentError,
+    NotLeaderError,
     SegmentNotFoundError,
     is_integer,
 )
@@ -284,7 +285,7 @@ class GroupConsumerCore:
                     continue
                 try:
                     batch, end_offset, terminated, following = await self._read_once(reader)
-                except (*self.restarting, ChannelError):
+                except (*self.restarting, ChannelError, NotLeaderError):
                     await asyncio.sleep(0.2)  # the segment is restarting, or hibernated
                     if reader.revoked or self.closed:
                         # Given up while the read was out: nothing to reattach to, and
@@ -433,7 +434,7 @@ class GroupConsumerCore:
                 await self._settle_part(reader, target)
             else:
                 await self.access.ack_cumulative(reader.handle, reader.name, target - 1)
-        except (*self.restarting, ChannelError):
+        except (*self.restarting, ChannelError, NotLeaderError):
             await self._reattach(reader)  # the ack is sent again by the next flush
             return
         except REFUSALS as err:

@@ -31,6 +31,8 @@ from runtime.batch import (
     serialize_batch,
 )
 from runtime.errors import (
+    NotEnoughReplicasError,
+    NotLeaderError,
     ProducerQueueFullError,
     SegmentTerminated,
     SendTimeoutError,
@@ -48,6 +50,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _ADOPT_RETRY_S = 0.5
+# A replicated segment's answers that a send retries until its deadline, as Kafka's
+# producer retries NOT_LEADER and NOT_ENOUGH_REPLICAS: the leader moved (the retry looks
+# it up again), or the quorum did not hold the batch in time (the retry is stored once:
+# the producer's sequence).
+NOT_LEADING = (NotLeaderError, NotEnoughReplicasError)
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,7 @@ class SegmentSender:
                 self.core.segment_sealed(self)
             except TlsError as err:  # not a segment that is away: no retry reaches it
                 self._fail(chunk, err)
-            except self.core.access.unavailable as err:
+            except (*self.core.access.unavailable, *NOT_LEADING) as err:
                 self.handle = None
                 if time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
@@ -185,9 +192,17 @@ class SegmentSender:
 
     def _open_channel(self) -> SegmentChannel:
         if self.channel is None:
-            self.channel = SegmentChannel(self.handle, credential=self.core.credential)
+            self.channel = SegmentChannel(
+                self.handle, credential=self.core.credential, relocate=self._find
+            )
         self.channel.open()
         return self.channel
+
+    async def _find(self) -> Any:
+        """The segment's actor looked up afresh, for a channel's next connection: a
+        replicated segment's leader may have moved to another node."""
+        self.handle = await self.core.access.find(self.name)
+        return self.handle
 
     def _fail(self, chunk: Chunk, error: BaseException) -> None:
         chunk.fail(error)

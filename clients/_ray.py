@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import RayActorError
 
 from runtime.connect import connect
 from runtime.errors import SegmentNotFoundError
 from runtime.names import SegmentName, TopicName
-from runtime.remote import call
+from runtime.remote import ACTOR_GONE, call
 
 if TYPE_CHECKING:
     from clients._producer_core import SegmentAccess
@@ -31,14 +30,14 @@ def joined(address: str | None = None) -> None:
 def segment_access(credential: str | None) -> SegmentAccess:
     """How a Ray driver's producer reaches segments: through their actors, looked up by
     name; while an actor restarts or is not registered yet, sends wait and retry."""
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
 
     from actors.segment.lookup import find_segment_actor
     from clients._producer_core import SegmentAccess
 
     return SegmentAccess(
         find=lambda name: find_segment_actor(name, credential=credential),
-        unavailable=(SegmentNotFoundError, ActorUnavailableError, ActorDiedError, RayActorError),
+        unavailable=(SegmentNotFoundError, ActorUnavailableError, ActorDiedError, *ACTOR_GONE),
     )
 
 
@@ -52,7 +51,7 @@ class RayGroupAccess:
         self.coordinator = coordinator_actor(topic, subscription)
         self.subscription = subscription
         self.credential = credential
-        self.restarting: tuple[type[BaseException], ...] = (RayActorError,)
+        self.restarting: tuple[type[BaseException], ...] = ACTOR_GONE
 
     async def register(self, consumer: str) -> dict[str, Any]:
         return await call(self.coordinator.register.remote(consumer, credential=self.credential))

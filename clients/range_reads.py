@@ -22,23 +22,28 @@ from ray.exceptions import (
     ActorDiedError,
     ActorUnavailableError,
     GetTimeoutError,
-    RayActorError,
     RayTaskError,
 )
 
 from actors.segment.lookup import segment_actor
 from actors.segment.reader import MAX_READ_RECORDS
 from runtime.batch import PROPERTIES_TYPE
-from runtime.errors import ScalableTopicsError, UnavailableError, UnavailableSegmentsError
+from runtime.errors import (
+    NotLeaderError,
+    ScalableTopicsError,
+    UnavailableError,
+    UnavailableSegmentsError,
+)
 from runtime.hashing import key_hashes
 from runtime.names import SegmentName
+from runtime.remote import ACTOR_GONE
 from runtime.uris import redacted
 from storage.log import to_delivery
 from storage.tier import TieredSegment, open_tier
 
 # Pause between attempts to reach a segment whose actor is restarting.
 RETRY_PAUSE_S = 0.2
-RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError, GetTimeoutError)
+RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, *ACTOR_GONE, GetTimeoutError)
 
 OUTPUT_SCHEMA = pa.schema(
     [
@@ -159,12 +164,8 @@ class _RangeReader:
             try:
                 if pending is None:
                     raise ValueError("no actor")
-                batch = ray.get(pending, timeout=max(deadline - time.monotonic(), 0.001))
-            except RayTaskError as err:  # the segment's own error (a refusal, say): as itself
-                if isinstance(err.cause, ScalableTopicsError):
-                    raise err.cause from None
-                raise
-            except (ValueError, *RESTART_ERRORS) as err:
+                batch = _answer(pending, deadline)
+            except (ValueError, NotLeaderError, *RESTART_ERRORS) as err:
                 self.handle = None
                 if time.monotonic() + RETRY_PAUSE_S >= deadline:
                     why = f"did not answer within {self.timeout_s:g}s: {err}"
@@ -183,6 +184,18 @@ class _RangeReader:
         return UnavailableSegmentsError(
             f"segment {self.piece.segment_id} ({self.segment}) {why}", [self.piece.segment_id]
         )
+
+
+def _answer(pending: ray.ObjectRef, deadline: float) -> pa.RecordBatch:
+    """The read's records; the segment's own error (a refusal, say) as itself: a
+    ``NotLeaderError`` is a replicated segment's replica that no longer leads it, which
+    the caller looks up again."""
+    try:
+        return ray.get(pending, timeout=max(deadline - time.monotonic(), 0.001))
+    except RayTaskError as err:
+        if isinstance(err.cause, ScalableTopicsError):
+            raise err.cause from None
+        raise
 
 
 def _trim(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:

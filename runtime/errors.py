@@ -201,6 +201,14 @@ class InsufficientCapacityError(ConflictError):
     code = "insufficient_capacity"
 
 
+class NotEnoughNodesError(InsufficientCapacityError):
+    """A replication factor above the nodes that may hold the topic's segments, one
+    replica each (or a cluster without a storage root per node, where replicas would
+    share one disk): the message says how many nodes there are."""
+
+    code = "not_enough_nodes"
+
+
 class TierRefusedError(ConflictError):
     """A policy's tier this cluster does not allow (``RAYTOPICS_TIER_URIS``) or cannot use
     (unreachable, not writable, credentials refused): the request is well formed, the

@@ -73,7 +73,13 @@ def actor_resources(topic: TopicName | None, placement: Placement) -> dict[str, 
     actor of no topic, such as the DAG watch)."""
     if topic is None:
         return None
-    return placement.get(topic.namespace_path) or placement.get(f"{topic.tenant}/*")
+    return namespace_resources(topic.namespace_path, placement)
+
+
+def namespace_resources(namespace_path: str, placement: Placement) -> dict[str, float] | None:
+    """The custom resources the actors of namespace ``tenant/namespace`` ask for, if any."""
+    tenant = namespace_path.split("/", 1)[0]
+    return placement.get(namespace_path) or placement.get(f"{tenant}/*")
 
 
 def placement_from_env() -> Placement:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from runtime.errors import InconsistentRequestError, InvalidArgumentError
 from runtime.json_int import JsonInt, json_int
 from runtime.layout import MAX_SEGMENTS
+from runtime.replication import MAX_REPLICATION_FACTOR, Replication
 from runtime.uris import redacted
 
 
@@ -164,12 +165,46 @@ class KeySharedPolicy(_Model):
     )  # fmt: skip
 
 
+class ReplicationPolicy(_Model):
+    """How many copies each active segment keeps, one per node, each on its node's own
+    disk (``runtime.replication``): an append is acknowledged once ``ackQuorum`` of them,
+    the leader among them, hold it. Needs a storage root per node
+    (``RAYTOPICS_STORAGE_SCOPE=node``) and at least ``factor`` nodes the namespace may
+    place segments on; applies to segments created after it is set."""
+
+    factor: JsonInt = Field(
+        default=1, ge=1, le=MAX_REPLICATION_FACTOR,
+        description="copies of each active segment, each on a node of its own",
+    )  # fmt: skip
+    ack_quorum: JsonInt | None = Field(
+        default=None, alias="ackQuorum", ge=1, le=MAX_REPLICATION_FACTOR,
+        description="copies that must hold a message before it is acknowledged, the "
+        "leader's among them (default: a majority of factor)",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _quorum_within_factor(self) -> ReplicationPolicy:
+        if self.ack_quorum is not None and self.ack_quorum > self.factor:
+            raise ValueError(f"ackQuorum {self.ack_quorum} exceeds factor {self.factor}")
+        return self
+
+    @property
+    def settings(self) -> Replication:
+        return Replication.of(self.factor, self.ack_quorum)
+
+
 class TopicPolicy(_Model):
     autoscale: AutoscalePolicy | None = None
     retention: RetentionPolicy | None = None
     tiering: TieringPolicy | None = None
     hibernation: HibernationPolicy | None = None
     key_shared: KeySharedPolicy | None = Field(default=None, alias="keyShared")
+    replication: ReplicationPolicy | None = None
+
+    @property
+    def replicas(self) -> Replication:
+        """The replication in force (one copy when the policy sets none)."""
+        return Replication() if self.replication is None else self.replication.settings
 
     @property
     def key_buckets(self) -> int:
@@ -198,9 +233,8 @@ class TopicPolicy(_Model):
 
     def over(self, default: TopicPolicy | None) -> TopicPolicy:
         """This policy, with ``default``'s part (its namespace's) wherever it sets none:
-        a topic's own part (autoscale, retention, tiering, hibernation, keyShared) wins as
-        a whole,
-        never merged."""
+        a topic's own part (autoscale, retention, tiering, hibernation, keyShared,
+        replication) wins as a whole, never merged."""
         if default is None:
             return self
         return self.model_copy(
@@ -210,6 +244,7 @@ class TopicPolicy(_Model):
                 "tiering": self.tiering or default.tiering,
                 "hibernation": self.hibernation or default.hibernation,
                 "key_shared": self.key_shared or default.key_shared,
+                "replication": self.replication or default.replication,
             }
         )
 

@@ -6,11 +6,17 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import RayTaskError
+from ray.exceptions import ActorUnschedulableError, RayActorError, RayTaskError
 
 from runtime.errors import ScalableTopicsError
 
 T = TypeVar("T")
+
+# What a call to an actor raises while the actor is away: restarting or dead
+# (``RayActorError``), or pinned to a node that is gone (a segment's host on its disk's
+# node: ``ActorUnschedulableError``, which is not a ``RayActorError``). A caller that
+# looks the actor up again may find it elsewhere (a replicated segment's new leader).
+ACTOR_GONE = (RayActorError, ActorUnschedulableError)
 
 
 async def call(awaitable: Awaitable[T]) -> T:

@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from runtime.errors import InvalidArgumentError, NotEnoughReplicasError
+from runtime.errors import InvalidArgumentError, NotEnoughNodesError, NotEnoughReplicasError
 
 # More copies than this buy no safety a user asks for and multiply every write.
 MAX_REPLICATION_FACTOR = 7
@@ -92,7 +92,7 @@ class Replication:
         """Refuse a factor that the nodes a namespace may place on cannot hold, one
         replica per node."""
         if self.factor > nodes:
-            raise InvalidArgumentError(
+            raise NotEnoughNodesError(
                 f"replication factor {self.factor} needs {self.factor} nodes, one replica "
                 f"each; the namespace's placement allows {nodes}"
             )

@@ -66,6 +66,11 @@ class SegmentPlacements(SegmentEntries):
         resumed operation lays a segment out where its first attempt did)."""
         return self._write_first(segment_id, disk.encode()).decode()
 
+    def move(self, segment_id: int, disk: str) -> None:
+        """The segment is served from ``disk`` now: a replicated segment's new leader, whose
+        node its actor is started on again after any restart."""
+        self._write(segment_id, disk.encode())
+
     def all(self) -> dict[int, str]:
         placed = {segment_id: self.get(segment_id) for segment_id in self.segment_ids()}
         return {segment_id: disk for segment_id, disk in placed.items() if disk is not None}

@@ -76,6 +76,17 @@ class ReplicaStateFile:
                 ) from None
         return ReplicaState()
 
+    def exists(self) -> bool:
+        """Whether the segment is a replica: laid out as one (``mark_replicated``), or it
+        led or followed once. A replica without a role serves no client."""
+        return self._path.exists()
+
+    def mark_replicated(self) -> None:
+        """Lay a new replica's state out (no epoch seen yet), so that it serves no
+        producer or reader until the controller gives it its role."""
+        if not self.exists():
+            self.save(ReplicaState())
+
     def save(self, state: ReplicaState) -> None:
         data = json.dumps(state.to_dict(), separators=(",", ":")).encode()
         atomic_write(self._path, data, fsync=self._fsync)

@@ -5,12 +5,14 @@ that record the calls the real ones would make (``actors.control.topic_parts``).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors.control.topic_parts import TopicParts
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName, TopicName
+from runtime.replication import Replication
 from runtime.subscription import ResetTarget
 from storage.catalog import Catalog
 from storage.metadata import MemoryKeyValue, MetadataStore
@@ -20,10 +22,18 @@ from storage.topic_storage import new_incarnation
 
 TOPIC = TopicName.parse("topic://ops/ns/t")
 EPOCH = 3  # the controller's fencing epoch
+ONE_COPY = Replication()
 
 
 class Down(Exception):
     """A segment that cannot be reached (its node is gone, say)."""
+
+
+@dataclass
+class Keeper:
+    """The fleet's replica keeper: whether a round was asked for at once."""
+
+    due: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -37,15 +47,24 @@ class Fleet:
     cursors: dict[int, set[str]] = field(default_factory=dict)
     ends: dict[int, int] = field(default_factory=dict)
     down: set[int] = field(default_factory=set)  # segments whose calls fail
+    copies: dict[int, Replication] = field(default_factory=dict)  # the replication asked
+    replicas: Keeper = field(default_factory=lambda: Keeper())
 
     async def subscriptions_of(self, names: list[SegmentName]) -> set[str]:
         return set().union(*(self.cursors.get(n.segment_id, set()) for n in names))
 
     async def create(
-        self, name: SegmentName, info: SegmentInfo, subscriptions: list[str], epoch: int
+        self,
+        name: SegmentName,
+        info: SegmentInfo,
+        subscriptions: list[str],
+        epoch: int,
+        *,
+        replication: Replication = ONE_COPY,
     ) -> None:
         assert epoch == EPOCH and info.segment_id == name.segment_id
         self.created[name.segment_id] = subscriptions
+        self.copies[name.segment_id] = replication
         self.calls.append(f"create {name.segment_id}")
 
     async def terminate(self, name: SegmentName, epoch: int, sealed: SealedBy) -> int:

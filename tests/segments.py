@@ -84,3 +84,32 @@ def lose_storage(names: list[SegmentName], incarnation: str) -> None:
 
 def _pid(host: ray.actor.ActorHandle) -> int:
     return ray.get(host.__ray_call__.remote(lambda _: os.getpid()), timeout=60)
+
+
+def read_keyed(topic: str, subscription: str, expected: int) -> list[tuple[str, int]]:
+    """What a stream consumer of ``subscription`` receives of messages valued
+    ``"{key}:{sequence}"`` (as ``(key, sequence)``), acknowledging as it goes, until
+    ``expected`` came (or two minutes passed); then two seconds more, so that anything
+    beyond what was expected (a duplicate) is received too."""
+    from clients import StreamConsumer
+
+    consumer = StreamConsumer(topic, subscription, "c")
+    received: list[tuple[str, int]] = []
+
+    def take(timeout: float) -> bool:
+        batch = consumer.receive_batch(500, timeout=timeout)
+        for message in batch:
+            key, sequence = message.value.decode().split(":")
+            received.append((key, int(sequence)))
+        if batch:
+            consumer.acknowledge_cumulative(batch)
+        return bool(batch)
+
+    deadline = time.monotonic() + 120
+    while len(received) < expected and time.monotonic() < deadline:
+        take(2)
+    extra_until = time.monotonic() + 2
+    while time.monotonic() < extra_until:
+        take(0.5)
+    consumer.close()
+    return received

@@ -23,6 +23,8 @@ from actors.control.topic_subscriptions import TopicSubscriptions
 from runtime.errors import ConflictError, OperationInProgressError
 from runtime.layout import SegmentLayout
 from runtime.operations import OperationKind, PendingOperation, plan_merge, plan_split
+from runtime.policy import TopicPolicy
+from runtime.replication import Replication
 from storage.catalog import fenced
 from storage.records import TopicRecord
 
@@ -141,3 +143,19 @@ def test_a_delete_cut_after_its_storage_went_is_finished_by_the_next_incarnation
     asyncio.run(operations(parts, None).carry_out(op))
     assert catalog.topic(TOPIC) is None
     assert fleet.calls.count("delete incarnation") == 2 and fleet.calls[-1] == "announce"
+
+
+def test_new_segments_get_the_replication_in_force_and_their_replicas_a_round_at_once() -> None:
+    catalog, fleet, parts = setup({"a": {0, 1}}, 2)
+    namespace = TOPIC.namespace_path
+    catalog.set_namespace_policy(namespace, TopicPolicy.parse({"replication": {"factor": 3}}))
+    asyncio.run(
+        operations(parts, None).run(plan("split", catalog.require_topic(TOPIC).layout, "r"))
+    )
+    assert {fleet.copies[i] for i in (2, 3)} == {Replication(3, 2)}  # the namespace's default
+    assert fleet.replicas.due.is_set()  # the keeper starts their replicas without a pause
+    own = {"replication": {"factor": 5, "ackQuorum": 5}}
+    catalog.update_topic(TOPIC, lambda r: r.model_copy(update={"policy": TopicPolicy.parse(own)}))
+    merge = plan_merge(catalog.require_topic(TOPIC).layout, 2, 3, "m")
+    asyncio.run(operations(parts, None).run(merge))
+    assert fleet.copies[4] == Replication(5, 5)  # the topic's own part wins as a whole

@@ -14,6 +14,7 @@ test_autoscale.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +24,11 @@ from controller_parts import EPOCH, TOPIC, Coordinators  # tests/ is on sys.path
 from actors.control.maintenance import TopicMaintenance
 from actors.control.topic_parts import LayoutCommands, TopicParts
 from runtime.errors import InsufficientCapacityError
-from runtime.layout import SegmentLayout
+from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName
+from runtime.operations import plan_split
 from runtime.policy import TopicPolicy
+from runtime.replication import Replication
 from storage.catalog import Catalog
 from storage.metadata import MemoryKeyValue, MetadataStore
 from storage.records import TopicRecord
@@ -66,12 +69,25 @@ class Empty:
 
 
 @dataclass
+class Replicas:
+    """The fleet's replica keeper: the rounds it was asked for."""
+
+    rounds: list[tuple[list[int], Replication]] = field(default_factory=list)
+    due: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def round(self, segments: Mapping[int, SegmentInfo], replication: Replication) -> None:
+        self.rounds.append((sorted(segments), replication))
+
+
+@dataclass
 class Segments:
     """The fleet as a round sees it: ``stats`` is what each running segment answers."""
 
     stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     records_changed: int = 0
+    node_local: bool = False
+    replicas: Replicas = field(default_factory=lambda: Replicas())
 
     async def observe(
         self, names: dict[int, SegmentName], on_demand: set[int], wait_s: float
@@ -249,3 +265,24 @@ def test_a_round_publishes_backlogs_and_layout_gauges() -> None:
     assert metrics.calls["leader"] == [(EPOCH,)]
     assert metrics.calls["storage"] == [(4, 0)]
     assert metrics.calls["subscription"] == [("s", 1 + 3 + 4 + 5, 0)]  # summed over segments
+
+
+def test_replicas_are_kept_every_round_with_a_disk_per_node_even_during_an_operation() -> None:
+    policy = {"replication": {"factor": 3}}
+    maintenance, fleet, _, metrics = maintained(split_twice(), policy)
+    fleet.node_local = True
+    fleet.stats = {i: segment() for i in (1, 3, 4, 5)}
+    assert asyncio.run(maintenance.tick()).replicas == Replication(3, 2)
+    catalog = maintenance._ctl.catalog
+    pending = plan_split(catalog.require_topic(TOPIC).layout, 1, "r1")
+    catalog.update_topic(TOPIC, lambda r: r.model_copy(update={"pending_operation": pending}))
+    asyncio.run(maintenance.tick())  # stats wait for the operation; replicas do not
+    assert fleet.replicas.rounds == [([1, 3, 4, 5], Replication(3, 2))] * 2
+    assert metrics.calls["layout"] == [(4, 2)]  # published once: the second round had no stats
+
+
+def test_without_a_disk_per_node_no_replica_round_runs() -> None:
+    maintenance, fleet, _, _ = maintained(split_twice(), {"replication": {"factor": 3}})
+    fleet.stats = {i: segment() for i in (1, 3, 4, 5)}
+    asyncio.run(maintenance.tick())
+    assert fleet.replicas.rounds == []

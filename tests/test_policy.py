@@ -29,6 +29,7 @@ def test_python_admin_stores_validates_and_never_half_applies(admin, unique) -> 
         "tiering": None,
         "hibernation": None,
         "keyShared": None,
+        "replication": None,
     }
     stored = admin.set_policy(topic, POLICY)
     assert stored["autoscale"]["targetMsgsPerS"] == 500

@@ -19,6 +19,8 @@ from runtime import wire
 from runtime.batch import make_batch, serialize_batch
 from runtime.errors import NotEnoughReplicasError, NotLeaderError
 from runtime.names import SegmentName
+from storage.durability import Durability
+from storage.replica_state import ReplicaStateFile
 from storage.topic_storage import new_incarnation
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the catalog and guard read Ray's KV
@@ -299,5 +301,33 @@ def test_an_unreplicated_segment_serves_as_before(tmp_path: Path) -> None:
             assert (await segment.replica_status())["role"] == "none"
             assert await values(segment) == [b"plain"]
             producer.close()
+
+    run(scenario)
+
+
+def test_a_replica_laid_out_as_one_serves_nobody_until_it_is_given_a_role(tmp_path: Path) -> None:
+    """A new replica, or one whose host restarted, may not lead: its log may lack a tail
+    its followers hold. It refuses producers and readers until the controller says."""
+
+    async def scenario() -> None:
+        name = SegmentName.parse("segment://repl/ns/laid-out/0000-ffff-0")
+        incarnation, root = new_incarnation(), str(tmp_path / "r0")
+        first = Segment(name, root, FAST, True, incarnation, "r0")
+        ReplicaStateFile(first._store.directory, Durability("none")).mark_replicated()
+        await first.close()
+        segment = Segment(name, root, FAST, False, incarnation, "r0")
+        try:
+            with pytest.raises(NotLeaderError, match="waits for its controller"):
+                await segment.append(make_batch([b"x"]))
+            with pytest.raises(NotLeaderError):
+                await RawProducer.to(segment)
+            assert (await segment.replica_status())["role"] == "none"  # the controller asks
+            await segment.lead(1, 1, 1, 10.0)
+            assert await segment.append(make_batch([b"y"])) == (0, 1)
+            await segment.fence(2)  # an election: until it says, nobody is served again
+            with pytest.raises(NotLeaderError, match="waits for its controller"):
+                await segment.read(0, 10)
+        finally:
+            await segment.close()
 
     run(scenario)

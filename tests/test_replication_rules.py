@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from runtime.errors import InvalidArgumentError, UnavailableError
+from runtime.errors import InvalidArgumentError, NotEnoughNodesError, UnavailableError
 from runtime.replication import (
     MAX_REPLICATION_FACTOR,
     Copy,
@@ -68,8 +68,9 @@ def test_an_election_hears_from_enough_replicas_to_meet_every_ack_quorum() -> No
 
 def test_a_factor_larger_than_the_nodes_is_refused_naming_how_many_there_are() -> None:
     Replication.of(3, 2).check_nodes(3)
-    with pytest.raises(InvalidArgumentError, match="needs 3 nodes.*placement allows 2"):
+    with pytest.raises(NotEnoughNodesError, match="needs 3 nodes.*placement allows 2") as err:
         Replication.of(3, 2).check_nodes(2)
+    assert err.value.http_status == 409 and err.value.code == "not_enough_nodes"
 
 
 # --- epoch histories and divergence -------------------------------------------------------

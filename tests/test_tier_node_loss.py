@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -83,23 +82,6 @@ def _produce(topic: str, count: dict[str, int], n: int) -> None:
             count[key] += 1
 
 
-def _read_all(topic: str, subscription: str, expected: int) -> list[tuple[str, int]]:
-    from clients import StreamConsumer
-
-    consumer = StreamConsumer(topic, subscription, "c")
-    received: list[tuple[str, int]] = []
-    deadline = time.monotonic() + 120
-    while len(received) < expected and time.monotonic() < deadline:
-        batch = consumer.receive_batch(500, timeout=2)
-        for message in batch:
-            key, seq = message.value.decode().split(":")
-            received.append((key, int(seq)))
-        if batch:
-            consumer.acknowledge_cumulative(batch)
-    consumer.close()
-    return received
-
-
 def _order_violations(received: list[tuple[str, int]]) -> int:
     last: dict[str, int] = {}
     bad = 0
@@ -134,7 +116,7 @@ def main(scratch: Path) -> None:
     from storage.catalog import Catalog
     from storage.durability import NODE_STORAGE_ROOT_ENV
     from storage.placements import SegmentPlacements, disk_id
-    from tests.segments import crash_host_of, segment_nodes
+    from tests.segments import crash_host_of, read_keyed, segment_nodes
 
     disks = {node: scratch / "disks" / node for node in ("head", "a", "b", "c")}
 
@@ -198,7 +180,7 @@ def main(scratch: Path) -> None:
         local_files = [d for disk in disks.values() for d in _segment_dirs(disk, descriptors)]
 
         admin.create_subscription(TOPIC, "before", "earliest")
-        before = _read_all(TOPIC, "before", sent)  # wakes every sealed segment
+        before = read_keyed(TOPIC, "before", sent)  # wakes every sealed segment
         running = segment_nodes(name)
         on_a = sorted(
             n.actor_name for n in sealed.values() if running.get(n.actor_name) == node_a.node_id
@@ -213,7 +195,7 @@ def main(scratch: Path) -> None:
         crash_host_of(crashed_segment)
         crashed = crashed_segment.actor_name
         admin.create_subscription(TOPIC, "after", "earliest")
-        after = _read_all(TOPIC, "after", sent)
+        after = read_keyed(TOPIC, "after", sent)
         moved = segment_nodes(name)
         restarted = all(moved.get(a) not in (None, node_a.node_id) for a in on_a)
         crashed_on_b = moved.get(crashed) == node_b.node_id

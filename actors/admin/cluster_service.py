@@ -10,6 +10,7 @@ table says (``actors.admin.permits``) before it runs.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from typing import Any
 
@@ -20,12 +21,14 @@ from actors.admin.auth import (
 )
 from actors.admin.permits import admin_operation
 from actors.admin.storage_tasks import storage_report
+from actors.control.node_disks import check_replication
 from actors.control.tiering import check_policy_tier
 from actors.guard import Guard
 from runtime.errors import UnauthorizedError
 from runtime.limits import Limits, namespace_limits
 from runtime.policy import TopicPolicy
 from storage.catalog import Catalog
+from storage.durability import default_storage_root
 
 
 class ClusterOperations:
@@ -47,6 +50,8 @@ class ClusterOperations:
         """Replace the namespace's default policy (validated, its tier checked, first)."""
         parsed = TopicPolicy.parse(policy)
         await check_policy_tier(parsed)
+        root = str(default_storage_root())
+        await asyncio.to_thread(check_replication, parsed, namespace, root)
         self._catalog.set_namespace_policy(namespace, parsed)
         return parsed.shown()
 

@@ -35,6 +35,7 @@ from actors.control.coordinators import TopicCoordinators
 from actors.control.layout_operations import LayoutOperations, Step, describe
 from actors.control.maintenance import TopicMaintenance
 from actors.control.metadata_rebuild import MetadataRebuild
+from actors.control.node_disks import check_replication
 from actors.control.segment_admin import SegmentAdministration
 from actors.control.segment_fleet import SegmentFleet
 from actors.control.subscription_reset import reset_subscription
@@ -85,7 +86,12 @@ class ScalableTopicController:
         self.metrics.leader(self.epoch)
         self._lock = asyncio.Lock()
         self.fleet = SegmentFleet(
-            self.topic, Path(storage_root), self.durability, self._forget_recovery, self.catalog
+            self.topic,
+            Path(storage_root),
+            self.durability,
+            self._forget_recovery,
+            self.catalog,
+            self.metrics,
         )
         self.coordinators = TopicCoordinators(self.topic)
         self._recovered = False
@@ -193,6 +199,7 @@ class ScalableTopicController:
         layout = SegmentLayout.initial(num_segments, properties)
         check_room(self.catalog, self.topic, num_segments, new_topic=True)
         check_capacity(f"creating {self.topic}", self.topic, num_segments)
+        await self._check_replication(self._namespace_policy())
         op = PendingOperation(kind=OperationKind.CREATE, request_id=rid, base_epoch=0)
         record = TopicRecord.new(
             layout, new_incarnation(), self.epoch, pending_operation=op, created_by=rid
@@ -238,6 +245,15 @@ class ScalableTopicController:
         self._check(credential)
         async with self._lock:
             return await self.rebuild.rebuild(incarnation, checked_request_id(request_id))
+
+    def _namespace_policy(self) -> TopicPolicy:
+        return self.catalog.namespace_policy(self.topic.namespace_path) or TopicPolicy()
+
+    async def _check_replication(self, policy: TopicPolicy) -> None:
+        """Refuse a replication factor the cluster's nodes cannot hold, before any change."""
+        await asyncio.to_thread(
+            check_replication, policy, self.topic.namespace_path, str(self.fleet.cluster_root)
+        )
 
     def _raise_epoch(self, at_least: int) -> int:
         """Lead at an epoch of at least ``at_least`` (a rebuild's: above every fence)."""
@@ -307,6 +323,8 @@ class ScalableTopicController:
         self._check(credential)
         parsed = TopicPolicy.parse(policy)
         await check_policy_tier(parsed)
+        default = self.catalog.namespace_policy(self.topic.namespace_path)
+        await self._check_replication(parsed.over(default))
         async with self._lock:
             await self._recover()
             self._write_identity(
@@ -492,9 +510,15 @@ class ScalableTopicControllerActor(ScalableTopicController):
         """What the autoscaler could not do (``heldBack``: the last split or merge the
         policy wanted that the cluster had no room for, until one succeeds), and the last
         time it kept the layout for more stream consumers than segments (``rebucket``:
-        they share segments by key bucket instead)."""
+        they share segments by key bucket instead); and each replicated active segment's
+        replicas as the last round saw them (``replicas``, by segment id)."""
         self._check(credential, Permission.LOOKUP)
-        return {"heldBack": self.maintenance.held_back, "rebucket": self.maintenance.rebucket}
+        replicas = self.fleet.replicas.views()
+        return {
+            "heldBack": self.maintenance.held_back,
+            "rebucket": self.maintenance.rebucket,
+            "replicas": replicas,
+        }
 
     async def stop(self) -> None:
         """End this controller's background work: its topic was deleted, and its host

@@ -33,6 +33,8 @@ from runtime.operations import (
     completed,
     remembered,
 )
+from runtime.policy import TopicPolicy
+from runtime.replication import Replication
 from storage.records import TopicRecord
 from storage.segment_store import SealedBy
 
@@ -92,9 +94,13 @@ class LayoutOperations:
         processes boot in the background (``actors.control.readiness``)."""
         fleet, topic, epoch = self.parts.fleet, self.parts.topic, self.parts.leader_epoch()
         active = list(self.parts.read_record().layout.active_segments.values())
-        await asyncio.gather(*(fleet.create(s.name(topic), s, [], epoch) for s in active))
+        copies = self._replication()
+        await asyncio.gather(
+            *(fleet.create(s.name(topic), s, [], epoch, replication=copies) for s in active)
+        )
         for segment in active:  # registered now, so admission counts them at once
             fleet.handle(segment.name(topic))
+        fleet.replicas.due.set()  # their replicas are started and given roles now
         self.step_done(Step.CHILDREN_CREATED)
         record = self.update_record(lambda r: _cleared(r, op, r.layout))
         fleet.announce_layout()  # watchers of a name deleted before learn it is back
@@ -133,9 +139,12 @@ class LayoutOperations:
         found = await fleet.subscriptions_of(parents)
         subscriptions = self.subscriptions.with_cursors(found)
         self.step_done(Step.SUBSCRIPTIONS_FOUND)
+        copies = self._replication()
         await asyncio.gather(
             *(
-                fleet.create(c.name(topic), _child_info(c, op), subscriptions, epoch)
+                fleet.create(
+                    c.name(topic), _child_info(c, op), subscriptions, epoch, replication=copies
+                )
                 for c in op.children
             )
         )
@@ -149,6 +158,7 @@ class LayoutOperations:
         fleet.announce_layout()  # push, don't wait
         self.step_done(Step.ANNOUNCED)
         fleet.start_in_background([c.name(topic) for c in op.children])
+        fleet.replicas.due.set()
         return committed
 
     # --- internals -------------------------------------------------------------------
@@ -159,6 +169,12 @@ class LayoutOperations:
         record = self.update_record(lambda r: _cleared(r, op, apply_operation(r.layout, op)))
         self.write_identity(record)
         return record
+
+    def _replication(self) -> Replication:
+        """The copies new segments get: the topic's policy over its namespace's default."""
+        parts = self.parts
+        default = parts.catalog.namespace_policy(parts.topic.namespace_path)
+        return (parts.read_record().policy or TopicPolicy()).over(default).replicas
 
     def _segment_name(self, segment_id: int) -> SegmentName:
         info = self.parts.read_record().layout.all_segments.get(segment_id)

@@ -11,6 +11,7 @@ so automatic and manual changes share one path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -112,17 +113,29 @@ class TopicMaintenance:
                 return
             except Exception:  # one bad round must not end maintenance for good
                 log.exception("%s: maintenance round failed", self._ctl.topic)
-            await asyncio.sleep(_interval(policy))
+            await self._pause(_interval(policy))
+
+    async def _pause(self, seconds: float) -> None:
+        """Until the next round: ``seconds``, or less when new segments' replicas are due."""
+        due = self._ctl.fleet.replicas.due
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(due.wait(), seconds)
+        due.clear()
 
     async def tick(self) -> TopicPolicy:
         """One round; returns the policy in force (it sets the pace of the next round)."""
-        observed = await self._observe()
-        if observed is None:
-            return TopicPolicy()
-        record, stats = observed
         ctl = self._ctl
+        record = ctl.catalog.topic(ctl.topic)
+        if record is None:
+            return TopicPolicy()
         default = ctl.catalog.namespace_policy(ctl.topic.namespace_path)
         policy = (record.policy or TopicPolicy()).over(default)
+        if ctl.fleet.node_local:  # replicas are kept during layout operations too
+            await ctl.fleet.replicas.round(record.layout.active_segments, policy.replicas)
+        observed = await self._observe(record)
+        if observed is None:
+            return policy
+        stats = observed
         self._publish(record.layout, stats)
         if policy.retention is not None:
             await self._retain(record.layout, stats, policy.retention)
@@ -172,13 +185,11 @@ class TopicMaintenance:
 
         return hibernate
 
-    async def _observe(self) -> tuple[TopicRecord, dict[int, dict[str, Any]]] | None:
-        """The record and the stats of every segment that answers, hibernating ones' from
-        their records; None without a topic (or while an operation is in progress: its
-        layout is about to change)."""
+    async def _observe(self, record: TopicRecord) -> dict[int, dict[str, Any]] | None:
+        """The stats of every segment that answers, hibernating ones' from their records;
+        None while an operation is in progress (its layout is about to change)."""
         ctl = self._ctl
-        record = ctl.catalog.topic(ctl.topic)
-        if record is None or record.pending_operation is not None:
+        if record.pending_operation is not None:
             return None
         names = {s.segment_id: s.name(ctl.topic) for s in record.layout.all_segments.values()}
         tiered = set(ctl.fleet.storage().records.segment_ids())
@@ -198,7 +209,7 @@ class TopicMaintenance:
                     self._asleep[segment_id] = ctl.fleet.sleeping().get(segment_id)
                 if self._asleep[segment_id] is not None:
                     stats[segment_id] = self._asleep[segment_id]
-        return record, stats
+        return stats
 
     def _record(self, segment_id: int) -> TieredRecord | None:
         fleet = self._ctl.fleet
@@ -341,5 +352,7 @@ def _interval(policy: TopicPolicy) -> float:
     if policy.autoscale is not None:
         return min(1.0, policy.autoscale.window_s / 4)
     if policy.retention is not None or policy.tiering is not None:
+        return 1.0
+    if policy.replicas.factor > 1:  # a lost leader is replaced within about a round
         return 1.0
     return env_float(INTERVAL_ENV, DEFAULT_INTERVAL_S)

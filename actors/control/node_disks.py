@@ -24,14 +24,16 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 
 from actors.registry import on_node
-from runtime.errors import ConflictError, UnavailableError
+from runtime.errors import ConflictError, NotEnoughNodesError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
-from runtime.placement import actor_resources, choose_disk, placement_from_env
+from runtime.placement import choose_disk, namespace_resources, placement_from_env
+from runtime.policy import TopicPolicy
 from storage.durability import Durability, node_storage_root, storage_scope
 from storage.incarnation_storage import IncarnationStorage
 from storage.metadata import MetadataStore
 from storage.placements import SegmentPlacements, disk_id
+from storage.replica_state import ReplicaStateFile
 from storage.tier_records import TierRecords
 from storage.topic_storage import delete_storage, incarnation_directory, segment_directory
 
@@ -57,12 +59,16 @@ def _lay_out(
     subscriptions: list[str],
     epoch: int,
     in_layout: bool,
+    replicated: bool,
 ) -> str:
     root = node_storage_root(cluster_root)
     name = SegmentName.parse(segment)
     records = TierRecords(MetadataStore(metadata_namespace), name.topic, incarnation)
     storage = IncarnationStorage(root, name.topic, incarnation, Durability(**durability), records)
     storage.lay_out(name, info, subscriptions, epoch, in_layout=in_layout)
+    if replicated:
+        directory = segment_directory(root, name, incarnation)
+        ReplicaStateFile(directory, Durability(**durability)).mark_replicated()
     return disk_id(root)
 
 
@@ -73,6 +79,24 @@ def _remove(cluster_root: str, topic: str, incarnation: str, segment: str | None
         delete_storage(incarnation_directory(root, TopicName.parse(topic), incarnation))
     else:
         delete_storage(segment_directory(root, SegmentName.parse(segment), incarnation))
+
+
+def check_replication(policy: TopicPolicy, namespace_path: str, cluster_root: str) -> None:
+    """Refuse a policy whose replication factor the cluster cannot hold (one replica per
+    node, each on its own disk): with one shared storage root every replica would be on
+    the same disk; with a disk per node, fewer live nodes that the namespace may place
+    on than the factor. ``NotEnoughNodesError`` says how many there are. Blocking: one
+    small task per live node."""
+    replication = policy.replicas
+    if replication.factor == 1:
+        return
+    if storage_scope() != "node":
+        raise NotEnoughNodesError(
+            f"replication factor {replication.factor} needs a storage root per node "
+            f"(RAYTOPICS_STORAGE_SCOPE=node): with one shared root every replica would be "
+            "on the same disk, so this cluster holds 1 copy"
+        )
+    replication.check_nodes(len(_ask_disks(_candidates(namespace_path), cluster_root, None)))
 
 
 def check_recoverable(topic: TopicName) -> None:
@@ -147,25 +171,18 @@ class NodeDisks:
             self.refresh()
         return self._nodes.get(disk)
 
+    def known(self) -> dict[str, str]:
+        """Disk id → node id as the nodes last said, without asking (some may be gone)."""
+        return dict(self._nodes)
+
     def live(self) -> dict[str, str]:
         """Every live candidate node's disk → node id, asked afresh."""
         self.refresh()
         return dict(self._nodes)
 
     def refresh(self) -> None:
-        asked = {
-            _disk.options(scheduling_strategy=on_node(node)).remote(self.cluster_root): node
-            for node in self._candidates()
-        }
-        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ASK_WAIT_S)
-        found = {}
-        for ref in ready:
-            try:
-                found[ray.get(ref)] = asked[ref]
-            except (RayError, GetTimeoutError) as err:
-                log.warning("%s: node %s did not say which disk it has: %s", self.topic,
-                            asked[ref], err)  # fmt: skip
-        self._nodes = found
+        candidates = _candidates(self.topic.namespace_path)
+        self._nodes = _ask_disks(candidates, self.cluster_root, self.topic)
 
     async def lay_out(
         self,
@@ -176,7 +193,10 @@ class NodeDisks:
         subscriptions: list[str],
         epoch: int,
         in_layout: bool,
+        replicated: bool = False,
     ) -> None:
+        """Lay ``name`` out on ``node``'s disk; ``replicated``: as one replica of it, which
+        serves nobody until its controller gives it a role."""
         await _lay_out.options(scheduling_strategy=on_node(node)).remote(
             self.cluster_root,
             self._metadata_namespace,
@@ -187,6 +207,7 @@ class NodeDisks:
             subscriptions,
             epoch,
             in_layout,
+            replicated,
         )
 
     async def remove(self, node: str, incarnation: str, name: SegmentName | None) -> None:
@@ -202,11 +223,30 @@ class NodeDisks:
             "back, and is never re-created empty elsewhere"
         )
 
-    def _candidates(self) -> list[str]:
-        """Live nodes with the resources the topic's namespace placement asks for."""
-        wanted = actor_resources(self.topic, placement_from_env()) or {}
-        return sorted(
-            node["NodeID"]
-            for node in ray.nodes()
-            if node.get("Alive") and all(k in node.get("Resources", {}) for k in wanted)
-        )
+
+def _candidates(namespace_path: str) -> list[str]:
+    """Live nodes with the resources the namespace's placement asks for."""
+    wanted = namespace_resources(namespace_path, placement_from_env()) or {}
+    return sorted(
+        node["NodeID"]
+        for node in ray.nodes()
+        if node.get("Alive") and all(k in node.get("Resources", {}) for k in wanted)
+    )
+
+
+def _ask_disks(nodes: list[str], cluster_root: str, topic: TopicName | None) -> dict[str, str]:
+    """Which disk each of ``nodes`` has: disk id → node id (a node that does not say in
+    ``ASK_WAIT_S`` is left out; two nodes sharing one disk count once)."""
+    asked = {
+        _disk.options(scheduling_strategy=on_node(node)).remote(cluster_root): node
+        for node in nodes
+    }
+    ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ASK_WAIT_S)
+    found = {}
+    for ref in ready:
+        try:
+            found[ray.get(ref)] = asked[ref]
+        except (RayError, GetTimeoutError) as err:
+            log.warning("%s: node %s did not say which disk it has: %s", topic or "placement",
+                        asked[ref], err)  # fmt: skip
+    return found

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ray.exceptions import RayError
 
@@ -97,7 +97,7 @@ class HostReplicaCalls:
         credential: str | None,
         wait_s: float = FENCE_WAIT_S,
     ) -> None:
-        self._name, self._node_of, self._credential, self._wait_s = (
+        self._name, self.node_of, self._credential, self._wait_s = (
             name, node_of, credential, wait_s,
         )  # fmt: skip
 
@@ -115,6 +115,13 @@ class HostReplicaCalls:
             return None
         return ReplicaReport(answer["replica"], answer["lastEpoch"], answer["end"])
 
+    async def status(self, replica: str) -> dict[str, Any] | None:
+        """The replica's ``Segment.replica_status``; ``None`` while no live host has it."""
+        handle = await self._handle(replica)
+        if handle is None:
+            return None
+        return await handle.replica_status.remote(credential=self._credential)
+
     async def lead(self, replica: str, epoch: int, replication: Replication) -> None:
         handle = await self._required(replica)
         await handle.lead.remote(
@@ -129,14 +136,14 @@ class HostReplicaCalls:
             await handle.follow.remote(epoch, endpoint, credential=self._credential)
 
     async def route_clients(self, leader: str, followers: tuple[str, ...]) -> None:
-        node = await asyncio.to_thread(self._node_of, leader)
+        node = await asyncio.to_thread(self.node_of, leader)
         if node is None:
             raise UnavailableError(f"{self._name}: its new leader's disk {leader} is not live")
         host = host_name(self._name, node, 1, topic_settings())
         await asyncio.to_thread(SegmentDirectory().promote, self._name, host, time.time_ns())
 
     async def _handle(self, replica: str) -> SegmentHandle | None:
-        node = await asyncio.to_thread(self._node_of, replica)
+        node = await asyncio.to_thread(self.node_of, replica)
         if node is None:
             return None
         host = host_name(self._name, node, 1, topic_settings())

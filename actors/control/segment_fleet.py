@@ -24,7 +24,9 @@ from ray.exceptions import RayActorError
 
 from actors.control.dag_watch import ACTOR_NAME as DAG_WATCH
 from actors.control.node_disks import NodeDisks
+from actors.control.replica_keeper import ReplicaKeeper
 from actors.guard import guard
+from actors.metrics import ControllerMetrics
 from actors.registry import lookup, named_actors
 from actors.segment.directory import SegmentDirectory
 from actors.segment.handle import SegmentHandle
@@ -34,6 +36,7 @@ from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.hibernation import HibernationMarks
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
+from runtime.replication import Replication
 from runtime.segment_hosts import host_prefix, hosts_per_namespace
 from runtime.subscription import ResetTarget
 from storage.asleep import SleepingSegments
@@ -46,6 +49,7 @@ from storage.topic_storage import StoredIncarnation, TopicIdentity, scan, write_
 
 log = logging.getLogger(__name__)
 
+ONE_COPY = Replication()
 # How long a killed actor may keep its name before a replacement is started anyway.
 _KILL_WAIT_S = 10.0
 
@@ -60,6 +64,7 @@ class SegmentFleet:
         durability: Durability,
         on_start_failure: Callable[[], None],
         catalog: Catalog,
+        metrics: ControllerMetrics | None = None,
     ) -> None:
         self.topic = topic
         self._catalog = catalog
@@ -68,6 +73,9 @@ class SegmentFleet:
         # what the controller keeps itself (``topic.json``) goes to its own node's.
         self.disks = NodeDisks(topic, self.cluster_root, durability, catalog.store.namespace)
         self.node_local = storage_scope() == "node"
+        self.replicas = ReplicaKeeper(
+            topic, self.disks, catalog.store, self._current, durability, metrics
+        )
         self.hosts = hosts_per_namespace()  # the operator's setting, checked when the fleet starts
         self.root = node_storage_root(storage_root) if self.node_local else self.cluster_root
         self.durability = durability
@@ -268,8 +276,11 @@ class SegmentFleet:
         epoch: int,
         *,
         in_layout: bool = True,
+        replication: Replication = ONE_COPY,
     ) -> None:
-        """Protocol step 2 for one segment: storage with every cursor at Earliest.
+        """Protocol step 2 for one segment: storage with every cursor at Earliest; with
+        ``replication`` of more than one copy (a disk per node only), on that many nodes
+        (``actors.control.replica_keeper``).
 
         A new segment's storage is laid out here, directly on the shared storage
         root, so the segment exists (and is fenced) before metadata names it. The
@@ -284,9 +295,15 @@ class SegmentFleet:
             node = await self.disks.place(
                 name, info, self.placements(), lambda: set(self.storage().records.segment_ids())
             )
+            replicated = replication.factor > 1
             await self.disks.lay_out(
-                node, self._current(), name, info, subscriptions, epoch, in_layout
+                node, self._current(), name, info, subscriptions, epoch, in_layout, replicated
             )
+            if replicated:
+                leader = self.placements().get(name.segment_id)
+                await self.replicas.place(
+                    name, info, leader, replication, subscriptions, epoch, in_layout
+                )
             return
         if handle is None:
             self.storage().lay_out(name, info, subscriptions, epoch, in_layout=in_layout)
@@ -365,6 +382,7 @@ class SegmentFleet:
             self.storage().delete_segment(name)
             return
         self.storage().delete_tiered(name)
+        await self.replicas.destroy(name)
         disk = self.placements().get(name.segment_id)
         node = disk and await asyncio.to_thread(self.disks.node_of, disk)
         if node:

@@ -14,7 +14,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import (
+    ActorDiedError,
+    ActorUnavailableError,
+    ActorUnschedulableError,
+    GetTimeoutError,
+    RayActorError,
+)
 
 from actors.control.controller_host import controller_actor
 from actors.control.readiness import topic_readiness
@@ -41,6 +47,7 @@ _UNANSWERED = (
     GetTimeoutError,
     ActorDiedError,
     ActorUnavailableError,
+    ActorUnschedulableError,  # its host is pinned to a node that is gone
     RayActorError,
 )
 
@@ -71,13 +78,14 @@ async def topic_stats(catalog: Catalog, name: TopicName, timeout_s: float) -> di
             f"{name}: segments {missing} did not answer within {timeout_s}s" + _starting(readiness),
             missing,
         )
-    return {
-        **_aggregate(
-            name, record.incarnation, record.layout, segments, stats, _subs(catalog, name)
-        ),
-        "autoscale": autoscale,
-        "readiness": readiness,
-    }
+    replicas = (autoscale or {}).pop("replicas", {})
+    document = _aggregate(
+        name, record.incarnation, record.layout, segments, stats, _subs(catalog, name)
+    )
+    for segment_id, view in replicas.items():  # a replicated segment's replicas, roles, lag
+        if segment_id in document["segments"]:
+            document["segments"][segment_id]["replication"] = view
+    return {**document, "autoscale": autoscale, "readiness": readiness}
 
 
 def _starting(readiness: dict[str, Any]) -> str:

@@ -92,10 +92,12 @@ class SegmentDirectory:
         """Send ``segment``'s clients to its follower in ``host`` (elected its leader): that
         follower's entry becomes the segment's, and the replaced leader's becomes a
         follower's of its own host, so a restart of either reopens what it now is."""
+        replaced = self.get(segment)
+        if replaced is not None and replaced.host == host:
+            return  # it leads from the host clients are sent to already
         promoted = self.get_replica(segment, host)
         if promoted is None:
             raise ValueError(f"{segment} has no follower in {host}")
-        replaced = self.get(segment)
         self._kv.delete(_replica_key(segment, host))
         self.put(segment, replace(promoted, replica=False, entered_at=at))
         if replaced is not None and replaced.host != host:

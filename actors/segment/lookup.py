@@ -16,15 +16,13 @@ import asyncio
 import time
 from typing import Any
 
-from ray.exceptions import RayActorError
-
 from actors.controller_directory import ControllerDirectory, ControllerHandle
 from actors.registry import alive_actor_names, gone_for_good, lookup
 from actors.segment.directory import Entry, SegmentDirectory
 from actors.segment.handle import SegmentHandle
 from runtime.errors import SegmentNotFoundError
 from runtime.names import SegmentName, TopicName
-from runtime.remote import call
+from runtime.remote import ACTOR_GONE, call
 from runtime.segment_hosts import host_prefix
 
 # How long a client waits for a segment named by the layout to register its actor.
@@ -123,7 +121,7 @@ async def _wake(name: SegmentName, credential: str | None) -> bool:
         return False
     try:
         return await call(controller.wake_segment.remote(name.segment_id, credential=credential))
-    except RayActorError:
+    except ACTOR_GONE:
         return False
 
 
@@ -149,7 +147,7 @@ async def segment_position(
             )
             answer = handle.position.remote(subscription, credential=credential)
             return await asyncio.wait_for(call(answer), remaining)
-        except (TimeoutError, RayActorError):
+        except (TimeoutError, *ACTOR_GONE):
             if time.monotonic() + RETRY_PAUSE_S >= deadline:
                 raise
             await asyncio.sleep(RETRY_PAUSE_S)
@@ -165,5 +163,5 @@ async def find_segment_again(
     its next failed call comes back here. A refusal of ``credential`` is raised."""
     try:
         return await find_segment_actor(name, credential=credential)
-    except (SegmentNotFoundError, RayActorError):
+    except (SegmentNotFoundError, *ACTOR_GONE):
         return None

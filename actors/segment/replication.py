@@ -282,6 +282,12 @@ class ReplicaRoles:
         self._on_copied = on_copied
         self.leader: LeaderRole | None = None
         self.follower: FollowerRole | None = None
+        self._is_replica: bool | None = None  # laid out as one, or given a role since
+
+    def _replicated(self) -> bool:
+        if self._is_replica is None:
+            self._is_replica = self._state_file.exists()
+        return self._is_replica
 
     @property
     def replica_name(self) -> str:
@@ -292,7 +298,16 @@ class ReplicaRoles:
         return self._named
 
     def check_serves(self) -> None:
-        """Producers and readers are served by the leader only."""
+        """Producers and readers are served by the leader only; a replica without a role
+        (opened, or restarted, and not told yet) serves nobody: if it was the leader, its
+        log may have lost a tail its followers hold, and only an election says who leads."""
+        if self.leader is not None:
+            return
+        if self.follower is None and self._replicated():
+            raise NotLeaderError(
+                f"{self._name}: this replica ({self.replica_name}) waits for its controller "
+                "to say who leads; try again shortly"
+            )
         if self.follower is not None:
             raise NotLeaderError(
                 f"{self._name}: this replica ({self.replica_name}) follows the leader at "
@@ -305,6 +320,7 @@ class ReplicaRoles:
     ) -> dict[str, Any]:
         """Lead ``epoch``: the log's end begins it, and from now on appends are answered
         once ``replication.ack_quorum`` replicas hold them."""
+        self._is_replica = True
         await self._end_following()
         replica = LeaderReplica(self.replica_name, self._log, self._state_file, replication, epoch)
         if self.leader is not None:
@@ -319,6 +335,7 @@ class ReplicaRoles:
     async def follow(self, epoch: int, leader: wire.Endpoint) -> dict[str, Any]:
         """Follow the leader of ``epoch`` at ``leader``: fenced at ``epoch`` first, so no
         older leader's shipment is taken; producers and readers are sent away."""
+        self._is_replica = True
         self._stop_leading(epoch)
         await self._end_following()
         replica = FollowerReplica(self.replica_name, self._log, self._state_file)
@@ -340,6 +357,7 @@ class ReplicaRoles:
     async def fence(self, epoch: int) -> ReplicaReport:
         """An election at ``epoch``: stop leading or following, refuse every older
         leader from now on (durably), and report this log's newest epoch and end."""
+        self._is_replica = True
         self._stop_leading(epoch)
         await self._end_following()
         return FollowerReplica(self.replica_name, self._log, self._state_file).fence(epoch)

@@ -1,0 +1,411 @@
+"""The replicas of a topic's replicated segments, as its controller keeps them.
+
+A segment created under a replication policy is laid out on ``factor`` node disks, each
+of a node of its own (``place``), recorded in its replica set (``storage.replica_sets``)
+before any of it runs, and served by a host on each node: the leader's entry is the one
+clients find, the followers' are replica entries. Every replica starts without a role and
+serves nobody (``storage.replica_state``) until the controller gives it one.
+
+Each maintenance round (``round``) asks every replica of every replicated active segment
+what it is, and carries out what ``runtime.replica_plan`` decides: the first election of a
+new segment (it keeps the placement's leader), a failover when the leader's node is lost,
+a follower told its role again after its host restarted, a lost follower replaced by a
+new one on a free node, which copies the leader's log from its start. Elections are
+``actors.control.replica_election``'s. A replica that stays silent past its grace
+(``RAYTOPICS_REPLICA_GRACE_S``) counts as lost even while Ray still lists its node: a
+stopped process holds no lease, and when it resumes it is fenced.
+
+Who calls: the topic's ``SegmentFleet`` (placing, starting, removing) and its maintenance
+(``round``). What it affects: which replica leads, where clients are sent, and the
+replication part of stats and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.exceptions import RayError
+
+from actors.control.node_disks import NodeDisks
+from actors.control.replica_election import HostReplicaCalls, elect
+from actors.guard import guard
+from actors.metrics import ControllerMetrics
+from actors.registry import lookup
+from actors.segment.directory import SegmentDirectory
+from actors.segment.handle import SegmentHandle
+from actors.segment.host import close_segment, start_segment_actor
+from runtime.config import env_float, topic_settings
+from runtime.errors import BadVersion, ScalableTopicsError
+from runtime.layout import SegmentInfo
+from runtime.names import SegmentName, TopicName
+from runtime.placement import choose_disks
+from runtime.replica_plan import Elect, Replace, RoleAnswer, Tell, Unavailable, next_steps
+from runtime.replication import Replication
+from runtime.segment_hosts import host_name
+from storage.durability import Durability
+from storage.metadata import MetadataStore
+from storage.placements import SegmentPlacements
+from storage.replica_sets import ReplicaSet, ReplicaSets
+
+log = logging.getLogger(__name__)
+
+GRACE_ENV = "RAYTOPICS_REPLICA_GRACE_S"
+DEFAULT_GRACE_S = 5.0
+# How long a round waits for one replica's answer.
+STATUS_WAIT_S = 2.0
+# A replica started by a round is given this long to open before it is started again.
+START_WAIT_S = 10.0
+# How often the nodes are asked for their disks again while one of them is gone.
+ASK_AGAIN_S = 5.0
+
+
+@dataclass
+class _Watch:
+    """What the rounds remember of one segment."""
+
+    descriptor: str = ""  # as metrics tag a segment (0000-7fff-3)
+    silent_since: dict[str, float] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)
+    view: list[dict[str, Any]] = field(default_factory=list)
+    committed: int | None = None  # the leader's high watermark, as the last round saw it
+    unavailable: str | None = None
+
+
+class ReplicaKeeper:
+    """The replicas of one topic incarnation's replicated segments."""
+
+    def __init__(
+        self,
+        topic: TopicName,
+        disks: NodeDisks,
+        store: MetadataStore,
+        incarnation: Callable[[], str],
+        durability: Durability,
+        metrics: ControllerMetrics | None = None,
+    ) -> None:
+        self.topic, self._disks, self._store = topic, disks, store
+        self._incarnation, self._durability = incarnation, durability
+        self.metrics = metrics
+        self._watches: dict[int, _Watch] = {}
+        self._asked_at = float("-inf")  # when the nodes were last asked for their disks
+        # Set when segments were created: the next round comes at once, so that their
+        # replicas start and a leader is elected without waiting out a round's pause.
+        self.due = asyncio.Event()
+
+    def sets(self) -> ReplicaSets:
+        return ReplicaSets(self._store, self.topic, self._incarnation())
+
+    # --- placing and starting -------------------------------------------------------
+
+    async def place(
+        self,
+        name: SegmentName,
+        info: SegmentInfo,
+        leader: str,
+        replication: Replication,
+        subscriptions: list[str],
+        epoch: int,
+        in_layout: bool,
+    ) -> ReplicaSet:
+        """Choose the followers' disks (each of another node than ``leader``'s and of each
+        other, the least loaded first), record the replica set, and lay the followers out
+        on their nodes. A resumed operation finds the set recorded and lays out the same."""
+        sets = self.sets()
+        found = sets.get(name.segment_id)
+        if found is None:
+            live = await asyncio.to_thread(self._disks.live)
+            load = {disk: 0 for disk in sorted(live) if disk != leader}
+            for segment_id in sets.segment_ids():
+                held = sets.get(segment_id)
+                for disk in held[0].replicas if held else ():
+                    if disk in load:
+                        load[disk] += 1
+            replication.check_nodes(len(load) + 1)
+            followers = choose_disks(load, replication.factor - 1)
+            recorded = sets.create(name.segment_id, ReplicaSet(1, (leader, *followers)))
+        else:
+            recorded = found[0]
+        await asyncio.gather(
+            *(
+                self._lay_out(disk, name, info, subscriptions, epoch, in_layout)
+                for disk in recorded.followers
+            )
+        )
+        return recorded
+
+    async def _lay_out(
+        self,
+        disk: str,
+        name: SegmentName,
+        info: SegmentInfo,
+        subscriptions: list[str],
+        epoch: int,
+        in_layout: bool,
+    ) -> None:
+        node = await asyncio.to_thread(self._disks.node_of, disk)
+        if node is None:
+            raise self._disks.unavailable(name, disk)
+        await self._disks.lay_out(
+            node, self._incarnation(), name, info, subscriptions, epoch, in_layout, True
+        )
+
+    def _start(self, name: SegmentName, node: str, leader: bool) -> SegmentHandle:
+        """Open the replica on ``node``'s disk in that node's host: the leader's entry is
+        the one clients find. Blocking: GCS round trips."""
+        return start_segment_actor(
+            name,
+            storage_root=self._disks.cluster_root,
+            durability=self._durability,
+            incarnation=self._incarnation(),
+            node=node,
+            hosts=1,
+            replica=not leader,
+        )
+
+    # --- the rounds -----------------------------------------------------------------
+
+    async def round(self, segments: Mapping[int, SegmentInfo], replication: Replication) -> None:
+        """One look at every replicated segment of ``segments`` (the active ones), and the
+        steps each needs; the replicas' view is kept for stats."""
+        sets = self.sets()
+        replicated = sorted(set(sets.segment_ids()) & segments.keys())
+        for segment_id in list(self._watches):
+            if segment_id not in replicated:
+                del self._watches[segment_id]
+        if not replicated:
+            return
+        nodes = await asyncio.to_thread(self._live_disks)
+        results = await asyncio.gather(
+            *(self._keep(sets, segments[i], replication, nodes) for i in replicated),
+            return_exceptions=True,
+        )
+        for segment_id, result in zip(replicated, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("%s: replicas of segment %d not kept this round: %r",
+                            self.topic, segment_id, result)  # fmt: skip
+        self._publish()
+
+    def _live_disks(self) -> dict[str, str]:
+        """Disk id → live node id: the nodes last asked, asked again (at most every
+        ``ASK_AGAIN_S``) when one of them is no longer alive, so a node that came back
+        with its disk is found again. Blocking: GCS round trips."""
+        alive = _alive_nodes()
+        known = self._disks.known()
+        stale = any(node not in alive for node in known.values())
+        if (stale or not known) and time.monotonic() - self._asked_at >= ASK_AGAIN_S:
+            self._asked_at = time.monotonic()
+            known = self._disks.live()
+        return {disk: node for disk, node in known.items() if node in alive}
+
+    async def _keep(
+        self,
+        sets: ReplicaSets,
+        info: SegmentInfo,
+        replication: Replication,
+        nodes: dict[str, str],
+    ) -> None:
+        name = info.name(self.topic)
+        found = sets.get(name.segment_id)
+        if found is None:
+            return
+        record = found[0]
+        watch = self._watches.setdefault(name.segment_id, _Watch(descriptor=name.descriptor))
+        calls = HostReplicaCalls(name, nodes.get, guard().internal_token())
+        statuses = dict(
+            zip(record.replicas, await asyncio.gather(*(
+                self._status(calls, r) for r in record.replicas
+            )), strict=True)
+        )  # fmt: skip
+        now = time.monotonic()
+        gone = set()
+        for replica, status in statuses.items():
+            if status is not None:
+                watch.silent_since.pop(replica, None)
+                continue
+            since = watch.silent_since.setdefault(replica, now)
+            if replica not in nodes or now - since >= _grace_s():
+                gone.add(replica)
+            elif now - watch.started_at.get(replica, -START_WAIT_S) >= START_WAIT_S:
+                watch.started_at[replica] = now  # its host has not opened it (yet)
+                leads = replica == record.leader
+                await asyncio.to_thread(self._start, name, nodes[replica], leads)
+        answers = {r: _answer(s) for r, s in statuses.items()}
+        watch.view = replica_view(record, statuses, nodes, watch.committed)
+        leading = statuses.get(record.leader)
+        watch.committed = leading["highWatermark"] if leading else None
+        free = [d for d in sorted(nodes) if d not in record.replicas]
+        watch.unavailable = None
+        for step in next_steps(record.replicas, record.epoch, answers, gone, free, replication):
+            await self._carry_out(step, sets, info, record, replication, calls, watch)
+
+    async def _carry_out(
+        self,
+        step: Elect | Tell | Replace | Unavailable,
+        sets: ReplicaSets,
+        info: SegmentInfo,
+        record: ReplicaSet,
+        replication: Replication,
+        calls: HostReplicaCalls,
+        watch: _Watch,
+    ) -> None:
+        name = info.name(self.topic)
+        if isinstance(step, Unavailable):
+            watch.unavailable = step.why
+            log.warning("%s: %s", name, step.why)
+        elif isinstance(step, Tell):
+            await calls.follow(step.replica, record.epoch, record.leader)
+        elif isinstance(step, Elect):
+            try:
+                elected = await elect(sets, name.segment_id, step.candidates, replication, calls)
+            except BadVersion:
+                return  # another election won: the next round reads its record
+            SegmentPlacements(self._store, self.topic, self._incarnation()).move(
+                name.segment_id, elected.leader
+            )
+            log.info("%s: replica %s leads epoch %d", name, elected.leader, elected.epoch)
+            if self.metrics is not None:
+                self.metrics.leader_changed()
+        else:
+            await self._replace(step, sets, info, record, calls)
+
+    async def _replace(
+        self,
+        step: Replace,
+        sets: ReplicaSets,
+        info: SegmentInfo,
+        record: ReplicaSet,
+        calls: HostReplicaCalls,
+    ) -> None:
+        """A new follower on ``step.new``: laid out empty (it copies the leader's log and
+        cursors from the start), recorded, then opened; the next round tells it its role."""
+        name = info.name(self.topic)
+        found = sets.get(name.segment_id)
+        node = calls.node_of(step.new)
+        if found is None or found[0] != record or node is None:
+            return  # changed since this round read it
+        await self._lay_out(step.new, name, info, [], 0, True)
+        sets.change(name.segment_id, found[1], record.replaced(step.gone, step.new))
+        log.info("%s: follower %s is lost; %s replaces it", name, step.gone, step.new)
+        await asyncio.to_thread(self._start, name, node, False)
+
+    async def _status(self, calls: HostReplicaCalls, replica: str) -> dict[str, Any] | None:
+        try:
+            return await asyncio.wait_for(calls.status(replica), STATUS_WAIT_S)
+        except (RayError, TimeoutError, ScalableTopicsError, ValueError):
+            return None
+
+    # --- what observers see ------------------------------------------------------------
+
+    def views(self) -> dict[str, dict[str, Any]]:
+        """Each replicated active segment's replicas as the last round saw them (by
+        segment id, as stats name segments): node, role, epoch, lag, in sync; and why
+        nothing can be done for it now, if so."""
+        return {
+            str(segment_id): {"replicas": watch.view, "unavailable": watch.unavailable}
+            for segment_id, watch in self._watches.items()
+        }
+
+    def _publish(self) -> None:
+        if self.metrics is None:
+            return
+        under, lag = replication_gauges(self._watches)
+        descriptors = {str(i): watch.descriptor for i, watch in self._watches.items()}
+        self.metrics.replicas(under, {descriptors[i]: entries for i, entries in lag.items()})
+
+    # --- removing -----------------------------------------------------------------------
+
+    async def destroy(self, name: SegmentName) -> None:
+        """Close the segment's replicas in their hosts and remove their files; its record
+        goes last (a crash in between: the next attempt finds them again)."""
+        sets = self.sets()
+        found = sets.get(name.segment_id)
+        if found is None:
+            return
+        for disk in found[0].replicas:
+            node = await asyncio.to_thread(self._disks.node_of, disk)
+            if node is None:
+                log.warning("%s: node disk %s is not in the cluster; its replica's files "
+                            "stay there", name, disk)  # fmt: skip
+                continue
+            host = host_name(name, node, 1, topic_settings())
+            with contextlib.suppress(ValueError, RayError):
+                await close_segment(
+                    SegmentHandle(lookup(host), str(name)), guard().internal_token()
+                )
+            SegmentDirectory().remove(name, host)
+            await self._disks.remove(node, self._incarnation(), name)
+        sets.delete(name.segment_id)
+        self._watches.pop(name.segment_id, None)
+
+
+def _grace_s() -> float:
+    return env_float(GRACE_ENV, DEFAULT_GRACE_S)
+
+
+def _alive_nodes() -> set[str]:
+    import ray
+
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+
+
+def _answer(status: dict[str, Any] | None) -> RoleAnswer | None:
+    if status is None:
+        return None
+    return RoleAnswer(status["role"], status.get("epoch", 0))
+
+
+def replication_gauges(watches: Mapping[int, _Watch]) -> tuple[int, dict[str, int]]:
+    """``under_replicated_segments`` (segments with a replica not in its role, or behind
+    what its leader had committed) and ``replica_lag_entries`` (by segment id: its
+    furthest-behind follower's missing entries)."""
+    under, lag = 0, {}
+    for segment_id, watch in watches.items():
+        under += not all(replica["inSync"] for replica in watch.view)
+        lags = [r["lag"] for r in watch.view if r["role"] != "leader" and r["lag"] is not None]
+        lag[str(segment_id)] = max(lags, default=0)
+    return under, lag
+
+
+def replica_view(
+    record: ReplicaSet,
+    statuses: Mapping[str, dict[str, Any] | None],
+    nodes: Mapping[str, str],
+    committed_before: int | None,
+) -> list[dict[str, Any]]:
+    """Each replica's node, role, epoch and lag behind its leader's log, for stats. A
+    replica is *in sync* when it has the role and epoch its record says and, for a
+    follower, holds what its leader had committed a round before (``committed_before``;
+    its current high watermark when there was no round before): under a steady load a
+    follower is always a little behind the newest entries, never behind for long."""
+    leader = statuses.get(record.leader)
+    leader_end = leader["endOffset"] if leader else None
+    wanted_end = committed_before if committed_before is not None else (
+        leader["highWatermark"] if leader else None
+    )  # fmt: skip
+    view = []
+    for replica in record.replicas:
+        status = statuses.get(replica) or {}
+        wanted = "leader" if replica == record.leader else "follower"
+        end = status.get("endOffset")
+        role = status.get("role", "unreachable")
+        in_role = role == wanted and status.get("epoch") == record.epoch
+        caught_up = wanted == "leader" or (
+            end is not None and wanted_end is not None and end >= wanted_end
+        )
+        view.append({
+            "replica": replica,
+            "node": nodes.get(replica),
+            "role": role,
+            "epoch": status.get("epoch"),
+            "endOffset": end,
+            "highWatermark": status.get("highWatermark"),
+            "lag": None if end is None or leader_end is None else max(leader_end - end, 0),
+            "inSync": in_role and caught_up,
+        })  # fmt: skip
+    return view

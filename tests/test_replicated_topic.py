@@ -1,0 +1,238 @@
+"""A replicated topic on a cluster of four nodes, each keeping segments on its own disk
+(``RAYTOPICS_STORAGE_SCOPE=node``, no shared root), run by its controller alone: the
+namespace's default policy asks for three copies with an ack quorum of two; each active
+segment is then a leader and two followers on three distinct nodes, elected and told
+their roles by the controller (``actors.control.replica_keeper``).
+
+Then the node of segment 0's leader is removed, not gracefully, while three keyed
+producers keep sending. The controller elects a follower (it holds every acknowledged
+message), clients follow it without an error reaching the application, the lost
+replica is replaced on the free node and catches up (every replica in sync again, what
+``under_replicated_segments`` counts), a split afterwards makes replicated children,
+and a subscription receives every acknowledged message once, in key order.
+
+The cluster runs in a subprocess (this file as a script): this session's tests share
+another Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration  # a Ray of its own
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOPIC = "topic://repl/orders/events"
+PLACEMENT = {"repl/*": {"disks": 1}}
+RESULT = "replicated topic result: "
+NODES = ("a", "b", "c", "d")
+KEYS = 12
+
+
+@pytest.mark.timeout(420)
+def test_a_replicated_topic_keeps_every_acknowledged_message_through_a_leader_node_loss(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAYTOPICS_"))}
+    env |= {
+        "RAYTOPICS_STORAGE_ROOT": str(tmp_path / "cluster"),
+        "RAYTOPICS_STORAGE_SCOPE": "node",
+        "RAYTOPICS_PLACEMENT": json.dumps(PLACEMENT),
+        "RAYTOPICS_REPLICA_GRACE_S": "3",
+        "RAY_AUTH_MODE": "disabled",
+    }
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    result = json.loads(line.removeprefix(RESULT))
+    # a factor above the nodes is refused, saying how many there are
+    assert result["refused"].startswith("NotEnoughNodesError"), result
+    assert "placement allows 4" in result["refused"], result
+    # every active segment: three replicas on three nodes, a leader and two followers
+    for replicas in result["placed"].values():
+        assert len(set(replicas["nodes"])) == 3, result
+        assert sorted(replicas["roles"]) == ["follower", "follower", "leader"], result
+    assert result["files"] == 6, result  # two segments, three copies each, one per node
+    # the leader's node lost mid-produce: a follower leads a newer epoch, no send failed,
+    # and the lost replica was replaced on the free node and caught up
+    assert result["failed_sends"] == [], result
+    assert result["new_epoch"] > result["old_epoch"], result
+    assert result["lost_node"] not in result["after_nodes"], result
+    assert len(set(result["after_nodes"])) == 3, result
+    assert result["under_replicated_after"] == 0, result
+    # a split after the loss: its children are replicated too
+    assert all(len(set(nodes)) == 3 for nodes in result["children_nodes"]), result
+    # every acknowledged message, once, in key order
+    assert result["duplicates"] == 0 and result["missing"] == 0, result
+    assert result["out_of_order"] == 0, result
+    assert result["received"] == result["acknowledged"] > 0, result
+
+
+def main(scratch: Path) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+    from waiting import wait_for
+
+    from clients import Producer, ScalableTopicsAdmin
+    from runtime import connect
+    from runtime.errors import UnavailableSegmentsError
+    from storage.durability import NODE_STORAGE_ROOT_ENV
+    from storage.placements import disk_id
+    from tests.segments import read_keyed
+
+    disks = {node: scratch / "disks" / node for node in ("head", *NODES)}
+
+    def node_args(node: str) -> dict:
+        resources = {} if node == "head" else {"resources": {"disks": 100}}
+        return {"num_cpus": 1, "env_vars": {NODE_STORAGE_ROOT_ENV: str(disks[node])}, **resources}
+
+    cluster = Cluster(initialize_head=True, head_node_args=node_args("head"))
+    nodes = {name: cluster.add_node(**node_args(name)) for name in NODES}
+    cluster.wait_for_nodes()
+    connect(cluster.address, namespace="replicated", log_to_driver=False)
+    result: dict = {}
+    try:
+        admin = ScalableTopicsAdmin()
+        try:
+            admin.set_namespace_policy("repl/orders", {"replication": {"factor": 5}})
+            result["refused"] = "accepted"
+        except Exception as err:  # noqa: BLE001 - the refusal is the result
+            result["refused"] = f"{type(err).__name__}: {err}"
+        admin.set_namespace_policy("repl/orders", {"replication": {"factor": 3, "ackQuorum": 2}})
+        admin.create_scalable_topic(TOPIC, 2)
+        admin.create_subscription(TOPIC, "s")
+        node_of_disk = {disk_id(disks[n]): n for n in NODES}
+
+        def replicas() -> dict[str, dict]:
+            """Each active segment's replicas; none while a segment does not answer (its
+            leader's node was just lost: stats name it, and no election has run yet)."""
+            try:
+                segments = admin.get_stats(TOPIC)["segments"]
+            except UnavailableSegmentsError as err:
+                print("stats:", err, file=sys.stderr, flush=True)
+                return {}
+            return {i: s.get("replication") for i, s in segments.items() if s["state"] == "ACTIVE"}
+
+        def all_in_sync() -> bool:
+            views = replicas()
+            return all(
+                v is not None
+                and len(v["replicas"]) == 3
+                and all(r["inSync"] for r in v["replicas"])
+                for v in views.values()
+            )
+
+        wait_for(all_in_sync, 90, step_s=0.5)
+        placed = {
+            i: {"nodes": [node_of_disk[r["replica"]] for r in v["replicas"]],
+                "roles": [r["role"] for r in v["replicas"]], "epoch": v["replicas"][0]["epoch"]}
+            for i, v in replicas().items()
+        }  # fmt: skip
+        result["placed"] = placed
+        result["files"] = sum(len(list(d.rglob("segment.json"))) for d in disks.values())
+
+        # three keyed producers; the leader of segment 0 goes mid-produce
+        acknowledged: dict[str, list[int]] = defaultdict(list)
+        failed: list[str] = []
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def produce(p: int) -> None:
+            with Producer(TOPIC) as producer:
+                sequence = 0
+                while not stop.is_set():
+                    futures = []
+                    for _ in range(20):
+                        key = f"k{p}-{sequence % KEYS}"
+                        value = f"{key}:{sequence}".encode()
+                        futures.append((key, sequence, producer.send(value, key=key)))
+                        sequence += 1
+                    for key, seq, future in futures:
+                        try:
+                            future.result(timeout=90)
+                            with lock:
+                                acknowledged[key].append(seq)
+                        except Exception as err:  # noqa: BLE001 - counted, then asserted
+                            failed.append(f"{type(err).__name__}: {err}")
+                    time.sleep(0.05)
+
+        threads = [threading.Thread(target=produce, args=(p,)) for p in range(3)]
+        for thread in threads:
+            thread.start()
+        time.sleep(3)
+        leader = placed["0"]["nodes"][placed["0"]["roles"].index("leader")]
+        result["lost_node"], result["old_epoch"] = leader, placed["0"]["epoch"]
+        cluster.remove_node(nodes[leader], allow_graceful=False)
+
+        def failed_over() -> bool:
+            view = replicas().get("0")
+            if view is None or len(view["replicas"]) != 3:
+                return False
+            leading = view["replicas"][0]
+            return (
+                leading["role"] == "leader"
+                and leading["epoch"] > result["old_epoch"]
+                and all(r["inSync"] for r in view["replicas"])
+            )
+
+        wait_for(failed_over, 120, step_s=0.5)
+        print("failed over", file=sys.stderr, flush=True)
+        time.sleep(3)  # producing goes on with the new leader
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+        view = replicas()["0"]
+        result["new_epoch"] = view["replicas"][0]["epoch"]
+        result["after_nodes"] = [node_of_disk[r["replica"]] for r in view["replicas"]]
+        result["failed_sends"] = failed[:5]
+        result["under_replicated_after"] = sum(
+            not all(r["inSync"] for r in v["replicas"]) for v in replicas().values()
+        )
+
+        admin.split_segment(TOPIC, 1)
+        wait_for(all_in_sync, 90, step_s=0.5)
+        result["children_nodes"] = [
+            [node_of_disk[r["replica"]] for r in v["replicas"]] for v in replicas().values()
+        ]
+
+        expected = sum(len(seqs) for seqs in acknowledged.values())
+        received = read_keyed(TOPIC, "s", expected)
+        per_key: dict[str, list[int]] = defaultdict(list)
+        for key, seq in received:
+            per_key[key].append(seq)
+        result["acknowledged"], result["received"] = expected, len(received)
+        result["duplicates"] = len(received) - len(set(received))
+        result["missing"] = sum(
+            len(set(seqs) - set(per_key[key])) for key, seqs in acknowledged.items()
+        )
+        result["out_of_order"] = sum(seqs != sorted(seqs) for seqs in per_key.values())
+        print(RESULT + json.dumps(result), flush=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _in_sync(view: dict | None) -> bool:
+    return (
+        view is not None
+        and len(view["replicas"]) == 3
+        and all(replica["inSync"] for replica in view["replicas"])
+    )
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
