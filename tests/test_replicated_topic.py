@@ -5,7 +5,8 @@ segment is then a leader and two followers on three distinct nodes, elected and 
 their roles by the controller (``actors.control.replica_keeper``).
 
 Then the node of segment 0's leader is removed, not gracefully, while three keyed
-producers keep sending. The controller elects a follower (it holds every acknowledged
+producers keep sending, and then segment 1's leader's process is stopped (SIGSTOP) until
+another replica leads, and resumed. The controller elects a follower (it holds every acknowledged
 message), clients follow it without an error reaching the application, the lost
 replica is replaced on the free node and catches up (every replica in sync again, what
 ``under_replicated_segments`` counts), a split afterwards makes replicated children,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -76,7 +78,14 @@ def test_a_replicated_topic_keeps_every_acknowledged_message_through_a_leader_no
     assert result["under_replicated_after"] == 0, result
     # a split after the loss: its children are replicated too
     assert all(len(set(nodes)) == 3 for nodes in result["children_nodes"]), result
-    # every acknowledged message, once, in key order
+    # a stale leader, stopped while another replica was elected, then resumed: it follows
+    # (nothing it took meanwhile was acknowledged: no send failed, none received twice)
+    stale = result["stale"]
+    assert stale["new_epoch"] > stale["epoch"] and stale["new_leader"] != stale["leader"], result
+    assert (stale["leader"], "follower") in [tuple(r) for r in stale["now"]], result
+    # every acknowledged message, once, in key order; what was acknowledged before the
+    # failovers is not delivered again (the cursors were replicated)
+    assert result["early"] == 100 and result["early_again"] == 0, result
     assert result["duplicates"] == 0 and result["missing"] == 0, result
     assert result["out_of_order"] == 0, result
     assert result["received"] == result["acknowledged"] > 0, result
@@ -90,9 +99,10 @@ def main(scratch: Path) -> None:
     from clients import Producer, ScalableTopicsAdmin
     from runtime import connect
     from runtime.errors import UnavailableSegmentsError
+    from runtime.names import TopicName
     from storage.durability import NODE_STORAGE_ROOT_ENV
     from storage.placements import disk_id
-    from tests.segments import read_keyed
+    from tests.segments import read_keyed, segment_actor
 
     disks = {node: scratch / "disks" / node for node in ("head", *NODES)}
 
@@ -144,6 +154,11 @@ def main(scratch: Path) -> None:
         }  # fmt: skip
         result["placed"] = placed
         result["files"] = sum(len(list(d.rglob("segment.json"))) for d in disks.values())
+        # acknowledged before any failover: the cursor rides to the followers
+        with Producer(TOPIC) as producer:
+            for i in range(100):
+                producer.send(f"early-{i % KEYS}:{i}".encode(), key=f"early-{i % KEYS}")
+        result["early"] = len(read_keyed(TOPIC, "s", 100))
 
         # three keyed producers; the leader of segment 0 goes mid-produce
         acknowledged: dict[str, list[int]] = defaultdict(list)
@@ -190,14 +205,38 @@ def main(scratch: Path) -> None:
             )
 
         wait_for(failed_over, 120, step_s=0.5)
-        print("failed over", file=sys.stderr, flush=True)
-        time.sleep(3)  # producing goes on with the new leader
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=120)
         view = replicas()["0"]
         result["new_epoch"] = view["replicas"][0]["epoch"]
         result["after_nodes"] = [node_of_disk[r["replica"]] for r in view["replicas"]]
+        time.sleep(2)  # producing goes on with the new leader
+
+        # a stale leader: segment 1's leader's process stopped until another replica leads
+        # a newer epoch, then resumed
+        before = replicas()["1"]["replicas"][0]
+        one = admin.get_layout(TOPIC).active_segments[1].name(TopicName.parse(TOPIC))
+        pid = ray.get(segment_actor(one).ready.remote())["pid"]
+        os.kill(pid, signal.SIGSTOP)
+
+        def took_over() -> dict | None:
+            view = replicas().get("1")
+            leading = view["replicas"][0] if view else None
+            newer = leading and leading["role"] == "leader" and leading["epoch"] > before["epoch"]
+            return leading if newer else None
+
+        try:
+            after = wait_for(took_over, 120, step_s=0.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(all_in_sync, 90, step_s=0.5)
+        time.sleep(2)
+        result["stale"] = {
+            "leader": before["replica"], "epoch": before["epoch"],
+            "new_leader": after["replica"], "new_epoch": after["epoch"],
+            "now": [(r["replica"], r["role"]) for r in replicas()["1"]["replicas"]],
+        }  # fmt: skip
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
         result["failed_sends"] = failed[:5]
         result["under_replicated_after"] = sum(
             not all(r["inSync"] for r in v["replicas"]) for v in replicas().values()
@@ -220,6 +259,7 @@ def main(scratch: Path) -> None:
             len(set(seqs) - set(per_key[key])) for key, seqs in acknowledged.items()
         )
         result["out_of_order"] = sum(seqs != sorted(seqs) for seqs in per_key.values())
+        result["early_again"] = sum(key.startswith("early") for key, _ in received)
         print(RESULT + json.dumps(result), flush=True)
     finally:
         ray.shutdown()

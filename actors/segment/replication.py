@@ -324,7 +324,7 @@ class ReplicaRoles:
         await self._end_following()
         replica = LeaderReplica(self.replica_name, self._log, self._state_file, replication, epoch)
         if self.leader is not None:
-            self.leader.stop(StaleEpochError(f"{self._name}: epoch {epoch} took over"))
+            self.leader.stop(NotLeaderError(f"{self._name}: epoch {epoch} took over; retry"))
         self.leader = LeaderRole(
             self._name, self._store, replica, self._wait_for_data, self._on_committed,
             commit_timeout_s or DEFAULT_COMMIT_TIMEOUT_S,
@@ -396,8 +396,10 @@ class ReplicaRoles:
     def _stop_leading(self, epoch: int | None) -> None:
         if self.leader is None:
             return
-        why = UnavailableError(f"{self._name} closed") if epoch is None else StaleEpochError(
-            f"{self._name}: epoch {epoch} took over from {self.leader.epoch}"
+        # Retried by producers: the new leader stores what it already holds once.
+        why = UnavailableError(f"{self._name} closed") if epoch is None else NotLeaderError(
+            f"{self._name}: epoch {epoch} took over from {self.leader.epoch}; look the "
+            "segment up again"
         )  # fmt: skip
         self.leader.stop(why)
         self.leader = None
