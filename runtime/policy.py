@@ -170,7 +170,8 @@ class ReplicationPolicy(_Model):
     disk (``runtime.replication``): an append is acknowledged once ``ackQuorum`` of them,
     the leader among them, hold it. Needs a storage root per node
     (``RAYTOPICS_STORAGE_SCOPE=node``) and at least ``factor`` nodes the namespace may
-    place segments on; applies to segments created after it is set."""
+    place segments on; applies to segments created after it is set, and within seconds
+    to the active segments a topic has (``actors.control.replica_keeper``)."""
 
     factor: JsonInt = Field(
         default=1, ge=1, le=MAX_REPLICATION_FACTOR,

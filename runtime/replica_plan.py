@@ -59,13 +59,23 @@ class Replace:
 
 
 @dataclass(frozen=True)
+class Resize:
+    """The policy's factor differs from the segment's: ``factor`` replicas from now on,
+    the followers ``new`` added (disks of free nodes; each copies the leader's log from
+    its start), or the last followers dropped."""
+
+    factor: int
+    new: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Unavailable:
     """Nothing can be done until nodes come back: why, for the segment's status."""
 
     why: str
 
 
-Step = Elect | Tell | Replace | Unavailable
+Step = Elect | Tell | Replace | Resize | Unavailable
 
 
 def next_steps(
@@ -112,3 +122,29 @@ def _election(
             f"{len(answering)} answer"
         )
     return Elect(answering)
+
+
+def resize_steps(
+    replicas: Sequence[str],
+    answering: Sequence[str],
+    leader_ack_quorum: int | None,
+    free_disks: Sequence[str],
+    replication: Replication,
+) -> list[Step]:
+    """For a segment with nothing else to do (``next_steps`` gave no step: its leader
+    leads the record's epoch), what brings it to the policy in force: as many replicas as
+    the factor (added while free nodes last, the last followers dropped when fewer are
+    asked for), then a leader counting the policy's ack quorum, which takes an election
+    (a leader's quorum is fixed when it takes the lead: ``leader_ack_quorum``, ``None``
+    when it did not say). ``answering``: the replicas that answered."""
+    count = len(replicas)
+    if replication.factor < count:
+        return [Resize(replication.factor)]
+    if replication.factor > count and free_disks:
+        new = tuple(free_disks[: replication.factor - count])
+        return [Resize(count + len(new), new)]
+    if leader_ack_quorum in (None, replication.ack_quorum):
+        return []
+    if len(answering) < replication.reports_needed:
+        return []
+    return [Elect(tuple(answering))]

@@ -60,6 +60,15 @@ class ReplicaSet:
             raise ValueError(f"cannot replace follower {gone} of {self.replicas} by {new}")
         return ReplicaSet(self.epoch, tuple(new if r == gone else r for r in self.replicas))
 
+    def resized(self, factor: int, new: tuple[str, ...] = ()) -> ReplicaSet:
+        """``factor`` replicas, same epoch: the followers ``new`` (disks of other nodes)
+        added, or the last followers dropped; the leader stays."""
+        grown = len(self.replicas) + len(new)
+        fits = factor == grown if new else 1 <= factor <= grown
+        if not fits or set(new) & set(self.replicas):
+            raise ValueError(f"cannot make {self.replicas} {factor} replicas with {new}")
+        return ReplicaSet(self.epoch, (*self.replicas, *new)[:factor])
+
     def to_bytes(self) -> bytes:
         return json.dumps({"epoch": self.epoch, "replicas": list(self.replicas)}).encode()
 

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from runtime.replica_plan import Elect, Replace, RoleAnswer, Tell, Unavailable, next_steps
+from runtime.replica_plan import (
+    Elect,
+    Replace,
+    Resize,
+    RoleAnswer,
+    Tell,
+    Unavailable,
+    next_steps,
+    resize_steps,
+)
 from runtime.replication import Replication
 
 THREE = Replication.of(3, 2)  # an election needs 2 answers
@@ -47,3 +56,23 @@ def test_followers_are_told_their_role_or_replaced_once_lost() -> None:
     ]  # fmt: skip
     (step,) = steps(HEALTHY | {"d3": None}, gone={"d3"})
     assert isinstance(step, Unavailable) and "no other node is free" in step.why
+
+
+# --- the policy's shape --------------------------------------------------------------------
+
+
+def test_a_segment_is_brought_to_the_policys_factor_while_free_nodes_last() -> None:
+    three, two = Replication.of(3, 2), Replication.of(2)
+    assert resize_steps(("a", "b"), ("a", "b"), 2, ["c", "d"], three) == [Resize(3, ("c",))]
+    assert resize_steps(("a",), ("a",), 1, ["c"], three) == [Resize(2, ("c",))]  # what there is
+    assert resize_steps(("a",), ("a",), 1, [], three) == []  # no free node: wait for one
+    assert resize_steps(("a", "b", "c"), ("a", "b", "c"), 2, ["d"], two) == [Resize(2)]
+    assert resize_steps(("a", "b", "c"), ("a", "b", "c"), 2, ["d"], three) == []  # as asked
+
+
+def test_a_leader_counting_another_ack_quorum_is_replaced_by_an_election() -> None:
+    strict = Replication.of(3, 3)
+    assert resize_steps(("a", "b", "c"), ("a", "b"), 2, [], strict) == [Elect(("a", "b"))]
+    assert resize_steps(("a", "b", "c"), ("a", "b", "c"), None, [], strict) == []  # unknown
+    loose = Replication.of(3, 1)  # an election must then hear from all three
+    assert resize_steps(("a", "b", "c"), ("a", "b"), 2, [], loose) == []

@@ -86,3 +86,13 @@ def test_replicas_are_always_on_distinct_live_disks(load: dict[str, int], data) 
     avoid = set(data.draw(st.lists(st.sampled_from(sorted(load)))))
     chosen = choose_disks(load, count, avoid)
     assert len(chosen) == len(set(chosen)) == count and set(chosen) <= set(load)
+
+
+def test_a_replica_set_is_resized_keeping_its_leader_and_epoch() -> None:
+    record = ReplicaSet(4, ("a", "b", "c"))
+    assert record.resized(2) == ReplicaSet(4, ("a", "b"))
+    assert record.resized(1) == ReplicaSet(4, ("a",))
+    assert record.resized(4, ("d",)) == ReplicaSet(4, ("a", "b", "c", "d"))
+    for factor, new in ((4, ()), (4, ("b",)), (3, ("d",)), (5, ("d",))):
+        with pytest.raises(ValueError):
+            record.resized(factor, new)

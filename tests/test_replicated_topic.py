@@ -1,16 +1,18 @@
 """A replicated topic on a cluster of four nodes, each keeping segments on its own disk
-(``RAYTOPICS_STORAGE_SCOPE=node``, no shared root), run by its controller alone: the
-namespace's default policy asks for three copies with an ack quorum of two; each active
-segment is then a leader and two followers on three distinct nodes, elected and told
-their roles by the controller (``actors.control.replica_keeper``).
+(``RAYTOPICS_STORAGE_SCOPE=node``, no shared root), run by its controller alone
+(``actors.control.replica_keeper``). The topic is created, written and read with one copy
+per segment; then its namespace's default policy asks for three copies with an ack
+quorum of two, and within seconds each active segment is a leader and two followers on
+three distinct nodes, which copied what the segment held and its cursors.
 
 Then the node of segment 0's leader is removed, not gracefully, while three keyed
-producers keep sending, and then segment 1's leader's process is stopped (SIGSTOP) until
-another replica leads, and resumed. The controller elects a follower (it holds every acknowledged
-message), clients follow it without an error reaching the application, the lost
-replica is replaced on the free node and catches up (every replica in sync again, what
-``under_replicated_segments`` counts), a split afterwards makes replicated children,
-and a subscription receives every acknowledged message once, in key order.
+producers keep sending, and then segment 1's leader's process is stopped (SIGSTOP)
+until another replica leads, and resumed. Each time the controller elects a follower (it
+holds every acknowledged message), clients follow it without an error reaching the
+application, the lost replica is replaced on the free node and catches up (every
+replica in sync again: what ``under_replicated_segments`` counts), the stale leader
+follows; a split afterwards makes replicated children, and a subscription receives every
+acknowledged message once, in key order, and none it acknowledged before.
 
 The cluster runs in a subprocess (this file as a script): this session's tests share
 another Ray.
@@ -123,9 +125,15 @@ def main(scratch: Path) -> None:
             result["refused"] = "accepted"
         except Exception as err:  # noqa: BLE001 - the refusal is the result
             result["refused"] = f"{type(err).__name__}: {err}"
-        admin.set_namespace_policy("repl/orders", {"replication": {"factor": 3, "ackQuorum": 2}})
+        # the topic and its first messages come before the policy: one copy each
         admin.create_scalable_topic(TOPIC, 2)
+        admin.wait_until_ready(TOPIC)
         admin.create_subscription(TOPIC, "s")
+        with Producer(TOPIC) as producer:
+            for i in range(100):
+                producer.send(f"early-{i % KEYS}:{i}".encode(), key=f"early-{i % KEYS}")
+        result["early"] = len(read_keyed(TOPIC, "s", 100))  # acknowledged, one copy
+        admin.set_namespace_policy("repl/orders", {"replication": {"factor": 3, "ackQuorum": 2}})
         node_of_disk = {disk_id(disks[n]): n for n in NODES}
         topic = TopicName.parse(TOPIC)
 
@@ -162,11 +170,6 @@ def main(scratch: Path) -> None:
         }  # fmt: skip
         result["placed"] = placed
         result["files"] = sum(len(list(d.rglob("segment.json"))) for d in disks.values())
-        # acknowledged before any failover: the cursor rides to the followers
-        with Producer(TOPIC) as producer:
-            for i in range(100):
-                producer.send(f"early-{i % KEYS}:{i}".encode(), key=f"early-{i % KEYS}")
-        result["early"] = len(read_keyed(TOPIC, "s", 100))
 
         # three keyed producers; the leader of segment 0 goes mid-produce
         acknowledged: dict[str, list[int]] = defaultdict(list)

@@ -45,7 +45,17 @@ from runtime.errors import BadVersion, ScalableTopicsError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
 from runtime.placement import choose_disks
-from runtime.replica_plan import Elect, Replace, RoleAnswer, Tell, Unavailable, next_steps
+from runtime.replica_plan import (
+    Elect,
+    Replace,
+    Resize,
+    RoleAnswer,
+    Step,
+    Tell,
+    Unavailable,
+    next_steps,
+    resize_steps,
+)
 from runtime.replication import Replication
 from runtime.segment_hosts import host_name
 from storage.durability import Durability
@@ -174,6 +184,9 @@ class ReplicaKeeper:
         """One look at every replicated segment of ``segments`` (the active ones), and the
         steps each needs; the replicas' view is kept for stats."""
         sets = self.sets()
+        if replication.factor > 1:  # a live topic's segments that have one copy get more
+            for segment_id in sorted(segments.keys() - set(sets.segment_ids())):
+                await self._replicate(segments[segment_id], replication)
         replicated = sorted(set(sets.segment_ids()) & segments.keys())
         for segment_id in list(self._watches):
             if segment_id not in replicated:
@@ -190,6 +203,23 @@ class ReplicaKeeper:
                 log.warning("%s: replicas of segment %d not kept this round: %r",
                             self.topic, segment_id, result)  # fmt: skip
         self._publish()
+
+    async def _replicate(self, info: SegmentInfo, replication: Replication) -> None:
+        """Followers for a segment created with one copy (its topic's policy asked for
+        more since): recorded and laid out empty; the rounds start them, and elect the
+        segment's replica (the longest log) at a new epoch, after which they copy it."""
+        name = info.name(self.topic)
+        leader = SegmentPlacements(self._store, self.topic, self._incarnation()).get(
+            info.segment_id
+        )
+        if leader is None:  # laid out before each node kept its own disk
+            return
+        try:
+            await self.place(name, info, leader, replication, [], 0, True)
+        except ScalableTopicsError as err:  # too few nodes now: the next round tries again
+            log.warning("%s: not replicated yet: %s", name, err)
+            return
+        log.info("%s: replicated on %d nodes from now on", name, replication.factor)
 
     def _live_disks(self) -> dict[str, str]:
         """Disk id → live node id: the nodes last asked, asked again (at most every
@@ -241,12 +271,18 @@ class ReplicaKeeper:
         watch.committed = leading["highWatermark"] if leading else None
         free = [d for d in sorted(nodes) if d not in record.replicas]
         watch.unavailable = None
-        for step in next_steps(record.replicas, record.epoch, answers, gone, free, replication):
+        steps = next_steps(record.replicas, record.epoch, answers, gone, free, replication)
+        if not steps:  # the leader leads its epoch: the policy may ask for another shape
+            leading = statuses.get(record.leader) or {}
+            answering = tuple(r for r in record.replicas if statuses.get(r) is not None)
+            steps = resize_steps(record.replicas, answering, leading.get("ackQuorum"), free,
+                                 replication)  # fmt: skip
+        for step in steps:
             await self._carry_out(step, sets, info, record, replication, calls, watch)
 
     async def _carry_out(
         self,
-        step: Elect | Tell | Replace | Unavailable,
+        step: Step,
         sets: ReplicaSets,
         info: SegmentInfo,
         record: ReplicaSet,
@@ -271,8 +307,37 @@ class ReplicaKeeper:
             log.info("%s: replica %s leads epoch %d", name, elected.leader, elected.epoch)
             if self.metrics is not None:
                 self.metrics.leader_changed()
+        elif isinstance(step, Resize):
+            await self._resize(step, sets, info, record, calls)
         else:
             await self._replace(step, sets, info, record, calls)
+
+    async def _resize(
+        self,
+        step: Resize,
+        sets: ReplicaSets,
+        info: SegmentInfo,
+        record: ReplicaSet,
+        calls: HostReplicaCalls,
+    ) -> None:
+        """The topic's policy asks for another factor: a follower added on a free node
+        (laid out empty: it copies the leader's log), or the last ones dropped (recorded
+        first, then closed and their files removed)."""
+        name = info.name(self.topic)
+        found = sets.get(name.segment_id)
+        if found is None or found[0] != record:
+            return
+        resized = record.resized(step.factor, step.new)
+        for disk in step.new:
+            await self._lay_out(disk, name, info, [], 0, True)
+        sets.change(name.segment_id, found[1], resized)
+        log.info("%s: replicas %s → %s", name, record.replicas, resized.replicas)
+        for disk in step.new:
+            node = calls.node_of(disk)
+            if node is not None:
+                await asyncio.to_thread(self._start, name, node, False)
+        for disk in set(record.replicas) - set(resized.replicas):
+            await self._remove_replica(name, disk)
 
     async def _replace(
         self,
@@ -320,6 +385,20 @@ class ReplicaKeeper:
 
     # --- removing -----------------------------------------------------------------------
 
+    async def _remove_replica(self, name: SegmentName, disk: str) -> None:
+        """Close the replica on ``disk`` in its node's host and remove its files there."""
+        node = await asyncio.to_thread(self._disks.node_of, disk)
+        if node is None:
+            log.warning("%s: node disk %s is not in the cluster; its replica's files "
+                        "stay there", name, disk)  # fmt: skip
+            return
+        host = host_name(name, node, 1, topic_settings())
+        with contextlib.suppress(ValueError, RayError):
+            replica = SegmentHandle(lookup(host), str(name))
+            await close_segment(replica, guard().internal_token())
+        SegmentDirectory().remove(name, host)
+        await self._disks.remove(node, self._incarnation(), name)
+
     async def destroy(self, name: SegmentName) -> None:
         """Close the segment's replicas in their hosts and remove their files; its record
         goes last (a crash in between: the next attempt finds them again)."""
@@ -328,18 +407,7 @@ class ReplicaKeeper:
         if found is None:
             return
         for disk in found[0].replicas:
-            node = await asyncio.to_thread(self._disks.node_of, disk)
-            if node is None:
-                log.warning("%s: node disk %s is not in the cluster; its replica's files "
-                            "stay there", name, disk)  # fmt: skip
-                continue
-            host = host_name(name, node, 1, topic_settings())
-            with contextlib.suppress(ValueError, RayError):
-                await close_segment(
-                    SegmentHandle(lookup(host), str(name)), guard().internal_token()
-                )
-            SegmentDirectory().remove(name, host)
-            await self._disks.remove(node, self._incarnation(), name)
+            await self._remove_replica(name, disk)
         sets.delete(name.segment_id)
         self._watches.pop(name.segment_id, None)
 

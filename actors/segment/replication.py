@@ -373,6 +373,7 @@ class ReplicaRoles:
         }
         if self.leader is not None:
             status |= {"role": "leader", "epoch": self.leader.epoch,
+                       "ackQuorum": self.leader.replica.ack_quorum,
                        "followers": self.leader.replica.followers}  # fmt: skip
         elif self.follower is not None:
             state = self.follower.replica.state
