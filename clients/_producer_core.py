@@ -143,7 +143,11 @@ class SegmentSender:
                     continue
                 self._fail(chunk, SendTimeoutError(f"{self.name} unavailable: {err}"))
             except (TimeoutError, ChannelError) as err:
-                self._fail(chunk, SendTimeoutError(f"{self.name}: not stored in time ({err})"))
+                why = f" ({err})" if str(err) else ""
+                timeout_s = self.core.config.send_timeout_s
+                self._fail(chunk, SendTimeoutError(
+                    f"{self.name}: not stored within the send time-out of {timeout_s:g}s{why}"
+                ))  # fmt: skip
             except Exception as err:  # noqa: BLE001 - the caller's future must learn it
                 self._fail(chunk, err)
             break

@@ -86,10 +86,12 @@ def _pid(host: ray.actor.ActorHandle) -> int:
     return ray.get(host.__ray_call__.remote(lambda _: os.getpid()), timeout=60)
 
 
-def read_keyed(topic: str, subscription: str, expected: int) -> list[tuple[str, int]]:
+def read_keyed(
+    topic: str, subscription: str, expected: int, settle_s: float = 2.0
+) -> list[tuple[str, int]]:
     """What a stream consumer of ``subscription`` receives of messages valued
     ``"{key}:{sequence}"`` (as ``(key, sequence)``), acknowledging as it goes, until
-    ``expected`` came (or two minutes passed); then two seconds more, so that anything
+    ``expected`` came (or two minutes passed); then ``settle_s`` more, so that anything
     beyond what was expected (a duplicate) is received too."""
     from clients import StreamConsumer
 
@@ -108,7 +110,7 @@ def read_keyed(topic: str, subscription: str, expected: int) -> list[tuple[str, 
     deadline = time.monotonic() + 120
     while len(received) < expected and time.monotonic() < deadline:
         take(2)
-    extra_until = time.monotonic() + 2
+    extra_until = time.monotonic() + settle_s
     while time.monotonic() < extra_until:
         take(0.5)
     consumer.close()

@@ -53,7 +53,7 @@ def test_a_replicated_topic_keeps_every_acknowledged_message_through_a_leader_no
         "RAYTOPICS_STORAGE_ROOT": str(tmp_path / "cluster"),
         "RAYTOPICS_STORAGE_SCOPE": "node",
         "RAYTOPICS_PLACEMENT": json.dumps(PLACEMENT),
-        "RAYTOPICS_REPLICA_GRACE_S": "3",
+        "RAYTOPICS_REPLICA_GRACE_S": "2",
         "RAY_AUTH_MODE": "disabled",
     }
     proc = subprocess.run(
@@ -88,6 +88,15 @@ def test_a_replicated_topic_keeps_every_acknowledged_message_through_a_leader_no
     # every acknowledged message, once, in key order; what was acknowledged before the
     # failovers is not delivered again (the cursors were replicated)
     assert result["early"] == 100 and result["early_again"] == 0, result
+    # a follower's host that crashed is told to follow again, and catches up
+    assert result["follower_restarted"], result
+    # fewer live replicas than the ack quorum: a typed error naming the segment, within the
+    # send time-out (5 s); producing resumes when they are back
+    quorum = result["without_quorum"]
+    assert quorum["stopped"] == 2 and quorum["resumed"], result
+    assert quorum["failure"].startswith("SendTimeoutError"), result
+    assert "segment://repl/orders/events/" in quorum["failure"], result
+    assert quorum["waited_s"] < 5 + 5, result
     assert result["duplicates"] == 0 and result["missing"] == 0, result
     assert result["out_of_order"] == 0, result
     assert result["received"] == result["acknowledged"] > 0, result
@@ -100,9 +109,12 @@ def main(scratch: Path) -> None:
     from waiting import wait_for
 
     from actors.control.controller_host import controller_actor
+    from actors.registry import lookup
     from clients import Producer, ScalableTopicsAdmin
     from runtime import connect
+    from runtime.config import topic_settings
     from runtime.names import TopicName
+    from runtime.segment_hosts import host_name
     from storage.durability import NODE_STORAGE_ROOT_ENV
     from storage.placements import disk_id
     from tests.segments import read_keyed, segment_actor
@@ -132,7 +144,7 @@ def main(scratch: Path) -> None:
         with Producer(TOPIC) as producer:
             for i in range(100):
                 producer.send(f"early-{i % KEYS}:{i}".encode(), key=f"early-{i % KEYS}")
-        result["early"] = len(read_keyed(TOPIC, "s", 100))  # acknowledged, one copy
+        result["early"] = len(read_keyed(TOPIC, "s", 100, settle_s=0))  # acknowledged, one copy
         admin.set_namespace_policy("repl/orders", {"replication": {"factor": 3, "ackQuorum": 2}})
         node_of_disk = {disk_id(disks[n]): n for n in NODES}
         topic = TopicName.parse(TOPIC)
@@ -199,7 +211,7 @@ def main(scratch: Path) -> None:
         threads = [threading.Thread(target=produce, args=(p,)) for p in range(3)]
         for thread in threads:
             thread.start()
-        time.sleep(3)
+        time.sleep(1.5)
         leader = placed["0"]["nodes"][placed["0"]["roles"].index("leader")]
         result["lost_node"], result["old_epoch"] = leader, placed["0"]["epoch"]
         cluster.remove_node(nodes[leader], allow_graceful=False)
@@ -219,7 +231,7 @@ def main(scratch: Path) -> None:
         view = replicas()["0"]
         result["new_epoch"] = view["replicas"][0]["epoch"]
         result["after_nodes"] = [node_of_disk[r["replica"]] for r in view["replicas"]]
-        time.sleep(2)  # producing goes on with the new leader
+        time.sleep(1)  # producing goes on with the new leader
 
         # a stale leader: segment 1's leader's process stopped until another replica leads
         # a newer epoch, then resumed
@@ -239,7 +251,7 @@ def main(scratch: Path) -> None:
         finally:
             os.kill(pid, signal.SIGCONT)
         wait_for(all_in_sync, 90, step_s=0.5)
-        time.sleep(2)
+        time.sleep(1)
         result["stale"] = {
             "leader": before["replica"], "epoch": before["epoch"],
             "new_leader": after["replica"], "new_epoch": after["epoch"],
@@ -271,10 +283,50 @@ def main(scratch: Path) -> None:
         )
         result["out_of_order"] = sum(seqs != sorted(seqs) for seqs in per_key.values())
         result["early_again"] = sum(key.startswith("early") for key, _ in received)
+
+        # a follower's host crashes: Ray restarts it, it opens its replicas again without a
+        # role, and the controller tells them to follow again; they catch up
+        follower = replicas()["0"]["replicas"][1]
+        zero = admin.get_layout(TOPIC).active_segments[0].name(topic)
+        crashed = lookup(host_name(zero, follower["node"], 1, topic_settings()))
+        ray.kill(crashed, no_restart=False)
+        wait_for(lambda: replicas()["0"]["replicas"][1]["role"] != "follower", 30, step_s=0.2)
+        wait_for(all_in_sync, 60, step_s=0.5)
+        result["follower_restarted"] = follower["replica"]
+
+        # fewer live replicas than the ack quorum: the hosts of two of the three nodes stop
+        result["without_quorum"] = _without_quorum(Producer, replicas)
         print(RESULT + json.dumps(result), flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _without_quorum(producer_class, replicas) -> dict:  # noqa: ANN001
+    """Stop the segment hosts of two nodes (every segment's replicas are on the three nodes
+    left): a send fails within its time-out with a typed error naming its segment; once
+    they resume, sending works again."""
+    from ray.util.state import list_actors
+
+    hosts = list_actors(filters=[("class_name", "=", "SegmentHost"), ("state", "=", "ALIVE")])
+    pids = [h.pid for h in sorted(hosts, key=lambda h: h.node_id)][:2]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with producer_class(TOPIC, send_timeout_s=5) as producer:
+            started = time.monotonic()
+            try:
+                producer.send(b"late:0", key="late").result(timeout=60)
+                failure = "acknowledged"
+            except Exception as err:  # noqa: BLE001 - the failure is the result
+                failure = f"{type(err).__name__}: {err}"
+            waited = time.monotonic() - started
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    with producer_class(TOPIC) as producer:
+        resumed = producer.send(b"late:1", key="late").result(timeout=60) is not None
+    return {"failure": failure, "waited_s": waited, "resumed": resumed, "stopped": len(pids)}
 
 
 def _in_sync(view: dict | None) -> bool:

@@ -11,7 +11,7 @@
 
 Every Ray call goes through ``ReplicaCalls``, so the steps are tested with stand-ins
 (``tests/test_replica_election.py``) and on a real cluster
-(``tests/test_replication_cluster.py``) alike.
+(``tests/test_replicated_topic.py``) alike.
 """
 
 from __future__ import annotations
