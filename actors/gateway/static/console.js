@@ -169,6 +169,21 @@ function ratesOf(stats, now) {
   return rates;
 }
 
+// A replicated segment's replicas (stats' "replication"): how many are in sync, and
+// each one's role, node and lag in the cell's tooltip.
+function replicaSummary(replication) {
+  if (!replication) return "";
+  const inSync = replication.replicas.filter((r) => r.inSync).length;
+  return ` · ${inSync}/${replication.replicas.length} replicas in sync`;
+}
+
+function replicaList(replication) {
+  if (!replication) return "";
+  return replication.replicas
+    .map((r) => `${r.role} ${r.replica} on ${r.node || "no live node"}, lag ${r.lag ?? "?"}`)
+    .join("; ") + (replication.unavailable ? ` (${replication.unavailable})` : "");
+}
+
 function segmentRows(meta, stats, rates) {
   const body = $("segments").querySelector("tbody");
   body.replaceChildren();
@@ -182,7 +197,7 @@ function segmentRows(meta, stats, rates) {
     row.dataset.segment = id;
     row.innerHTML =
       `<td>${active ? `<input type="checkbox" data-select="${id}" ${state.selected.has(id) ? "checked" : ""}>` : ""}</td>` +
-      `<td>#${id}</td><td>${s.state}${seg.hibernating ? " (asleep)" : ""}${seg.tiered ? " (tiered)" : ""}</td>` +
+      `<td>#${id}</td><td title="${escapeHtml(replicaList(seg.replication))}">${s.state}${seg.hibernating ? " (asleep)" : ""}${seg.tiered ? " (tiered)" : ""}${replicaSummary(seg.replication)}</td>` +
       `<td>${hex(s.hashRange.start)}-${hex(s.hashRange.end)}</td>` +
       `<td>${s.createdAtEpoch}${s.state === "SEALED" ? "–" + s.sealedAtEpoch : ""}</td>` +
       `<td>${seg.records.toLocaleString()}</td><td>${rate(rates[id] && rates[id].in)}</td>` +
