@@ -177,17 +177,18 @@ class ReplicationPolicy(_Model):
         default=1, ge=1, le=MAX_REPLICATION_FACTOR,
         description="copies of each active segment, each on a node of its own",
     )  # fmt: skip
-    ack_quorum: JsonInt | None = Field(
-        default=None, alias="ackQuorum", ge=1, le=MAX_REPLICATION_FACTOR,
+    ack_quorum: json_int(ge=1, le=MAX_REPLICATION_FACTOR) | None = Field(
+        default=None, alias="ackQuorum",
         description="copies that must hold a message before it is acknowledged, the "
         "leader's among them (default: a majority of factor)",
     )  # fmt: skip
 
-    @model_validator(mode="after")
-    def _quorum_within_factor(self) -> ReplicationPolicy:
+    def check_consistent(self) -> None:
+        """What the schema cannot say: ``InconsistentRequestError`` for ackQuorum > factor."""
         if self.ack_quorum is not None and self.ack_quorum > self.factor:
-            raise ValueError(f"ackQuorum {self.ack_quorum} exceeds factor {self.factor}")
-        return self
+            raise InconsistentRequestError(
+                f"replication: ackQuorum {self.ack_quorum} > factor {self.factor}"
+            )
 
     @property
     def settings(self) -> Replication:
@@ -225,8 +226,9 @@ class TopicPolicy(_Model):
                 for e in err.errors(include_url=False)
             )
             raise InvalidArgumentError(f"invalid topic policy: {problems}") from None
-        if parsed.autoscale is not None:
-            parsed.autoscale.check_consistent()
+        for part in (parsed.autoscale, parsed.replication):
+            if part is not None:
+                part.check_consistent()
         return parsed
 
     def to_dict(self) -> dict[str, Any]:

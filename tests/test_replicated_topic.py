@@ -206,7 +206,7 @@ def main(scratch: Path) -> None:
                                 acknowledged[key].append(seq)
                         except Exception as err:  # noqa: BLE001 - counted, then asserted
                             failed.append(f"{type(err).__name__}: {err}")
-                    time.sleep(0.05)
+                    time.sleep(0.2)
 
         threads = [threading.Thread(target=produce, args=(p,)) for p in range(3)]
         for thread in threads:

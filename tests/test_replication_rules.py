@@ -12,7 +12,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from runtime.errors import InvalidArgumentError, NotEnoughNodesError, UnavailableError
+from runtime.errors import (
+    InconsistentRequestError,
+    InvalidArgumentError,
+    NotEnoughNodesError,
+    UnavailableError,
+)
+from runtime.policy import TopicPolicy
 from runtime.replication import (
     MAX_REPLICATION_FACTOR,
     Copy,
@@ -412,3 +418,19 @@ ReplicaSet.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_no_acknowledged_entry_is_lost_through_crashes_elections_and_stale_leaders = ReplicaSet.TestCase
+
+
+def test_the_policys_replication_part_is_checked_and_inherited_whole() -> None:
+    assert TopicPolicy.parse({}).replicas == Replication(1, 1)  # one copy by default
+    assert TopicPolicy.parse({"replication": {"factor": 3}}).replicas == Replication(3, 2)
+    strict = TopicPolicy.parse({"replication": {"factor": 3, "ackQuorum": 3}})
+    assert strict.to_dict()["replication"] == {"factor": 3, "ackQuorum": 3}
+    with pytest.raises(InconsistentRequestError, match="ackQuorum 4 > factor 3") as err:
+        TopicPolicy.parse({"replication": {"factor": 3, "ackQuorum": 4}})
+    assert err.value.http_status == 409  # each field valid: the combination is refused
+    for bad in ({"factor": 0}, {"factor": 8}, {"factor": 3, "ackQuorum": 0}, {"factor": "3"}):
+        with pytest.raises(InvalidArgumentError, match="replication"):
+            TopicPolicy.parse({"replication": bad})
+    default = TopicPolicy.parse({"replication": {"factor": 3}})
+    assert TopicPolicy.parse({"retention": {"timeS": 60}}).over(default).replicas.factor == 3
+    assert strict.over(default).replicas == Replication(3, 3)  # the topic's own part wins
