@@ -286,3 +286,17 @@ def test_without_a_disk_per_node_no_replica_round_runs() -> None:
     fleet.stats = {i: segment() for i in (1, 3, 4, 5)}
     asyncio.run(maintenance.tick())
     assert fleet.replicas.rounds == []
+
+
+def test_a_round_due_at_once_cuts_the_pause_short() -> None:
+    """Segments created or a policy set: the next round does not wait out the pause."""
+    maintenance, fleet, _, _ = maintained(split_twice(), {})
+
+    async def paused() -> float:
+        started = asyncio.get_running_loop().time()
+        asyncio.get_running_loop().call_later(0.05, fleet.replicas.due.set)
+        await maintenance._pause(30)
+        return asyncio.get_running_loop().time() - started
+
+    assert asyncio.run(paused()) < 5
+    assert not fleet.replicas.due.is_set()  # the next pause is a whole one again

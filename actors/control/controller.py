@@ -330,6 +330,7 @@ class ScalableTopicController:
             self._write_identity(
                 self._update_record(lambda r: r.model_copy(update={"policy": parsed}))
             )
+        self.fleet.replicas.due.set()  # the next maintenance round applies it at once
         return parsed.shown()
 
     async def _change_layout(

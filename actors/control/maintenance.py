@@ -116,7 +116,8 @@ class TopicMaintenance:
             await self._pause(_interval(policy))
 
     async def _pause(self, seconds: float) -> None:
-        """Until the next round: ``seconds``, or less when new segments' replicas are due."""
+        """Until the next round: ``seconds``, or less when one is due at once (segments
+        created, the policy changed)."""
         due = self._ctl.fleet.replicas.due
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(due.wait(), seconds)

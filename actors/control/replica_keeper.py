@@ -104,8 +104,9 @@ class ReplicaKeeper:
         self.metrics = metrics
         self._watches: dict[int, _Watch] = {}
         self._asked_at = float("-inf")  # when the nodes were last asked for their disks
-        # Set when segments were created: the next round comes at once, so that their
-        # replicas start and a leader is elected without waiting out a round's pause.
+        # Set when segments were created or the policy changed: the next maintenance
+        # round comes at once, so that new replicas start and a leader is elected (or a
+        # new policy's pace holds) without waiting out a round's pause.
         self.due = asyncio.Event()
 
     def sets(self) -> ReplicaSets:
