@@ -4,11 +4,12 @@ a ``ray.cluster_utils`` cluster of a head and four nodes with a disk each
 
 One producer sends one message at a time (each waits for its acknowledgement), one stream
 consumer receives. ``--kills`` (10) times, the node holding the segment's leader is
-removed (not gracefully) and a fresh node with an empty disk joins, so a lost replica
-always has a node to move to. Per kill:
+removed (not gracefully) and, once traffic flows again, a fresh node with an empty disk
+joins, so the next loss has a node to move a replica to. Per kill:
 
-* **to the first acknowledged send**: from the removal to the first acknowledgement of a
-  send issued after it (the new leader elected, the producer's channel moved to it);
+* **to the first acknowledged send**: from the removal (its processes gone) to the first
+  acknowledgement of a send issued after it (the new leader elected, the producer's
+  channel moved to it);
 * **to the consumer's first message**: from the removal to the first message received
   that was sent after it.
 
@@ -157,8 +158,14 @@ def run(scratch: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             return view["replicas"] if view else []
 
         def settled() -> list[dict[str, Any]]:
+            """Three replicas in sync, each on a node of the cluster now (a view taken
+            before a removal may still list the removed node)."""
             deadline = time.monotonic() + 120
-            while not (len(found := replicas()) == 3 and all(r["inSync"] for r in found)):
+            alive = {n.node_id for n in nodes}
+            while not (
+                len(found := replicas()) == 3
+                and all(r["inSync"] and r["node"] in alive for r in found)
+            ):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"replicas never settled: {found}")
                 time.sleep(0.2)
@@ -172,15 +179,15 @@ def run(scratch: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             leader = settled()[0]
             time.sleep(1)
             node = next(n for n in nodes if n.node_id == leader["node"])
-            killed = time.monotonic()
             cluster.remove_node(node, allow_graceful=False)
+            killed = time.monotonic()  # its processes are gone once this returns
             nodes.discard(node)
-            nodes.add(cluster.add_node(**node_args(f"m{i}")))
             while any(x == float("inf") for x in traffic.first_after(killed)):
                 if time.monotonic() - killed > 120:
                     raise TimeoutError("no acknowledgement or delivery after a kill")
                 time.sleep(0.05)
             ack, read = traffic.first_after(killed)
+            nodes.add(cluster.add_node(**node_args(f"m{i}")))  # room for the next loss
             kills.append({"to_first_ack_s": round(ack, 3), "to_first_read_s": round(read, 3)})
             print(f"kill {i + 1}: first ack after {ack:.2f}s, first read after {read:.2f}s")
         traffic.close()

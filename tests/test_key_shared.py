@@ -172,7 +172,12 @@ def test_consumers_joining_split_a_loaded_topic_and_rebucket_an_idle_one(
     topic = f"topic://shared/scale/t-{unique}"
     admin.create_scalable_topic(topic, 2)
     admin.create_subscription(topic, "work")
-    policy = {"targetMsgsPerS": 500, "windowS": 2, "cooldownS": 0, "consumerSplitLoad": 0.5}
+    # minSegments 2: the idle topic's two cold segments would otherwise merge (its policy
+    # applies from the moment it is set), and the consumers would join one segment
+    policy = {
+        "targetMsgsPerS": 500, "windowS": 2, "cooldownS": 0, "consumerSplitLoad": 0.5,
+        "minSegments": 2,
+    }  # fmt: skip
     admin.set_policy(topic, {"autoscale": policy})
     stop = threading.Event()
     producing = threading.Thread(target=_steady, args=(topic, 700 if loaded else 0, stop))
