@@ -1,5 +1,6 @@
 """What a topic's controller does next for one replicated segment, from what its replicas
-answered: nothing, tell a replica its role, replace a follower, or elect a leader.
+answered: nothing, tell a replica its role, replace or rebuild a follower, or elect a
+leader.
 
 The controller's maintenance round asks each replica of each replicated segment for its
 role (``Segment.replica_status``), then calls ``next_steps`` and carries the steps out;
@@ -14,6 +15,11 @@ Why a leader that restarted is never told to lead again: its log may have lost a
 unflushed tail that its followers copied (``storage.replica_log.LeaderReplica``), so it
 leads only through an election, at a new epoch, which it wins only if no replica holds
 more. Why an election needs ``reports_needed`` answers: ``runtime.replication``.
+
+A replica whose files were removed from its disk while it runs (it says so: ``lost``)
+still answers, and still writes to the removed files: it is no candidate in an election
+and, as a follower, is rebuilt in place (laid out empty again, it copies the leader's
+log); a leader that lost them first loses the lead to a replica that did not.
 """
 
 from __future__ import annotations
@@ -27,18 +33,22 @@ from runtime.replication import Replication
 @dataclass(frozen=True)
 class RoleAnswer:
     """What a replica said of itself: ``leader``, ``follower`` or ``none`` (opened, told
-    nothing yet), and the epoch it leads or follows."""
+    nothing yet), the epoch it leads or follows, and whether its files are gone from its
+    disk."""
 
     role: str
     epoch: int
+    lost: bool = False
 
 
 @dataclass(frozen=True)
 class Elect:
     """Fence ``candidates`` at the next epoch, choose among their reports, record the
-    choice by compare-and-swap, then tell the chosen to lead and the others to follow."""
+    choice by compare-and-swap, then tell the chosen to lead and the others to follow.
+    ``also_fenced``: replicas fenced too but never chosen (they lost their files)."""
 
     candidates: tuple[str, ...]
+    also_fenced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,14 @@ class Replace:
 
 
 @dataclass(frozen=True)
+class Rebuild:
+    """Follower ``replica`` lost its files: closed, laid out empty on its disk again and
+    reopened, it copies the leader's log from its start."""
+
+    replica: str
+
+
+@dataclass(frozen=True)
 class Resize:
     """The policy's factor differs from the segment's: ``factor`` replicas from now on,
     the followers ``new`` added (disks of free nodes; each copies the leader's log from
@@ -75,7 +93,7 @@ class Unavailable:
     why: str
 
 
-Step = Elect | Tell | Replace | Resize | Unavailable
+Step = Elect | Tell | Replace | Rebuild | Resize | Unavailable
 
 
 def next_steps(
@@ -100,9 +118,11 @@ def next_steps(
     free = list(free_disks)
     for follower in followers:
         answer = answers.get(follower)
-        if answer == RoleAnswer("follower", epoch):
+        if answer is not None and answer.lost:
+            steps.append(Rebuild(follower))
+        elif answer == RoleAnswer("follower", epoch):
             continue
-        if answer is not None:
+        elif answer is not None:
             steps.append(Tell(follower))
         elif follower in gone and free:
             steps.append(Replace(follower, free.pop(0)))
@@ -114,14 +134,19 @@ def next_steps(
 def _election(
     replicas: Sequence[str], answers: Mapping[str, RoleAnswer | None], replication: Replication
 ) -> Step:
-    answering = tuple(replica for replica in replicas if answers.get(replica) is not None)
+    answering = tuple(replica for replica in replicas if _candidate(answers.get(replica)))
     if len(answering) < replication.reports_needed:
         return Unavailable(
             f"its leader {replicas[0]} does not lead, and an election needs "
-            f"{replication.reports_needed} of {replication.factor} replicas; "
-            f"{len(answering)} answer"
+            f"{replication.reports_needed} of {replication.factor} replicas with their "
+            f"files; {len(answering)} answer"
         )
-    return Elect(answering)
+    lost = tuple(r for r in replicas if (answers.get(r) or RoleAnswer("", 0)).lost)
+    return Elect(answering, lost)
+
+
+def _candidate(answer: RoleAnswer | None) -> bool:
+    return answer is not None and not answer.lost
 
 
 def resize_steps(

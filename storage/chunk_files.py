@@ -107,6 +107,22 @@ class ChunkFiles:
     def active(self) -> Chunk:
         return self.chunks[-1]
 
+    def lost(self) -> str | None:
+        """Why the files on disk are no longer this log's (its directory or a chunk
+        removed, or the active chunk replaced under its open handle); ``None`` while they
+        are. Writes to a removed file still succeed, so only a look at the paths tells."""
+        if not self.directory.is_dir():
+            return f"its directory {self.directory} is gone"
+        inodes = []
+        for chunk in self.chunks:
+            try:
+                inodes.append(os.stat(chunk.path).st_ino)
+            except FileNotFoundError:
+                return f"its chunk file {chunk.path.name} is gone"
+        if self._write_fd is not None and inodes and os.fstat(self._write_fd).st_ino != inodes[-1]:
+            return f"its chunk file {self.chunks[-1].path.name} was replaced"
+        return None
+
     # --- writing ----------------------------------------------------------------------
 
     def write(self, frames: Sequence[Encoded]) -> int:

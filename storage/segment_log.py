@@ -348,6 +348,12 @@ class SegmentLog:
         with self._lock:
             self._files.delete()
 
+    def files_lost(self) -> str | None:
+        """Why this log's files are gone from its disk (removed while it runs), ``None``
+        while they are there: a replica that answers so is rebuilt from another."""
+        with self._lock:
+            return self._files.lost() if self._files.is_open else None
+
     def verify(self) -> None:
         """Check every frame of every chunk against its checksum (reading it all): raises
         ``UnavailableError`` naming the first chunk that is damaged. Meant before the

@@ -96,3 +96,17 @@ def test_an_election_that_loses_the_compare_and_swap_tells_nobody() -> None:
         asyncio.run(elect(records, 7, ("d1", "d2", "d3"), THREE, raced))
     assert [t[0] for t in raced.told] == ["fence"] * 3
     assert records.get(7)[0] == ReplicaSet(4, ("d2", "d1", "d3"))
+
+
+def test_a_replica_that_lost_its_files_is_fenced_yet_never_chosen_nor_told() -> None:
+    """Its log is the longest (it wrote on to removed files): the lead still goes to a
+    replica that has its files, and the lost one is left for the round to rebuild."""
+    records, replicas = setup({"d1": (3, 90), "d2": (3, 40), "d3": (3, 42)})
+    elected = asyncio.run(elect(records, 7, ("d2", "d3"), THREE, replicas, also_fenced=("d1",)))
+    assert elected == ReplicaSet(4, ("d3", "d1", "d2"))
+    assert ("fence", "d1", 4) in replicas.told
+    assert [t for t in replicas.told if t[0] != "fence"] == [
+        ("lead", "d3", 4),
+        ("route", "d3", ("d1", "d2")),
+        ("follow", "d2", 4, "d3"),
+    ]  # fmt: skip

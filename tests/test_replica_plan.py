@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runtime.replica_plan import (
     Elect,
+    Rebuild,
     Replace,
     Resize,
     RoleAnswer,
@@ -42,7 +43,8 @@ def test_a_leader_that_restarted_is_never_told_to_lead_again_it_is_elected() -> 
 
 def test_without_enough_answers_there_is_no_election() -> None:
     (step,) = steps({"d1": None, "d2": FOLLOWS, "d3": None}, gone={"d1", "d3"})
-    assert isinstance(step, Unavailable) and "needs 2 of 3 replicas; 1 answer" in step.why
+    assert isinstance(step, Unavailable)
+    assert "needs 2 of 3 replicas with their files; 1 answer" in step.why
 
 
 def test_followers_are_told_their_role_or_replaced_once_lost() -> None:
@@ -56,6 +58,18 @@ def test_followers_are_told_their_role_or_replaced_once_lost() -> None:
     ]  # fmt: skip
     (step,) = steps(HEALTHY | {"d3": None}, gone={"d3"})
     assert isinstance(step, Unavailable) and "no other node is free" in step.why
+
+
+def test_a_replica_whose_files_are_gone_is_rebuilt_and_never_elected() -> None:
+    lost = RoleAnswer("follower", 4, lost=True)
+    assert steps(HEALTHY | {"d3": lost}) == [Rebuild("d3")]
+    assert steps(HEALTHY | {"d2": RoleAnswer("none", 0, lost=True)}) == [Rebuild("d2")]
+    # a leader that lost them: fenced with the others, the lead goes to one that has them
+    assert steps(HEALTHY | {"d1": RoleAnswer("leader", 4, lost=True)}) == [
+        Elect(("d2", "d3"), also_fenced=("d1",))
+    ]
+    (step,) = steps({"d1": RoleAnswer("leader", 4, lost=True), "d2": lost, "d3": FOLLOWS})
+    assert isinstance(step, Unavailable) and "with their files; 1 answer" in step.why
 
 
 # --- the policy's shape --------------------------------------------------------------------

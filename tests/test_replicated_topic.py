@@ -12,7 +12,9 @@ holds every acknowledged message), clients follow it without an error reaching t
 application, the lost replica is replaced on the free node and catches up (every
 replica in sync again: what ``under_replicated_segments`` counts), the stale leader
 follows; a split afterwards makes replicated children, and a subscription receives every
-acknowledged message once, in key order, and none it acknowledged before.
+acknowledged message once, in key order, and none it acknowledged before. A replica whose
+files are removed while it runs is rebuilt from another (a leader's after another took
+the lead).
 
 The cluster runs in a subprocess (this file as a script): this session's tests share
 another Ray.
@@ -22,12 +24,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -90,6 +94,12 @@ def test_a_replicated_topic_keeps_every_acknowledged_message_through_a_leader_no
     assert result["early"] == 100 and result["early_again"] == 0, result
     # a follower's host that crashed is told to follow again, and catches up
     assert result["follower_restarted"], result
+    # a replica's files removed while it runs: rebuilt; a leader's: another leads first
+    removed = result["files_removed"]
+    assert removed["follower"]["leader"][0] == removed["follower"]["leader"][1], result
+    new_epoch = removed["leader"]["epoch"][1] > removed["leader"]["epoch"][0]
+    assert new_epoch and removed["leader"]["leader"][0] != removed["leader"]["leader"][1], result
+    assert removed["received"] == list(range(removed["sent"])), result
     # fewer live replicas than the ack quorum: a typed error naming the segment, within the
     # send time-out (5 s); producing resumes when they are back
     quorum = result["without_quorum"]
@@ -113,6 +123,7 @@ def main(scratch: Path) -> None:
     from clients import Producer, ScalableTopicsAdmin
     from runtime import connect
     from runtime.config import topic_settings
+    from runtime.hashing import key_hash
     from runtime.names import TopicName
     from runtime.segment_hosts import host_name
     from storage.durability import NODE_STORAGE_ROOT_ENV
@@ -293,6 +304,50 @@ def main(scratch: Path) -> None:
         wait_for(lambda: replicas()["0"]["replicas"][1]["role"] != "follower", 30, step_s=0.2)
         wait_for(all_in_sync, 60, step_s=0.5)
         result["follower_restarted"] = follower["replica"]
+
+        # a replica's files removed while it runs, a follower's then the leader's: each is
+        # found out and rebuilt from another replica; the lead goes to one that kept them
+        def segment_files(replica: dict) -> Path:
+            (found,) = [
+                path.parent
+                for path in disks[node_of_disk[replica["replica"]]].rglob("segment.json")
+                if path.parent.name == zero.descriptor
+            ]
+            return found
+
+        def rebuilt(replica: dict, directory: Path) -> bool:
+            """Laid out again in place (not replaced elsewhere), and in sync."""
+            kept = [r["replica"] for r in replicas()["0"]["replicas"]]
+            back = (directory / "segment.json").exists() and replica["replica"] in kept
+            return back and all_in_sync()
+
+        assert zero.descriptor.startswith("0000-7fff-"), zero
+        keys = [k for k in (f"files-{j}" for j in range(64)) if key_hash(k) <= 0x7FFF][:4]
+        removed: dict = {"sent": 0}
+        for role in ("follower", "leader"):
+            view = replicas()["0"]
+            (victim,) = [r for r in view["replicas"] if r["role"] == role][:1]
+            directory = segment_files(victim)
+            with Producer(TOPIC) as producer:
+
+                def send(i: int, producer: Producer = producer) -> Future:
+                    key = keys[i % 4]
+                    return producer.send(f"{key}:{removed['sent'] + i}".encode(), key=key)
+
+                sends = [send(i) for i in range(20)]
+                shutil.rmtree(directory)
+                sends += [send(i) for i in range(20, 40)]
+                for future in sends:
+                    future.result(timeout=60)
+            removed["sent"] += 40
+            wait_for(lambda victim=victim, d=directory: rebuilt(victim, d), 60, step_s=0.5)
+            now = replicas()["0"]["replicas"]
+            leader_was = view["replicas"][0]
+            removed[role] = {"epoch": (leader_was["epoch"], now[0]["epoch"]),
+                             "leader": (leader_was["replica"], now[0]["replica"])}  # fmt: skip
+        got = read_keyed(TOPIC, "s", removed["sent"], settle_s=1)
+        removed["received"] = sorted(seq for key, seq in got if key.startswith("files"))
+        result["files_removed"] = removed
 
         # fewer live replicas than the ack quorum: the hosts of two of the three nodes stop
         result["without_quorum"] = _without_quorum(Producer, replicas)

@@ -175,6 +175,30 @@ def test_make_batch_rejects_bad_input(values: object, keys: object, properties: 
 # --- append and read ---------------------------------------------------------------
 
 
+def test_a_log_says_when_its_files_were_removed_or_replaced_under_it(tmp_path: Path) -> None:
+    """Writes to removed files still succeed: only a look at the paths tells a replica
+    that it must be rebuilt."""
+    for damage in ("directory", "old chunk", "active chunk replaced"):
+        directory = tmp_path / damage.replace(" ", "-")
+        log = SegmentLog(directory, durability=FAST, max_chunk_bytes=4096)
+        for i in range(20):
+            log.append(make_batch(values_for(i * 10, 10)))
+        assert log.files_lost() is None
+        chunks = [directory / name for name in chunk_files(directory)]
+        assert len(chunks) > 1
+        if damage == "directory":
+            shutil.rmtree(directory)
+        elif damage == "old chunk":
+            chunks[0].unlink()
+        else:
+            chunks[-1].unlink()
+            chunks[-1].write_bytes(b"")
+        assert log.files_lost() is not None, damage
+        log.append(make_batch(values_for(200, 1)))  # unnoticed by the write itself
+        log.close()
+        assert log.files_lost() is None  # a closed log holds nothing to lose
+
+
 def test_round_trip_across_chunk_rollovers(tmp_path: Path) -> None:
     log = SegmentLog(tmp_path, durability=FAST, max_chunk_bytes=4096)
     expected: list[bytes] = []

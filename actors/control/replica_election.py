@@ -62,17 +62,19 @@ async def elect(
     candidates: tuple[str, ...],
     replication: Replication,
     calls: ReplicaCalls,
+    also_fenced: tuple[str, ...] = (),
 ) -> ReplicaSet:
     """Run one election among ``candidates`` (replicas of the segment); the replica set it
-    recorded. ``NotEnoughReplicasError`` when too few answer; ``BadVersion`` when another
-    election recorded its choice first."""
+    recorded. ``also_fenced``: replicas fenced at the new epoch too, never chosen (their
+    files are gone). ``NotEnoughReplicasError`` when too few answer; ``BadVersion`` when
+    another election recorded its choice first."""
     found = records.get(segment_id)
     if found is None:
         raise SegmentNotFoundError(f"segment {segment_id} has no replica set to elect in")
     current, version = found
     epoch = current.epoch + 1
-    answers = await asyncio.gather(*(calls.fence(c, epoch) for c in candidates))
-    reports = [report for report in answers if report is not None]
+    answers = await asyncio.gather(*(calls.fence(c, epoch) for c in candidates + also_fenced))
+    reports = [report for report in answers[: len(candidates)] if report is not None]
     chosen = choose_leader(reports, replication, prefer=current.leader).replica
     elected = current.elected(chosen)
     records.change(segment_id, version, elected)

@@ -34,6 +34,7 @@ from ray.exceptions import RayError
 
 from actors.control.node_disks import NodeDisks
 from actors.control.replica_election import HostReplicaCalls, elect
+from actors.control.replica_views import replica_view, replication_gauges
 from actors.guard import guard
 from actors.metrics import ControllerMetrics
 from actors.registry import lookup
@@ -47,6 +48,7 @@ from runtime.names import SegmentName, TopicName
 from runtime.placement import choose_disks
 from runtime.replica_plan import (
     Elect,
+    Rebuild,
     Replace,
     Resize,
     RoleAnswer,
@@ -299,7 +301,9 @@ class ReplicaKeeper:
             await calls.follow(step.replica, record.epoch, record.leader)
         elif isinstance(step, Elect):
             try:
-                elected = await elect(sets, name.segment_id, step.candidates, replication, calls)
+                elected = await elect(
+                    sets, name.segment_id, step.candidates, replication, calls, step.also_fenced
+                )
             except BadVersion:
                 return  # another election won: the next round reads its record
             SegmentPlacements(self._store, self.topic, self._incarnation()).move(
@@ -310,6 +314,8 @@ class ReplicaKeeper:
                 self.metrics.leader_changed()
         elif isinstance(step, Resize):
             await self._resize(step, sets, info, record, calls)
+        elif isinstance(step, Rebuild):
+            await self._rebuild(step.replica, info, calls)
         else:
             await self._replace(step, sets, info, record, calls)
 
@@ -360,6 +366,19 @@ class ReplicaKeeper:
         log.info("%s: follower %s is lost; %s replaces it", name, step.gone, step.new)
         await asyncio.to_thread(self._start, name, node, False)
 
+    async def _rebuild(self, replica: str, info: SegmentInfo, calls: HostReplicaCalls) -> None:
+        """A follower whose files were removed under it: closed, removed and laid out empty
+        on its disk again, reopened; the next round tells it to follow, and it copies the
+        leader's log and cursors from their start."""
+        name = info.name(self.topic)
+        node = calls.node_of(replica)
+        if node is None:
+            return
+        log.warning("%s: replica %s lost its files; it is rebuilt from its leader", name, replica)
+        await self._remove_replica(name, replica)
+        await self._lay_out(replica, name, info, [], 0, True)
+        await asyncio.to_thread(self._start, name, node, False)
+
     async def _status(self, calls: HostReplicaCalls, replica: str) -> dict[str, Any] | None:
         try:
             return await asyncio.wait_for(calls.status(replica), STATUS_WAIT_S)
@@ -380,7 +399,7 @@ class ReplicaKeeper:
     def _publish(self) -> None:
         if self.metrics is None:
             return
-        under, lag = replication_gauges(self._watches)
+        under, lag = replication_gauges({i: watch.view for i, watch in self._watches.items()})
         descriptors = {str(i): watch.descriptor for i, watch in self._watches.items()}
         self.metrics.replicas(under, {descriptors[i]: entries for i, entries in lag.items()})
 
@@ -426,55 +445,4 @@ def _alive_nodes() -> set[str]:
 def _answer(status: dict[str, Any] | None) -> RoleAnswer | None:
     if status is None:
         return None
-    return RoleAnswer(status["role"], status.get("epoch", 0))
-
-
-def replication_gauges(watches: Mapping[int, _Watch]) -> tuple[int, dict[str, int]]:
-    """``under_replicated_segments`` (segments with a replica not in its role, or behind
-    what its leader had committed) and ``replica_lag_entries`` (by segment id: its
-    furthest-behind follower's missing entries)."""
-    under, lag = 0, {}
-    for segment_id, watch in watches.items():
-        under += not all(replica["inSync"] for replica in watch.view)
-        lags = [r["lag"] for r in watch.view if r["role"] != "leader" and r["lag"] is not None]
-        lag[str(segment_id)] = max(lags, default=0)
-    return under, lag
-
-
-def replica_view(
-    record: ReplicaSet,
-    statuses: Mapping[str, dict[str, Any] | None],
-    nodes: Mapping[str, str],
-    committed_before: int | None,
-) -> list[dict[str, Any]]:
-    """Each replica's node, role, epoch and lag behind its leader's log, for stats. A
-    replica is *in sync* when it has the role and epoch its record says and, for a
-    follower, holds what its leader had committed a round before (``committed_before``;
-    its current high watermark when there was no round before): under a steady load a
-    follower is always a little behind the newest entries, never behind for long."""
-    leader = statuses.get(record.leader)
-    leader_end = leader["endOffset"] if leader else None
-    wanted_end = committed_before if committed_before is not None else (
-        leader["highWatermark"] if leader else None
-    )  # fmt: skip
-    view = []
-    for replica in record.replicas:
-        status = statuses.get(replica) or {}
-        wanted = "leader" if replica == record.leader else "follower"
-        end = status.get("endOffset")
-        role = status.get("role", "unreachable")
-        in_role = role == wanted and status.get("epoch") == record.epoch
-        caught_up = wanted == "leader" or (
-            end is not None and wanted_end is not None and end >= wanted_end
-        )
-        view.append({
-            "replica": replica,
-            "node": nodes.get(replica),
-            "role": role,
-            "epoch": status.get("epoch"),
-            "endOffset": end,
-            "highWatermark": status.get("highWatermark"),
-            "lag": None if end is None or leader_end is None else max(leader_end - end, 0),
-            "inSync": in_role and caught_up,
-        })  # fmt: skip
-    return view
+    return RoleAnswer(status["role"], status.get("epoch", 0), bool(status.get("filesLost")))

@@ -180,7 +180,8 @@ function replicaSummary(replication) {
 function replicaList(replication) {
   if (!replication) return "";
   return replication.replicas
-    .map((r) => `${r.role} ${r.replica} on ${r.node || "no live node"}, lag ${r.lag ?? "?"}`)
+    .map((r) => `${r.role} ${r.replica} on ${r.node || "no live node"}, lag ${r.lag ?? "?"}`
+      + (r.filesLost ? `, files lost (${r.filesLost}): rebuilt from its leader` : ""))
     .join("; ") + (replication.unavailable ? ` (${replication.unavailable})` : "");
 }
 
