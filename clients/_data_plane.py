@@ -40,6 +40,7 @@ from runtime import tls, wire
 from runtime.batch import deserialize_batch
 from runtime.errors import (
     InvalidArgumentError,
+    NotLeaderError,
     ScalableTopicsError,
     SegmentNotFoundError,
     TlsError,
@@ -53,6 +54,9 @@ from runtime.errors import (
 REFUSALS = (UnauthenticatedError, UnauthorizedError, TlsError)
 # How much longer than its long-poll a read may take before the segment counts as stuck.
 READ_GRACE_S = 30.0
+# How long a producer's connection waits before it looks a replicated segment up again
+# when a replica that does not lead answered it (its leader not chosen yet, or moved).
+LEADER_WAIT_S = 0.2
 _STREAM_LIMIT = 4 << 20  # buffer whole deliveries instead of pausing the socket every 128 KB
 # Bytes of frames handed to the transport ahead of the socket. The rest wait in
 # ``_pending`` until answers show the segment took some: a transport buffer that
@@ -223,8 +227,10 @@ class SegmentChannel:
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.get_running_loop().create_task(self._connect())
 
-    async def _connect(self) -> None:
-        """(Re)connect, then resend everything not yet acknowledged, in order."""
+    async def _connect(self, pause_s: float = 0.0) -> None:
+        """(Re)connect, after ``pause_s``, then resend everything not yet acknowledged, in
+        order."""
+        await asyncio.sleep(pause_s)
         failure: Exception | None = None
         for attempt in range(self._attempts):
             try:
@@ -298,6 +304,9 @@ class SegmentChannel:
                 return True
         if not self._on_wire:
             raise InvalidArgumentError("the segment answered a frame that was never sent")
+        if isinstance(outcome, NotLeaderError) and self._relocate is not None:
+            self._leader_moved()
+            return True
         _, future = self._pending.pop(self._on_wire.popleft())
         if not future.done():
             if isinstance(outcome, ScalableTopicsError):
@@ -305,6 +314,19 @@ class SegmentChannel:
             else:
                 future.set_result(outcome)
         return False
+
+    def _leader_moved(self) -> None:
+        """A replica that does not lead (yet) answered: this frame and all after it stay
+        pending, and go again, in order, to the segment looked up anew. Resent one by one
+        by their callers instead, a later frame could reach the leader before an earlier
+        one and wait for it in front of it on the connection."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._on_wire, self._unsent = deque(), deque()
+        if self._connecting is None or self._connecting.done():
+            connect = self._connect(pause_s=LEADER_WAIT_S)
+            self._connecting = asyncio.get_running_loop().create_task(connect)
 
     def _refused(self, error: ScalableTopicsError) -> None:
         """The segment will not take frames from this connection: everything pending

@@ -61,6 +61,9 @@ from runtime.names import SegmentName, TopicName, validate_part
 log = logging.getLogger(__name__)
 # How long a sealed segment's "finished" may be refused before it is worth a warning.
 FINISH_QUIET_S = 5.0
+# How long a consumer waits for a replicated segment's leader when it starts reading it
+# (a new segment's first election, a failover): a few of the controller's rounds.
+LEAD_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -260,13 +263,26 @@ class GroupConsumerCore:
         for segment_id, spec in wanted.items():
             if segment_id not in self.readers and segment_id not in self.finished:
                 name = SegmentName.parse(spec["segmentTopic"])
-                handle = await self.access.find(name)
-                position = await self._start_position(handle, name, spec.get("startPosition"))
+                handle, position = await self._open_at(name, spec.get("startPosition"))
                 buckets = spec.get("buckets")
                 share = Share(segment_id, **buckets) if buckets else None
                 reader = _Reader(name, handle, position, self.credential, share)
                 self.readers[segment_id] = reader
                 reader.task = asyncio.get_running_loop().create_task(self._read(reader))
+
+    async def _open_at(self, name: SegmentName, released: int | None) -> tuple[Any, int]:
+        """The segment's handle and where to start reading it. A replicated segment whose
+        leader is not chosen yet (just created) or moved is looked up again until one
+        answers, for as long as ``LEAD_WAIT_S``."""
+        deadline = time.monotonic() + LEAD_WAIT_S
+        while True:
+            handle = await self.access.find(name)
+            try:
+                return handle, await self._start_position(handle, name, released)
+            except NotLeaderError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def _start_position(self, handle: Any, name: SegmentName, released: int | None) -> int:
         if self.acknowledges:

@@ -295,6 +295,11 @@ class SegmentStore:
         shutil.rmtree(self.directory, ignore_errors=True)
         self._deleted = True
 
+    @property
+    def deleted(self) -> bool:
+        """Whether ``delete`` removed it: nothing of it may be written any more."""
+        return self._deleted
+
     # --- tiering -------------------------------------------------------------------
 
     @property

@@ -185,6 +185,35 @@ def test_without_a_quorum_an_append_fails_naming_the_segment_and_no_reader_sees_
     run(scenario)
 
 
+def test_each_waiting_append_fails_at_its_own_time_out(tmp_path: Path) -> None:
+    """Without a quorum, appends sent 0.3 s apart each hear ``NotEnoughReplicasError``
+    once their own commit time-out (0.5 s) is over: not sooner, not much later."""
+
+    async def scenario() -> None:
+        async with replicas(tmp_path) as three:
+            first = await committed_on_r0(three, b"committed")
+            for name in ("r1", "r2"):
+                await three.segments[name]._roles.fence(2)
+            second = await RawProducer.to(three.segments["r0"])
+            loop = asyncio.get_running_loop()
+
+            async def failed_after(producer: RawProducer, sequence: int) -> float:
+                sent = loop.time()
+                producer.send("p" if producer is first else "q", sequence, [b"waits"])
+                with pytest.raises(NotEnoughReplicasError):
+                    wire.decode_response(await producer.answer())
+                return loop.time() - sent
+
+            early = asyncio.ensure_future(failed_after(first, 1))
+            await asyncio.sleep(0.3)
+            waited = [await failed_after(second, 0), await early]
+            assert all(0.45 <= w <= 0.5 + 0.35 for w in waited), waited
+            first.close()
+            second.close()
+
+    run(scenario)
+
+
 def test_a_fenced_leader_acknowledges_nothing_and_serves_no_new_entry(tmp_path: Path) -> None:
     """An election fences r1 and r2 at epoch 2 behind r0's back (r0 is a stale leader that
     does not know): r0's appends are never acknowledged, and its readers never see them;
@@ -268,6 +297,12 @@ def test_cursors_and_acknowledgements_reach_the_followers(tmp_path: Path) -> Non
             follower = three.segments["r1"]._store.cursors
             assert follower.names() == ["s"] and follower.get("s").mark_delete == 5
             assert follower.get("s").acked_ranges == ((7, 8),)
+            # while no entry arrives (the followers' fetches wait at the leader), an
+            # acknowledgement reaches them within a second all the same
+            await asyncio.sleep(0.5)
+            await leader.ack_cumulative("s", 8)
+            await until(held, timeout_s=1.0)
+            assert follower.get("s").mark_delete == 9
 
     run(scenario)
 

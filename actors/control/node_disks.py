@@ -48,7 +48,9 @@ def _disk(cluster_root: str) -> str:
     return disk_id(node_storage_root(cluster_root))
 
 
-@ray.remote(num_cpus=0, max_retries=0)
+# A worker that dies while laying out (its node stays) is retried: laying out again
+# opens what the first try made.
+@ray.remote(num_cpus=0, max_retries=2)
 def _lay_out(
     cluster_root: str,
     metadata_namespace: str,

@@ -452,19 +452,21 @@ class SegmentFleet:
         return self.incarnation
 
     async def _own_actor(self, name: SegmentName) -> SegmentHandle | None:
-        """The served segment ``name`` if it serves this incarnation; any other is closed."""
+        """The served segment ``name`` if it serves this incarnation; any other is closed,
+        and so is an entry whose storage is not there (registered by an attempt that
+        did not lay it out)."""
         try:
             handle = segment_actor(name)
         except ValueError:
             return None
         try:
             status = await handle.ready.remote(credential=guard().internal_token())
-        except RayActorError:
+        except (RayActorError, SegmentNotFoundError):
             status = None
         if status is not None and status.get("incarnation") == self.incarnation:
             return handle
         self.forget(name)
-        with contextlib.suppress(RayActorError):
+        with contextlib.suppress(RayActorError, SegmentNotFoundError):
             await close_segment(handle, guard().internal_token())
         return None
 

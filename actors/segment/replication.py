@@ -42,7 +42,7 @@ from runtime.errors import (
 )
 from runtime.names import SegmentName
 from runtime.replica_frames import decode_fetch, decode_shipment, encode_fetch, encode_shipment
-from runtime.replication import ReplicaReport, Replication
+from runtime.replication import Fetch, ReplicaReport, Replication
 from storage.replica_log import FollowerReplica, LeaderReplica
 from storage.replica_state import ReplicaStateFile
 from storage.segment_log import SegmentLog
@@ -54,13 +54,16 @@ log = logging.getLogger(__name__)
 # producer's send time-out (60 s by default), so the error, not a time-out, reaches it.
 DEFAULT_COMMIT_TIMEOUT_S = 10.0
 # How long a follower's fetch waits at its leader for new entries: what an idle replicated
-# segment costs (a fetch per follower this often), and how late a cursor change made while
-# no entry arrives reaches the followers (new entries end the wait at once).
+# segment costs (a fetch per follower this often; new entries end the wait at once).
 FETCH_WAIT_S = 5.0
 MAX_FETCH_WAIT_S = 30.0
+# How often a waiting fetch looks whether the cursors moved: how late an acknowledgement
+# made while no entry arrives reaches the followers.
+CURSOR_LOOK_S = 0.25
 # A shipment this small is stored on the event loop: a thread hop would cost more.
 INLINE_BYTES = 256 << 10
 RETRY_S = (0.05, 2.0)  # a follower's backoff after a failed fetch: first, most
+EXPIRY_STEP_S = 0.1  # how often, at most, a leader looks for appends past their time-out
 
 
 class LeaderRole:
@@ -81,9 +84,11 @@ class LeaderRole:
         self._name, self._store, self.replica = name, store, replica
         self._wait_for_data, self._on_committed = wait_for_data, on_committed
         self._commit_timeout_s = commit_timeout_s
-        # (end, arrival, future, answer): answers waiting for the high watermark
-        self._waiting: list[tuple[int, int, asyncio.Future[bytes], bytes]] = []
+        # (end, arrival, deadline, future, answer): answers waiting for the high watermark
+        self._waiting: list[tuple[int, int, float, asyncio.Future[bytes], bytes]] = []
         self._arrivals = itertools.count()
+        # One timer for every waiting answer's time-out, not one per append.
+        self._timer: asyncio.TimerHandle | None = None
         store.limit_reads(replica.hw)
 
     @property
@@ -122,29 +127,48 @@ class LeaderRole:
             and fetch.wait_s > 0
             and fetch.offset == shipment.end
         ):
-            await self._wait_for_data(min(fetch.wait_s, MAX_FETCH_WAIT_S))
+            await self._wait_for_news(fetch)
             shipment = self.replica.ship(replace(fetch, wait_s=0))
         if store.cursor_version != fetch.cursor_version:
             version, cursors = store.export_cursors()
             shipment = replace(shipment, cursor_version=version, cursors=cursors)
         return b"".join(encode_shipment(shipment))
 
+    async def _wait_for_news(self, fetch: Fetch) -> None:
+        """Until the log grows past the fetch, the cursors move, or the fetch's wait is
+        over: looked at every ``CURSOR_LOOK_S``, so an acknowledgement reaches the
+        followers that soon even while no entry arrives (a failover then redelivers
+        little of what was acknowledged)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + min(fetch.wait_s, MAX_FETCH_WAIT_S)
+        store = self._store
+        while (left := until - loop.time()) > 0:
+            await self._wait_for_data(min(left, CURSOR_LOOK_S))
+            if store.end_offset > fetch.offset or store.cursor_version != fetch.cursor_version:
+                return
+
     def stop(self, why: ScalableTopicsError) -> None:
         """Leading ends (a new epoch elsewhere, the segment closing): every waiting
         append hears ``why``; none is acknowledged any more."""
         waiting, self._waiting = self._waiting, []
-        for _, _, future, _ in waiting:
+        for _, _, _, future, _ in waiting:
             if not future.done():
                 future.set_result(wire.encode_error(why))
-        self.replica.save()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._store.deleted:  # a deleted segment's directory is gone
+            self.replica.save()
 
     def _when_committed(self, end: int, answer: bytes) -> bytes | asyncio.Future[bytes]:
         if end <= self.replica.hw:
             return answer
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
-        heapq.heappush(self._waiting, (end, next(self._arrivals), future, answer))
-        loop.call_later(self._commit_timeout_s, self._expire, future, end)
+        deadline = loop.time() + self._commit_timeout_s
+        heapq.heappush(self._waiting, (end, next(self._arrivals), deadline, future, answer))
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire_due)
         return future
 
     def _advance(self, hw: int) -> None:
@@ -152,15 +176,34 @@ class LeaderRole:
         self._store.limit_reads(hw)
         waiting = self._waiting
         while waiting and waiting[0][0] <= hw:
-            _, _, future, answer = heapq.heappop(waiting)
+            _, _, _, future, answer = heapq.heappop(waiting)
             if not future.done():
                 future.set_result(answer)
         if self._store.readable_end != before:
             self._on_committed()
 
+    def _expire_due(self) -> None:
+        """Answer every waiting append whose time is up, then wait for the next one's
+        (at most ``EXPIRY_STEP_S`` apart: each look goes through all that wait)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        left = []
+        for entry in self._waiting:
+            end, _, deadline, future, _ = entry
+            if future.done():
+                continue
+            if deadline <= now:
+                self._expire(future, end)
+            else:
+                left.append(entry)
+        heapq.heapify(left)
+        self._waiting = left
+        self._timer = None
+        if left:
+            at = max(min(entry[2] for entry in left), now + EXPIRY_STEP_S)
+            self._timer = loop.call_at(at, self._expire_due)
+
     def _expire(self, future: asyncio.Future[bytes], end: int) -> None:
-        if future.done():
-            return
         error = NotEnoughReplicasError(
             f"{self._name}: the entries up to offset {end} were not held by "
             f"{self.replica.ack_quorum} replicas within {self._commit_timeout_s:g}s (epoch "
@@ -363,13 +406,15 @@ class ReplicaRoles:
         return FollowerReplica(self.replica_name, self._log, self._state_file).fence(epoch)
 
     def status(self) -> dict[str, Any]:
-        """This replica's role, epoch, end and high watermark; a leader's followers."""
+        """This replica's role, epoch, end and high watermark; a leader's followers; why
+        its files are gone from its disk, if they are."""
         store = self._store
         status: dict[str, Any] = {
             "replica": self.replica_name,
             "endOffset": store.end_offset,
             "highWatermark": store.readable_end,
             "cursorVersion": store.cursor_version,  # a follower's: its leader's it holds
+            "filesLost": self._log.files_lost(),  # the controller rebuilds such a replica
         }
         if self.leader is not None:
             status |= {"role": "leader", "epoch": self.leader.epoch,
