@@ -35,14 +35,8 @@ sys.path.insert(0, str(REPO))
 
 from runtime.names import MAX_HASH  # noqa: E402
 from runtime.placement import PLACEMENT_ENV  # noqa: E402
-from tests.chaos.harness import (  # noqa: E402
-    actor_memory,
-    chaos_cluster,
-    finish_workload,
-    run_chaos,
-    schedule,
-    start_workload,
-)
+from tests.chaos.harness import actor_memory, chaos_cluster, run_chaos, schedule  # noqa: E402
+from tests.chaos.workload import finish_workload, start_workload  # noqa: E402
 
 MAX_GROWTH = 0.10
 WARM_UP = 0.2

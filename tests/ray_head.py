@@ -110,6 +110,11 @@ class RayHead:
     agent_port: int = field(default_factory=free_port)
     # Ray's token authentication on, with the token in this file (None: off).
     auth_token: Path | None = None
+    # The environment every node's processes get besides ``env()``'s (head and workers).
+    node_env: dict[str, str] = field(default_factory=dict)
+    # Worker nodes (``add_worker``): each one's own environment and resources, so that
+    # ``start_workers`` starts the same nodes again after a restart.
+    workers: list[tuple[dict[str, str], dict[str, float]]] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -129,6 +134,7 @@ class RayHead:
         }
         if self.auth_token is not None:
             env["RAY_AUTH_TOKEN_PATH"] = str(self.auth_token)
+        env |= self.node_env
         if namespace is not None:
             env |= {"RAY_ADDRESS": self.address, "RAYTOPICS_NAMESPACE": namespace}
         return env
@@ -150,6 +156,33 @@ class RayHead:
         if done.returncode != 0:
             raise RuntimeError(f"ray start failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         return time.perf_counter() - started
+
+    def add_worker(self, env: dict[str, str], resources: dict[str, float]) -> None:
+        """A worker node on this machine (one CPU), its processes given ``env`` too;
+        started now and by every ``start_workers`` after a restart."""
+        self.workers.append((env, resources))
+        self._start_worker(env, resources)
+
+    def start_workers(self) -> None:
+        for env, resources in self.workers:
+            self._start_worker(env, resources)
+
+    def _start_worker(self, env: dict[str, str], resources: dict[str, float]) -> None:
+        """``ray start --address``, in this head's temp dir (so that ``kill`` finds its
+        processes), on ports of its own (every node here shares the machine)."""
+        command = [RAY, "start", f"--address={self.address}", f"--temp-dir={self.temp_dir}"]
+        command += ["--num-cpus=1", f"--resources={json.dumps(resources)}"]
+        command += [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]
+        command += [f"--dashboard-agent-listen-port={free_port()}"]
+        command += [f"--dashboard-agent-grpc-port={free_port()}"]
+        command += [f"--metrics-export-port={free_port()}"]
+        command += [f"--runtime-env-agent-port={free_port()}"]
+        command += ["--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats"]
+        done = subprocess.run(
+            command, env=self.env() | env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this head (see the module docstring for how)."""
@@ -198,12 +231,18 @@ def _accepts(port: int) -> bool:
 
 @contextlib.contextmanager
 def head_on_redis(
-    directory: Path, num_cpus: int = 2, auth_token: Path | None = None
+    directory: Path,
+    num_cpus: int = 2,
+    auth_token: Path | None = None,
+    node_env: dict[str, str] | None = None,
 ) -> Iterator[RayHead]:
-    """A Redis server and a Ray head on it, both stopped (the head SIGKILLed) on exit,
-    whatever happened in between."""
+    """A Redis server and a Ray head on it, both stopped (the head SIGKILLed, and any
+    worker nodes added to it) on exit, whatever happened in between."""
     redis = RedisServer(directory / "redis")
-    head = RayHead(redis, directory / "segments", num_cpus=num_cpus, auth_token=auth_token)
+    head = RayHead(
+        redis, directory / "segments", num_cpus=num_cpus, auth_token=auth_token,
+        node_env=node_env or {},
+    )  # fmt: skip
     try:
         redis.start()
         head.start()
@@ -214,3 +253,17 @@ def head_on_redis(
         finally:
             redis.stop()
             shutil.rmtree(head.temp_dir, ignore_errors=True)
+
+
+def run_phase(script: str, phase: str, out: Path, env: dict[str, str], timeout_s: float) -> dict:
+    """Run ``script``'s ``phase`` as a program of its own (a driver joins one Ray for life),
+    which writes its result to ``out`` as JSON; the result, or the test fails with the
+    program's output."""
+    proc = subprocess.run(
+        [sys.executable, script, phase, str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+    assert proc.returncode == 0 and out.exists(), (
+        f"{phase} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
+    return json.loads(out.read_text())

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -38,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.chaos.invariants import delivery_violations  # noqa: E402
-from tests.ray_head import head_on_redis, redis_server_binary  # noqa: E402
+from tests.ray_head import head_on_redis, redis_server_binary, run_phase  # noqa: E402
 
 NAMESPACE = "restart/orders"
 TOPIC = f"topic://{NAMESPACE}/events"
@@ -75,20 +74,11 @@ def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
     with head_on_redis(tmp_path) as head:
         namespace = f"restart-{uuid.uuid4().hex[:8]}"
 
+        tier = {"RAYTOPICS_TIER_URIS": f"file://{tmp_path}/tier/"}
+
         def run(phase: str) -> dict[str, Any]:
             out = tmp_path / f"{phase}.json"
-            proc = subprocess.run(
-                [sys.executable, __file__, phase, str(out)],
-                cwd=ROOT,
-                env=head.env(namespace) | {"RAYTOPICS_TIER_URIS": f"file://{tmp_path}/tier/"},
-                capture_output=True,
-                text=True,
-                timeout=180,
-            )
-            assert proc.returncode == 0 and out.exists(), (
-                f"{phase} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-            )
-            return json.loads(out.read_text())
+            return run_phase(__file__, phase, out, head.env(namespace) | tier, timeout_s=180)
 
         before = run("before")
         assert head.kill() > 0
