@@ -141,7 +141,7 @@ def _election(
             f"{replication.reports_needed} of {replication.factor} replicas with their "
             f"files; {len(answering)} answer"
         )
-    lost = tuple(r for r in replicas if (answers.get(r) or RoleAnswer("", 0)).lost)
+    lost = tuple(r for r in replicas if (answer := answers.get(r)) is not None and answer.lost)
     return Elect(answering, lost)
 
 
