@@ -82,6 +82,12 @@ class SegmentSender:
         self.name = core.topic.segment(segment_id, info.hash_range.start, info.hash_range.end)
         self.queue: deque[Chunk] = deque()
         self.in_flight: dict[int, Chunk] = {}
+        # Resends go out in sequence order (``_await_turn``): the generation moves on at
+        # each failure of a send of the current one, and a sequence is written only once
+        # every earlier one in flight was written in the current generation.
+        self.generation = 0
+        self.written: dict[int, int] = {}  # sequence -> the generation it was written in
+        self.turn_waiters: list[asyncio.Future] = []
         self.refused: list[tuple[int, Chunk]] = []
         self.next_sequence = 0
         self.handle: Any = None
@@ -138,6 +144,8 @@ class SegmentSender:
                 self._fail(chunk, err)
             except (*self.core.access.unavailable, *NOT_LEADING) as err:
                 self.handle = None
+                if self.written.get(sequence) == self.generation:
+                    self.generation += 1  # every send in flight now goes again, in order
                 if time.monotonic() < deadline:
                     await asyncio.sleep(0.1)
                     continue
@@ -152,13 +160,21 @@ class SegmentSender:
                 self._fail(chunk, err)
             break
         del self.in_flight[sequence]
+        self.written.pop(sequence, None)
+        self._wake_turns()
         if not self.in_flight:
             self.settled.set()
         self.pump()
 
     async def _append(self, sequence: int, chunk: Chunk, deadline: float) -> int:
         """One append over the configured transport; returns the base offset."""
-        self.handle = self.handle or await self.core.access.find(self.name)  # after a failure
+        while True:
+            self.handle = self.handle or await self.core.access.find(self.name)  # after a failure
+            await self._await_turn(sequence, deadline)
+            if self.handle is not None:  # not lost again meanwhile
+                break
+        self.written[sequence] = self.generation  # from here to the write, nothing awaits
+        self._wake_turns()
         producer_id = self.core.producer_id
         if self.core.config.transport == "ray":
             from runtime.remote import call  # a Ray driver's only
@@ -173,6 +189,31 @@ class SegmentSender:
         async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):  # no task
             base, _ = await channel.append(producer_id, sequence, payload)
         return base
+
+    async def _await_turn(self, sequence: int, deadline: float) -> None:
+        """Until every earlier sequence in flight was written in the current generation.
+        A connection's frames are stored in the order written, and a frame that overtook
+        its predecessor waits for it in front of it: resent each on its own after a
+        failure, a later sequence could be written first and hold its connection until
+        the segment gives up on the missing one (``OutOfOrderSequenceError``)."""
+        while not self._may_write(sequence):
+            waiter = asyncio.get_running_loop().create_future()
+            self.turn_waiters.append(waiter)
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+                await waiter
+
+    def _may_write(self, sequence: int) -> bool:
+        return all(
+            self.written.get(earlier) == self.generation
+            for earlier in self.in_flight
+            if earlier < sequence
+        )
+
+    def _wake_turns(self) -> None:
+        waiters, self.turn_waiters = self.turn_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _look_up_once(self) -> None:
         if self.lookup is None or self.lookup.done():

@@ -50,7 +50,8 @@ def start(directory: Path) -> subprocess.Popen[bytes]:
     env |= {"RAYTOPICS_STORAGE_ROOT": str(directory / "storage"), "RAY_AUTH_MODE": "disabled"}
     harness = [sys.executable, "-m", "tests.chaos.harness", "--seeds", SEEDS]
     harness += ["--duration", str(DURATION_S)]
-    script = f'cd "{directory}" && "$@" > {_LOG} 2> {_ERRORS}; echo $? > {_EXIT}.part; mv {_EXIT}.part {_EXIT}'
+    exit_code = f"echo $? > {_EXIT}.part; mv {_EXIT}.part {_EXIT}"
+    script = f'cd "{directory}" && "$@" > {_LOG} 2> {_ERRORS}; {exit_code}'
     (directory / _STARTED).write_text(f"{time.time()}\n")
     return subprocess.Popen(
         ["sh", "-c", script, "sh", *harness],
