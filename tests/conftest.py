@@ -7,15 +7,12 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import hypothesis  # noqa: F401 - see below
 import object_store  # tests/ is on sys.path under pytest
 import pytest
 import ray
-
-from tests.chaos import background as background_chaos
 
 # Imported now, not by hypothesis's pytest plugin at the terminal summary: a run that
 # had no hypothesis test imported it there, with Ray's objects being collected, and
@@ -269,7 +266,7 @@ def _live_slots(entries: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]
 # Modules whose tests are each a program of its own (own storage root, own Ray temp
 # dir, own ports): a parallel run hands their tests out one by one. Every other
 # module runs whole on one worker, so its module fixtures start once.
-SPREAD = frozenset({"tests/test_embedded.py", "tests/test_readme.py"})
+SPREAD = frozenset({"tests/test_embedded.py", "tests/test_readme.py", "tests/chaos/test_chaos.py"})
 SPARK_GROUP = "spark"  # the modules using the session's Spark share a worker
 
 
@@ -283,20 +280,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.integration)
     if os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup"):
-        _group_and_order(items, background=background_chaos.directory_of(config) is not None)
+        _group_and_order(items)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """A parallel run's controller starts the chaos seeds beside its workers
-    (``tests/chaos/background.py``)."""
-    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
-        directory = Path(tempfile.mkdtemp(prefix="raytopics-chaos-"))
-        config.pluginmanager.register(background_chaos.ControllerPlugin(directory))
-
-
-def _group_and_order(items: list[pytest.Item], background: bool) -> None:
-    """Longest units first; with the chaos seeds running beside the workers, the test
-    that collects them last, when they are long done."""
+def _group_and_order(items: list[pytest.Item]) -> None:
     from tests import weights
 
     spark_modules = {_module(i) for i in items if "spark" in i.fixturenames}
@@ -315,10 +302,7 @@ def _group_and_order(items: list[pytest.Item], background: bool) -> None:
         if unit != item.nodeid:
             item.add_marker(pytest.mark.xdist_group(unit))
         unit_of[item.nodeid] = unit
-        weight = seconds.get(item.nodeid, weights.UNKNOWN_S)
-        if background and item.nodeid == background_chaos.NODE_ID:
-            weight = -float("inf")
-        units[unit] = units.get(unit, 0.0) + weight
+        units[unit] = units.get(unit, 0.0) + seconds.get(item.nodeid, weights.UNKNOWN_S)
     first = {unit: index for index, unit in enumerate(dict.fromkeys(unit_of.values()))}
     items.sort(key=lambda i: (-units[unit_of[i.nodeid]], first[unit_of[i.nodeid]]))
 

@@ -36,6 +36,7 @@ from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.hibernation import HibernationMarks
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
+from runtime.remote import reach
 from runtime.replication import Replication
 from runtime.segment_hosts import host_prefix, hosts_per_namespace
 from runtime.subscription import ResetTarget
@@ -50,6 +51,9 @@ from storage.topic_storage import StoredIncarnation, TopicIdentity, scan, write_
 log = logging.getLogger(__name__)
 
 ONE_COPY = Replication()
+# How long a layout operation waits for a segment's actor that cannot be reached: a
+# lost leader's grace and an election round, with room (a split waits 120 s in all).
+TAKEOVER_WAIT_S = 30.0
 # How long a killed actor may keep its name before a replacement is started anyway.
 _KILL_WAIT_S = 10.0
 
@@ -333,27 +337,44 @@ class SegmentFleet:
         await asyncio.gather(*self._starting, return_exceptions=True)
 
     async def terminate(self, name: SegmentName, epoch: int, sealed: SealedBy) -> int:
-        return await self.handle(name).terminate.remote(
-            epoch, tuple(sealed), credential=guard().internal_token()
+        """Seal a segment naming its successors."""
+        token = guard().internal_token()
+        return await self._reach(
+            name, lambda handle: handle.terminate.remote(epoch, tuple(sealed), credential=token)
         )
 
     async def seal(self, name: SegmentName, epoch: int) -> int:
         """Seal a segment with no successors named (the Segments API's terminate)."""
-        return await self.handle(name).terminate.remote(epoch, credential=guard().internal_token())
+        token = guard().internal_token()
+        return await self._reach(
+            name, lambda handle: handle.terminate.remote(epoch, credential=token)
+        )
+
+    async def _reach(self, name: SegmentName, call: Callable[[SegmentHandle], Any]) -> Any:
+        """``call`` of the segment's actor, asked again while it cannot be reached, for
+        ``TAKEOVER_WAIT_S``: a replicated segment's leader whose node is gone is replaced
+        by the next maintenance round, which runs beside layout operations (its host is
+        pinned to the lost node until then). Then ``UnavailableError``: an operation
+        stays recorded, and the next call resumes it."""
+        return await reach(str(name), lambda: call(self.handle(name)), TAKEOVER_WAIT_S)
 
     async def fence(self, names: list[SegmentName], epoch: int) -> None:
-        """Announce a new leader's ``epoch`` to the segments: each refuses older ones."""
+        """Announce a new leader's ``epoch`` to the segments: each refuses older ones.
+        Segments that cannot be reached are waited for as ``terminate`` waits."""
         token = guard().internal_token()
-        await asyncio.gather(
-            *(self.handle(n).check_epoch.remote(epoch, credential=token) for n in names)
-        )
+        await asyncio.gather(*(
+            self._reach(n, lambda handle: handle.check_epoch.remote(epoch, credential=token))
+            for n in names
+        ))  # fmt: skip
 
     async def subscriptions_of(self, names: list[SegmentName]) -> set[str]:
-        """The subscriptions that have a cursor on any of ``names``."""
+        """The subscriptions that have a cursor on any of ``names`` (waited for as
+        ``terminate`` waits)."""
         token = guard().internal_token()
-        found = await asyncio.gather(
-            *(self.handle(n).subscriptions.remote(credential=token) for n in names)
-        )
+        found = await asyncio.gather(*(
+            self._reach(n, lambda handle: handle.subscriptions.remote(credential=token))
+            for n in names
+        ))  # fmt: skip
         return {subscription for names in found for subscription in names}
 
     def announce_layout(self) -> None:

@@ -131,6 +131,8 @@ class Faults:
                 self.cluster.remove_node(node, allow_graceful=False)
                 self.missing_nodes += 1
                 return f"removed node {node_id[:8]} holding {actor_name} (to be replaced)"
+            if node_id != self.cluster.head_node.node_id:  # the GCS has not seen it go yet
+                return f"{actor_name} is on node {node_id[:8]}, removed already"
         ray.kill(ray.get_actor(actor_name, namespace=ray_namespace()), no_restart=False)
         return f"{actor_name} is on the head node: killed its process"
 

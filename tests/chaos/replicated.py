@@ -7,9 +7,9 @@ beside the controller's node, splits and merges, and the queue consumer's crash.
 added in place of a removed one comes with a fresh disk.
 
 The invariants are the harness's: every acknowledged message delivered once per stream
-subscription in key order, at least once to the queue subscription. Run by hand
-(``python -m tests.chaos.harness --replicated --seeds 6,13``): not in the suite while
-its seeds still find failures (issue 43).
+subscription in key order, at least once to the queue subscription. The suite runs
+seeds 6 and 13 (``tests/chaos/test_chaos.py``); by hand:
+``python -m tests.chaos.harness --replicated --seeds 6,13``.
 """
 
 from __future__ import annotations
