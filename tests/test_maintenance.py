@@ -53,13 +53,15 @@ def segment(*, sealed: bool = False, backlog: int = 0, **extra: Any) -> dict[str
     }
 
 
+@dataclass
 class Empty:
-    """No tiered or sleeping segments."""
+    """No tiered or sleeping segments, or those of ``ids``."""
 
+    ids: list[int] = field(default_factory=list)
     records = property(lambda self: self)
 
     def segment_ids(self) -> list[int]:
-        return []
+        return self.ids
 
     def tiered(self, segment_id: int) -> None:
         return None
@@ -72,11 +74,16 @@ class Empty:
 class Replicas:
     """The fleet's replica keeper: the rounds it was asked for."""
 
-    rounds: list[tuple[list[int], Replication]] = field(default_factory=list)
+    rounds: list[tuple[list[int], list[int], Replication]] = field(default_factory=list)
     due: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def round(self, segments: Mapping[int, SegmentInfo], replication: Replication) -> None:
-        self.rounds.append((sorted(segments), replication))
+    async def round(
+        self,
+        segments: Mapping[int, SegmentInfo],
+        replication: Replication,
+        sealed: Mapping[int, SegmentInfo],
+    ) -> None:
+        self.rounds.append((sorted(segments), sorted(sealed), replication))
 
 
 @dataclass
@@ -88,6 +95,8 @@ class Segments:
     records_changed: int = 0
     node_local: bool = False
     replicas: Replicas = field(default_factory=lambda: Replicas())
+    tiered: list[int] = field(default_factory=list)
+    asleep: list[int] = field(default_factory=list)
 
     async def observe(
         self, names: dict[int, SegmentName], on_demand: set[int], wait_s: float
@@ -109,11 +118,14 @@ class Segments:
     def put_to_sleep(self, name: SegmentName, stats: dict[str, Any]) -> None:
         self.calls.append(f"sleep {name.segment_id}")
 
+    def hibernating(self, name: SegmentName) -> bool:
+        return name.segment_id in self.tiered + self.asleep and name.segment_id not in self.stats
+
     def storage(self) -> Empty:
-        return Empty()
+        return Empty(self.tiered)
 
     def sleeping(self) -> Empty:
-        return Empty()
+        return Empty(self.asleep)
 
 
 class Metrics:
@@ -277,8 +289,18 @@ def test_replicas_are_kept_every_round_with_a_disk_per_node_even_during_an_opera
     pending = plan_split(catalog.require_topic(TOPIC).layout, 1, "r1")
     catalog.update_topic(TOPIC, lambda r: r.model_copy(update={"pending_operation": pending}))
     asyncio.run(maintenance.tick())  # stats wait for the operation; replicas do not
-    assert fleet.replicas.rounds == [([1, 3, 4, 5], Replication(3, 2))] * 2
+    # the sealed segments' replicas serve their readers: kept too
+    assert fleet.replicas.rounds == [([1, 3, 4, 5], [0, 2], Replication(3, 2))] * 2
     assert metrics.calls["layout"] == [(4, 2)]  # published once: the second round had no stats
+
+
+def test_sealed_segments_in_the_tier_or_asleep_are_not_kept_by_replicas() -> None:
+    """The tier serves a tiered segment, and no replica of a sleeping one runs."""
+    maintenance, fleet, _, _ = maintained(split_twice(), {"replication": {"factor": 3}})
+    fleet.node_local, fleet.tiered, fleet.asleep = True, [0], [2]
+    fleet.stats = {i: segment() for i in (1, 3, 4, 5)}
+    asyncio.run(maintenance.tick())
+    assert fleet.replicas.rounds == [([1, 3, 4, 5], [], Replication(3, 2))]
 
 
 def test_without_a_disk_per_node_no_replica_round_runs() -> None:

@@ -14,7 +14,9 @@ replica in sync again: what ``under_replicated_segments`` counts), the stale lea
 follows; a split afterwards makes replicated children, and a subscription receives every
 acknowledged message once, in key order, and none it acknowledged before. A leader whose
 files are removed while it runs hands the lead to a replica that kept them and is
-rebuilt from it.
+rebuilt from it. Last, a fifth node joins and the node of sealed segment 1's leader is
+removed: another replica leads it at a newer epoch, and a new subscription reads every
+acknowledged message, the sealed segment's included.
 
 The cluster runs in a subprocess (this file as a script): this session's tests share
 another Ray.
@@ -44,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 TOPIC = "topic://repl/orders/events"
 PLACEMENT = {"repl/*": {"disks": 1}}
 RESULT = "replicated topic result: "
-NODES = ("a", "b", "c", "d")
+NODES = ("a", "b", "c", "d")  # and "e", added for the last phase
 KEYS = 12
 
 
@@ -106,6 +108,11 @@ def test_a_replicated_topic_keeps_every_acknowledged_message_through_a_leader_no
     assert quorum["failure"].startswith("SendTimeoutError"), result
     assert "segment://repl/orders/events/" in quorum["failure"], result
     assert quorum["waited_s"] < 5 + 5, result
+    # a sealed segment's leader's node lost: another replica leads it at a newer epoch, and
+    # a new subscription reads everything acknowledged, the sealed segment's part included
+    sealed = result["sealed"]
+    assert sealed["state"] == "SEALED" and sealed["epoch"][1] > sealed["epoch"][0], result
+    assert sealed["leader"][0] != sealed["leader"][1] and sealed["missing"] == 0, result
     assert result["duplicates"] == 0 and result["missing"] == 0, result
     assert result["out_of_order"] == 0, result
     assert result["received"] == result["acknowledged"] > 0, result
@@ -129,7 +136,7 @@ def main(scratch: Path) -> None:
     from storage.placements import disk_id
     from tests.segments import read_keyed, segment_actor
 
-    disks = {node: scratch / "disks" / node for node in ("head", *NODES)}
+    disks = {node: scratch / "disks" / node for node in ("head", *NODES, "e")}
 
     def node_args(node: str) -> dict:
         resources = {} if node == "head" else {"resources": {"disks": 100}}
@@ -175,9 +182,10 @@ def main(scratch: Path) -> None:
             return {i: s.get("replication") for i, s in segments.items() if s["state"] == "ACTIVE"}
 
         def all_in_sync() -> bool:
+            """Every active segment's replicas, and every sealed one's that are kept."""
             views = replicas()
             active = {str(i) for i in admin.get_layout(TOPIC).active_segments}
-            return set(views) == active and all(
+            return active <= set(views) and all(
                 v is not None
                 and len(v["replicas"]) == 3
                 and all(r["inSync"] for r in v["replicas"])
@@ -350,6 +358,30 @@ def main(scratch: Path) -> None:
 
         # fewer live replicas than the ack quorum: the hosts of two of the three nodes stop
         result["without_quorum"] = _without_quorum(Producer, replicas)
+
+        # a sealed segment's leader's node lost (with a fresh node to restore the factor
+        # on): another replica leads it, and a new subscription reads its backlog whole
+        nodes["e"] = cluster.add_node(**node_args("e"))
+        node_of_disk[disk_id(disks["e"])] = "e"
+        wait_for(lambda: _in_sync(replicas().get("1")), 60, step_s=0.5)
+        sealed_before = replicas()["1"]["replicas"][0]
+        cluster.remove_node(nodes[node_of_disk[sealed_before["replica"]]], allow_graceful=False)
+
+        def sealed_failed_over() -> dict | None:
+            view = replicas().get("1")
+            newer = _in_sync(view) and view["replicas"][0]["epoch"] > sealed_before["epoch"]
+            return view if newer else None
+
+        sealed_after = wait_for(sealed_failed_over, 120, step_s=0.5)
+        admin.create_subscription(TOPIC, "again")
+        again = set(read_keyed(TOPIC, "again", expected + removed["sent"] + 100, settle_s=1))
+        phase_one = {(key, seq) for key, seqs in acknowledged.items() for seq in seqs}
+        result["sealed"] = {
+            "epoch": (sealed_before["epoch"], sealed_after["replicas"][0]["epoch"]),
+            "leader": (sealed_before["replica"], sealed_after["replicas"][0]["replica"]),
+            "state": admin.get_layout(TOPIC).all_segments[1].state.value,
+            "missing": len(phase_one - again),
+        }  # fmt: skip
         print(RESULT + json.dumps(result), flush=True)
     finally:
         ray.shutdown()

@@ -29,7 +29,7 @@ from runtime.errors import (
     TopicNotFoundError,
 )
 from runtime.hibernation import idle_drained, idle_tiered
-from runtime.layout import SegmentInfo, SegmentLayout
+from runtime.layout import SegmentInfo, SegmentLayout, SegmentState
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
 from runtime.retention import SealedSegmentState, prunable
 from storage.records import SubscriptionKind
@@ -132,7 +132,9 @@ class TopicMaintenance:
         default = ctl.catalog.namespace_policy(ctl.topic.namespace_path)
         policy = (record.policy or TopicPolicy()).over(default)
         if ctl.fleet.node_local:  # replicas are kept during layout operations too
-            await ctl.fleet.replicas.round(record.layout.active_segments, policy.replicas)
+            await ctl.fleet.replicas.round(
+                record.layout.active_segments, policy.replicas, self._serving_sealed(record)
+            )
         observed = await self._observe(record)
         if observed is None:
             return policy
@@ -185,6 +187,17 @@ class TopicMaintenance:
             self._records.pop(segment_id, None)  # its cursors may have moved meanwhile
 
         return hibernate
+
+    def _serving_sealed(self, record: TopicRecord) -> dict[int, SegmentInfo]:
+        """Sealed segments whose replicas serve their readers: not moved to the tier (it
+        serves them) and not asleep (no replica runs)."""
+        fleet = self._ctl.fleet
+        resting = set(fleet.storage().records.segment_ids()) | set(fleet.sleeping().segment_ids())
+        return {
+            segment_id: info
+            for segment_id, info in record.layout.all_segments.items()
+            if info.state is SegmentState.SEALED and segment_id not in resting
+        }
 
     async def _observe(self, record: TopicRecord) -> dict[int, dict[str, Any]] | None:
         """The stats of every segment that answers, hibernating ones' from their records;

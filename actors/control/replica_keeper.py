@@ -183,14 +183,23 @@ class ReplicaKeeper:
 
     # --- the rounds -----------------------------------------------------------------
 
-    async def round(self, segments: Mapping[int, SegmentInfo], replication: Replication) -> None:
-        """One look at every replicated segment of ``segments`` (the active ones), and the
-        steps each needs; the replicas' view is kept for stats."""
+    async def round(
+        self,
+        segments: Mapping[int, SegmentInfo],
+        replication: Replication,
+        sealed: Mapping[int, SegmentInfo] | None = None,
+    ) -> None:
+        """One look at every replicated segment of ``segments`` (the active ones) and of
+        ``sealed`` (sealed ones whose replicas still serve their readers), and the steps
+        each needs; the replicas' view is kept for stats. A sealed segment's lost leader
+        is replaced, and its factor restored, as an active one's: its backlog stays
+        readable. Only active segments that have one copy are given more."""
         sets = self.sets()
         if replication.factor > 1:  # a live topic's segments that have one copy get more
             for segment_id in sorted(segments.keys() - set(sets.segment_ids())):
                 await self._replicate(segments[segment_id], replication)
-        replicated = sorted(set(sets.segment_ids()) & segments.keys())
+        kept = {**(sealed or {}), **segments}
+        replicated = sorted(set(sets.segment_ids()) & kept.keys())
         for segment_id in list(self._watches):
             if segment_id not in replicated:
                 del self._watches[segment_id]
@@ -198,7 +207,7 @@ class ReplicaKeeper:
             return
         nodes = await asyncio.to_thread(self._live_disks)
         results = await asyncio.gather(
-            *(self._keep(sets, segments[i], replication, nodes) for i in replicated),
+            *(self._keep(sets, kept[i], replication, nodes) for i in replicated),
             return_exceptions=True,
         )
         for segment_id, result in zip(replicated, results, strict=True):
