@@ -51,8 +51,8 @@ from storage.topic_storage import StoredIncarnation, TopicIdentity, scan, write_
 log = logging.getLogger(__name__)
 
 ONE_COPY = Replication()
-# How long a layout operation waits for a segment's actor that cannot be reached: a
-# lost leader's grace and an election round, with room (a split waits 120 s in all).
+# How long a layout operation waits for a replicated segment's actor that cannot be
+# reached: a lost leader's grace and an election round, with room (a split waits 120 s).
 TAKEOVER_WAIT_S = 30.0
 # How long a killed actor may keep its name before a replacement is started anyway.
 _KILL_WAIT_S = 10.0
@@ -351,12 +351,20 @@ class SegmentFleet:
         )
 
     async def _reach(self, name: SegmentName, call: Callable[[SegmentHandle], Any]) -> Any:
-        """``call`` of the segment's actor, asked again while it cannot be reached, for
-        ``TAKEOVER_WAIT_S``: a replicated segment's leader whose node is gone is replaced
-        by the next maintenance round, which runs beside layout operations (its host is
-        pinned to the lost node until then). Then ``UnavailableError``: an operation
-        stays recorded, and the next call resumes it."""
+        """``call`` of the segment's actor; ``UnavailableError`` if it cannot be reached. A
+        replicated segment's is asked again for ``TAKEOVER_WAIT_S``: a leader whose node
+        is gone is replaced by the next maintenance round, which runs beside layout
+        operations and recovery (its host is pinned to the lost node until then). An
+        operation refused stays recorded, and the next call resumes it."""
+        try:
+            return await reach(str(name), lambda: call(self.handle(name)))
+        except UnavailableError:
+            if not self._replicated(name):
+                raise
         return await reach(str(name), lambda: call(self.handle(name)), TAKEOVER_WAIT_S)
+
+    def _replicated(self, name: SegmentName) -> bool:
+        return self.node_local and self.replicas.sets().get(name.segment_id) is not None
 
     async def fence(self, names: list[SegmentName], epoch: int) -> None:
         """Announce a new leader's ``epoch`` to the segments: each refuses older ones.
