@@ -337,7 +337,7 @@ class SegmentFleet:
         await asyncio.gather(*self._starting, return_exceptions=True)
 
     async def terminate(self, name: SegmentName, epoch: int, sealed: SealedBy) -> int:
-        """Seal a segment naming its successors."""
+        """Seal a segment naming its successors (``_reach``)."""
         token = guard().internal_token()
         return await self._reach(
             name, lambda handle: handle.terminate.remote(epoch, tuple(sealed), credential=token)
@@ -367,8 +367,8 @@ class SegmentFleet:
         return self.node_local and self.replicas.sets().get(name.segment_id) is not None
 
     async def fence(self, names: list[SegmentName], epoch: int) -> None:
-        """Announce a new leader's ``epoch`` to the segments: each refuses older ones.
-        Segments that cannot be reached are waited for as ``terminate`` waits."""
+        """Announce a new leader's ``epoch`` to the segments: each refuses older ones
+        (a replicated one whose leader is being replaced is waited for: ``_reach``)."""
         token = guard().internal_token()
         await asyncio.gather(*(
             self._reach(n, lambda handle: handle.check_epoch.remote(epoch, credential=token))
@@ -376,8 +376,7 @@ class SegmentFleet:
         ))  # fmt: skip
 
     async def subscriptions_of(self, names: list[SegmentName]) -> set[str]:
-        """The subscriptions that have a cursor on any of ``names`` (waited for as
-        ``terminate`` waits)."""
+        """The subscriptions that have a cursor on any of ``names`` (``_reach``)."""
         token = guard().internal_token()
         found = await asyncio.gather(*(
             self._reach(n, lambda handle: handle.subscriptions.remote(credential=token))
