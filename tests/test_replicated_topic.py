@@ -392,10 +392,15 @@ def _without_quorum(producer_class, replicas) -> dict:  # noqa: ANN001
     """Stop the segment hosts of two nodes (every segment's replicas are on the three nodes
     left): a send fails within its time-out with a typed error naming its segment; once
     they resume, sending works again."""
-    from ray.util.state import list_actors
+    import ray._private.state as state
 
-    hosts = list_actors(filters=[("class_name", "=", "SegmentHost"), ("state", "=", "ALIVE")])
-    pids = [h.pid for h in sorted(hosts, key=lambda h: h.node_id)][:2]
+    # GCS's actor table: the state API would need the dashboard, which may not be up yet.
+    hosts = [
+        a
+        for a in state.actors().values()
+        if a["ActorClassName"] == "SegmentHost" and a["State"] == "ALIVE"
+    ]
+    pids = [h["Pid"] for h in sorted(hosts, key=lambda h: h["Address"]["NodeID"])][:2]
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:

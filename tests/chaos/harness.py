@@ -38,6 +38,7 @@ from tests.chaos.workload import (
 )
 
 FAULTS = ("controller_node", "segment_node", "coordinator", "consumer", "split", "merge")
+REPLICAS_RESTORED_S = 90
 
 
 def schedule(
@@ -65,16 +66,19 @@ class Faults:
         run: Run,
         rng: random.Random,
         queue: QueueConsumerProcess,
-        node_args: Callable[[], dict[str, Any]] = one_cpu,
+        shape: Shape,
     ) -> None:
-        """``node_args``: what a node added in place of a removed one is started with."""
+        """``shape.node_args``: what a node added in place of a removed one is started
+        with; a replicated ``shape.policy`` makes node losses come one at a time."""
         from clients import ScalableTopicsAdmin
 
         self.cluster, self.run, self.rng, self.queue = cluster, run, rng, queue
-        self.node_args = node_args
+        self.node_args = shape.node_args
+        self.factor = ((shape.policy or {}).get("replication") or {}).get("factor", 1)
         self.admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
         self.nodes_lock = threading.Lock()  # Cluster is not thread-safe
         self.missing_nodes = 0
+        self.removed: set[str] = set()  # node ids
         self.threads: list[threading.Thread] = []
 
     def start(self, fault: str) -> None:
@@ -130,22 +134,61 @@ class Faults:
             if node is not None:
                 self.cluster.remove_node(node, allow_graceful=False)
                 self.missing_nodes += 1
+                self.removed.add(node_id)
                 return f"removed node {node_id[:8]} holding {actor_name} (to be replaced)"
             if node_id != self.cluster.head_node.node_id:  # the GCS has not seen it go yet
                 return f"{actor_name} is on node {node_id[:8]}, removed already"
         ray.kill(ray.get_actor(actor_name, namespace=ray_namespace()), no_restart=False)
         return f"{actor_name} is on the head node: killed its process"
 
+    def _replicas_restored(self) -> str:
+        """Wait until every active segment has all its replicas in sync again. The
+        guarantee of a factor F with ack quorum Q is the loss of F-Q nodes at a time:
+        a second loss before the first one's replicas are replaced may leave a segment
+        too few replicas to elect a leader (it then waits for a lost node to come back,
+        and these never do: a replacement has a fresh disk)."""
+        import ray
+
+        from actors.control.controller_host import controller_actor
+        from runtime.names import TopicName
+
+        if self.factor == 1:
+            return ""
+        topic = TopicName.parse(self.run.topic)
+        started = time.monotonic()
+        while (waited := time.monotonic() - started) < REPLICAS_RESTORED_S:
+            try:
+                active = {str(i) for i in self.admin.get_layout(self.run.topic).active_segments}
+                status = ray.get(controller_actor(topic).autoscale_status.remote(), timeout=10)
+                views = status["replicas"]
+                if active <= set(views) and all(self._restored(views[i]) for i in active):
+                    return f"after {waited:.1f} s for every replica in sync, " if waited > 1 else ""
+            except Exception:  # noqa: BLE001, S110 - a controller restarting: ask again
+                pass
+            time.sleep(0.5)
+        return f"replicas not in sync after {REPLICAS_RESTORED_S} s, "
+
+    def _restored(self, view: dict[str, Any] | None) -> bool:
+        """All of a segment's replicas in sync, none on a node removed (a round that
+        ran before the controller saw a node go still shows its replicas in sync)."""
+        return (
+            view is not None
+            and len(view["replicas"]) == self.factor
+            and all(r["inSync"] and r["node"] not in self.removed for r in view["replicas"])
+        )
+
     def _controller_node(self, _rng: random.Random) -> str:
         from actors.controller_directory import ControllerDirectory
         from runtime.names import TopicName
 
+        waited = self._replicas_restored()
         entry = ControllerDirectory().get(TopicName.parse(self.run.topic))
-        return self._kill_node_of(entry.host) if entry is not None else "no controller runs"
+        return waited + (self._kill_node_of(entry.host) if entry else "no controller runs")
 
     def _segment_node(self, rng: random.Random) -> str:
         from runtime.names import TopicName
 
+        waited = self._replicas_restored()
         layout = self.admin.get_layout(self.run.topic)
         info = rng.choice(list(layout.active_segments.values()))
         name = TopicName.parse(self.run.topic).segment(
@@ -154,7 +197,7 @@ class Faults:
         from actors.segment.directory import SegmentDirectory
 
         entry = SegmentDirectory().get(name)  # the segment's host process
-        return self._kill_node_of(entry.host) if entry is not None else f"{name} not served"
+        return waited + (self._kill_node_of(entry.host) if entry else f"{name} not served")
 
     def _coordinator(self, _rng: random.Random) -> str:
         import ray
@@ -299,7 +342,7 @@ def run_chaos(
     topic = f"topic://chaos/s{seed}-{os.getpid()}/events"
     workload = start_workload(cluster, topic, rate, retention_s, shape)
     rng = random.Random(seed)
-    faults = Faults(cluster, workload.run, rng, workload.queue, shape.node_args)
+    faults = Faults(cluster, workload.run, rng, workload.queue, shape)
     t0 = time.monotonic()
     for at, fault in plan:
         faults.wait_until(t0 + at)

@@ -4,7 +4,9 @@ topic's namespace asks for three replicas with an ack quorum of two, three keyed
 producers write, and the faults are mostly the loss of the node whose segment host leads
 a segment (``segment_node``: clients are sent to the leader, so that is whose node goes),
 beside the controller's node, splits and merges, and the queue consumer's crash. A node
-added in place of a removed one comes with a fresh disk.
+added in place of a removed one comes with a fresh disk. Nodes go one at a time, as the
+guarantee of factor 3 with ack quorum 2 has it: a node is removed only once every
+replica lost with the one before is replaced and in sync (``Faults._replicas_restored``).
 
 The invariants are the harness's: every acknowledged message delivered once per stream
 subscription in key order, at least once to the queue subscription. The suite runs
