@@ -75,7 +75,11 @@ class Replicas:
     """The fleet's replica keeper: the rounds it was asked for."""
 
     rounds: list[tuple[list[int], list[int], Replication]] = field(default_factory=list)
+    retired: list[list[int]] = field(default_factory=list)
     due: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def retire(self, tiered: Mapping[int, SegmentInfo]) -> None:
+        self.retired.append(sorted(tiered))
 
     async def round(
         self,
@@ -115,7 +119,7 @@ class Segments:
     def hibernate(self, name: SegmentName) -> None:
         self.calls.append(f"hibernate {name.segment_id}")
 
-    def put_to_sleep(self, name: SegmentName, stats: dict[str, Any]) -> None:
+    async def put_to_sleep(self, name: SegmentName, stats: dict[str, Any]) -> None:
         self.calls.append(f"sleep {name.segment_id}")
 
     def hibernating(self, name: SegmentName) -> bool:
@@ -301,6 +305,8 @@ def test_sealed_segments_in_the_tier_or_asleep_are_not_kept_by_replicas() -> Non
     fleet.stats = {i: segment() for i in (1, 3, 4, 5)}
     asyncio.run(maintenance.tick())
     assert fleet.replicas.rounds == [([1, 3, 4, 5], [], Replication(3, 2))]
+    # the tier keeps a tiered one from now on: its followers' copies go
+    assert fleet.replicas.retired == [[0]]
 
 
 def test_without_a_disk_per_node_no_replica_round_runs() -> None:

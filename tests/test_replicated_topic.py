@@ -14,9 +14,10 @@ replica in sync again: what ``under_replicated_segments`` counts), the stale lea
 follows; a split afterwards makes replicated children, and a subscription receives every
 acknowledged message once, in key order, and none it acknowledged before. A leader whose
 files are removed while it runs hands the lead to a replica that kept them and is
-rebuilt from it. Last, a fifth node joins and the node of sealed segment 1's leader is
-removed: another replica leads it at a newer epoch, and a new subscription reads every
-acknowledged message, the sealed segment's included.
+rebuilt from it. Last, a fifth node joins, sealed segment 1 is drained and put to sleep
+(its followers closed with its leader), and its leader's node is removed while it sleeps:
+a new subscription wakes it, another replica leads it at a newer epoch, and the
+subscription reads every acknowledged message, the sealed segment's included.
 
 The cluster runs in a subprocess (this file as a script): this session's tests share
 another Ray.
@@ -113,6 +114,7 @@ def test_a_replicated_topic_keeps_every_acknowledged_message_through_a_leader_no
     sealed = result["sealed"]
     assert sealed["state"] == "SEALED" and sealed["epoch"][1] > sealed["epoch"][0], result
     assert sealed["leader"][0] != sealed["leader"][1] and sealed["missing"] == 0, result
+    assert sealed["asleep_followers_open"] == 0, result  # closed with their leader
     assert result["duplicates"] == 0 and result["missing"] == 0, result
     assert result["out_of_order"] == 0, result
     assert result["received"] == result["acknowledged"] > 0, result
@@ -359,28 +361,39 @@ def main(scratch: Path) -> None:
         # fewer live replicas than the ack quorum: the hosts of two of the three nodes stop
         result["without_quorum"] = _without_quorum(Producer, replicas)
 
-        # a sealed segment's leader's node lost (with a fresh node to restore the factor
-        # on): another replica leads it, and a new subscription reads its backlog whole
+        # a sealed, drained segment put to sleep, its followers closed with its leader;
+        # its leader's node lost while it sleeps (with a fresh node to restore the factor
+        # on): a new subscription wakes it, another replica leads it, and the subscription
+        # reads its backlog whole
         nodes["e"] = cluster.add_node(**node_args("e"))
         node_of_disk[disk_id(disks["e"])] = "e"
         wait_for(lambda: _in_sync(replicas().get("1")), 60, step_s=0.5)
-        sealed_before = replicas()["1"]["replicas"][0]
-        cluster.remove_node(nodes[node_of_disk[sealed_before["replica"]]], allow_graceful=False)
+        view = replicas()["1"]["replicas"]
+        sealed_before = view[0]
+        one = admin.get_layout(TOPIC).all_segments[1].name(topic)
+        admin.set_policy(TOPIC, {"hibernation": {"idleS": 1}})
+        wait_for(lambda: admin.get_stats(TOPIC)["segments"]["1"]["hibernating"], 60, step_s=0.5)
+        admin.set_policy(TOPIC, {})  # once woken, it stays up
+        asleep_followers_open = sum(_serves(n, one) for n in (r["node"] for r in view[1:]))
+        lost = nodes[node_of_disk[sealed_before["replica"]]]
+        cluster.remove_node(lost, allow_graceful=False)
+        wait_for(lambda: not _alive(lost.node_id), 60, step_s=0.5)
 
         def sealed_failed_over() -> dict | None:
             view = replicas().get("1")
             newer = _in_sync(view) and view["replicas"][0]["epoch"] > sealed_before["epoch"]
             return view if newer else None
 
-        sealed_after = wait_for(sealed_failed_over, 120, step_s=0.5)
-        admin.create_subscription(TOPIC, "again")
+        admin.create_subscription(TOPIC, "again")  # wakes it
         again = set(read_keyed(TOPIC, "again", expected + removed["sent"] + 100, settle_s=1))
+        sealed_after = wait_for(sealed_failed_over, 120, step_s=0.5)
         phase_one = {(key, seq) for key, seqs in acknowledged.items() for seq in seqs}
         result["sealed"] = {
             "epoch": (sealed_before["epoch"], sealed_after["replicas"][0]["epoch"]),
             "leader": (sealed_before["replica"], sealed_after["replicas"][0]["replica"]),
             "state": admin.get_layout(TOPIC).all_segments[1].state.value,
             "missing": len(phase_one - again),
+            "asleep_followers_open": asleep_followers_open,
         }  # fmt: skip
         print(RESULT + json.dumps(result), flush=True)
     finally:
@@ -418,6 +431,24 @@ def _without_quorum(producer_class, replicas) -> dict:  # noqa: ANN001
     with producer_class(TOPIC) as producer:
         resumed = producer.send(b"late:1", key="late").result(timeout=60) is not None
     return {"failure": failure, "waited_s": waited, "resumed": resumed, "stopped": len(pids)}
+
+
+def _alive(node_id: str) -> bool:
+    import ray
+
+    return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
+
+
+def _serves(node: str, segment) -> bool:  # noqa: ANN001 - a SegmentName
+    """Whether the segment host of ``node`` has ``segment`` open."""
+    import ray
+
+    from actors.registry import lookup
+    from runtime.config import topic_settings
+    from runtime.segment_hosts import host_name
+
+    host = lookup(host_name(segment, node, 1, topic_settings()))
+    return ray.get(host.stats_of.remote([str(segment)]), timeout=30)[str(segment)] is not None
 
 
 def _in_sync(view: dict | None) -> bool:

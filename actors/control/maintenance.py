@@ -132,9 +132,10 @@ class TopicMaintenance:
         default = ctl.catalog.namespace_policy(ctl.topic.namespace_path)
         policy = (record.policy or TopicPolicy()).over(default)
         if ctl.fleet.node_local:  # replicas are kept during layout operations too
-            await ctl.fleet.replicas.round(
-                record.layout.active_segments, policy.replicas, self._serving_sealed(record)
-            )
+            serving, tiered = self._sealed(record)
+            await ctl.fleet.replicas.round(record.layout.active_segments, policy.replicas, serving)
+            if tiered:
+                await ctl.fleet.replicas.retire(tiered)
         observed = await self._observe(record)
         if observed is None:
             return policy
@@ -153,7 +154,7 @@ class TopicMaintenance:
             )
         if policy.hibernation is not None:
             for segment_id in idle_drained(stats, policy.hibernation.idle_s):
-                self._put_to_sleep(record.layout.get(segment_id), stats[segment_id])
+                await self._put_to_sleep(record.layout.get(segment_id), stats[segment_id])
         return policy
 
     def _handle_of(self, layout: SegmentLayout) -> Callable[[int], Any]:
@@ -170,11 +171,11 @@ class TopicMaintenance:
 
         return handle_of
 
-    def _put_to_sleep(self, info: SegmentInfo, stats: dict[str, Any]) -> None:
+    async def _put_to_sleep(self, info: SegmentInfo, stats: dict[str, Any]) -> None:
         name = info.name(self._ctl.topic)
         log.info("%s: segment %d is sealed, drained and idle: its actor exits",
                  self._ctl.topic, info.segment_id)  # fmt: skip
-        self._ctl.fleet.put_to_sleep(name, stats)
+        await self._ctl.fleet.put_to_sleep(name, stats)
         self._asleep.pop(info.segment_id, None)
 
     def _hibernate(self, layout: SegmentLayout) -> Callable[[int], None]:
@@ -188,16 +189,19 @@ class TopicMaintenance:
 
         return hibernate
 
-    def _serving_sealed(self, record: TopicRecord) -> dict[int, SegmentInfo]:
-        """Sealed segments whose replicas serve their readers: not moved to the tier (it
-        serves them) and not asleep (no replica runs)."""
+    def _sealed(self, record: TopicRecord) -> tuple[dict[int, SegmentInfo], dict[int, SegmentInfo]]:
+        """Sealed segments whose replicas serve their readers (not moved to the tier, which
+        serves them then, and not asleep: no replica runs), and those moved to the tier."""
         fleet = self._ctl.fleet
-        resting = set(fleet.storage().records.segment_ids()) | set(fleet.sleeping().segment_ids())
-        return {
+        tiered = set(fleet.storage().records.segment_ids())
+        resting = tiered | set(fleet.sleeping().segment_ids())
+        sealed = {
             segment_id: info
             for segment_id, info in record.layout.all_segments.items()
-            if info.state is SegmentState.SEALED and segment_id not in resting
+            if info.state is SegmentState.SEALED
         }
+        serving = {i: info for i, info in sealed.items() if i not in resting}
+        return serving, {i: info for i, info in sealed.items() if i in tiered}
 
     async def _observe(self, record: TopicRecord) -> dict[int, dict[str, Any]] | None:
         """The stats of every segment that answers, hibernating ones' from their records;

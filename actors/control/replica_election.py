@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ray.exceptions import RayError
 
@@ -116,13 +116,6 @@ class HostReplicaCalls:
                         epoch, err)  # fmt: skip
             return None
         return ReplicaReport(answer["replica"], answer["lastEpoch"], answer["end"])
-
-    async def status(self, replica: str) -> dict[str, Any] | None:
-        """The replica's ``Segment.replica_status``; ``None`` while no live host has it."""
-        handle = await self._handle(replica)
-        if handle is None:
-            return None
-        return await handle.replica_status.remote(credential=self._credential)
 
     async def lead(self, replica: str, epoch: int, replication: Replication) -> None:
         handle = await self._required(replica)

@@ -206,10 +206,13 @@ class ReplicaKeeper:
         if not replicated:
             return
         nodes = await asyncio.to_thread(self._live_disks)
+        records = {i: found[0] for i in replicated if (found := sets.get(i)) is not None}
+        asked = await self._statuses({i: (kept[i], r) for i, r in records.items()}, nodes)
         results = await asyncio.gather(
-            *(self._keep(sets, kept[i], replication, nodes) for i in replicated),
+            *(self._keep(sets, kept[i], records.get(i), replication, nodes, asked)
+              for i in replicated),
             return_exceptions=True,
-        )
+        )  # fmt: skip
         for segment_id, result in zip(replicated, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("%s: replicas of segment %d not kept this round: %r",
@@ -249,21 +252,18 @@ class ReplicaKeeper:
         self,
         sets: ReplicaSets,
         info: SegmentInfo,
+        record: ReplicaSet | None,
         replication: Replication,
         nodes: dict[str, str],
+        asked: Mapping[tuple[int, str], dict[str, Any] | None],
     ) -> None:
-        name = info.name(self.topic)
-        found = sets.get(name.segment_id)
-        if found is None:
+        """One segment's step of a round, from its replicas' answers (``asked``)."""
+        if record is None:
             return
-        record = found[0]
+        name = info.name(self.topic)
         watch = self._watches.setdefault(name.segment_id, _Watch(descriptor=name.descriptor))
         calls = HostReplicaCalls(name, nodes.get, guard().internal_token())
-        statuses = dict(
-            zip(record.replicas, await asyncio.gather(*(
-                self._status(calls, r) for r in record.replicas
-            )), strict=True)
-        )  # fmt: skip
+        statuses = {r: asked.get((name.segment_id, r)) for r in record.replicas}
         now = time.monotonic()
         gone = set()
         for replica, status in statuses.items():
@@ -388,11 +388,36 @@ class ReplicaKeeper:
         await self._lay_out(replica, name, info, [], 0, True)
         await asyncio.to_thread(self._start, name, node, False)
 
-    async def _status(self, calls: HostReplicaCalls, replica: str) -> dict[str, Any] | None:
-        try:
-            return await asyncio.wait_for(calls.status(replica), STATUS_WAIT_S)
-        except (RayError, TimeoutError, ScalableTopicsError, ValueError):
-            return None
+    async def _statuses(
+        self, records: Mapping[int, tuple[SegmentInfo, ReplicaSet]], nodes: Mapping[str, str]
+    ) -> dict[tuple[int, str], dict[str, Any] | None]:
+        """Every replica's ``replica_status`` by (segment id, disk), asked with one call per
+        segment host: a round asks them all, every second. Missing: a replica whose disk
+        has no live node, or whose host did not answer within ``STATUS_WAIT_S``."""
+        by_host: dict[str, list[tuple[int, str, str]]] = {}
+        for info, record in records.values():
+            name = info.name(self.topic)
+            for disk in record.replicas:
+                if disk in nodes:
+                    host = host_name(name, nodes[disk], 1, topic_settings())
+                    by_host.setdefault(host, []).append((info.segment_id, disk, str(name)))
+        token = guard().internal_token()
+
+        async def ask(host: str, replicas: list[tuple[int, str, str]]) -> dict:
+            try:
+                actor = await asyncio.to_thread(lookup, host)
+                answer = await asyncio.wait_for(
+                    actor.replica_statuses.remote([s for _, _, s in replicas], credential=token),
+                    STATUS_WAIT_S,
+                )
+            except (RayError, TimeoutError, ScalableTopicsError, ValueError):
+                return {}
+            return {(i, disk): answer.get(segment) for i, disk, segment in replicas}
+
+        found: dict[tuple[int, str], dict[str, Any] | None] = {}
+        for part in await asyncio.gather(*(ask(h, r) for h, r in by_host.items())):
+            found.update(part)
+        return found
 
     # --- what observers see ------------------------------------------------------------
 
@@ -416,17 +441,58 @@ class ReplicaKeeper:
 
     async def _remove_replica(self, name: SegmentName, disk: str) -> None:
         """Close the replica on ``disk`` in its node's host and remove its files there."""
-        node = await asyncio.to_thread(self._disks.node_of, disk)
+        node = await self._close_replica(name, disk)
         if node is None:
             log.warning("%s: node disk %s is not in the cluster; its replica's files "
                         "stay there", name, disk)  # fmt: skip
             return
+        await self._disks.remove(node, self._incarnation(), name)
+
+    async def _close_replica(self, name: SegmentName, disk: str) -> str | None:
+        """Close the replica on ``disk`` in its node's host, if that node is live (its
+        node id then; its files stay)."""
+        node = await asyncio.to_thread(self._disks.node_of, disk)
+        if node is None:
+            return None
         host = host_name(name, node, 1, topic_settings())
         with contextlib.suppress(ValueError, RayError):
             replica = SegmentHandle(lookup(host), str(name))
             await close_segment(replica, guard().internal_token())
         SegmentDirectory().remove(name, host)
-        await self._disks.remove(node, self._incarnation(), name)
+        return node
+
+    async def rest(self, name: SegmentName) -> None:
+        """Close the followers of a segment put to sleep (sealed and drained; its leader's
+        actor ends): left open, each would keep asking its closed leader for entries.
+        Their files and the record stay; once the segment wakes, the rounds start them
+        again, and elect a leader among them if the leader's node is gone meanwhile."""
+        found = self.sets().get(name.segment_id)
+        if found is None:
+            return
+        record = found[0]
+        self._watches.pop(name.segment_id, None)
+        for disk in record.replicas:
+            if disk != record.leader:
+                await self._close_replica(name, disk)
+
+    async def retire(self, tiered: Mapping[int, SegmentInfo]) -> None:
+        """Segments moved to the tier, which keeps them from now on (any node serves one
+        from there): their followers are closed and their files removed, and their
+        records go last (a crash in between: the next round does it again). The leader's
+        copy is the mover's (``SegmentFleet.hibernate``)."""
+        sets = self.sets()
+        for segment_id in sorted(tiered.keys() & set(sets.segment_ids())):
+            found = sets.get(segment_id)
+            if found is None:
+                continue
+            record, name = found[0], tiered[segment_id].name(self.topic)
+            for disk in record.replicas:
+                if disk != record.leader:
+                    await self._remove_replica(name, disk)
+            sets.delete(segment_id)
+            self._watches.pop(segment_id, None)
+            log.info("%s: segment %d is in the tier: its followers' copies are removed",
+                     self.topic, segment_id)  # fmt: skip
 
     async def destroy(self, name: SegmentName) -> None:
         """Close the segment's replicas in their hosts and remove their files; its record

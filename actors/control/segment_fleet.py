@@ -36,7 +36,7 @@ from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.hibernation import HibernationMarks
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
-from runtime.remote import reach
+from runtime.remote import ACTOR_GONE, reach
 from runtime.replication import Replication
 from runtime.segment_hosts import host_prefix, hosts_per_namespace
 from runtime.subscription import ResetTarget
@@ -211,6 +211,14 @@ class SegmentFleet:
         tiered = self.storage().tiered(name.segment_id) is not None
         if not tiered and self.sleeping().get(name.segment_id) is None:
             return False
+        if not tiered and self._replicated(name):
+            # Awake, its replicas are kept by the rounds again: they start the followers,
+            # and elect one of them when the leader's node is gone (the reader retries
+            # until a leader serves).
+            self.sleeping().woken(name.segment_id)
+            with contextlib.suppress(UnavailableError, *ACTOR_GONE):
+                self.handle(name)
+            return True
         self.handle(name)
         return True
 
@@ -226,11 +234,14 @@ class SegmentFleet:
         if self.node_local and self.storage().tiered(name.segment_id) is not None:
             self.placements().delete(name.segment_id)  # its files left the node's disk
 
-    def put_to_sleep(self, name: SegmentName, stats: dict) -> None:
-        """End a drained sealed segment's actor, its ``stats`` kept for observers; its files
-        stay, and the next reader starts it again where they are (``wake``)."""
+    async def put_to_sleep(self, name: SegmentName, stats: dict) -> None:
+        """End a drained sealed segment's actor (a replicated one's followers too), its
+        ``stats`` kept for observers; its files stay, and the next reader starts it again
+        where they are (``wake``)."""
         self.sleeping().put_to_sleep(name.segment_id, stats)
         self.hibernate(name)
+        if self._replicated(name):
+            await self.replicas.rest(name)
 
     def hibernating(self, name: SegmentName) -> bool:
         """Whether the fleet ended the segment's actor and nobody has started it since
@@ -247,9 +258,23 @@ class SegmentFleet:
         ):
             self.records_changed += 1
             return
-        await self.handle(name).create_subscription.remote(
-            subscription, position, epoch, credential=guard().internal_token()
-        )
+        token = guard().internal_token()
+
+        def subscribe(seg: SegmentHandle) -> Any:
+            return seg.create_subscription.remote(subscription, position, epoch, credential=token)
+
+        if await self._woken_replicated(name):
+            await self._reach(name, subscribe)
+        else:
+            await subscribe(self.handle(name))
+
+    async def _woken_replicated(self, name: SegmentName) -> bool:
+        """Whether ``name`` is a replicated segment that slept, woken now (``wake``): its
+        actor is then reached as a layout operation reaches it (``_reach``), since its
+        leader's node may have gone while it slept, and a replica elected meanwhile."""
+        if not (self._replicated(name) and self.sleeping().get(name.segment_id) is not None):
+            return False
+        return await asyncio.to_thread(self.wake, name)
 
     async def delete_subscription(self, name: SegmentName, subscription: str, epoch: int) -> None:
         if self.running(name) is None and self.storage().records.delete_cursor(

@@ -177,11 +177,25 @@ class SegmentHost:
     ) -> dict[str, dict[str, Any] | None]:
         """``stats`` of each of ``segments`` in one call (the controller's maintenance round
         asks every segment each round); ``None`` for one not served here."""
+        return await self._each(segments, "stats", credential)
+
+    async def replica_statuses(
+        self, segments: list[str], *, credential: str | None = None
+    ) -> dict[str, dict[str, Any] | None]:
+        """``replica_status`` of each of ``segments`` in one call (the controller's replica
+        rounds ask every replica each round); ``None`` for one not served here."""
+        return await self._each(segments, "replica_status", credential)
+
+    async def _each(
+        self, segments: list[str], method: str, credential: str | None
+    ) -> dict[str, dict[str, Any] | None]:
         self._last_call = time.monotonic()
         found: dict[str, dict[str, Any] | None] = {}
         for segment in segments:
             try:
-                found[segment] = await self._serving(segment).stats(credential=credential)
+                found[segment] = await getattr(self._serving(segment), method)(
+                    credential=credential
+                )
             except (ActorUnavailableError, ScalableTopicsError):  # closed, gone, or failing
                 found[segment] = None
         return found

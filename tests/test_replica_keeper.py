@@ -1,0 +1,219 @@
+"""The controller's replica keeper and fleet around replicated segments, without Ray (the
+parts they call are stand-ins; ``tests/test_replicated_topic.py`` runs them on a cluster):
+
+- a round asks every replica's status with one call per segment host, not one per replica;
+- a replicated segment put to sleep closes its followers with its leader (left open, each
+  would keep asking its closed leader for entries), and a reader or a new subscription
+  wakes it even when its leader's node went meanwhile (its replicas elect a leader among
+  the live ones);
+- a segment moved to the tier loses its followers' copies, then its replica record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import runtime.remote as remote
+from actors.control import replica_keeper, segment_fleet
+from actors.control.replica_keeper import ReplicaKeeper
+from actors.control.segment_fleet import SegmentFleet
+from runtime.errors import UnavailableError
+from runtime.layout import HashRange, SegmentInfo
+from runtime.names import MAX_HASH, TopicName
+from storage.replica_sets import ReplicaSet
+
+TOPIC = TopicName.parse("topic://tenant/ns/orders")
+ONE = TOPIC.segment(1, 0, MAX_HASH)
+
+
+@pytest.fixture(autouse=True)
+def quick_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote, "REACH_PAUSE_S", 0.01)
+    # the system's own credential is kept in the GCS: none here
+    monkeypatch.setattr(segment_fleet, "guard", lambda: SimpleNamespace(internal_token=str))
+
+
+class Sleeping:
+    """The fleet's ``SleepingSegments``: which segments sleep, and what was asked."""
+
+    def __init__(self, *asleep: int) -> None:
+        self.asleep = set(asleep)
+
+    def get(self, segment_id: int) -> dict | None:
+        return {"hibernating": True} if segment_id in self.asleep else None
+
+    def put_to_sleep(self, segment_id: int, stats: dict) -> None:
+        self.asleep.add(segment_id)
+
+    def woken(self, segment_id: int) -> None:
+        self.asleep.discard(segment_id)
+
+
+def fleet(
+    replicated: bool, leader_live: bool | list[bool], sleeping: Sleeping
+) -> tuple[Any, list[str]]:
+    """A ``SegmentFleet`` on disks per node whose segment 1 sleeps: its leader's disk has
+    a live node or not (at each start in turn, the last answer kept); ``calls`` records
+    what the fleet asked of its parts."""
+    live = leader_live if isinstance(leader_live, list) else [leader_live]
+    calls: list[str] = []
+    f = object.__new__(SegmentFleet)
+    f.node_local = True
+    f.sleeping = lambda: sleeping
+    f.storage = lambda: SimpleNamespace(
+        tiered=lambda _i: None, records=SimpleNamespace(add_cursor=lambda *_a: False)
+    )
+    f.running = lambda _name: None
+    f.hibernate = lambda name: calls.append(f"hibernate {name.segment_id}")
+
+    async def rest(name: Any) -> None:
+        calls.append(f"rest {name.segment_id}")
+
+    f.replicas = SimpleNamespace(
+        sets=lambda: SimpleNamespace(get=lambda i: ("set", 1) if replicated else None),
+        rest=rest,
+    )
+
+    def handle(name: Any) -> Any:
+        calls.append(f"start {name.segment_id}")
+        if not live[min(calls.count(f"start {name.segment_id}"), len(live)) - 1]:
+            raise UnavailableError(f"{name}: its files are on node disk d0, which no live node has")
+        return SimpleNamespace(
+            create_subscription=SimpleNamespace(remote=lambda *a, **k: subscribed(a))
+        )
+
+    async def subscribed(args: tuple) -> int:
+        calls.append(f"subscribed {args[0]}")
+        return 0
+
+    f.handle = handle
+    return f, calls
+
+
+def test_a_replicated_segment_put_to_sleep_closes_its_followers_too() -> None:
+    sleeping = Sleeping()
+    f, calls = fleet(replicated=True, leader_live=True, sleeping=sleeping)
+    asyncio.run(f.put_to_sleep(ONE, {"terminated": True}))
+    assert calls == ["hibernate 1", "rest 1"] and sleeping.asleep == {1}
+    f, calls = fleet(replicated=False, leader_live=True, sleeping=Sleeping())
+    asyncio.run(f.put_to_sleep(ONE, {"terminated": True}))
+    assert calls == ["hibernate 1"]  # one copy: its actor is all there is
+
+
+def test_a_sleeping_replicated_segment_wakes_though_its_leaders_node_is_gone() -> None:
+    """Woken for the replica rounds, which start its followers and elect one; the reader
+    retries meanwhile. One copy on a lost disk stays refused, as before."""
+    sleeping = Sleeping(1)
+    f, calls = fleet(replicated=True, leader_live=False, sleeping=sleeping)
+    assert f.wake(ONE) is True
+    assert sleeping.asleep == set() and calls == ["start 1"]
+    f, _ = fleet(replicated=False, leader_live=False, sleeping=Sleeping(1))
+    with pytest.raises(UnavailableError, match="no live node"):
+        f.wake(ONE)
+    assert f.wake(TOPIC.segment(2, 0, MAX_HASH)) is False  # not asleep
+
+
+def test_a_subscription_created_on_a_sleeping_replicated_segment_waits_for_its_leader() -> None:
+    """Its leader's node gone: asked again (``_reach``) until a replica leads it."""
+    sleeping = Sleeping(1)
+    f, calls = fleet(replicated=True, leader_live=[False, False, False, True], sleeping=sleeping)
+    asyncio.run(f.create_subscription(ONE, "again", "earliest", 3))
+    assert sleeping.asleep == set()
+    assert calls == ["start 1"] * 4 + ["subscribed again"]
+    sleeping = Sleeping(1)  # with one copy, its disk's node gone: refused at once
+    f, calls = fleet(replicated=False, leader_live=[False, True], sleeping=sleeping)
+    with pytest.raises(UnavailableError):
+        asyncio.run(f.create_subscription(ONE, "again", "earliest", 3))
+    assert calls == ["start 1"] and sleeping.asleep == {1}
+
+
+def test_resting_closes_every_replica_but_the_leader_and_keeps_the_record() -> None:
+    record = ReplicaSet(4, ("d0", "d1", "d2"))
+    closed: list[str] = []
+    keeper = object.__new__(ReplicaKeeper)
+    keeper._watches = {1: "watch", 2: "watch"}
+    keeper.sets = lambda: SimpleNamespace(get=lambda i: (record, 9) if i == 1 else None)
+
+    async def close(name: Any, disk: str) -> str:
+        closed.append(disk)
+        return "node"
+
+    keeper._close_replica = close
+    asyncio.run(keeper.rest(ONE))
+    assert closed == ["d1", "d2"] and keeper._watches == {2: "watch"}
+    asyncio.run(keeper.rest(TOPIC.segment(3, 0, MAX_HASH)))  # not replicated: nothing
+    assert closed == ["d1", "d2"]
+
+
+def test_a_segment_moved_to_the_tier_loses_its_followers_copies_then_its_record() -> None:
+    """The tier keeps it from now on; the leader's copy is the mover's to drop."""
+    records = {1: ReplicaSet(4, ("d0", "d1", "d2")), 2: ReplicaSet(2, ("d3", "d4", "d5"))}
+    steps: list[str] = []
+    keeper = object.__new__(ReplicaKeeper)
+    keeper.topic = TOPIC
+    keeper._watches = {1: "watch", 2: "watch"}
+    keeper.sets = lambda: SimpleNamespace(
+        segment_ids=lambda: list(records),
+        get=lambda i: (records[i], 9) if i in records else None,
+        delete=lambda i: steps.append(f"record {i}") or records.pop(i),
+    )
+
+    async def remove(name: Any, disk: str) -> None:
+        steps.append(f"remove {name.segment_id} {disk}")
+
+    keeper._remove_replica = remove
+    tiered = {1: SegmentInfo.active(1, HashRange(start=0, end=MAX_HASH), 1)}
+    asyncio.run(keeper.retire(tiered))
+    assert steps == ["remove 1 d1", "remove 1 d2", "record 1"]
+    assert set(records) == {2} and keeper._watches == {2: "watch"}
+
+
+def test_a_round_asks_each_segment_host_once_for_all_its_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four segments of three replicas on nodes n0-n3 (disk dK on node nK): three hosts
+    answer in three calls; a replica whose disk has no live node, or whose host does not
+    answer in time, is missing (silent, as the rounds count it)."""
+    calls: list[tuple[str, list[str]]] = []
+
+    class Host:
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.replica_statuses = SimpleNamespace(remote=self.remote)
+
+        async def remote(self, segments: list[str], credential: str) -> dict:
+            calls.append((self.name, segments))
+            if self.name.endswith("n2"):
+                await asyncio.sleep(10)  # stopped
+            return {s: {"role": "follower", "on": self.name} for s in segments}
+
+    monkeypatch.setattr(replica_keeper, "lookup", Host)
+    monkeypatch.setattr(replica_keeper, "STATUS_WAIT_S", 0.2)
+    monkeypatch.setattr(replica_keeper, "guard", lambda: SimpleNamespace(internal_token=str))
+    monkeypatch.setattr(replica_keeper, "topic_settings", lambda: None)
+    monkeypatch.setattr(
+        replica_keeper, "host_name", lambda name, node, hosts, settings: f"host-{node}"
+    )
+    keeper = object.__new__(ReplicaKeeper)
+    keeper.topic = TOPIC
+    quarter = MAX_HASH // 4
+    records = {
+        i: (
+            SegmentInfo.active(i, HashRange(start=i * quarter, end=i * quarter + 1), 1),
+            ReplicaSet(1, tuple(f"d{(i + k) % 4}" for k in range(3))),
+        )
+        for i in range(4)
+    }
+    nodes = {"d0": "n0", "d1": "n1", "d2": "n2"}  # d3's node is gone
+    found = asyncio.run(keeper._statuses(records, nodes))
+    assert sorted(host for host, _ in calls) == ["host-n0", "host-n1", "host-n2"]
+    assert all(len(segments) == 3 for _, segments in calls)  # three replicas on each
+    answered = {key for key, status in found.items() if status is not None}
+    assert answered == {
+        (i, f"d{(i + k) % 4}") for i in range(4) for k in range(3) if (i + k) % 4 in (0, 1)
+    }
+    assert found[(0, "d0")] == {"role": "follower", "on": "host-n0"}
