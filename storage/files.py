@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,8 +22,10 @@ def fsync_directory(directory: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Replace ``path`` with ``data`` all-or-nothing (temp file + rename)."""
-    temporary = path.with_name(f".{path.name}.tmp")
+    """Replace ``path`` with ``data`` all-or-nothing (temp file + rename). The temp file is
+    this writer's own: two writers of one path (a segment laid out by two attempts at
+    once) would otherwise rename each other's."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(temporary, "wb") as file:
         file.write(data)
         file.flush()

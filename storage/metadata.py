@@ -162,6 +162,35 @@ class MetadataStore:
                 return Versioned(value, Version(generation, seq))
         raise BadVersion(f"could not read a stable version of {path} (constant contention)")
 
+    def get_all(self, prefix: str) -> dict[str, Versioned]:
+        """Every existing path that starts with ``prefix``, as ``get`` reads each, in
+        three reads of the store however many there are (``get`` costs three each): for
+        a controller's round over all of a topic's segment records. A path that changed
+        between the reads (its latest value superseded, or its chain replaced) is read
+        again alone; one deleted meanwhile is left out."""
+        keys = self._kv.keys(prefix.encode())
+        suffix = _GEN.encode()
+        paths = sorted(k[: -len(suffix)].decode() for k in keys if k.endswith(suffix))
+        generations = self._kv.get_many([_gen_key(p).encode() for p in paths])
+        latest: dict[str, Version] = {}
+        for path in paths:
+            generation = generations.get(_gen_key(path).encode())
+            if generation is None:
+                continue  # deleted since the listing
+            chain = f"{path}{_SEP}g{generation.decode()}{_SEP}v".encode()
+            seqs = [int(k[len(chain) :]) for k in keys if k.startswith(chain)]
+            latest[path] = Version(generation.decode(), max(seqs, default=0))
+        slots = {p: _slot(p, v.generation, v.seq).encode() for p, v in latest.items() if v.seq}
+        values = self._kv.get_many(list(slots.values()))
+        found = {}
+        for path, version in latest.items():
+            value = values.get(slots[path]) if path in slots else None
+            if value is not None and value != _COMPACTED:
+                found[path] = Versioned(value, version)
+            elif (again := self.get(path)) is not None:
+                found[path] = again
+        return found
+
     def get_required(self, path: str) -> Versioned:
         found = self.get(path)
         if found is None:

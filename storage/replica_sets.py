@@ -108,6 +108,15 @@ class ReplicaSets(SegmentEntries):
             return None
         return ReplicaSet.from_bytes(found.value, self._path(segment_id)), found.version
 
+    def all(self) -> dict[int, ReplicaSet]:
+        """Every replicated segment's replica set, read together (``MetadataStore.get_all``:
+        a round reads them all each second)."""
+        base = f"{self._base}/"
+        return {
+            int(path[len(base) :]): ReplicaSet.from_bytes(found.value, path)
+            for path, found in self.store.get_all(base).items()
+        }
+
     def create(self, segment_id: int, replicas: ReplicaSet) -> ReplicaSet:
         """Record a new segment's replica set unless it has one; returns the one it has
         (a resumed operation places a segment's replicas where its first attempt did)."""

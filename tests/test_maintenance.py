@@ -26,7 +26,7 @@ from actors.control.topic_parts import LayoutCommands, TopicParts
 from runtime.errors import InsufficientCapacityError
 from runtime.layout import SegmentInfo, SegmentLayout
 from runtime.names import SegmentName
-from runtime.operations import plan_split
+from runtime.operations import OperationKind, PendingOperation, plan_split
 from runtime.policy import TopicPolicy
 from runtime.replication import Replication
 from storage.catalog import Catalog
@@ -296,6 +296,20 @@ def test_replicas_are_kept_every_round_with_a_disk_per_node_even_during_an_opera
     # the sealed segments' replicas serve their readers: kept too
     assert fleet.replicas.rounds == [([1, 3, 4, 5], [0, 2], Replication(3, 2))] * 2
     assert metrics.calls["layout"] == [(4, 2)]  # published once: the second round had no stats
+
+
+def test_no_replica_round_runs_while_the_topic_is_being_created() -> None:
+    """Its segments' replicas are being laid out: a round would start them early."""
+    maintenance, fleet, _, _ = maintained(split_twice(), {"replication": {"factor": 3}})
+    fleet.node_local = True
+    catalog = maintenance._ctl.catalog
+    creating = PendingOperation(kind=OperationKind.CREATE, request_id="r", base_epoch=0)
+    catalog.update_topic(TOPIC, lambda r: r.model_copy(update={"pending_operation": creating}))
+    asyncio.run(maintenance.tick())
+    assert fleet.replicas.rounds == []
+    catalog.update_topic(TOPIC, lambda r: r.model_copy(update={"pending_operation": None}))
+    asyncio.run(maintenance.tick())
+    assert len(fleet.replicas.rounds) == 1
 
 
 def test_sealed_segments_in_the_tier_or_asleep_are_not_kept_by_replicas() -> None:

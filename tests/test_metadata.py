@@ -3,6 +3,7 @@ the same primitives: the rules built on them (versions decided once, no ABA afte
 delete, fencing of a stale controller) hold on both, and on the latter without Ray."""
 
 import threading
+from collections.abc import Callable
 
 import pytest
 import ray
@@ -132,5 +133,73 @@ def check_store_semantics(store: MetadataStore, unique: str) -> None:
 
     store.update(path, lambda old: old + b"!")
     assert store.get(path).value == b"reborn!"
+    # every path under a prefix read together, as each alone (the reborn one included)
+    every = {p: store.get(p) for p in store.list(f"/test/{unique}/")}
+    assert store.get_all(f"/test/{unique}/") == every and len(every) == 3
     store.delete_tree(f"/test/{unique}")
     assert store.list(f"/test/{unique}") == []
+
+
+class CountingKeyValue(MemoryKeyValue):
+    """The in-memory KV, counting the round trips each read makes; ``between`` runs once,
+    after the first listing (a writer that comes between a reader's round trips)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.between: Callable[[], None] | None = None
+
+    def get(self, key: bytes) -> bytes | None:
+        self.calls.append("get")
+        return super().get(key)
+
+    def keys(self, prefix: bytes) -> list[bytes]:
+        self.calls.append("keys")
+        found = super().keys(prefix)
+        if self.between is not None:
+            between, self.between = self.between, None
+            between()
+        return found
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        self.calls.append("get_many")
+        return super().get_many(keys)
+
+
+def test_get_all_reads_many_paths_in_three_round_trips() -> None:
+    kv = CountingKeyValue()
+    store = MetadataStore(kv=kv)
+    for i in range(20):
+        version = store.put_if_absent(f"/sets/{i}", b"%d" % i)
+        for n in range(i % 3):
+            version = store.compare_and_swap(f"/sets/{i}", version, b"%d.%d" % (i, n))
+    store.put_if_absent("/other/0", b"not under the prefix")
+    kv.calls.clear()
+    found = store.get_all("/sets/")
+    assert kv.calls == ["keys", "get_many", "get_many"]  # against 60 for 20 gets
+    assert found == {f"/sets/{i}": store.get(f"/sets/{i}") for i in range(20)}
+    assert found["/sets/5"].value == b"5.1" and found["/sets/5"].version.seq == 3
+
+
+def test_get_all_reads_again_what_changed_between_its_round_trips() -> None:
+    """A path updated, deleted, re-created or created after the listing: never a value
+    that was superseded before the read ended, nor a deleted path."""
+    kv = CountingKeyValue()
+    store = MetadataStore(kv=kv)
+    versions = {i: store.put_if_absent(f"/sets/{i}", b"old") for i in range(4)}
+
+    def writers() -> None:
+        store.compare_and_swap("/sets/0", versions[0], b"new")  # its read slot superseded
+        v = store.compare_and_swap("/sets/0", store.get("/sets/0").version, b"newer")
+        assert v.seq == 3
+        store.delete("/sets/1")
+        store.delete("/sets/2")
+        store.put_if_absent("/sets/2", b"reborn")  # another chain
+        store.put_if_absent("/sets/9", b"late")  # not listed: may be left out
+
+    kv.between = writers
+    found = store.get_all("/sets/")
+    assert {p: v.value for p, v in found.items()} == {
+        "/sets/0": b"newer", "/sets/2": b"reborn", "/sets/3": b"old"
+    }  # fmt: skip
+    assert all(store.get(p) == v for p, v in found.items())

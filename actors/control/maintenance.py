@@ -30,6 +30,7 @@ from runtime.errors import (
 )
 from runtime.hibernation import idle_drained, idle_tiered
 from runtime.layout import SegmentInfo, SegmentLayout, SegmentState
+from runtime.operations import OperationKind
 from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
 from runtime.retention import SealedSegmentState, prunable
 from storage.records import SubscriptionKind
@@ -131,7 +132,13 @@ class TopicMaintenance:
             return TopicPolicy()
         default = ctl.catalog.namespace_policy(ctl.topic.namespace_path)
         policy = (record.policy or TopicPolicy()).over(default)
-        if ctl.fleet.node_local:  # replicas are kept during layout operations too
+        # Replicas are kept during layout operations too, but not while the topic is
+        # being created: its segments' replicas are still being laid out, and a round
+        # would start (or rebuild) ones whose files are not there yet.
+        creating = record.pending_operation is not None and (
+            record.pending_operation.kind == OperationKind.CREATE
+        )
+        if ctl.fleet.node_local and not creating:
             serving, tiered = self._sealed(record)
             await ctl.fleet.replicas.round(record.layout.active_segments, policy.replicas, serving)
             if tiered:

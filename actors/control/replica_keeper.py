@@ -195,21 +195,24 @@ class ReplicaKeeper:
         is replaced, and its factor restored, as an active one's: its backlog stays
         readable. Only active segments that have one copy are given more."""
         sets = self.sets()
+        records = sets.all()
         if replication.factor > 1:  # a live topic's segments that have one copy get more
-            for segment_id in sorted(segments.keys() - set(sets.segment_ids())):
+            one_copy = sorted(segments.keys() - records.keys())
+            for segment_id in one_copy:
                 await self._replicate(segments[segment_id], replication)
+            if one_copy:
+                records = sets.all()
         kept = {**(sealed or {}), **segments}
-        replicated = sorted(set(sets.segment_ids()) & kept.keys())
+        replicated = sorted(records.keys() & kept.keys())
         for segment_id in list(self._watches):
             if segment_id not in replicated:
                 del self._watches[segment_id]
         if not replicated:
             return
         nodes = await asyncio.to_thread(self._live_disks)
-        records = {i: found[0] for i in replicated if (found := sets.get(i)) is not None}
-        asked = await self._statuses({i: (kept[i], r) for i, r in records.items()}, nodes)
+        asked = await self._statuses({i: (kept[i], records[i]) for i in replicated}, nodes)
         results = await asyncio.gather(
-            *(self._keep(sets, kept[i], records.get(i), replication, nodes, asked)
+            *(self._keep(sets, kept[i], records[i], replication, nodes, asked)
               for i in replicated),
             return_exceptions=True,
         )  # fmt: skip
@@ -252,14 +255,12 @@ class ReplicaKeeper:
         self,
         sets: ReplicaSets,
         info: SegmentInfo,
-        record: ReplicaSet | None,
+        record: ReplicaSet,
         replication: Replication,
         nodes: dict[str, str],
         asked: Mapping[tuple[int, str], dict[str, Any] | None],
     ) -> None:
         """One segment's step of a round, from its replicas' answers (``asked``)."""
-        if record is None:
-            return
         name = info.name(self.topic)
         watch = self._watches.setdefault(name.segment_id, _Watch(descriptor=name.descriptor))
         calls = HostReplicaCalls(name, nodes.get, guard().internal_token())

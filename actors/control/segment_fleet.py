@@ -25,6 +25,7 @@ from ray.exceptions import RayActorError
 from actors.control.dag_watch import ACTOR_NAME as DAG_WATCH
 from actors.control.node_disks import NodeDisks
 from actors.control.replica_keeper import ReplicaKeeper
+from actors.control.resting_segments import RestingSegments
 from actors.guard import guard
 from actors.metrics import ControllerMetrics
 from actors.registry import lookup, named_actors
@@ -36,7 +37,7 @@ from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.hibernation import HibernationMarks
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
-from runtime.remote import ACTOR_GONE, reach
+from runtime.remote import reach
 from runtime.replication import Replication
 from runtime.segment_hosts import host_prefix, hosts_per_namespace
 from runtime.subscription import ResetTarget
@@ -58,7 +59,7 @@ TAKEOVER_WAIT_S = 30.0
 _KILL_WAIT_S = 10.0
 
 
-class SegmentFleet:
+class SegmentFleet(RestingSegments):
     """Segment actors and storage of ``topic``'s current incarnation (``incarnation``)."""
 
     def __init__(
@@ -202,51 +203,7 @@ class SegmentFleet:
         """Have the segment behind ``handle`` move itself to the tier at ``uri``."""
         await handle.offload.remote(uri, credential=guard().internal_token())
 
-    # --- tiered segments ------------------------------------------------------------------
-
-    def wake(self, name: SegmentName) -> bool:
-        """Start a hibernating segment's actor: a tiered one opens from its record on any
-        node, a sleeping drained one from its files. False when the segment is neither.
-        Blocking: GCS round trips."""
-        tiered = self.storage().tiered(name.segment_id) is not None
-        if not tiered and self.sleeping().get(name.segment_id) is None:
-            return False
-        if not tiered and self._replicated(name):
-            # Awake, its replicas are kept by the rounds again: they start the followers,
-            # and elect one of them when the leader's node is gone (the reader retries
-            # until a leader serves).
-            self.sleeping().woken(name.segment_id)
-            with contextlib.suppress(UnavailableError, *ACTOR_GONE):
-                self.handle(name)
-            return True
-        self.handle(name)
-        return True
-
-    def hibernate(self, name: SegmentName) -> None:
-        """Close a tiered segment in its host: nothing of it is on a node, so the next
-        reader opens it again anywhere (``wake``). A call in flight fails and is retried
-        by its client, which wakes it."""
-        self.forget(name)
-        self._marks.ended(name)
-        with contextlib.suppress(ValueError):
-            # Not waited for: a later open of it wins over this close (``Opening.at``).
-            close_segment(segment_actor(name), guard().internal_token())
-        if self.node_local and self.storage().tiered(name.segment_id) is not None:
-            self.placements().delete(name.segment_id)  # its files left the node's disk
-
-    async def put_to_sleep(self, name: SegmentName, stats: dict) -> None:
-        """End a drained sealed segment's actor (a replicated one's followers too), its
-        ``stats`` kept for observers; its files stay, and the next reader starts it again
-        where they are (``wake``)."""
-        self.sleeping().put_to_sleep(name.segment_id, stats)
-        self.hibernate(name)
-        if self._replicated(name):
-            await self.replicas.rest(name)
-
-    def hibernating(self, name: SegmentName) -> bool:
-        """Whether the fleet ended the segment's actor and nobody has started it since
-        through the fleet (observers skip looking it up: one GCS round trip saved each)."""
-        return self._marks.marked(name)
+    # --- subscriptions ---------------------------------------------------------------------
 
     async def create_subscription(
         self, name: SegmentName, subscription: str, position: str, epoch: int
@@ -267,14 +224,6 @@ class SegmentFleet:
             await self._reach(name, subscribe)
         else:
             await subscribe(self.handle(name))
-
-    async def _woken_replicated(self, name: SegmentName) -> bool:
-        """Whether ``name`` is a replicated segment that slept, woken now (``wake``): its
-        actor is then reached as a layout operation reaches it (``_reach``), since its
-        leader's node may have gone while it slept, and a replica elected meanwhile."""
-        if not (self._replicated(name) and self.sleeping().get(name.segment_id) is not None):
-            return False
-        return await asyncio.to_thread(self.wake, name)
 
     async def delete_subscription(self, name: SegmentName, subscription: str, epoch: int) -> None:
         if self.running(name) is None and self.storage().records.delete_cursor(
