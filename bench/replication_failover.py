@@ -13,9 +13,14 @@ joins, so the next loss has a node to move a replica to. Per kill:
 * **to the consumer's first message**: from the removal to the first message received
   that was sent after it.
 
-Both include how long the controller takes to count the leader as lost: Ray's node table
-(a raylet's death is seen after missed health checks) or the replica's silence past
-``RAYTOPICS_REPLICA_GRACE_S`` (``--grace``, 5 s by default, the product's default).
+Both include how long the controller takes to count the leader as lost: at once when its
+data plane refuses connections (a killed process), else Ray's node table (a raylet's death
+is seen after missed health checks) or the replica's silence past
+``RAYTOPICS_REPLICA_GRACE_S`` (``--grace``, 5 s by default, the product's default). A
+node may hold the topic's controller too (the namespace's controller host runs on one of
+the nodes its placement allows, here those with a disk); then the failover waits for Ray
+to restart the controller, once it has declared the node dead. The summary gives both
+kinds apart.
 
 A kill SIGKILLs every actor process of the node (the leading segment host among them),
 then removes the node; its moment is the SIGKILL (``_remove`` says why not
@@ -114,16 +119,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="failover-bench-") as scratch:
         os.environ["RAYTOPICS_STORAGE_ROOT"] = f"{scratch}/cluster"
         kills = run(Path(scratch), args)
-    to_ack = [k["to_first_ack_s"] for k in kills]
-    to_read = [k["to_first_read_s"] for k in kills]
-    summary = {
-        "kills": len(kills),
-        "grace_s": args.grace,
-        "to_first_ack_p50_s": round(statistics.median(to_ack), 2),
-        "to_first_ack_max_s": round(max(to_ack), 2),
-        "to_first_read_p50_s": round(statistics.median(to_read), 2),
-        "to_first_read_max_s": round(max(to_read), 2),
-    }
+    summary: dict[str, Any] = {"kills": len(kills), "grace_s": args.grace}
+    for part, chosen in (
+        ("", kills),
+        ("controller_kept_", [k for k in kills if not k["controller_lost"]]),
+        ("controller_lost_", [k for k in kills if k["controller_lost"]]),
+    ):
+        summary[f"{part}kills"] = len(chosen)
+        for what in ("to_first_ack", "to_first_read"):
+            times = [k[f"{what}_s"] for k in chosen]
+            if times:
+                summary[f"{part}{what}_p50_s"] = round(statistics.median(times), 2)
+                summary[f"{part}{what}_max_s"] = round(max(times), 2)
+    del summary["kills"]
     print(summary)
     write_report(args.results, report("replication_failover", started, machine,
                                       summary=summary, kills=kills))  # fmt: skip
@@ -185,7 +193,7 @@ def run(scratch: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
             leader = settled()[0]
             time.sleep(1)
             node = next(n for n in nodes if n.node_id == leader["node"])
-            killed = _remove(cluster, node)
+            killed, controller_lost = _remove(cluster, node)
             nodes.discard(node)
             while any(x == float("inf") for x in traffic.first_after(killed)):
                 if time.monotonic() - killed > 120:
@@ -193,8 +201,10 @@ def run(scratch: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
                 time.sleep(0.05)
             ack, read = traffic.first_after(killed)
             nodes.add(cluster.add_node(**node_args(f"m{i}")))  # room for the next loss
-            kills.append({"to_first_ack_s": round(ack, 3), "to_first_read_s": round(read, 3)})
-            print(f"kill {i + 1}: first ack after {ack:.2f}s, first read after {read:.2f}s")
+            kills.append({"to_first_ack_s": round(ack, 3), "to_first_read_s": round(read, 3),
+                          "controller_lost": controller_lost})  # fmt: skip
+            print(f"kill {i + 1}: first ack after {ack:.2f}s, first read after {read:.2f}s"
+                  + (" (the controller's node)" if controller_lost else ""))  # fmt: skip
         traffic.close()
         return kills
     finally:
@@ -202,25 +212,27 @@ def run(scratch: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
         cluster.shutdown()
 
 
-def _remove(cluster: Any, node: Any) -> float:
+def _remove(cluster: Any, node: Any) -> tuple[float, bool]:
     """Remove ``node`` as a machine is lost: every process of it at once, the segment
-    host leading the segment included. Returns when they were killed. ``remove_node``
+    host leading the segment included. Returns when they were killed, and whether the
+    topic's controller host was among them. ``remove_node``
     alone kills the raylet first and returns only once the rest is reaped (up to 16 s
     later), and a worker outlives its raylet for a while: the old leader kept
     acknowledging meanwhile, which is not a failover."""
     import ray._private.state as state
 
     workers = [
-        a["Pid"]
+        a
         for a in state.actors().values()
         if a["State"] == "ALIVE" and a["Address"]["NodeID"] == node.node_id
     ]
-    for pid in workers:
+    controller_lost = any(a["ActorClassName"].endswith("ControllerHost") for a in workers)
+    for pid in (a["Pid"] for a in workers):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
     cluster.remove_node(node, allow_graceful=False)
-    return killed
+    return killed, controller_lost
 
 
 if __name__ == "__main__":

@@ -57,6 +57,9 @@ READ_GRACE_S = 30.0
 # How long a producer's connection waits before it looks a replicated segment up again
 # when a replica that does not lead answered it (its leader not chosen yet, or moved).
 LEADER_WAIT_S = 0.2
+# While a new connection after a broken one waits for the segment's actor to say where
+# it listens, the segment is looked up again this often at first, then ever less often.
+MOVED_POLL_S = (0.05, 0.25)
 _STREAM_LIMIT = 4 << 20  # buffer whole deliveries instead of pausing the socket every 128 KB
 # Bytes of frames handed to the transport ahead of the socket. The rest wait in
 # ``_pending`` until answers show the segment took some: a transport buffer that
@@ -141,6 +144,36 @@ async def _open_data_plane(
         ) from None
     writer.write(wire.encode_hello(credential, access))
     return reader, writer
+
+
+async def _open_following(
+    segment: Any,
+    relocate: Callable[[], Awaitable[Any | None]],
+    credential: str | None,
+    access: int,
+    **options: Any,
+) -> tuple[Any, tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``_open_data_plane`` after a connection to ``segment`` broke, and the segment it
+    was opened to (``relocate``'s answer when it moved). The actor asked where it listens
+    may be dead, and Ray holds an ask to it until it declares the node dead (seconds),
+    while a replicated segment's controller elects another leader sooner: while no answer
+    came, the segment is looked up again, and the one it moved to is asked instead.
+    ``relocate`` answers ``None`` when it is not served now."""
+    opening = asyncio.ensure_future(_open_data_plane(segment, credential, access, **options))
+    poll_s, most_s = MOVED_POLL_S
+    try:
+        while not (await asyncio.wait({opening}, timeout=poll_s))[0]:
+            poll_s = min(poll_s * 2, most_s)
+            moved = await relocate()
+            if moved is not None and moved != segment:
+                opening.cancel()
+                segment = moved
+                opening = asyncio.ensure_future(
+                    _open_data_plane(segment, credential, access, **options)
+                )
+        return segment, opening.result()
+    finally:
+        opening.cancel()
 
 
 async def check_access(segment: Any, credential: str | None, access: int) -> None:
@@ -236,9 +269,14 @@ class SegmentChannel:
             try:
                 if self._relocate is not None and (self._connected or attempt):
                     self._handle = await self._relocate()
-                reader, writer = await _open_data_plane(
-                    self._handle, self._credential, wire.PRODUCE
-                )
+                if self._relocate is not None and self._connected:
+                    self._handle, (reader, writer) = await _open_following(
+                        self._handle, self._relocate, self._credential, wire.PRODUCE
+                    )
+                else:
+                    reader, writer = await _open_data_plane(
+                        self._handle, self._credential, wire.PRODUCE
+                    )
                 self._connected = True
                 break
             except REFUSALS as err:  # asking again cannot change that
@@ -350,9 +388,19 @@ class ReadChannel:
     consumer takes through one and settles through another, so that an
     acknowledgement never waits behind a long-poll."""
 
-    def __init__(self, handle: Any, *, credential: str | None = None) -> None:
-        self._handle = handle
+    def __init__(
+        self,
+        handle: Any,
+        *,
+        credential: str | None = None,
+        relocate: Callable[[], Awaitable[Any | None]] | None = None,
+    ) -> None:
+        """``relocate``: for a channel to a segment looked up again after an exchange
+        failed, the segment looked up anew (``_open_following``; ``None`` while it is not
+        served)."""
+        self.handle = handle
         self._credential = credential
+        self._relocate = relocate
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._turn = asyncio.Lock()
 
@@ -418,9 +466,15 @@ class ReadChannel:
     async def _exchange(self, frame: bytes) -> bytes:
         fresh = self._streams is None
         if fresh:
-            self._streams = await _open_data_plane(
-                self._handle, self._credential, wire.CONSUME, limit=_STREAM_LIMIT
-            )
+            if self._relocate is None:
+                self._streams = await _open_data_plane(
+                    self.handle, self._credential, wire.CONSUME, limit=_STREAM_LIMIT
+                )
+            else:
+                self.handle, self._streams = await _open_following(
+                    self.handle, self._relocate, self._credential, wire.CONSUME,
+                    limit=_STREAM_LIMIT,
+                )  # fmt: skip
         reader, writer = self._streams
         writer.write(frame)
         if fresh:

@@ -88,7 +88,6 @@ class _Reader:
     ) -> None:
         self.name = name
         self.segment_id = name.segment_id
-        self.handle = handle
         self.credential = credential
         self.share = share if share is not None else Share(name.segment_id)
         self.channel = ReadChannel(handle, credential=credential)
@@ -103,6 +102,11 @@ class _Reader:
         self.end: int | None = None  # known once the segment is sealed and read out
         self.revoked = False
         self.task: asyncio.Task | None = None
+
+    @property
+    def handle(self) -> Any:
+        """The segment's actor as the reads found it last (a leader may have moved)."""
+        return self.channel.handle
 
     @property
     def part(self) -> bool:
@@ -339,8 +343,10 @@ class GroupConsumerCore:
             return
         if handle is not None:
             reader.close()
-            reader.handle = handle
-            reader.channel = ReadChannel(handle, credential=self.credential)
+            reader.channel = ReadChannel(
+                handle, credential=self.credential,
+                relocate=lambda: self.access.find_again(reader.name),
+            )  # fmt: skip
             reader.settles = None
 
     async def _read_once(self, reader: _Reader) -> tuple[pa.RecordBatch, int, bool, int | None]:

@@ -95,9 +95,13 @@ class _Segment:
         self.credential = credential
         self.connect(handle)
 
-    def connect(self, handle: Any) -> None:
-        self.takes = ReadChannel(handle, credential=self.credential)
-        self.settles = ReadChannel(handle, credential=self.credential)
+    def connect(
+        self, handle: Any, relocate: Callable[[], Awaitable[Any | None]] | None = None
+    ) -> None:
+        """Channels to ``handle``; ``relocate``: looked up again after an exchange failed
+        (``ReadChannel``)."""
+        self.takes = ReadChannel(handle, credential=self.credential, relocate=relocate)
+        self.settles = ReadChannel(handle, credential=self.credential, relocate=relocate)
 
     def close(self) -> None:
         self.takes.close()
@@ -220,7 +224,7 @@ class _QueueCore:
             return True
         if handle is not None:
             segment.close()
-            segment.connect(handle)
+            segment.connect(handle, lambda: self.access.find_again(segment.name))
         return True
 
     def record_ack(self, segment_id: int, offset: int) -> None:

@@ -1,7 +1,8 @@
 """The controller's replica keeper and fleet around replicated segments, without Ray (the
 parts they call are stand-ins; ``tests/test_replicated_topic.py`` runs them on a cluster):
 
-- a round asks every replica's status with one call per segment host, not one per replica;
+- a leader whose data plane refuses connections is lost at once (an election), a follower
+  whose does is waited for (Ray restarts its host) until its grace;
 - a replicated segment put to sleep closes its followers with its leader (left open, each
   would keep asking its closed leader for entries), and a reader or a new subscription
   wakes it even when its leader's node went meanwhile (its replicas elect a leader among
@@ -19,11 +20,13 @@ import pytest
 
 import runtime.remote as remote
 from actors.control import replica_keeper, segment_fleet
+from actors.control.replica_asks import Asked
 from actors.control.replica_keeper import ReplicaKeeper
 from actors.control.segment_fleet import SegmentFleet
 from runtime.errors import UnavailableError
 from runtime.layout import HashRange, SegmentInfo
 from runtime.names import MAX_HASH, TopicName
+from runtime.replication import Replication
 from storage.replica_sets import ReplicaSet
 
 TOPIC = TopicName.parse("topic://tenant/ns/orders")
@@ -172,48 +175,43 @@ def test_a_segment_moved_to_the_tier_loses_its_followers_copies_then_its_record(
     assert set(records) == {2} and keeper._watches == {2: "watch"}
 
 
-def test_a_round_asks_each_segment_host_once_for_all_its_replicas(
+def keep(refused: set[tuple[int, str]], silent: set[str]) -> list[Any]:
+    """One round's steps for segment 1 (d0 leads epoch 4, d1 and d2 follow) whose replicas
+    in ``silent`` did not answer and whose data planes in ``refused`` refused the probe."""
+    record = ReplicaSet(4, ("d0", "d1", "d2"))
+    keeper = object.__new__(ReplicaKeeper)
+    keeper.topic, keeper._watches, keeper.metrics = TOPIC, {}, None
+    keeper._start = lambda *args: None  # a silent replica's host is asked to open it
+    steps: list[Any] = []
+
+    async def carry_out(step: Any, *args: Any) -> None:
+        steps.append(step)
+
+    keeper._carry_out = carry_out
+    roles = {"d0": ("leader", 4), "d1": ("follower", 4), "d2": ("follower", 4)}
+    asked = Asked(
+        {(1, d): {"role": role, "epoch": epoch, "highWatermark": 0, "endOffset": 0}
+         for d, (role, epoch) in roles.items() if d not in silent},
+        refused,
+    )  # fmt: skip
+    info = SegmentInfo.active(1, HashRange(start=0, end=MAX_HASH), 1)
+    nodes = {"d0": "n0", "d1": "n1", "d2": "n2", "d3": "n3"}
+    replication = Replication.of(3, 2)
+    asyncio.run(keeper._keep(None, info, record, replication, nodes, asked, 0.0))
+    return steps
+
+
+def test_a_leader_whose_data_plane_refuses_is_replaced_at_once_a_follower_waits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Four segments of three replicas on nodes n0-n3 (disk dK on node nK): three hosts
-    answer in three calls; a replica whose disk has no live node, or whose host does not
-    answer in time, is missing (silent, as the rounds count it)."""
-    calls: list[tuple[str, list[str]]] = []
-
-    class Host:
-        def __init__(self, name: str) -> None:
-            self.name = name
-            self.replica_statuses = SimpleNamespace(remote=self.remote)
-
-        async def remote(self, segments: list[str], credential: str) -> dict:
-            calls.append((self.name, segments))
-            if self.name.endswith("n2"):
-                await asyncio.sleep(10)  # stopped
-            return {s: {"role": "follower", "on": self.name} for s in segments}
-
-    monkeypatch.setattr(replica_keeper, "lookup", Host)
-    monkeypatch.setattr(replica_keeper, "STATUS_WAIT_S", 0.2)
     monkeypatch.setattr(replica_keeper, "guard", lambda: SimpleNamespace(internal_token=str))
-    monkeypatch.setattr(replica_keeper, "topic_settings", lambda: None)
-    monkeypatch.setattr(
-        replica_keeper, "host_name", lambda name, node, hosts, settings: f"host-{node}"
-    )
-    keeper = object.__new__(ReplicaKeeper)
-    keeper.topic = TOPIC
-    quarter = MAX_HASH // 4
-    records = {
-        i: (
-            SegmentInfo.active(i, HashRange(start=i * quarter, end=i * quarter + 1), 1),
-            ReplicaSet(1, tuple(f"d{(i + k) % 4}" for k in range(3))),
-        )
-        for i in range(4)
-    }
-    nodes = {"d0": "n0", "d1": "n1", "d2": "n2"}  # d3's node is gone
-    found = asyncio.run(keeper._statuses(records, nodes))
-    assert sorted(host for host, _ in calls) == ["host-n0", "host-n1", "host-n2"]
-    assert all(len(segments) == 3 for _, segments in calls)  # three replicas on each
-    answered = {key for key, status in found.items() if status is not None}
-    assert answered == {
-        (i, f"d{(i + k) % 4}") for i in range(4) for k in range(3) if (i + k) % 4 in (0, 1)
-    }
-    assert found[(0, "d0")] == {"role": "follower", "on": "host-n0"}
+    monkeypatch.setattr(replica_keeper.time, "monotonic", lambda: 0.5)  # within the grace
+    # silent, nothing refused: slow, not lost, within its grace
+    assert keep(set(), {"d0"}) == []
+    # the leader's process is gone (its data plane refused): an election among the others
+    (step,) = keep({(1, "d0")}, {"d0"})
+    assert isinstance(step, replica_keeper.Elect) and step.candidates == ("d1", "d2")
+    # a follower's host that crashed: Ray restarts it, so it is not replaced in its grace
+    assert keep({(1, "d1")}, {"d1"}) == []
+    # another segment's refusal says nothing of this one
+    assert keep({(2, "d0")}, {"d0"}) == []

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from actors.segment import replication
 from actors.segment.actor import Segment
 from runtime import wire
 from runtime.batch import make_batch, serialize_batch
@@ -366,3 +367,39 @@ def test_a_replica_laid_out_as_one_serves_nobody_until_it_is_given_a_role(tmp_pa
             await segment.close()
 
     run(scenario)
+
+
+def test_followers_tell_the_controller_once_their_leader_stops_answering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader's data plane closed under its followers (its process gone): each tells its
+    controller, so the next replica round comes at once, at most every ``TELL_EVERY_S``;
+    the leader reports where its data plane listens, which the controller probes."""
+    told: list[tuple[str, float]] = []
+
+    async def leader_unreachable(name: SegmentName, credential: str | None) -> None:
+        told.append((str(name), asyncio.get_running_loop().time()))
+
+    monkeypatch.setattr(replication, "leader_unreachable", leader_unreachable)
+    monkeypatch.setattr(replication, "TELL_EVERY_S", 0.5)
+
+    async def scenario() -> None:
+        async with replicas(tmp_path) as three:
+            await three.lead("r0", 1, 2, 10.0)
+            leader = three.segments["r0"]
+            endpoint = await leader.data_endpoint()
+            assert (await leader.replica_status())["endpoint"] == [endpoint.host, endpoint.port]
+            await asyncio.sleep(0.3)
+            assert told == []  # following quietly
+            leader._data_plane.stop()  # refused from now on, its connections dropped
+            await until(lambda: _true(len(told) >= 2), 5)
+            assert {name for name, _ in told} == {str(three.name)}
+            await asyncio.sleep(1.1)
+            # two followers, each at most once per 0.5 s (their retries are more frequent)
+            assert 4 <= len(told) <= 2 * (1 + 1.1 / 0.5) + 2, told
+
+    run(scenario)
+
+
+async def _true(value: bool) -> bool:
+    return value

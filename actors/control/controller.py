@@ -153,6 +153,12 @@ class ScalableTopicController:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.fleet.wake, info.name(self.topic))
 
+    async def check_replicas(self, *, credential: str | None = None) -> None:
+        """A follower lost its connection to its leader: the next replica round comes at
+        once (``actors.segment.replication``)."""
+        self._check(credential, Permission.ADMIN)
+        self.fleet.replicas.due.set()
+
     async def _ready(self) -> dict[str, Any]:
         async with self._lock:
             await self._recover()

@@ -33,6 +33,7 @@ from typing import Any
 from ray.exceptions import RayError
 
 from actors.control.node_disks import NodeDisks
+from actors.control.replica_asks import Asked, ask_replicas
 from actors.control.replica_election import HostReplicaCalls, elect
 from actors.control.replica_views import replica_view, replication_gauges
 from actors.guard import guard
@@ -69,8 +70,6 @@ log = logging.getLogger(__name__)
 
 GRACE_ENV = "RAYTOPICS_REPLICA_GRACE_S"
 DEFAULT_GRACE_S = 5.0
-# How long a round waits for one replica's answer.
-STATUS_WAIT_S = 2.0
 # A replica started by a round is given this long to open before it is started again.
 START_WAIT_S = 10.0
 # How often the nodes are asked for their disks again while one of them is gone.
@@ -85,6 +84,7 @@ class _Watch:
     silent_since: dict[str, float] = field(default_factory=dict)
     started_at: dict[str, float] = field(default_factory=dict)
     view: list[dict[str, Any]] = field(default_factory=list)
+    endpoints: dict[str, tuple[str, int]] = field(default_factory=dict)  # data planes
     committed: int | None = None  # the leader's high watermark, as the last round saw it
     unavailable: str | None = None
 
@@ -210,9 +210,14 @@ class ReplicaKeeper:
         if not replicated:
             return
         nodes = await asyncio.to_thread(self._live_disks)
-        asked = await self._statuses({i: (kept[i], records[i]) for i in replicated}, nodes)
+        endpoints = {(i, disk): endpoint for i, watch in self._watches.items()
+                     for disk, endpoint in watch.endpoints.items()}  # fmt: skip
+        started = time.monotonic()
+        asked = await ask_replicas(
+            self.topic, {i: (kept[i], records[i]) for i in replicated}, nodes, endpoints
+        )
         results = await asyncio.gather(
-            *(self._keep(sets, kept[i], records[i], replication, nodes, asked)
+            *(self._keep(sets, kept[i], records[i], replication, nodes, asked, started)
               for i in replicated),
             return_exceptions=True,
         )  # fmt: skip
@@ -258,21 +263,30 @@ class ReplicaKeeper:
         record: ReplicaSet,
         replication: Replication,
         nodes: dict[str, str],
-        asked: Mapping[tuple[int, str], dict[str, Any] | None],
+        asked: Asked,
+        asked_at: float,
     ) -> None:
-        """One segment's step of a round, from its replicas' answers (``asked``)."""
+        """One segment's step of a round, from its replicas' answers (``asked``, asked at
+        ``asked_at``). A replica is lost when its node is, when it stayed silent past the
+        grace, or, for the leader, at once when its data plane refuses connections
+        (``actors.control.replica_asks``): a follower's host that crashed is waited for,
+        as Ray restarts it, rather than replaced by a copy of the whole log."""
         name = info.name(self.topic)
         watch = self._watches.setdefault(name.segment_id, _Watch(descriptor=name.descriptor))
         calls = HostReplicaCalls(name, nodes.get, guard().internal_token())
-        statuses = {r: asked.get((name.segment_id, r)) for r in record.replicas}
+        statuses = {r: asked.statuses.get((name.segment_id, r)) for r in record.replicas}
+        dead_leader = (name.segment_id, record.leader) in asked.refused
         now = time.monotonic()
         gone = set()
         for replica, status in statuses.items():
             if status is not None:
                 watch.silent_since.pop(replica, None)
+                if status.get("endpoint"):
+                    watch.endpoints[replica] = tuple(status["endpoint"])
                 continue
-            since = watch.silent_since.setdefault(replica, now)
-            if replica not in nodes or now - since >= _grace_s():
+            since = watch.silent_since.setdefault(replica, asked_at)
+            refused = dead_leader and replica == record.leader
+            if replica not in nodes or refused or now - since >= _grace_s():
                 gone.add(replica)
             elif now - watch.started_at.get(replica, -START_WAIT_S) >= START_WAIT_S:
                 watch.started_at[replica] = now  # its host has not opened it (yet)
@@ -389,37 +403,6 @@ class ReplicaKeeper:
         await self._lay_out(replica, name, info, [], 0, True)
         await asyncio.to_thread(self._start, name, node, False)
 
-    async def _statuses(
-        self, records: Mapping[int, tuple[SegmentInfo, ReplicaSet]], nodes: Mapping[str, str]
-    ) -> dict[tuple[int, str], dict[str, Any] | None]:
-        """Every replica's ``replica_status`` by (segment id, disk), asked with one call per
-        segment host: a round asks them all, every second. Missing: a replica whose disk
-        has no live node, or whose host did not answer within ``STATUS_WAIT_S``."""
-        by_host: dict[str, list[tuple[int, str, str]]] = {}
-        for info, record in records.values():
-            name = info.name(self.topic)
-            for disk in record.replicas:
-                if disk in nodes:
-                    host = host_name(name, nodes[disk], 1, topic_settings())
-                    by_host.setdefault(host, []).append((info.segment_id, disk, str(name)))
-        token = guard().internal_token()
-
-        async def ask(host: str, replicas: list[tuple[int, str, str]]) -> dict:
-            try:
-                actor = await asyncio.to_thread(lookup, host)
-                answer = await asyncio.wait_for(
-                    actor.replica_statuses.remote([s for _, _, s in replicas], credential=token),
-                    STATUS_WAIT_S,
-                )
-            except (RayError, TimeoutError, ScalableTopicsError, ValueError):
-                return {}
-            return {(i, disk): answer.get(segment) for i, disk, segment in replicas}
-
-        found: dict[tuple[int, str], dict[str, Any] | None] = {}
-        for part in await asyncio.gather(*(ask(h, r) for h, r in by_host.items())):
-            found.update(part)
-        return found
-
     # --- what observers see ------------------------------------------------------------
 
     def views(self) -> dict[str, dict[str, Any]]:
@@ -443,17 +426,20 @@ class ReplicaKeeper:
     async def _remove_replica(self, name: SegmentName, disk: str) -> None:
         """Close the replica on ``disk`` in its node's host and remove its files there."""
         node = await self._close_replica(name, disk)
-        if node is None:
-            log.warning("%s: node disk %s is not in the cluster; its replica's files "
-                        "stay there", name, disk)  # fmt: skip
-            return
-        await self._disks.remove(node, self._incarnation(), name)
+        if node is not None:
+            try:
+                await self._disks.remove(node, self._incarnation(), name)
+                return
+            except RayError as err:  # the node went meanwhile
+                log.debug("%s: files on %s not removed: %r", name, disk, err)
+        log.warning("%s: node disk %s is not in the cluster; its replica's files "
+                    "stay there", name, disk)  # fmt: skip
 
     async def _close_replica(self, name: SegmentName, disk: str) -> str | None:
         """Close the replica on ``disk`` in its node's host, if that node is live (its
         node id then; its files stay)."""
         node = await asyncio.to_thread(self._disks.node_of, disk)
-        if node is None:
+        if node is None or node not in await asyncio.to_thread(_alive_nodes):
             return None
         host = host_name(name, node, 1, topic_settings())
         with contextlib.suppress(ValueError, RayError):

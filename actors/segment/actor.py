@@ -388,8 +388,14 @@ class Segment:
         return {"replica": report.replica, "lastEpoch": report.last_epoch, "end": report.end}
 
     async def replica_status(self, *, credential: str | None = None) -> dict[str, Any]:
+        """The replica's role and log (``Roles.status``), and where its data plane listens
+        if it does: the controller probes it when this host falls silent, to tell a dead
+        leader from a slow one (``actors.control.replica_asks``)."""
         self._check(credential, Permission.ADMIN)
-        return self._roles.status()
+        status = self._roles.status()
+        if self._data_plane is not None:
+            status["endpoint"] = [self._data_plane.endpoint.host, self._data_plane.endpoint.port]
+        return status
 
     # --- internals ---------------------------------------------------------------
 

@@ -13,6 +13,7 @@ look a segment up here, and look it up again when a call to it fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ from actors.controller_directory import ControllerDirectory, ControllerHandle
 from actors.registry import alive_actor_names, gone_for_good, lookup
 from actors.segment.directory import Entry, SegmentDirectory
 from actors.segment.handle import SegmentHandle
-from runtime.errors import SegmentNotFoundError
+from runtime.errors import ScalableTopicsError, SegmentNotFoundError
 from runtime.names import SegmentName, TopicName
 from runtime.remote import ACTOR_GONE, call
 from runtime.segment_hosts import host_prefix
@@ -112,17 +113,33 @@ async def _wake(name: SegmentName, credential: str | None) -> bool:
     """Whether the topic's controller started ``name``'s actor because it hibernates (a
     refusal of ``credential`` is raised; no controller running: False, and the caller
     waits as for any segment that is not registered yet)."""
-    entry = ControllerDirectory().get(name.topic)
-    try:
-        controller = ControllerHandle(lookup(entry.host), str(name.topic)) if entry else None
-    except ValueError:
-        controller = None
+    controller = _controller(name.topic)
     if controller is None:
         return False
     try:
         return await call(controller.wake_segment.remote(name.segment_id, credential=credential))
     except ACTOR_GONE:
         return False
+
+
+async def leader_unreachable(name: SegmentName, credential: str | None) -> None:
+    """Tell ``name``'s controller that a follower lost its connection to the leader, so
+    its next replica round comes at once. Best effort: the rounds find a lost leader
+    anyway, a round's pause later."""
+    controller = await asyncio.to_thread(_controller, name.topic)
+    if controller is None:
+        return
+    with contextlib.suppress(ScalableTopicsError, *ACTOR_GONE):
+        await call(controller.check_replicas.remote(credential=credential))
+
+
+def _controller(topic: TopicName) -> ControllerHandle | None:
+    """``topic``'s running controller, ``None`` when none runs. Blocking: GCS reads."""
+    entry = ControllerDirectory().get(topic)
+    try:
+        return ControllerHandle(lookup(entry.host), str(topic)) if entry else None
+    except ValueError:
+        return None
 
 
 async def segment_position(
