@@ -45,6 +45,11 @@ def format_storage(report: dict[str, Any]) -> str:
     from storage.topic_storage import written_at
 
     lines = [f"storage root {report['storageRoot']}: {report['live']} live incarnations"]
+    if "disks" in report:  # a disk per node: each scanned on its node
+        lines[0] += f" on {len(report['disks'])} node disks"
+    for missed in report.get("unscanned", []):
+        lines.append(f"NOT SCANNED: node {missed['node']} ({missed['why']}): its disk may "
+                     "hold more")  # fmt: skip
     for title, rows in (("orphaned", report["orphaned"]), ("foreign", report["foreign"])):
         if not rows:
             continue
@@ -55,6 +60,8 @@ def format_storage(report: dict[str, Any]) -> str:
                 f"{row['topic']:<40} {row['incarnation'] or '(none)':<26} {row['segments']:>8} "
                 f"{_size(row['sizeBytes']):>10}  {written_at(row['lastWriteMs'])}"
             )
+            if "disk" in row:
+                lines.append(f"  on node disk {row['disk']}")
             if "reason" in row:
                 lines.append(f"  {row['reason']}")
     if report["deleted"]:

@@ -175,13 +175,17 @@ def test_a_segment_moved_to_the_tier_loses_its_followers_copies_then_its_record(
     assert set(records) == {2} and keeper._watches == {2: "watch"}
 
 
-def keep(refused: set[tuple[int, str]], silent: set[str]) -> list[Any]:
+def keep(
+    refused: set[tuple[int, str]], silent: set[str], started: list[str] | None = None
+) -> list[Any]:
     """One round's steps for segment 1 (d0 leads epoch 4, d1 and d2 follow) whose replicas
-    in ``silent`` did not answer and whose data planes in ``refused`` refused the probe."""
+    in ``silent`` did not answer and whose data planes in ``refused`` refused the probe;
+    ``started``: the silent replicas whose hosts were asked to open them."""
     record = ReplicaSet(4, ("d0", "d1", "d2"))
     keeper = object.__new__(ReplicaKeeper)
     keeper.topic, keeper._watches, keeper.metrics = TOPIC, {}, None
-    keeper._start = lambda *args: None  # a silent replica's host is asked to open it
+    opened = [] if started is None else started
+    keeper._start = lambda name, node, leads: opened.append(node)
     steps: list[Any] = []
 
     async def carry_out(step: Any, *args: Any) -> None:
@@ -197,7 +201,7 @@ def keep(refused: set[tuple[int, str]], silent: set[str]) -> list[Any]:
     info = SegmentInfo.active(1, HashRange(start=0, end=MAX_HASH), 1)
     nodes = {"d0": "n0", "d1": "n1", "d2": "n2", "d3": "n3"}
     replication = Replication.of(3, 2)
-    asyncio.run(keeper._keep(None, info, record, replication, nodes, asked, 0.0))
+    asyncio.run(keeper._keep(None, info, record, replication, nodes, asked))
     return steps
 
 
@@ -215,3 +219,15 @@ def test_a_leader_whose_data_plane_refuses_is_replaced_at_once_a_follower_waits(
     assert keep({(1, "d1")}, {"d1"}) == []
     # another segment's refusal says nothing of this one
     assert keep({(2, "d0")}, {"d0"}) == []
+
+
+def test_a_replica_silent_in_its_first_round_is_started_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its host may not run yet (a new segment, a restart): the grace counts from the round
+    that found it silent, however long that round's asks took, so it is started first."""
+    monkeypatch.setattr(replica_keeper, "guard", lambda: SimpleNamespace(internal_token=str))
+    monkeypatch.setattr(replica_keeper, "_grace_s", lambda: 2.0)
+    monkeypatch.setattr(replica_keeper.time, "monotonic", lambda: 1000.0)
+    started: list[str] = []
+    assert keep(set(), {"d1", "d2"}, started) == [] and started == ["n1", "n2"]

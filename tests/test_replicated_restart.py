@@ -8,7 +8,8 @@ messages are acknowledged and a consumer acknowledged part of them. After: befor
 admin call, each segment is three replicas again on the same disks, led at a newer epoch
 (a restarted leader leads only through an election: ``runtime.replica_plan``), in sync;
 the consumer receives exactly what it had not acknowledged, once each, in key order, and
-what is produced after the restart too.
+what is produced after the restart too. Then the storage check, on a disk per node, scans
+each node's disk and deletes what is orphaned there.
 
 The programs run as subprocesses (this file as a script: ``before`` and ``after``), as in
 ``tests/test_head_restart.py``; ``tests/ray_head.py`` says how the nodes are killed.
@@ -85,6 +86,12 @@ def test_a_replicated_topic_comes_back_whole_after_all_of_ray_restarts(tmp_path:
     assert len(acked) == ACKED and len(owed) == BEFORE - ACKED + AFTER
     assert delivery_violations(owed, got, exactly_once=True) == []
     assert len(got) == len(owed), "something was delivered that was not owed"
+    # the storage check scans each node's disk on its node, and deletes there
+    storage = after["storage"]
+    assert storage["disks"] == storage["expected_disks"] and storage["unscanned"] == [], storage
+    assert storage["orphaned"] == storage["expected_orphans"], storage
+    assert storage["live"] == 1 and storage["deleted"] == 2, storage
+    assert storage["planted_left"] == [] and storage["own_left"], storage
 
 
 def _replicas(admin: Any) -> dict[str, dict[str, Any]]:
@@ -203,8 +210,44 @@ def after(out: Path) -> None:
     under = sum(not v["inSync"] for v in _replicas(admin).values())
     out.write_text(json.dumps({
         "replicas": replicas, "produced": produced, "received": received,
-        "under_replicated": under,
+        "under_replicated": under, "storage": _storage_check(admin, out.parent / "disks"),
     }))  # fmt: skip
+
+
+def _storage_check(admin: Any, disks: Path) -> dict[str, Any]:
+    """The storage check on a disk per node: the topic's storage copied under another
+    name (whose metadata is "lost") on two of the three disks is found on both, each row
+    naming its disk, and deleted there; the topic's own three copies count as one live
+    incarnation and stay."""
+    import shutil
+
+    from runtime.names import TopicName
+    from storage.placements import disk_id
+    from storage.topic_storage import topic_directory
+
+    lost = TopicName.parse(f"topic://{NAMESPACE}/lost")
+    planted = []
+    for node in WORKERS:
+        source = topic_directory(disks / node, TopicName.parse(TOPIC))
+        for incarnation in source.iterdir():
+            target = topic_directory(disks / node, lost) / incarnation.name
+            shutil.copytree(incarnation, target)
+            planted.append(target)
+    report = admin.check_storage()
+    deleted = admin.check_storage(delete=True)
+    own = topic_directory(disks / "head", TopicName.parse(TOPIC))
+    return {
+        "disks": sorted(d["disk"] for d in report["disks"]),
+        "expected_disks": sorted(disk_id(disks / n) for n in ("head", *WORKERS)),
+        "unscanned": report["unscanned"],
+        "live": report["live"],
+        "orphaned": sorted((r["topic"], r["disk"]) for r in report["orphaned"]),
+        "expected_orphans": sorted((str(lost), disk_id(disks / n)) for n in WORKERS),
+        "deleted": len(deleted["deleted"]),
+        "planted_left": [str(p) for p in planted if p.exists()],
+        "own_left": all(any(topic_directory(disks / n, TopicName.parse(TOPIC)).iterdir())
+                        for n in ("head", *WORKERS)) and own.is_dir(),
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,22 +9,35 @@ and the deletion run as Ray tasks, on a node of the cluster.
 What is orphaned is decided against the metadata (``storage_report``): storage
 of an incarnation no live topic names. Storage another deployment (another Ray
 namespace) wrote under a shared root is listed apart and never deleted.
+
+With a disk per node (storage scope ``node``) each live node's disk is scanned by a task
+pinned to that node, and what is orphaned there is deleted there: a replicated topic's
+incarnation has a copy on several disks, and a scan of one node would miss the others.
+A node that does not answer is reported (``unscanned``), never silently left out.
 """
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 
+from actors.registry import on_node
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
 from runtime.remote import call
 from storage.catalog import Catalog
-from storage.durability import default_storage_root
+from storage.durability import default_storage_root, node_storage_root, storage_scope
+from storage.placements import disk_id
 from storage.records import TopicRecord
 from storage.topic_storage import StoredIncarnation, delete_storage, scan
+
+# How long a node may take to scan its disk before the report lists it as unscanned.
+SCAN_WAIT_S = 60.0
 
 
 @ray.remote(num_cpus=0)
@@ -33,11 +46,20 @@ def scan_storage(root: str, topic: str | None = None) -> list[StoredIncarnation]
     return scan(Path(root), TopicName.parse(topic) if topic is not None else None)
 
 
+@ray.remote(num_cpus=0, max_retries=0)
+def scan_disk(cluster_root: str) -> tuple[str, str, list[StoredIncarnation]]:
+    """This node's own disk (storage scope ``node``): its id, its root, and every
+    incarnation stored there."""
+    root = node_storage_root(cluster_root)
+    return disk_id(root), str(root), scan(root)
+
+
 @ray.remote(num_cpus=0)
-def remove_storage(root: str, directories: list[str]) -> None:
-    """Delete incarnation directories found by ``scan_storage`` under ``root``; anything
-    else is refused before anything is deleted."""
-    base = Path(root).resolve()
+def remove_storage(root: str, directories: list[str], own_disk: bool = False) -> None:
+    """Delete incarnation directories found by ``scan_storage`` under ``root`` (this node's
+    own root instead, with ``own_disk``); anything else is refused before anything is
+    deleted."""
+    base = (node_storage_root(root) if own_disk else Path(root)).resolve()
     resolved = [Path(d).resolve() for d in directories]
     outside = [
         str(d) for d in resolved if base not in d.parents or len(d.relative_to(base).parts) != 4
@@ -48,32 +70,99 @@ def remove_storage(root: str, directories: list[str]) -> None:
         delete_storage(directory)
 
 
+@dataclass
+class _Scanned:
+    """What one storage root holds: the shared root (``disk`` None), or a node's disk."""
+
+    entries: list[StoredIncarnation]
+    disk: str | None = None
+    node: str | None = None
+
+    def row(self, entry: StoredIncarnation) -> dict[str, Any]:
+        described = entry.describe()
+        return described if self.disk is None else {**described, "disk": self.disk}
+
+
 async def storage_report(catalog: Catalog, delete: bool = False) -> dict[str, Any]:
     """Storage under the storage root that no live metadata names (with ``delete``,
-    removed): ``{"storageRoot", "live", "orphaned", "foreign", "deleted"}``."""
+    removed): ``{"storageRoot", "live", "orphaned", "foreign", "deleted"}``; with a disk
+    per node, each row names its ``disk``, and ``disks`` and ``unscanned`` say which
+    nodes were scanned and which did not answer. ``live``: incarnations, each counted once
+    however many disks hold a copy."""
     root = str(default_storage_root())
-    stored = await call(scan_storage.remote(root))
-    orphaned, foreign, live = [], [], 0
-    for entry in stored:
-        record = catalog.topic(entry.topic)
-        if entry.ray_namespace not in (None, catalog.store.namespace):
-            foreign.append(entry)
-        elif record is not None and record.incarnation == entry.incarnation:
-            live += 1
-        else:
-            orphaned.append((entry, _orphan_reason(entry, record)))
+    node_scope = storage_scope() == "node"
+    if node_scope:
+        scanned, unscanned = await asyncio.to_thread(_scan_disks, root)
+    else:
+        scanned, unscanned = [_Scanned(await call(scan_storage.remote(root)))], []
+    orphaned: list[tuple[_Scanned, StoredIncarnation, str]] = []
+    foreign: list[dict[str, Any]] = []
+    live: set[tuple[str, str | None]] = set()
+    for where in scanned:
+        for entry in where.entries:
+            record = catalog.topic(entry.topic)
+            if entry.ray_namespace not in (None, catalog.store.namespace):
+                foreign.append(where.row(entry))
+            elif record is not None and record.incarnation == entry.incarnation:
+                live.add((str(entry.topic), entry.incarnation))
+            else:
+                orphaned.append((where, entry, _orphan_reason(entry, record)))
     report: dict[str, Any] = {
         "storageRoot": root,
-        "live": live,
-        "orphaned": [{**e.describe(), "reason": why} for e, why in orphaned],
-        "foreign": [e.describe() for e in foreign],
+        "live": len(live),
+        "orphaned": [{**where.row(e), "reason": why} for where, e, why in orphaned],
+        "foreign": foreign,
         "deleted": [],
     }
+    if node_scope:
+        report["disks"] = [{"disk": w.disk, "node": w.node} for w in scanned]
+        report["unscanned"] = unscanned
     if delete and orphaned:
-        directories = [str(d) for e, _ in orphaned for d in e.removable]
-        await call(remove_storage.remote(root, directories))
+        await _delete(root, orphaned, node_scope)
         report["deleted"] = report["orphaned"]
     return report
+
+
+async def _delete(
+    root: str, orphaned: list[tuple[_Scanned, StoredIncarnation, str]], node_scope: bool
+) -> None:
+    """Remove each orphaned incarnation where it was found: on its node's disk, by a task
+    pinned to that node, or under the shared root."""
+    by_node: dict[str | None, list[str]] = {}
+    for where, entry, _ in orphaned:
+        by_node.setdefault(where.node, []).extend(str(d) for d in entry.removable)
+    await asyncio.gather(
+        *(
+            call(_remover(node).remote(root, directories, node_scope))
+            for node, directories in by_node.items()
+        )
+    )
+
+
+def _remover(node: str | None) -> Any:
+    if node is None:
+        return remove_storage
+    return remove_storage.options(scheduling_strategy=on_node(node))
+
+
+def _scan_disks(root: str) -> tuple[list[_Scanned], list[dict[str, str]]]:
+    """Every live node's disk scanned on that node (two nodes sharing a disk count once),
+    and the nodes that did not answer within ``SCAN_WAIT_S``, with why. Blocking."""
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    asked = {scan_disk.options(scheduling_strategy=on_node(node)).remote(root): node
+             for node in nodes}  # fmt: skip
+    ready, waiting = ray.wait(list(asked), num_returns=len(asked), timeout=SCAN_WAIT_S)
+    scanned: dict[str, _Scanned] = {}
+    unscanned = [{"node": asked[ref], "why": f"no answer within {SCAN_WAIT_S:.0f} s"}
+                 for ref in waiting]  # fmt: skip
+    for ref in ready:
+        try:
+            disk, _, entries = ray.get(ref)
+        except RayError as err:
+            unscanned.append({"node": asked[ref], "why": f"{type(err).__name__}: {err}"})
+            continue
+        scanned.setdefault(disk, _Scanned(entries, disk, asked[ref]))
+    return [scanned[d] for d in sorted(scanned)], sorted(unscanned, key=lambda u: u["node"])
 
 
 def _orphan_reason(entry: StoredIncarnation, record: TopicRecord | None) -> str:

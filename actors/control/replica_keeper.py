@@ -212,12 +212,11 @@ class ReplicaKeeper:
         nodes = await asyncio.to_thread(self._live_disks)
         endpoints = {(i, disk): endpoint for i, watch in self._watches.items()
                      for disk, endpoint in watch.endpoints.items()}  # fmt: skip
-        started = time.monotonic()
         asked = await ask_replicas(
             self.topic, {i: (kept[i], records[i]) for i in replicated}, nodes, endpoints
         )
         results = await asyncio.gather(
-            *(self._keep(sets, kept[i], records[i], replication, nodes, asked, started)
+            *(self._keep(sets, kept[i], records[i], replication, nodes, asked)
               for i in replicated),
             return_exceptions=True,
         )  # fmt: skip
@@ -264,10 +263,9 @@ class ReplicaKeeper:
         replication: Replication,
         nodes: dict[str, str],
         asked: Asked,
-        asked_at: float,
     ) -> None:
-        """One segment's step of a round, from its replicas' answers (``asked``, asked at
-        ``asked_at``). A replica is lost when its node is, when it stayed silent past the
+        """One segment's step of a round, from its replicas' answers (``asked``). A
+        replica is lost when its node is, when it stayed silent past the
         grace, or, for the leader, at once when its data plane refuses connections
         (``actors.control.replica_asks``): a follower's host that crashed is waited for,
         as Ray restarts it, rather than replaced by a copy of the whole log."""
@@ -284,7 +282,7 @@ class ReplicaKeeper:
                 if status.get("endpoint"):
                     watch.endpoints[replica] = tuple(status["endpoint"])
                 continue
-            since = watch.silent_since.setdefault(replica, asked_at)
+            since = watch.silent_since.setdefault(replica, now)
             refused = dead_leader and replica == record.leader
             if replica not in nodes or refused or now - since >= _grace_s():
                 gone.add(replica)
