@@ -8,6 +8,7 @@ from typing import Any
 import ray
 from ray._private import state as ray_state
 from ray.core.generated import gcs_pb2
+from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from runtime.config import actor_settings, ray_namespace
@@ -104,3 +105,28 @@ def _actor_table(prefix: str, state: str | None) -> list[tuple[str, int]]:
 def on_node(node: str) -> NodeAffinitySchedulingStrategy:
     """Run there or not at all: a segment's files are on that node's disk only."""
     return NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+
+
+def on_each_node(
+    nodes: list[str], task: Any, *args: Any, wait_s: float
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``task(*args)`` run on each of ``nodes`` (hard affinity): each node's answer, and
+    why each other node gave none within ``wait_s`` (an error, or no answer). A node's
+    disk is seen only from that node, so a caller must say which nodes it did not see,
+    never leave them out silently. Blocking."""
+    asked = {task.options(scheduling_strategy=on_node(node)).remote(*args): node
+             for node in nodes}  # fmt: skip
+    ready, waiting = ray.wait(list(asked), num_returns=len(asked), timeout=wait_s)
+    answers: dict[str, Any] = {}
+    missing = {asked[ref]: f"no answer within {wait_s:.0f} s" for ref in waiting}
+    for ref in ready:
+        try:
+            answers[asked[ref]] = ray.get(ref)
+        except RayError as err:
+            missing[asked[ref]] = f"{type(err).__name__}: {err}"
+    return answers, missing
+
+
+def live_nodes() -> list[str]:
+    """Every live node's id, sorted."""
+    return sorted(node["NodeID"] for node in ray.nodes() if node.get("Alive"))

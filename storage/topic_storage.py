@@ -341,7 +341,12 @@ def _mtime_ms(path: Path) -> int | None:
 
 
 def stored_states(stored: StoredIncarnation) -> list[StoredSegmentState]:
-    """What each segment of a stored incarnation says about itself, for recovery.
+    """What each segment of a stored incarnation says about itself, for recovery."""
+    return [state for _, state in segment_states(stored)]
+
+
+def segment_states(stored: StoredIncarnation) -> list[tuple[StoredSegment, StoredSegmentState]]:
+    """Each segment of a stored incarnation with what it says about itself.
 
     Segments without an identity were being laid out when their operation was
     cut short (identity is written first), and segments made outside the layout
@@ -357,14 +362,36 @@ def stored_states(stored: StoredIncarnation) -> list[StoredSegmentState]:
                 f"{segment.directory} says it belongs to {identity.topic} (incarnation "
                 f"{identity.incarnation}), not {stored.topic} ({stored.incarnation})"
             )
-        states.append(
-            StoredSegmentState(
-                identity.info,
-                tuple(stored_subscriptions(segment.directory)),
-                stored_fence_epoch(segment.directory),
-            )
+        state = StoredSegmentState(
+            identity.info,
+            tuple(stored_subscriptions(segment.directory)),
+            stored_fence_epoch(segment.directory),
         )
+        states.append((segment, state))
     return states
+
+
+def merge_incarnations(copies: list[StoredIncarnation]) -> list[StoredIncarnation]:
+    """One incarnation per name from its copies on several disks (storage scope ``node``):
+    the identity with the newest epoch (the controller's own disk keeps ``topic.json``,
+    and a controller that moved wrote another), every segment once; the directory is the
+    first copy's, for listings."""
+    merged: dict[tuple[str, str | None], StoredIncarnation] = {}
+    for copy in copies:
+        key = (str(copy.topic), copy.incarnation)
+        found = merged.get(key)
+        if found is None:
+            merged[key] = StoredIncarnation(
+                copy.topic, copy.incarnation, copy.directory, copy.identity, list(copy.segments)
+            )
+            continue
+        if copy.identity is not None and (
+            found.identity is None or copy.identity.epoch > found.identity.epoch
+        ):
+            found.identity = copy.identity
+        held = {segment.descriptor for segment in found.segments}
+        found.segments += [s for s in copy.segments if s.descriptor not in held]
+    return [merged[key] for key in sorted(merged, key=lambda k: (k[0], k[1] or ""))]
 
 
 def stored_fence_epoch(directory: Path) -> int:

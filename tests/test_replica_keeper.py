@@ -231,3 +231,16 @@ def test_a_replica_silent_in_its_first_round_is_started_not_lost(
     monkeypatch.setattr(replica_keeper.time, "monotonic", lambda: 1000.0)
     started: list[str] = []
     assert keep(set(), {"d1", "d2"}, started) == [] and started == ["n1", "n2"]
+
+
+def test_an_incarnation_starting_forgets_the_replicas_the_rounds_saw() -> None:
+    """Recovered or created anew, a topic's replicas were all closed: stats must not show
+    the old ones in sync until the next round saw the new ones."""
+    published: list[int] = []
+    keeper = object.__new__(ReplicaKeeper)
+    keeper.metrics = SimpleNamespace(replicas=lambda under, _lag: published.append(under))
+    view = [{"replica": "d0", "role": "leader", "inSync": False}]
+    keeper._watches = {1: replica_keeper._Watch("0000-ffff-1", view=view)}
+    assert keeper.views() == {"1": {"replicas": view, "unavailable": None}}
+    keeper.forget()
+    assert keeper.views() == {} and published == [0]

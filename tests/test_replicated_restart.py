@@ -9,7 +9,10 @@ admin call, each segment is three replicas again on the same disks, led at a new
 (a restarted leader leads only through an election: ``runtime.replica_plan``), in sync;
 the consumer receives exactly what it had not acknowledged, once each, in key order, and
 what is produced after the restart too. Then the storage check, on a disk per node, scans
-each node's disk and deletes what is orphaned there.
+each node's disk and deletes what is orphaned there. Last, the topic's metadata is lost
+(every record under its path deleted) and recovered from the copies on the three disks:
+its layout, its subscription's position and every segment's three replicas come back,
+and the consumer receives exactly what it had not acknowledged.
 
 The programs run as subprocesses (this file as a script: ``before`` and ``after``), as in
 ``tests/test_head_restart.py``; ``tests/ray_head.py`` says how the nodes are killed.
@@ -41,6 +44,7 @@ POLICY = {"replication": {"factor": 3, "ackQuorum": 2}}
 WORKERS = ("a", "b")  # and the head: three nodes, a replica on each
 KEYS = 10
 BEFORE, ACKED, AFTER = 200, 80, 40  # produced before, acknowledged of them, produced after
+LOST = 30  # produced, not acknowledged, when the metadata is lost
 DEADLINE_S = 90.0
 
 
@@ -92,6 +96,18 @@ def test_a_replicated_topic_comes_back_whole_after_all_of_ray_restarts(tmp_path:
     assert storage["orphaned"] == storage["expected_orphans"], storage
     assert storage["live"] == 1 and storage["deleted"] == 2, storage
     assert storage["planted_left"] == [] and storage["own_left"], storage
+    # recovered from the copies on the disks: the same layout, replicas and position
+    recovered = after["recovered"]
+    assert recovered["listed"] is False and recovered["report"]["epoch"] > 0, recovered
+    assert recovered["layout"] == recovered["layout_before"], recovered
+    assert recovered["backlog"] == LOST, recovered
+    for segment, replicas in recovered["replicas"].items():
+        assert sorted(replicas["disks"]) == sorted(before["replicas"][segment]["disks"])
+        assert replicas["epoch"] > after["replicas"][segment]["epoch"], recovered
+        assert sorted(replicas["roles"]) == ["follower", "follower", "leader"], recovered
+    lost = [tuple(m) for m in recovered["produced"]]
+    got = [tuple(m) for m in recovered["received"]]
+    assert delivery_violations(lost, got, exactly_once=True) == [] and len(got) == LOST
 
 
 def _replicas(admin: Any) -> dict[str, dict[str, Any]]:
@@ -211,7 +227,35 @@ def after(out: Path) -> None:
     out.write_text(json.dumps({
         "replicas": replicas, "produced": produced, "received": received,
         "under_replicated": under, "storage": _storage_check(admin, out.parent / "disks"),
+        "recovered": _recovered(admin),
     }))  # fmt: skip
+
+
+def _recovered(admin: Any) -> dict[str, Any]:
+    """Produce ``LOST`` messages nobody acknowledges, lose the topic's metadata, recover
+    it from its copies on the three disks, and read what was owed."""
+    from waiting import wait_for
+
+    from clients import StreamConsumer
+    from runtime.names import TopicName
+    from storage.catalog import Catalog
+
+    produced = _produce(LOST, BEFORE + AFTER)
+    layout_before = admin.get_layout(TOPIC).to_dict()["segments"]
+    time.sleep(1.5)  # the cursors moved by the last reads are saved on every replica
+    Catalog().delete_topic(TopicName.parse(TOPIC))
+    listed = TOPIC in admin.list_scalable_topics(NAMESPACE)
+    report = admin.recover_topic(TOPIC)
+    replicas = wait_for(lambda: _in_sync(admin), 120, step_s=1)
+    backlog = admin.get_stats(TOPIC)["subscriptions"]["s"]["backlog"]
+    consumer = StreamConsumer(TOPIC, "s", "c2")
+    received = _receive(consumer, LOST, quiet_s=1)
+    consumer.close()
+    return {
+        "listed": listed, "report": report, "replicas": replicas, "backlog": backlog,
+        "layout_before": layout_before, "layout": admin.get_layout(TOPIC).to_dict()["segments"],
+        "produced": produced, "received": received,
+    }  # fmt: skip
 
 
 def _storage_check(admin: Any, disks: Path) -> dict[str, Any]:

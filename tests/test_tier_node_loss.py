@@ -111,7 +111,7 @@ def main(scratch: Path) -> None:
 
     from clients import ScalableTopicsAdmin
     from runtime import connect
-    from runtime.errors import ConflictError
+    from runtime.errors import TopicAlreadyExistsError
     from runtime.names import TopicName
     from storage.catalog import Catalog
     from storage.durability import NODE_STORAGE_ROOT_ENV
@@ -202,8 +202,8 @@ def main(scratch: Path) -> None:
         try:
             admin.recover_topic(TOPIC)
             refused = False
-        except ConflictError as err:
-            refused = "RAYTOPICS_STORAGE_SCOPE=node" in str(err)
+        except TopicAlreadyExistsError as err:  # a live topic is never rebuilt over
+            refused = "live metadata" in str(err)
         print(
             RESULT
             + json.dumps(

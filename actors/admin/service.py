@@ -37,12 +37,11 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from actors.admin.cluster_service import ClusterOperations
 from actors.admin.consumer_service import ConsumerOperations
 from actors.admin.permits import admin_operation
-from actors.admin.storage_tasks import scan_storage
+from actors.admin.storage_tasks import stored_incarnations
 from actors.admin.stream_service import StreamOperations
 from actors.capacity import check_capacity
 from actors.control.controller_host import controller_actor
 from actors.control.dag_watch import dag_watch_actor
-from actors.control.node_disks import check_recoverable
 from actors.control.readiness import await_readiness
 from actors.control.topic_stats import topic_stats
 from actors.guard import guard
@@ -65,7 +64,6 @@ from runtime.readiness import MAX_WAIT_S
 from runtime.remote import call
 from runtime.subscription import DEFAULT_GRACE_S, StartPosition, reset_target
 from storage.catalog import Catalog
-from storage.durability import default_storage_root
 from storage.records import TopicRecord
 from storage.topic_storage import choose_incarnation, is_incarnation
 
@@ -407,7 +405,6 @@ class AdminService(StreamOperations, ConsumerOperations, ClusterOperations):
                 f"invalid incarnation {incarnation!r}: expected an id such as "
                 "20261125T130241Z-3f9a1c2b (raytopics storage check lists them)"
             )
-        check_recoverable(name)
         rid = checked_request_id(request_id)
         existing = self._catalog.topic(name)
         if existing is not None and existing.created_by != rid:
@@ -416,8 +413,7 @@ class AdminService(StreamOperations, ConsumerOperations, ClusterOperations):
                 "metadata is lost"
             )
         if existing is None:
-            root = str(default_storage_root())
-            stored = await call(scan_storage.remote(root, str(name)))
+            stored = await stored_incarnations(name)
             incarnation = choose_incarnation(stored, name, incarnation).incarnation  # or refuse
         return await self._control(
             name, restart_timeout_s, "recover", incarnation, request_id=rid, create=True,

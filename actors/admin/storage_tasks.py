@@ -24,17 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayError
 
-from actors.registry import on_node
-from runtime.errors import InvalidArgumentError
+from actors.registry import live_nodes, on_each_node, on_node
+from runtime.errors import InvalidArgumentError, UnavailableError
 from runtime.names import TopicName
 from runtime.remote import call
 from storage.catalog import Catalog
 from storage.durability import default_storage_root, node_storage_root, storage_scope
 from storage.placements import disk_id
 from storage.records import TopicRecord
-from storage.topic_storage import StoredIncarnation, delete_storage, scan
+from storage.topic_storage import StoredIncarnation, delete_storage, merge_incarnations, scan
 
 # How long a node may take to scan its disk before the report lists it as unscanned.
 SCAN_WAIT_S = 60.0
@@ -148,21 +147,26 @@ def _remover(node: str | None) -> Any:
 def _scan_disks(root: str) -> tuple[list[_Scanned], list[dict[str, str]]]:
     """Every live node's disk scanned on that node (two nodes sharing a disk count once),
     and the nodes that did not answer within ``SCAN_WAIT_S``, with why. Blocking."""
-    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
-    asked = {scan_disk.options(scheduling_strategy=on_node(node)).remote(root): node
-             for node in nodes}  # fmt: skip
-    ready, waiting = ray.wait(list(asked), num_returns=len(asked), timeout=SCAN_WAIT_S)
+    answers, missing = on_each_node(live_nodes(), scan_disk, root, wait_s=SCAN_WAIT_S)
     scanned: dict[str, _Scanned] = {}
-    unscanned = [{"node": asked[ref], "why": f"no answer within {SCAN_WAIT_S:.0f} s"}
-                 for ref in waiting]  # fmt: skip
-    for ref in ready:
-        try:
-            disk, _, entries = ray.get(ref)
-        except RayError as err:
-            unscanned.append({"node": asked[ref], "why": f"{type(err).__name__}: {err}"})
-            continue
-        scanned.setdefault(disk, _Scanned(entries, disk, asked[ref]))
-    return [scanned[d] for d in sorted(scanned)], sorted(unscanned, key=lambda u: u["node"])
+    for node, (disk, _, entries) in sorted(answers.items()):
+        scanned.setdefault(disk, _Scanned(entries, disk, node))
+    unscanned = [{"node": node, "why": why} for node, why in sorted(missing.items())]
+    return [scanned[d] for d in sorted(scanned)], unscanned
+
+
+async def stored_incarnations(topic: TopicName) -> list[StoredIncarnation]:
+    """``topic``'s stored incarnations, each once: under the shared root, or on every live
+    node's disk (``UnavailableError`` naming a node that did not answer: a recovery must
+    not choose among incarnations it did not all see)."""
+    root = str(default_storage_root())
+    if storage_scope() != "node":
+        return await call(scan_storage.remote(root, str(topic)))
+    scanned, unscanned = await asyncio.to_thread(_scan_disks, root)
+    if unscanned:
+        raise UnavailableError(f"{topic}: these nodes' disks could not be read: {unscanned}")
+    found = [entry for where in scanned for entry in where.entries if entry.topic == topic]
+    return merge_incarnations(found)
 
 
 def _orphan_reason(entry: StoredIncarnation, record: TopicRecord | None) -> str:

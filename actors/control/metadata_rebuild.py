@@ -10,6 +10,11 @@ merge stays pending, and the controller's usual recovery then rolls it forward),
 subscription found in the cursors re-created around them (existing cursors keep their
 positions, missing ones start at the subscription's position).
 
+With a disk per node (storage scope ``node``) the segments' copies are read on every
+live node's disk (``actors.control.node_disks``), merged into one state per segment, and
+each segment's disk and replica set are recorded again (``storage.stored_copies``); the
+replica rounds then elect each replicated segment's leader among its copies.
+
 Refused while the topic has live metadata: it rebuilds, it never overwrites. The
 rebuild that wrote the metadata, sent again under its request id (a caller whose answer
 was lost, or a rebuild cut after the record was written), finishes what it left, each
@@ -18,24 +23,21 @@ step safe to repeat, and is answered with the same report.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from actors.capacity import check_capacity
-from actors.control.node_disks import check_recoverable
 from actors.control.topic_parts import TopicParts
 from runtime.errors import SubscriptionAlreadyExistsError, TopicAlreadyExistsError
 from runtime.policy import TopicPolicy
 from runtime.recovery import RecoveryPlan, plan_recovery
+from storage import stored_copies
 from storage.records import SubscriptionMetadata, TopicRecord
-from storage.topic_storage import (
-    StoredIncarnation,
-    SubscriptionSettings,
-    choose_incarnation,
-    stored_states,
-)
+from storage.stored_copies import StoredCopy, StoredTopic, copies_of, merged_states
+from storage.topic_storage import StoredIncarnation, SubscriptionSettings, choose_incarnation
 
 
 class MetadataRebuild:
@@ -61,7 +63,6 @@ class MetadataRebuild:
         what it left and answers as it did; any other is refused once the topic exists."""
         parts = self._parts
         topic, catalog, fleet = parts.topic, parts.catalog, parts.fleet
-        check_recoverable(topic)
         existing = catalog.topic(topic)
         if existing is not None:
             if existing.created_by != request_id or existing.recovery is None:
@@ -69,12 +70,17 @@ class MetadataRebuild:
                     f"{topic} has live metadata: recover rebuilds only a topic whose "
                     "metadata is lost"
                 )
-            stored = choose_incarnation(fleet.stored(), topic, existing.incarnation)
+            found = await self._stored()
+            stored = choose_incarnation(found.incarnations, topic, existing.incarnation)
+            copies = found.copies.get(existing.incarnation, [])
             fleet.incarnation = existing.incarnation  # a restarted controller's too
-            self._recreate_subscriptions(self._plan(stored), stored)
-            return await self._finish(existing.recovery, stored)
-        stored = choose_incarnation(fleet.stored(), topic, incarnation)
-        plan = self._plan(stored)
+            self._restore_disks(copies, existing.recovery["discardedSegments"])
+            self._recreate_subscriptions(self._plan(stored, copies), stored)
+            return await self._finish(existing.recovery, copies)
+        found = await self._stored()
+        stored = choose_incarnation(found.incarnations, topic, incarnation)
+        copies = found.copies.get(stored.incarnation or "", [])
+        plan = self._plan(stored, copies)
         starting = len(plan.layout.all_segments) - fleet.leftover_segments()
         check_capacity(f"recovering {topic}", topic, starting)
         epoch = self._raise_epoch(plan.controller_epoch)
@@ -86,20 +92,59 @@ class MetadataRebuild:
             "discardedSegments": list(plan.discarded),
             "finishedOperation": plan.pending.kind if plan.pending else None,
         }
+        self._restore_disks(copies, plan.discarded)  # before the record: no round sees it bare
         catalog.create_topic(topic, self._record(plan, stored, epoch, request_id, done))
         self._recreate_subscriptions(plan, stored)
-        return await self._finish(done, stored)
+        return await self._finish(done, copies)
 
-    async def _finish(self, done: dict[str, Any], stored: StoredIncarnation) -> dict[str, Any]:
+    async def _stored(self) -> StoredTopic:
+        """The topic name's incarnations and segment copies: under the shared root, or on
+        every live node's disk, each read on its node."""
+        fleet = self._parts.fleet
+        if fleet.node_local:
+            return await asyncio.to_thread(fleet.disks.stored)
+        found = fleet.stored()
+        return StoredTopic(
+            found, {s.incarnation: copies_of(s, None) for s in found if s.incarnation}
+        )
+
+    def _restore_disks(self, copies: list[StoredCopy], discarded: Sequence[int]) -> None:
+        """With a disk per node: each kept segment's disk and each replicated one's replica
+        set, recorded again from its copies (one already recorded, by this rebuild's first
+        attempt, stays)."""
+        fleet = self._parts.fleet
+        if not fleet.node_local:
+            return
+        copies = [copy for copy in copies if copy.segment_id not in discarded]
+        placements, sets = fleet.placements(), fleet.replicas.sets()
+        for segment_id, disk in stored_copies.placements(copies).items():
+            placements.place(segment_id, disk)
+        for segment_id, replicas in stored_copies.replica_sets(copies).items():
+            sets.create(segment_id, replicas)
+
+    async def _discard(self, copies: list[StoredCopy], discarded: list[int]) -> None:
+        """Remove every copy of the segments no committed layout names, where it is."""
+        fleet, topic = self._parts.fleet, self._parts.topic
+        for copy in copies:
+            if copy.segment_id not in discarded:
+                continue
+            name = copy.state.info.name(topic)
+            if copy.disk is None:
+                fleet.delete_segment_storage(name)
+                continue
+            node = await asyncio.to_thread(fleet.disks.node_of, copy.disk)
+            if node is None:
+                raise fleet.disks.unavailable(name, copy.disk)
+            await fleet.disks.remove(node, fleet.incarnation or "", name)
+
+    async def _finish(self, done: dict[str, Any], copies: list[StoredCopy]) -> dict[str, Any]:
         """The steps after the record is written, each safe to repeat: the discarded
         segments' storage removed, the controller's recovery (a pending operation rolled
         forward, the subscriptions given their cursors), the segments' actors registered;
         returns the rebuild's report."""
         parts = self._parts
         topic, fleet = parts.topic, parts.fleet
-        for info in stored_states(stored):
-            if info.info.segment_id in done["discardedSegments"]:
-                fleet.delete_segment_storage(info.info.name(topic))
+        await self._discard(copies, done["discardedSegments"])
         await self._resume()
         layout = parts.read_record().layout
         tiered = set(fleet.storage().records.segment_ids())  # one read, not one per segment
@@ -120,10 +165,10 @@ class MetadataRebuild:
         }
 
     @staticmethod
-    def _plan(stored: StoredIncarnation) -> RecoveryPlan:
+    def _plan(stored: StoredIncarnation, copies: list[StoredCopy]) -> RecoveryPlan:
         identity = stored.identity
         return plan_recovery(
-            stored_states(stored),
+            merged_states(copies),
             known_epoch=identity.epoch if identity else 0,
             known_next_segment_id=identity.next_segment_id if identity else 0,
             properties=identity.properties if identity else None,

@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
 
-from actors.registry import on_node
-from runtime.errors import ConflictError, NotEnoughNodesError, UnavailableError
+from actors.registry import live_nodes, on_each_node, on_node
+from runtime.errors import NotEnoughNodesError, UnavailableError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
 from runtime.placement import choose_disk, namespace_resources, placement_from_env
@@ -34,8 +33,16 @@ from storage.incarnation_storage import IncarnationStorage
 from storage.metadata import MetadataStore
 from storage.placements import SegmentPlacements, disk_id
 from storage.replica_state import ReplicaStateFile
+from storage.stored_copies import StoredCopy, StoredTopic, copies_of
 from storage.tier_records import TierRecords
-from storage.topic_storage import delete_storage, incarnation_directory, segment_directory
+from storage.topic_storage import (
+    StoredIncarnation,
+    delete_storage,
+    incarnation_directory,
+    merge_incarnations,
+    scan,
+    segment_directory,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +90,15 @@ def _remove(cluster_root: str, topic: str, incarnation: str, segment: str | None
         delete_storage(segment_directory(root, SegmentName.parse(segment), incarnation))
 
 
+@ray.remote(num_cpus=0, max_retries=0)
+def _stored_here(cluster_root: str, topic: str) -> tuple[str, list[StoredIncarnation], dict]:
+    """This node's disk: its id, ``topic``'s incarnations on it, and their segment copies."""
+    root = node_storage_root(cluster_root)
+    disk = disk_id(root)
+    found = scan(root, TopicName.parse(topic))
+    return disk, found, {s.incarnation: copies_of(s, disk) for s in found if s.incarnation}
+
+
 def check_replication(policy: TopicPolicy, namespace_path: str, cluster_root: str) -> None:
     """Refuse a policy whose replication factor the cluster cannot hold (one replica per
     node, each on its own disk): with one shared storage root every replica would be on
@@ -99,18 +115,6 @@ def check_replication(policy: TopicPolicy, namespace_path: str, cluster_root: st
             "on the same disk, so this cluster holds 1 copy"
         )
     replication.check_nodes(len(_ask_disks(_candidates(namespace_path), cluster_root, None)))
-
-
-def check_recoverable(topic: TopicName) -> None:
-    """Recovery from storage reads every segment's files under one storage root; with a
-    disk per node they are spread over the nodes, and a scan of one would rebuild a DAG
-    with segments missing. Refused, so the metadata must be kept durable instead."""
-    if storage_scope() == "node":
-        raise ConflictError(
-            f"{topic}: recovery from storage needs every segment's files under one storage "
-            "root, and with a disk per node (RAYTOPICS_STORAGE_SCOPE=node) they are spread "
-            "over the nodes; keep the metadata durable instead (Ray's GCS on Redis)"
-        )
 
 
 class NodeDisks:
@@ -186,6 +190,27 @@ class NodeDisks:
         candidates = _candidates(self.topic.namespace_path)
         self._nodes = _ask_disks(candidates, self.cluster_root, self.topic)
 
+    def stored(self) -> StoredTopic:
+        """The topic's incarnations and segment copies on every live node's disk, each
+        disk read on its node; ``UnavailableError`` naming the nodes that did not answer,
+        since a recovery planned without a disk would miss its segments. Blocking."""
+        answers, missing = on_each_node(
+            live_nodes(), _stored_here, self.cluster_root, str(self.topic), wait_s=ASK_WAIT_S
+        )
+        if missing:
+            raise UnavailableError(
+                f"{self.topic}: the disks of nodes {sorted(missing)} could not be read "
+                f"({'; '.join(sorted(set(missing.values())))}): recovery needs every disk"
+            )
+        incarnations: list[StoredIncarnation] = []
+        copies: dict[str, list[StoredCopy]] = {}
+        by_disk = {disk: (found, held) for disk, found, held in answers.values()}  # shared: once
+        for found, held in by_disk.values():
+            incarnations += found
+            for incarnation, segment_copies in held.items():
+                copies.setdefault(incarnation, []).extend(segment_copies)
+        return StoredTopic(merge_incarnations(incarnations), copies)
+
     async def lay_out(
         self,
         node: str,
@@ -238,17 +263,9 @@ def _candidates(namespace_path: str) -> list[str]:
 
 def _ask_disks(nodes: list[str], cluster_root: str, topic: TopicName | None) -> dict[str, str]:
     """Which disk each of ``nodes`` has: disk id → node id (a node that does not say in
-    ``ASK_WAIT_S`` is left out; two nodes sharing one disk count once)."""
-    asked = {
-        _disk.options(scheduling_strategy=on_node(node)).remote(cluster_root): node
-        for node in nodes
-    }
-    ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ASK_WAIT_S)
-    found = {}
-    for ref in ready:
-        try:
-            found[ray.get(ref)] = asked[ref]
-        except (RayError, GetTimeoutError) as err:
-            log.warning("%s: node %s did not say which disk it has: %s", topic or "placement",
-                        asked[ref], err)  # fmt: skip
-    return found
+    ``ASK_WAIT_S`` is left out, logged; two nodes sharing one disk count once)."""
+    answers, missing = on_each_node(nodes, _disk, cluster_root, wait_s=ASK_WAIT_S)
+    for node, why in missing.items():
+        log.warning("%s: node %s did not say which disk it has: %s", topic or "placement",
+                    node, why)  # fmt: skip
+    return {disk: node for node, disk in sorted(answers.items(), reverse=True)}

@@ -412,6 +412,13 @@ class ReplicaKeeper:
             for segment_id, watch in self._watches.items()
         }
 
+    def forget(self) -> None:
+        """Drop what the rounds saw: an incarnation is starting (create, recover), and any
+        replica seen before was closed with it. Who calls: the fleet's ``clear_leftovers``.
+        What it affects: stats and metrics show no replica until the next round saw it."""
+        self._watches.clear()
+        self._publish()
+
     def _publish(self) -> None:
         if self.metrics is None:
             return

@@ -407,6 +407,7 @@ class SegmentFleet(RestingSegments):
         metadata is gone, and must not be found by clients looking up names.
         """
         await _gone(await self._stop_serving(self.topic.coordinator_host_name))
+        self.replicas.forget()
 
     async def delete_incarnation(self) -> None:
         """Close the topic's segments in their hosts (they are gone) and remove what is left
