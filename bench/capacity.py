@@ -23,9 +23,11 @@ runs it and holds it to generous bounds.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -58,6 +60,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="capacity-bench-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     os.environ["RAYTOPICS_STORAGE_ROOT"] = root
     os.environ["RAYTOPICS_NAMESPACE"] = f"capacity-{uuid.uuid4().hex[:6]}"
     from runtime import connect

@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -182,6 +183,7 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(scratch, ignore_errors=True)  # gigabytes at peak rates
 
 
 def main() -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -108,6 +109,7 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(scratch, ignore_errors=True)  # gigabytes at peak rates
 
 
 def _in_sync(admin: Any, segments: int, replication: dict) -> float:
