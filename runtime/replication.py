@@ -308,17 +308,27 @@ def admits(frame_epoch: int, seen_epoch: int) -> bool:
 
 
 def choose_leader(
-    reports: Iterable[ReplicaReport], replication: Replication, prefer: str | None = None
+    reports: Iterable[ReplicaReport],
+    replication: Replication,
+    prefer: str | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> ReplicaReport:
     """The replica to lead the next epoch: among at least ``reports_needed`` fenced
-    replicas, the most up-to-date log (newest last epoch, then longest). A tie goes to
-    ``prefer`` (the leader the record names: a segment's first election keeps the leader
-    its placement chose, and a leader that restarted keeps leading when nobody holds more),
-    then to the name, so every controller that sees the same reports chooses alike."""
+    replicas, the most up-to-date log (newest last epoch, then longest). A tie goes first
+    to a replica not in ``avoid`` (those on the controller's own node: a node lost with
+    both the controller and a leader leaves that segment without a leader until Ray
+    restarts the controller elsewhere), then to ``prefer`` (the leader the record names:
+    a segment's first election keeps the leader its placement chose, and a leader that
+    restarted keeps leading when nobody holds more), then to the name, so every
+    controller that sees the same reports chooses alike. Only ties: the most up-to-date
+    log always wins, wherever it is."""
     heard = {report.replica: report for report in reports}
     if len(heard) < replication.reports_needed:
         raise NotEnoughReplicasError(
             f"an election needs {replication.reports_needed} of {replication.factor} replicas "
             f"(ackQuorum {replication.ack_quorum}); {len(heard)} answered"
         )
-    return max(heard.values(), key=lambda r: (r.last_epoch, r.end, r.replica == prefer, r.replica))
+    return max(
+        heard.values(),
+        key=lambda r: (r.last_epoch, r.end, r.replica not in avoid, r.replica == prefer, r.replica),
+    )

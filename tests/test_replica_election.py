@@ -71,6 +71,15 @@ def test_a_tie_keeps_the_leader_the_record_names() -> None:
     assert elected == ReplicaSet(4, ("d1", "d2", "d3"))
 
 
+def test_a_tie_goes_off_the_controllers_node_before_the_recorded_leader() -> None:
+    """The recorded leader's disk is on the controller's node: an equally up-to-date
+    replica elsewhere leads, so losing that node would not take both."""
+    records, replicas = setup({"d1": (3, 42), "d2": (3, 42), "d3": (3, 40)})
+    avoid = frozenset({"d1"})
+    elected = asyncio.run(elect(records, 7, ("d1", "d2", "d3"), THREE, replicas, avoid=avoid))
+    assert elected == ReplicaSet(4, ("d2", "d1", "d3"))
+
+
 def test_too_few_answers_elect_nobody_and_change_nothing() -> None:
     records, replicas = setup({"d1": None, "d2": None, "d3": (3, 42)})
     with pytest.raises(NotEnoughReplicasError, match="needs 2 of 3"):

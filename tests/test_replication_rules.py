@@ -169,6 +169,9 @@ def test_the_newest_epoch_wins_then_the_longest_log_then_the_name() -> None:
     # A tie goes to the leader the record names first, never past a more up-to-date log
     assert choose_leader(tie, replication, prefer="b") == tie[0]
     assert choose_leader([newer, longer], replication, prefer="a") == longer
+    # A replica on the controller's node leads only when none elsewhere is as up to date
+    assert choose_leader(tie, replication, prefer="c", avoid=frozenset({"c"})) == tie[0]
+    assert choose_leader([newer, longer], replication, avoid=frozenset({"c"})) == longer
 
 
 def test_a_replica_refuses_frames_from_before_the_newest_epoch_it_saw() -> None:

@@ -147,10 +147,13 @@ class NodeDisks:
         info: SegmentInfo,
         placements: SegmentPlacements,
         tiered: Callable[[], set[int]],
+        leader: bool = False,
     ) -> str:
         """Choose the new segment's disk (one choice at a time, so a split's children see
         each other), record it, and return the node that has it. The load of a disk is
-        the segments placed on it that are not ``tiered`` (ids) now."""
+        the segments placed on it that are not ``tiered`` (ids) now. A replicated
+        segment's ``leader`` is placed off this controller's node when another may hold
+        it (``own_disks``)."""
         async with self._placing:
             disk = placements.get(name.segment_id)
             if disk is None:
@@ -164,11 +167,20 @@ class NodeDisks:
                 if not load:
                     raise UnavailableError(f"{self.topic}: no live node may hold its segments")
                 avoid = {placed[p] for p in info.parent_ids if p in placed}
-                disk = placements.place(name.segment_id, choose_disk(load, avoid))
+                own = self.own_disks() if leader else set()
+                elsewhere = {d: n for d, n in load.items() if d not in own} or load
+                disk = placements.place(name.segment_id, choose_disk(elsewhere, avoid))
             node = await asyncio.to_thread(self.node_of, disk)
             if node is None:
                 raise self.unavailable(name, disk)
             return node
+
+    def own_disks(self) -> set[str]:
+        """The disks of the node this controller runs on, as the nodes last said: a
+        replicated segment's leader goes elsewhere when it can (``place``, elections), so
+        that losing one node takes a leader or the controller, rarely both."""
+        node = _own_node()
+        return {disk for disk, held_by in self._nodes.items() if held_by == node}
 
     def node_of(self, disk: str) -> str | None:
         """The live node that has ``disk`` (the nodes are asked again when none is known
@@ -249,6 +261,13 @@ class NodeDisks:
             "has now (the node is down or gone); the segment serves again when that node is "
             "back, and is never re-created empty elsewhere"
         )
+
+
+def _own_node() -> str | None:
+    """This process's Ray node; ``None`` outside Ray (no node is then avoided)."""
+    if not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
 
 
 def _candidates(namespace_path: str) -> list[str]:

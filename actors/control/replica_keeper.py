@@ -324,8 +324,9 @@ class ReplicaKeeper:
         elif isinstance(step, Elect):
             try:
                 elected = await elect(
-                    sets, name.segment_id, step.candidates, replication, calls, step.also_fenced
-                )
+                    sets, name.segment_id, step.candidates, replication, calls, step.also_fenced,
+                    avoid=frozenset(self._disks.own_disks()),
+                )  # fmt: skip
             except BadVersion:
                 return  # another election won: the next round reads its record
             SegmentPlacements(self._store, self.topic, self._incarnation()).move(

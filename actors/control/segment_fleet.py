@@ -270,10 +270,11 @@ class SegmentFleet(RestingSegments):
         """
         handle = await self._own_actor(name)
         if handle is None and self.node_local:
-            node = await self.disks.place(
-                name, info, self.placements(), lambda: set(self.storage().records.segment_ids())
-            )
             replicated = replication.factor > 1
+            node = await self.disks.place(
+                name, info, self.placements(), lambda: set(self.storage().records.segment_ids()),
+                leader=replicated,
+            )  # fmt: skip
             await self.disks.lay_out(
                 node, self._current(), name, info, subscriptions, epoch, in_layout, replicated
             )
