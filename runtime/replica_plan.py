@@ -24,7 +24,7 @@ log); a leader that lost them first loses the lead to a replica that did not.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from runtime.replication import Replication
@@ -39,6 +39,15 @@ class RoleAnswer:
     role: str
     epoch: int
     lost: bool = False
+
+
+@dataclass(frozen=True)
+class HandOver:
+    """Move the lead to follower ``to``, in sync and off the controller's node: the
+    leader stops taking appends until ``to`` holds its whole log, then an election among
+    every replica chooses ``to`` (as up to date as the leader, and not avoided)."""
+
+    to: str
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,7 @@ class Unavailable:
     why: str
 
 
-Step = Elect | Tell | Replace | Rebuild | Resize | Unavailable
+Step = Elect | HandOver | Tell | Replace | Rebuild | Resize | Unavailable
 
 
 def next_steps(
@@ -173,3 +182,25 @@ def resize_steps(
     if len(answering) < replication.reports_needed:
         return []
     return [Elect(tuple(answering))]
+
+
+def hand_over_steps(
+    replicas: Sequence[str],
+    epoch: int,
+    answers: Mapping[str, RoleAnswer | None],
+    in_sync: Collection[str],
+    avoid: Collection[str],
+) -> list[Step]:
+    """For a segment with nothing else to do, led from a disk in ``avoid`` (the
+    controller's node: losing it would take the leader and the controller together, and
+    the segment would wait for Ray to restart the controller elsewhere): hand the lead to
+    the first follower elsewhere that follows this epoch and is ``in_sync``; none when
+    no such follower is there."""
+    leader = replicas[0]
+    if leader not in avoid or answers.get(leader) != RoleAnswer("leader", epoch):
+        return []
+    for follower in replicas[1:]:
+        following = answers.get(follower) == RoleAnswer("follower", epoch)
+        if follower not in avoid and follower in in_sync and following:
+            return [HandOver(follower)]
+    return []

@@ -27,6 +27,8 @@ from runtime.errors import UnavailableError
 from runtime.layout import HashRange, SegmentInfo
 from runtime.names import MAX_HASH, TopicName
 from runtime.replication import Replication
+from storage.metadata import MemoryKeyValue, MetadataStore
+from storage.placements import SegmentPlacements
 from storage.replica_sets import ReplicaSet
 
 TOPIC = TopicName.parse("topic://tenant/ns/orders")
@@ -176,14 +178,19 @@ def test_a_segment_moved_to_the_tier_loses_its_followers_copies_then_its_record(
 
 
 def keep(
-    refused: set[tuple[int, str]], silent: set[str], started: list[str] | None = None
+    refused: set[tuple[int, str]],
+    silent: set[str],
+    started: list[str] | None = None,
+    own: frozenset[str] = frozenset(),
 ) -> list[Any]:
     """One round's steps for segment 1 (d0 leads epoch 4, d1 and d2 follow) whose replicas
     in ``silent`` did not answer and whose data planes in ``refused`` refused the probe;
-    ``started``: the silent replicas whose hosts were asked to open them."""
+    ``started``: the silent replicas whose hosts were asked to open them; ``own``: the
+    disks of the controller's node."""
     record = ReplicaSet(4, ("d0", "d1", "d2"))
     keeper = object.__new__(ReplicaKeeper)
     keeper.topic, keeper._watches, keeper.metrics = TOPIC, {}, None
+    keeper._disks = SimpleNamespace(own_disks=lambda: set(own))
     opened = [] if started is None else started
     keeper._start = lambda name, node, leads: opened.append(node)
     steps: list[Any] = []
@@ -244,3 +251,52 @@ def test_an_incarnation_starting_forgets_the_replicas_the_rounds_saw() -> None:
     assert keeper.views() == {"1": {"replicas": view, "unavailable": None}}
     keeper.forget()
     assert keeper.views() == {} and published == [0]
+
+
+def test_a_healthy_lead_on_the_controllers_node_is_handed_to_an_in_sync_follower(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replica_keeper, "guard", lambda: SimpleNamespace(internal_token=str))
+    assert keep(set(), set(), own=frozenset({"d0"})) == [replica_keeper.HandOver("d1")]
+    assert keep(set(), set(), own=frozenset({"d2"})) == []  # a follower there: nothing to do
+    assert keep(set(), set()) == []
+
+
+def carry_out_hand_over(
+    monkeypatch: pytest.MonkeyPatch, handed: bool
+) -> tuple[list, Any, MetadataStore]:
+    """``HandOver("d1")`` carried out for segment 1 (d0 leads epoch 4 on the controller's
+    node) whose leader says ``handed``: the elections run, the segment's watch, and the
+    metadata store."""
+    elected: list[tuple] = []
+
+    async def elect(sets, segment_id, candidates, replication, calls, also_fenced=(), avoid=()):  # noqa: ANN001, ANN202
+        elected.append((candidates, avoid))
+        return ReplicaSet(5, ("d1", "d0", "d2"))
+
+    async def hand_over(leader: str, to: str, wait_s: float) -> bool:
+        return handed
+
+    monkeypatch.setattr(replica_keeper, "elect", elect)
+    keeper = object.__new__(ReplicaKeeper)
+    keeper.topic, keeper.metrics, keeper._incarnation = TOPIC, None, lambda: "i"
+    keeper._store = MetadataStore(kv=MemoryKeyValue())
+    keeper._disks = SimpleNamespace(own_disks=lambda: {"d0"})
+    watch = replica_keeper._Watch("0000-ffff-1")
+    info = SegmentInfo.active(1, HashRange(start=0, end=MAX_HASH), 1)
+    record = ReplicaSet(4, ("d0", "d1", "d2"))
+    calls = SimpleNamespace(hand_over=hand_over)
+    step = replica_keeper.HandOver("d1")
+    asyncio.run(keeper._carry_out(step, None, info, record, Replication.of(3, 2), calls, watch))
+    return elected, watch, keeper._store
+
+
+def test_a_lead_handed_over_is_elected_among_all_replicas_off_the_controllers_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    elected, watch, store = carry_out_hand_over(monkeypatch, handed=True)
+    assert elected == [(("d0", "d1", "d2"), frozenset({"d0"}))]
+    assert SegmentPlacements(store, TOPIC, "i").get(1) == "d1"  # restarts find it there
+    assert watch.hand_over_after > replica_keeper.time.monotonic()  # not tried again at once
+    elected, _, _ = carry_out_hand_over(monkeypatch, handed=False)
+    assert elected == []  # the follower did not catch up: the leader keeps its lead

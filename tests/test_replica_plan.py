@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from runtime.replica_plan import (
     Elect,
+    HandOver,
     Rebuild,
     Replace,
     Resize,
     RoleAnswer,
     Tell,
     Unavailable,
+    hand_over_steps,
     next_steps,
     resize_steps,
 )
@@ -90,3 +92,15 @@ def test_a_leader_counting_another_ack_quorum_is_replaced_by_an_election() -> No
     assert resize_steps(("a", "b", "c"), ("a", "b", "c"), None, [], strict) == []  # unknown
     loose = Replication.of(3, 1)  # an election must then hear from all three
     assert resize_steps(("a", "b", "c"), ("a", "b"), 2, [], loose) == []
+
+
+def test_a_lead_on_the_controllers_node_goes_to_the_first_in_sync_follower_elsewhere() -> None:
+    synced = {"d1", "d2", "d3"}
+    assert hand_over_steps(SET, 4, HEALTHY, synced, {"d1"}) == [HandOver("d2")]
+    assert hand_over_steps(SET, 4, HEALTHY, {"d1", "d3"}, {"d1"}) == [HandOver("d3")]
+    assert hand_over_steps(SET, 4, HEALTHY, synced, {"d2"}) == []  # the leader is elsewhere
+    assert hand_over_steps(SET, 4, HEALTHY, {"d1"}, {"d1"}) == []  # nobody caught up
+    assert hand_over_steps(SET, 4, HEALTHY, synced, set(SET)) == []  # nowhere else
+    lagging_epoch = {**HEALTHY, "d2": RoleAnswer("follower", 3), "d3": None}
+    assert hand_over_steps(SET, 4, lagging_epoch, synced, {"d1"}) == []
+    assert hand_over_steps(SET, 4, {**HEALTHY, "d1": None}, synced, {"d1"}) == []

@@ -403,3 +403,51 @@ def test_followers_tell_the_controller_once_their_leader_stops_answering(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def test_a_leader_handing_over_waits_for_its_follower_then_both_are_equally_up_to_date(
+    tmp_path: Path,
+) -> None:
+    """A lead moved off the controller's node: r0 stops taking appends (its producer is
+    sent away, a new one refused), keeps shipping to r1 until r1 holds its whole log,
+    and an election then finds them alike; a follower that never catches up makes the
+    hand-over fail, and the leader takes appends again."""
+
+    async def scenario() -> None:
+        async with replicas(tmp_path) as three:
+            producer = await committed_on_r0(three, b"a")
+            old = three.segments["r0"]
+            producer.send("p", 1, [b"b"] * 50)
+            await until(lambda: _true(old._store.end_offset == 51))  # stored, maybe not copied
+            assert await old.hand_over("r1", 5.0) is True
+            assert await old.data_endpoint()  # still listening, for its followers
+            with pytest.raises(NotLeaderError, match="hands its lead over"):
+                await RawProducer.to(old)
+            with pytest.raises(NotLeaderError):
+                await old.append(make_batch([b"late"]))
+            reports = {name: await s.fence(2) for name, s in three.segments.items()}
+            assert reports["r1"]["end"] == reports["r0"]["end"] == 51
+            assert reports["r1"]["lastEpoch"] == reports["r0"]["lastEpoch"]
+            producer.close()
+
+    run(scenario)
+
+
+def test_a_hand_over_to_a_follower_that_does_not_catch_up_fails_and_appends_resume(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        async with replicas(tmp_path) as three:
+            producer = await committed_on_r0(three, b"a")
+            await three.segments["r2"].fence(2)  # r2 stops following
+            producer.send("p", 1, [b"b"])
+            assert wire.decode_response(await producer.answer()) == (1, 1)  # r1 holds it
+            old = three.segments["r0"]
+            assert await old.hand_over("r2", 0.3) is False
+            again = await RawProducer.to(old)  # taken again
+            again.send("q", 0, [b"c"])
+            assert wire.decode_response(await again.answer()) == (2, 1)
+            again.close()
+            producer.close()
+
+    run(scenario)

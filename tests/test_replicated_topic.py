@@ -3,7 +3,8 @@
 (``actors.control.replica_keeper``). The topic is created, written and read with one copy
 per segment; then its namespace's default policy asks for three copies with an ack
 quorum of two, and within seconds each active segment is a leader and two followers on
-three distinct nodes, which copied what the segment held and its cursors.
+three distinct nodes, which copied what the segment held and its cursors, and none is
+led from the node its controller runs on (a lead found there is handed over).
 
 Then the node of segment 0's leader is removed, not gracefully, while three keyed
 producers keep sending, and then segment 1's leader's process is stopped (SIGSTOP)
@@ -78,6 +79,10 @@ def test_a_replicated_topic_keeps_every_acknowledged_message_through_a_leader_no
         assert len(set(replicas["nodes"])) == 3, result
         assert sorted(replicas["roles"]) == ["follower", "follower", "leader"], result
     assert result["files"] == 6, result  # two segments, three copies each, one per node
+    # no segment is led from the controller's node: one node's loss takes one or the other
+    for replicas in result["placed"].values():
+        leader = replicas["nodes"][replicas["roles"].index("leader")]
+        assert leader != result["controller_node"], result
     # the leader's node lost mid-produce: a follower leads a newer epoch, no send failed,
     # and the lost replica was replaced on the free node and caught up
     assert result["failed_sends"] == [], result
@@ -194,6 +199,22 @@ def main(scratch: Path) -> None:
                 for v in views.values()
             )
 
+        wait_for(all_in_sync, 90, step_s=0.5)
+        # leads move off the controller's node, so that losing a node takes one or the
+        # other: segments placed before the policy may have led from there
+        host = controller_actor(topic).host
+        own = ray.get(host.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
+        controller_node = next((n for n, node in nodes.items() if node.node_id == own), "head")
+
+        def leading_on_controller_node() -> int:
+            views = replicas()
+            return sum(
+                node_of_disk.get(r["replica"]) == controller_node
+                for v in views.values() for r in v["replicas"] if r["role"] == "leader"
+            ) if all_in_sync() else -1  # fmt: skip
+
+        result["controller_node"] = controller_node
+        wait_for(lambda: leading_on_controller_node() == 0, 60, step_s=0.5)
         wait_for(all_in_sync, 90, step_s=0.5)
         placed = {
             i: {"nodes": [node_of_disk[r["replica"]] for r in v["replicas"]],

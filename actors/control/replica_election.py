@@ -132,6 +132,17 @@ class HostReplicaCalls:
         if handle is not None:
             await handle.follow.remote(epoch, endpoint, credential=self._credential)
 
+    async def hand_over(self, leader: str, to: str, wait_s: float) -> bool:
+        """Have ``leader`` stop taking appends until follower ``to`` holds all it holds."""
+        handle = await self._required(leader)
+        try:
+            return await asyncio.wait_for(
+                handle.hand_over.remote(to, wait_s, credential=self._credential), wait_s + 5
+            )
+        except (RayError, TimeoutError, ScalableTopicsError) as err:
+            log.warning("%s: %s did not hand its lead to %s: %r", self._name, leader, to, err)
+            return False
+
     async def route_clients(self, leader: str, followers: tuple[str, ...]) -> None:
         node = await asyncio.to_thread(self.node_of, leader)
         if node is None:

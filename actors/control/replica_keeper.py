@@ -49,6 +49,7 @@ from runtime.names import SegmentName, TopicName
 from runtime.placement import choose_disks
 from runtime.replica_plan import (
     Elect,
+    HandOver,
     Rebuild,
     Replace,
     Resize,
@@ -56,6 +57,7 @@ from runtime.replica_plan import (
     Step,
     Tell,
     Unavailable,
+    hand_over_steps,
     next_steps,
     resize_steps,
 )
@@ -74,6 +76,11 @@ DEFAULT_GRACE_S = 5.0
 START_WAIT_S = 10.0
 # How often the nodes are asked for their disks again while one of them is gone.
 ASK_AGAIN_S = 5.0
+# A lead on the controller's own node is handed to an in-sync follower elsewhere; the
+# leader waits this long for it to hold everything, and a failed try is not repeated
+# for a while (each try sends the segment's producers and readers away for a moment).
+HAND_OVER_WAIT_S = 2.0
+HAND_OVER_EVERY_S = 30.0
 
 
 @dataclass
@@ -86,6 +93,7 @@ class _Watch:
     view: list[dict[str, Any]] = field(default_factory=list)
     endpoints: dict[str, tuple[str, int]] = field(default_factory=dict)  # data planes
     committed: int | None = None  # the leader's high watermark, as the last round saw it
+    hand_over_after: float = 0.0  # when a lead on the controller's node may move again
     unavailable: str | None = None
 
 
@@ -302,6 +310,10 @@ class ReplicaKeeper:
             answering = tuple(r for r in record.replicas if statuses.get(r) is not None)
             steps = resize_steps(record.replicas, answering, leading.get("ackQuorum"), free,
                                  replication)  # fmt: skip
+        if not steps and now >= watch.hand_over_after:
+            in_sync = {replica["replica"] for replica in watch.view if replica.get("inSync")}
+            steps = hand_over_steps(record.replicas, record.epoch, answers, in_sync,
+                                    self._disks.own_disks())  # fmt: skip
         for step in steps:
             await self._carry_out(step, sets, info, record, replication, calls, watch)
 
@@ -321,6 +333,12 @@ class ReplicaKeeper:
             log.warning("%s: %s", name, step.why)
         elif isinstance(step, Tell):
             await calls.follow(step.replica, record.epoch, record.leader)
+        elif isinstance(step, HandOver):
+            watch.hand_over_after = time.monotonic() + HAND_OVER_EVERY_S
+            if await calls.hand_over(record.leader, step.to, HAND_OVER_WAIT_S):
+                log.info("%s: lead handed from %s to %s", name, record.leader, step.to)
+                elect_all = Elect(record.replicas)
+                await self._carry_out(elect_all, sets, info, record, replication, calls, watch)
         elif isinstance(step, Elect):
             try:
                 elected = await elect(

@@ -387,6 +387,12 @@ class Segment:
         report = await self._roles.fence(epoch)
         return {"replica": report.replica, "lastEpoch": report.last_epoch, "end": report.end}
 
+    async def hand_over(self, to: str, wait_s: float, *, credential: str | None = None) -> bool:
+        """Stop taking appends until follower ``to`` holds this leader's whole log
+        (``ReplicaRoles.hand_over``): an election then moves the lead there."""
+        self._check(credential, Permission.ADMIN)
+        return await self._roles.hand_over(to, wait_s)
+
     async def replica_status(self, *, credential: str | None = None) -> dict[str, Any]:
         """The replica's role and log (``Roles.status``), and where its data plane listens
         if it does: the controller probes it when this host falls silent, to tell a dead
@@ -489,10 +495,11 @@ class Segment:
         answer = leader.answer(response) if leader is not None else response
         return answer if isinstance(answer, bytes) else await answer
 
-    def _drop_clients(self) -> None:
-        """Producers and readers connected to this replica go: it no longer serves them."""
+    def _drop_clients(self, keep_followers: bool = False) -> None:
+        """Producers and readers connected to this replica go: it no longer serves them
+        (``keep_followers``: its followers' connections stay, a lead being handed over)."""
         if self._data_plane is not None:
-            self._data_plane.drop_connections()
+            self._data_plane.drop_connections(wire.REPLICATE if keep_followers else 0)
 
 
 _limits_by_namespace: dict[str, LiveLimits] = {}

@@ -129,11 +129,13 @@ class DataPlaneServer:
         self._policy.forget(self)
         self.drop_connections()
 
-    def drop_connections(self) -> None:
-        """Drop every connection, still listening: their clients connect again and learn
-        what changed (a replica that no longer leads refuses them, naming why)."""
+    def drop_connections(self, keep: int = 0) -> None:
+        """Drop every connection but those granted any access in ``keep``, still
+        listening: their clients connect again and learn what changed (a replica that no
+        longer leads refuses them, naming why)."""
         for connection in list(self.connections):
-            connection.drop()
+            if not connection.access & keep:
+                connection.drop()
 
     def admit(self, credential: str | None, access: int) -> None:
         """Raise the typed refusal unless ``credential`` may have ``access`` now."""

@@ -68,6 +68,8 @@ RETRY_S = (0.05, 2.0)  # a follower's backoff after a failed fetch: first, most
 # A follower whose leader stopped answering tells the controller at most this often.
 TELL_EVERY_S = 1.0
 EXPIRY_STEP_S = 0.1  # how often, at most, a leader looks for appends past their time-out
+HAND_OVER_LOOK_S = 0.01  # how often a leader handing over looks at its follower's progress
+HAND_OVER_HOLD_S = 5.0  # appends stay refused this long after a hand-over, for its election
 
 
 class LeaderRole:
@@ -93,6 +95,7 @@ class LeaderRole:
         self._arrivals = itertools.count()
         # One timer for every waiting answer's time-out, not one per append.
         self._timer: asyncio.TimerHandle | None = None
+        self.handing_over = False  # no append is taken while the lead moves elsewhere
         store.limit_reads(replica.hw)
 
     @property
@@ -325,7 +328,7 @@ class ReplicaRoles:
         wait_for_data: Callable[[float], Awaitable[None]],
         on_committed: Callable[[], None],
         credential: Callable[[], str | None],
-        drop_clients: Callable[[], None],
+        drop_clients: Callable[..., None],
         on_copied: Callable[[], None],
     ) -> None:
         """``on_copied``: a follower stored a shipment (its log's flusher is owed a sync)."""
@@ -358,6 +361,11 @@ class ReplicaRoles:
         (opened, or restarted, and not told yet) serves nobody: if it was the leader, its
         log may have lost a tail its followers hold, and only an election says who leads."""
         if self.leader is not None:
+            if self.leader.handing_over:
+                raise NotLeaderError(
+                    f"{self._name}: this replica ({self.replica_name}) hands its lead over to "
+                    "another; look the segment up again"
+                )
             return
         if self.follower is None and self._replicated():
             raise NotLeaderError(
@@ -409,6 +417,29 @@ class ReplicaRoles:
         )  # fmt: skip
         self.follower.start()
         return self.status()
+
+    async def hand_over(self, to: str, wait_s: float) -> bool:
+        """Stop taking appends (producers and readers are sent away, and come back once
+        the segment is looked up again) and wait until follower ``to`` holds this
+        leader's whole log, so that the election its controller runs next finds them
+        equally up to date. ``False``, and appends taken again, when ``to`` does not get
+        there within ``wait_s``; on ``True``, appends stay refused until that election
+        fences this replica, or for ``HAND_OVER_HOLD_S`` if it never comes. Who calls:
+        the controller, moving a lead off its own node."""
+        leader = self.leader
+        if leader is None:
+            raise NotLeaderError(f"{self._name}: this replica does not lead; nothing to hand over")
+        leader.handing_over = True
+        self._drop_clients(keep_followers=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while leader.replica.followers.get(to, -1) < self._log.end_offset:
+            if loop.time() >= deadline or self.leader is not leader:
+                leader.handing_over = False
+                return False
+            await asyncio.sleep(HAND_OVER_LOOK_S)
+        loop.call_later(HAND_OVER_HOLD_S, setattr, leader, "handing_over", False)
+        return True
 
     def _leader_lost(self) -> None:
         """The leader followed stopped answering: its controller's next replica round
