@@ -288,6 +288,30 @@ def test_waking_starts_only_a_hibernating_segment_of_the_layout(topic) -> None:
     assert alive_actor_names(f"segment:{name.short}/") == alive
 
 
+def test_replication_controls_refuse_every_caller_but_the_system(topic) -> None:
+    """Raw Ray calls to what only the system's controller asks: a segment's lead handed
+    over (it would stop a segment taking appends), fenced or given a role, and a
+    controller's round brought forward, with no token, a wrong one or one that may only
+    look, are refused before anything happens; the segment then takes appends as before."""
+    controller = controller_actor(TopicName.parse(topic))
+    first = segments(topic)[0]
+    wrong = client_credential("wrong-data-plane-token-0123456789")
+    looker = client_credential(TOKENS["looker"])
+    calls = (
+        lambda c: controller.check_replicas.remote(credential=c),
+        lambda c: first.hand_over.remote("any-disk", 0.1, credential=c),
+        lambda c: first.fence.remote(99, credential=c),
+        lambda c: first.lead.remote(99, 3, 2, credential=c),
+    )
+    for credential, error in ((None, UnauthenticatedError), (wrong, UnauthenticatedError),
+                              (looker, UnauthorizedError)):  # fmt: skip
+        for make_call in calls:
+            with pytest.raises(error):
+                ray.get(make_call(credential))
+    with Producer(topic, token=TOKENS["writer"]) as producer:
+        assert producer.send(b"still served", key="k").result(timeout=30) is not None
+
+
 def test_a_controller_host_opens_a_controller_only_for_an_admin(topic) -> None:
     """A caller holding a controller host's handle (raw Ray access) that asks it to open a
     topic's controller, with no token, a wrong one or one that may only look, is refused
