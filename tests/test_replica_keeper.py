@@ -162,8 +162,7 @@ def test_a_segment_moved_to_the_tier_loses_its_followers_copies_then_its_record(
     keeper.topic = TOPIC
     keeper._watches = {1: "watch", 2: "watch"}
     keeper.sets = lambda: SimpleNamespace(
-        segment_ids=lambda: list(records),
-        get=lambda i: (records[i], 9) if i in records else None,
+        all=lambda: dict(records),
         delete=lambda i: steps.append(f"record {i}") or records.pop(i),
     )
 

@@ -23,26 +23,23 @@ replication part of stats and metrics.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ray.exceptions import RayError
-
 from actors.control.node_disks import NodeDisks
 from actors.control.replica_asks import Asked, ask_replicas
 from actors.control.replica_election import HostReplicaCalls, elect
+from actors.control.replica_retirement import RetiringReplicas
 from actors.control.replica_views import replica_view, replication_gauges
 from actors.guard import guard
 from actors.metrics import ControllerMetrics
-from actors.registry import lookup
-from actors.segment.directory import SegmentDirectory
+from actors.registry import live_nodes
 from actors.segment.handle import SegmentHandle
-from actors.segment.host import close_segment, start_segment_actor
-from runtime.config import env_float, topic_settings
+from actors.segment.host import start_segment_actor
+from runtime.config import env_float
 from runtime.errors import BadVersion, ScalableTopicsError
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
@@ -62,7 +59,6 @@ from runtime.replica_plan import (
     resize_steps,
 )
 from runtime.replication import Replication
-from runtime.segment_hosts import host_name
 from storage.durability import Durability
 from storage.metadata import MetadataStore
 from storage.placements import SegmentPlacements
@@ -97,7 +93,7 @@ class _Watch:
     unavailable: str | None = None
 
 
-class ReplicaKeeper:
+class ReplicaKeeper(RetiringReplicas):
     """The replicas of one topic incarnation's replicated segments."""
 
     def __init__(
@@ -255,7 +251,7 @@ class ReplicaKeeper:
         """Disk id → live node id: the nodes last asked, asked again (at most every
         ``ASK_AGAIN_S``) when one of them is no longer alive, so a node that came back
         with its disk is found again. Blocking: GCS round trips."""
-        alive = _alive_nodes()
+        alive = set(live_nodes())
         known = self._disks.known()
         stale = any(node not in alive for node in known.values())
         if (stale or not known) and time.monotonic() - self._asked_at >= ASK_AGAIN_S:
@@ -445,87 +441,9 @@ class ReplicaKeeper:
         descriptors = {str(i): watch.descriptor for i, watch in self._watches.items()}
         self.metrics.replicas(under, {descriptors[i]: entries for i, entries in lag.items()})
 
-    # --- removing -----------------------------------------------------------------------
-
-    async def _remove_replica(self, name: SegmentName, disk: str) -> None:
-        """Close the replica on ``disk`` in its node's host and remove its files there."""
-        node = await self._close_replica(name, disk)
-        if node is not None:
-            try:
-                await self._disks.remove(node, self._incarnation(), name)
-                return
-            except RayError as err:  # the node went meanwhile
-                log.debug("%s: files on %s not removed: %r", name, disk, err)
-        log.warning("%s: node disk %s is not in the cluster; its replica's files "
-                    "stay there", name, disk)  # fmt: skip
-
-    async def _close_replica(self, name: SegmentName, disk: str) -> str | None:
-        """Close the replica on ``disk`` in its node's host, if that node is live (its
-        node id then; its files stay)."""
-        node = await asyncio.to_thread(self._disks.node_of, disk)
-        if node is None or node not in await asyncio.to_thread(_alive_nodes):
-            return None
-        host = host_name(name, node, 1, topic_settings())
-        with contextlib.suppress(ValueError, RayError):
-            replica = SegmentHandle(lookup(host), str(name))
-            await close_segment(replica, guard().internal_token())
-        SegmentDirectory().remove(name, host)
-        return node
-
-    async def rest(self, name: SegmentName) -> None:
-        """Close the followers of a segment put to sleep (sealed and drained; its leader's
-        actor ends): left open, each would keep asking its closed leader for entries.
-        Their files and the record stay; once the segment wakes, the rounds start them
-        again, and elect a leader among them if the leader's node is gone meanwhile."""
-        found = self.sets().get(name.segment_id)
-        if found is None:
-            return
-        record = found[0]
-        self._watches.pop(name.segment_id, None)
-        for disk in record.replicas:
-            if disk != record.leader:
-                await self._close_replica(name, disk)
-
-    async def retire(self, tiered: Mapping[int, SegmentInfo]) -> None:
-        """Segments moved to the tier, which keeps them from now on (any node serves one
-        from there): their followers are closed and their files removed, and their
-        records go last (a crash in between: the next round does it again). The leader's
-        copy is the mover's (``SegmentFleet.hibernate``)."""
-        sets = self.sets()
-        for segment_id in sorted(tiered.keys() & set(sets.segment_ids())):
-            found = sets.get(segment_id)
-            if found is None:
-                continue
-            record, name = found[0], tiered[segment_id].name(self.topic)
-            for disk in record.replicas:
-                if disk != record.leader:
-                    await self._remove_replica(name, disk)
-            sets.delete(segment_id)
-            self._watches.pop(segment_id, None)
-            log.info("%s: segment %d is in the tier: its followers' copies are removed",
-                     self.topic, segment_id)  # fmt: skip
-
-    async def destroy(self, name: SegmentName) -> None:
-        """Close the segment's replicas in their hosts and remove their files; its record
-        goes last (a crash in between: the next attempt finds them again)."""
-        sets = self.sets()
-        found = sets.get(name.segment_id)
-        if found is None:
-            return
-        for disk in found[0].replicas:
-            await self._remove_replica(name, disk)
-        sets.delete(name.segment_id)
-        self._watches.pop(name.segment_id, None)
-
 
 def _grace_s() -> float:
     return env_float(GRACE_ENV, DEFAULT_GRACE_S)
-
-
-def _alive_nodes() -> set[str]:
-    import ray
-
-    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
 
 
 def _answer(status: dict[str, Any] | None) -> RoleAnswer | None:
