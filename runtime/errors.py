@@ -99,6 +99,12 @@ class ConsumerNotRegisteredError(NotFoundError):
     code = "consumer_not_registered"
 
 
+class TransactionNotFoundError(NotFoundError):
+    """No transaction has this id (never begun, or finished and forgotten)."""
+
+    code = "transaction_not_found"
+
+
 class KeyNotFoundError(NotFoundError):
     code = "key_not_found"
 
@@ -171,6 +177,14 @@ class OutOfOrderSequenceError(ConflictError):
     """A producer's batch arrived, and stayed, ahead of a predecessor that never came."""
 
     code = "out_of_order_sequence"
+
+
+class TransactionNotOpenError(ConflictError):
+    """A transaction asked to take a message or an acknowledgement, or to commit, after
+    it was decided: committed or aborted, timed out, or fenced by a newer transaction of
+    its owner. The message says which."""
+
+    code = "transaction_not_open"
 
 
 class OperationInProgressError(ConflictError):

@@ -15,6 +15,8 @@ path                                                                record
 ``/topics/{t}/{ns}/{topic}/sinks/{query}/{partition}/{chunk}``      ``SinkWrite``
 ``/limits/{tenant}/{namespace}``                                    limit overrides (object)
 ``/policies/{tenant}/{namespace}``                                  default ``TopicPolicy``
+``/transactions/open/{txnId}``                                      ``TxnRecord``
+``/transactions/owners/{owner}``                                    the owner's epoch
 ``/auth/policy``                                                    ``AuthRecord``
 ``/auth/internal``                                                  the cluster's own token
 ==================================================================  =======================
@@ -24,7 +26,7 @@ tiered segments' records, placements, sleeping segments' stats, the records of S
 idempotent writes) lives under the topic's path, so deleting the topic's tree removes
 all of it at once and a grant on the topic covers it. What belongs to a namespace
 (default policy, limit overrides) or to the cluster (the auth policy, the internal
-token) lives under roots of its own.
+token) lives under roots of its own, and so do transactions, which span topics.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from runtime.names import TopicName, parse_namespace, validate_part
 _TOPICS = "/topics"
 _LIMITS = "/limits"
 _POLICIES = "/policies"
+_TRANSACTIONS = "/transactions"
+TRANSACTIONS_ROOT = f"{_TRANSACTIONS}/open/"  # every transaction's record is under it
 AUTH_POLICY_PATH = "/auth/policy"
 INTERNAL_TOKEN_PATH = "/auth/internal"
 
@@ -120,3 +124,14 @@ def sink_path(
     ``chunk``, the root of one query's (or batch write's) records."""
     base = f"{topic_path(topic)}/sinks/{query}"
     return base if partition is None else f"{base}/{partition}/{chunk}"
+
+
+def transaction_path(txn_id: str) -> str:
+    """A transaction's record (``runtime.transactions.TxnRecord``)."""
+    return f"{TRANSACTIONS_ROOT}{validate_part('transaction id', txn_id)}"
+
+
+def transaction_owner_path(owner: str) -> str:
+    """An owner's epoch and its open transaction: starting a transaction fences the one
+    before it."""
+    return f"{_TRANSACTIONS}/owners/{validate_part('transaction owner', owner)}"
