@@ -1,8 +1,8 @@
-"""A segment's replicas serving (``actors.segment.replication``): real ``Segment`` objects,
-each with a storage root of its own, in this process's event loop; followers pull from
-their leader over its real data plane, and producers and readers are raw sockets
-speaking ``runtime.wire``. What the controller will do (choose nodes, elect) is done
-by hand here: the roles are what is tested."""
+"""A segment's replicas serving (``actors.segment.replication`` and ``.following``): real
+``Segment`` objects, each with a storage root of its own, in this process's event loop;
+followers pull from their leader over its real data plane, and producers and readers are
+raw sockets speaking ``runtime.wire``. What the controller will do (choose nodes, elect)
+is done by hand here: the roles are what is tested."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from actors.segment import replication
+from actors.segment import following, replication
 from actors.segment.actor import Segment
 from runtime import wire
 from runtime.batch import make_batch, serialize_batch
@@ -381,7 +381,7 @@ def test_followers_tell_the_controller_once_their_leader_stops_answering(
         told.append((str(name), asyncio.get_running_loop().time()))
 
     monkeypatch.setattr(replication, "leader_unreachable", leader_unreachable)
-    monkeypatch.setattr(replication, "TELL_EVERY_S", 0.5)
+    monkeypatch.setattr(following, "TELL_EVERY_S", 0.5)
 
     async def scenario() -> None:
         async with replicas(tmp_path) as three:

@@ -10,15 +10,8 @@ module adds what needs an event loop and sockets:
   high watermark (``SegmentStore.limit_reads``). Followers' fetches arrive as
   data-plane frames and wait, like a consumer's long-poll, until there is something
   to ship.
-- ``FollowerRole``: a task that keeps one data-plane connection to the leader, greeted
-  with the system's own credential for ``REPLICATE`` access, and sends one fetch at a
-  time; each fetch reports what the last shipment stored. The subscriptions' cursors
-  ride the same stream: a shipment carries all of them whenever they changed since the
-  version the follower holds, so a new leader redelivers at most what was acknowledged
-  since its last copy, and never skips a message. It stops for good when the
-  leader or a shipment is fenced (``StaleEpochError``): only the controller gives a
-  replica its next role. Any other failure (the leader restarting, a dropped
-  connection) is retried with a backoff.
+- ``FollowerRole`` (``actors.segment.following``): a task that pulls from the leader.
+- ``ReplicaRoles``: which of the two this replica plays now, as the controller says.
 """
 
 from __future__ import annotations
@@ -27,23 +20,21 @@ import asyncio
 import heapq
 import itertools
 import logging
-import ssl
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+from actors.segment.following import FollowerRole
 from actors.segment.lookup import leader_unreachable
 from runtime import tls, wire
 from runtime.errors import (
     NotEnoughReplicasError,
     NotLeaderError,
     ScalableTopicsError,
-    StaleEpochError,
     UnavailableError,
 )
 from runtime.names import SegmentName
-from runtime.replica_frames import decode_fetch, decode_shipment, encode_fetch, encode_shipment
+from runtime.replica_frames import decode_fetch, encode_shipment
 from runtime.replication import Fetch, ReplicaReport, Replication
 from storage.replica_log import FollowerReplica, LeaderReplica
 from storage.replica_state import ReplicaStateFile
@@ -55,18 +46,11 @@ log = logging.getLogger(__name__)
 # How long an append waits for its quorum before its producer hears why not: below a
 # producer's send time-out (60 s by default), so the error, not a time-out, reaches it.
 DEFAULT_COMMIT_TIMEOUT_S = 10.0
-# How long a follower's fetch waits at its leader for new entries: what an idle replicated
-# segment costs (a fetch per follower this often; new entries end the wait at once).
-FETCH_WAIT_S = 5.0
+# The longest a follower's fetch may ask to wait at its leader for new entries.
 MAX_FETCH_WAIT_S = 30.0
 # How often a waiting fetch looks whether the cursors moved: how late an acknowledgement
 # made while no entry arrives reaches the followers.
 CURSOR_LOOK_S = 0.25
-# A shipment this small is stored on the event loop: a thread hop would cost more.
-INLINE_BYTES = 256 << 10
-RETRY_S = (0.05, 2.0)  # a follower's backoff after a failed fetch: first, most
-# A follower whose leader stopped answering tells the controller at most this often.
-TELL_EVERY_S = 1.0
 EXPIRY_STEP_S = 0.1  # how often, at most, a leader looks for appends past their time-out
 HAND_OVER_LOOK_S = 0.01  # how often a leader handing over looks at its follower's progress
 HAND_OVER_HOLD_S = 5.0  # appends stay refused this long after a hand-over, for its election
@@ -222,91 +206,6 @@ class LeaderRole:
     def _holding(self, end: int) -> str:
         names = [name for name, held in sorted(self.replica.followers.items()) if held >= end]
         return ", ".join(names) or "none"
-
-
-class FollowerRole:
-    """Who calls: the segment (``start``, ``stop``). What it affects: the follower's log
-    and ``replica.json``, through ``FollowerReplica``."""
-
-    def __init__(
-        self,
-        name: SegmentName,
-        replica: FollowerReplica,
-        leader: wire.Endpoint,
-        credential: Callable[[], str | None],
-        tls: ssl.SSLContext | None,
-        on_stored: Callable[[], None],
-        adopt_cursors: Callable[[bytes], None],
-        leader_lost: Callable[[], None],
-    ) -> None:
-        """``adopt_cursors``: hold the subscriptions' cursors the leader shipped;
-        ``leader_lost``: the connection to the leader was refused, reset or closed (at most
-        every ``TELL_EVERY_S``)."""
-        self._name, self.replica, self.leader = name, replica, leader
-        self._credential, self._tls, self._on_stored = credential, tls, on_stored
-        self._adopt_cursors, self._leader_lost = adopt_cursors, leader_lost
-        self._told_at = float("-inf")
-        self.cursor_version = 0  # of the cursors held: none yet, so the first ships them
-        self._task: asyncio.Task | None = None
-        self.fenced: StaleEpochError | None = None  # why it stopped for good
-        self.last_error: Exception | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        self.replica.save()
-
-    async def _run(self) -> None:
-        delay = RETRY_S[0]
-        while True:
-            try:
-                await self._follow()
-            except StaleEpochError as err:
-                self.fenced = err
-                log.info("%s: stopped following %s: %s", self._name, self.leader, err)
-                return
-            except (OSError, ScalableTopicsError, asyncio.IncompleteReadError, ssl.SSLError) as err:
-                self.last_error = err
-                log.debug("%s: fetch from %s failed: %r", self._name, self.leader, err)
-                lost = isinstance(err, ConnectionError | asyncio.IncompleteReadError)
-                if lost and time.monotonic() - self._told_at >= TELL_EVERY_S:
-                    self._told_at = time.monotonic()
-                    self._leader_lost()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_S[1])
-
-    async def _follow(self) -> None:
-        leader = self.leader
-        reader, writer = await asyncio.open_connection(
-            leader.host, leader.port, ssl=self._tls if leader.tls else None
-        )
-        try:
-            writer.write(wire.encode_hello(self._credential(), wire.REPLICATE))
-            welcome = await _frame(reader)
-            if welcome[0] != wire.STATUS_OK:
-                raise wire.decode_error(welcome)
-            while True:
-                fetch = replace(
-                    self.replica.fetch(), wait_s=FETCH_WAIT_S, cursor_version=self.cursor_version
-                )
-                writer.write(encode_fetch(fetch))
-                shipment = decode_shipment(await _frame(reader))
-                if shipment.cursors:
-                    self._adopt_cursors(bytes(shipment.cursors))
-                    self.cursor_version = shipment.cursor_version
-                if len(shipment.frames) < INLINE_BYTES:
-                    self.replica.receive(shipment)
-                else:  # a long write off the event loop, which serves other segments too
-                    await asyncio.to_thread(self.replica.receive, shipment)
-                self.last_error = None
-                self._on_stored()
-        finally:
-            writer.close()
 
 
 class ReplicaRoles:
@@ -509,10 +408,3 @@ class ReplicaRoles:
         if self.follower is not None:
             await self.follower.stop()
             self.follower = None
-
-
-async def _frame(reader: asyncio.StreamReader) -> bytes:
-    (length,) = wire.LENGTH.unpack(await reader.readexactly(wire.LENGTH.size))
-    if length > wire.MAX_FRAME:
-        raise UnavailableError(f"a data plane frame of {length} bytes from the leader")
-    return await reader.readexactly(length)
