@@ -10,8 +10,9 @@ offset* (the first offset of the oldest undecided transaction, or the log's end)
 below it skip the batches of transactions that aborted.
 
 ``TxnIndex`` follows one segment's log, in log order, as it is written or recovered.
-Who calls: the segment, for each stored batch (``batch``) and marker (``marker``), and
-for each read (``stable_end``, ``visible``). What it affects: what readers get and
+Who calls: the segment's log, before storing a transaction's batch (``check``), for
+each stored batch (``batch``) and marker (``marker``), and for each read
+(``stable_end``, ``visible``). What it affects: what readers get and
 where they wait; and it refuses a batch of a transaction this segment already saw
 decided, so that a producer's message sent after its transaction's abort never
 appears. Pure: no I/O.
@@ -58,15 +59,15 @@ class TxnIndex:
             )
 
     def batch(self, base_offset: int, txn_id: str | None) -> None:
-        """A batch stored at ``base_offset``, of ``txn_id`` or of no transaction."""
-        if txn_id is not None:
-            self.check(txn_id)
+        """A batch stored at ``base_offset``, of ``txn_id`` or of no transaction (what is
+        stored is recorded as it is: ``check`` it before storing)."""
+        if txn_id is not None and txn_id not in self._fates:
             self._open.setdefault(txn_id, base_offset)
 
     def marker(self, offset: int, txn_id: str, committed: bool) -> None:
         """``txn_id``'s marker stored at ``offset`` (the log's end when it was written).
         A second marker of the same transaction (a finisher's retry) changes nothing;
-        one that contradicts the first is a bug upstream, refused."""
+        one that contradicts the first is refused (the log asks before writing one)."""
         fate = self._fates.get(txn_id)
         if fate is not None:
             if fate.committed != committed:

@@ -17,18 +17,21 @@ import pyarrow as pa
 
 from runtime.batch import BATCH_SCHEMA, VALUES_SCHEMA, serialize_batch
 from runtime.errors import InvalidArgumentError, ScalableTopicsError
+from runtime.names import is_valid_part
 from storage.frames import MAX_PRODUCER_ID
 
 PRODUCER_WINDOW = 1000
 
 
 class Append(NamedTuple):
-    """One batch to store; ``payload``: its Arrow IPC bytes, when the caller has them."""
+    """One batch to store; ``payload``: its Arrow IPC bytes, when the caller has them;
+    ``txn_id``: the transaction it belongs to (``runtime.transactions``), if any."""
 
     batch: pa.RecordBatch
     producer_id: str | None = None
     sequence: int | None = None
     payload: bytes | memoryview | None = None
+    txn_id: str | None = None
 
 
 class AppendResult(NamedTuple):
@@ -103,6 +106,8 @@ def checked(append: Append) -> Append | ScalableTopicsError:
     it is refused."""
     try:
         _check_arguments(append.batch, append.producer_id, append.sequence)
+        if append.txn_id is not None:
+            _check_transaction(append.txn_id, append.producer_id)
     except ScalableTopicsError as err:
         return err
     if append.payload is None:
@@ -130,4 +135,15 @@ def _check_arguments(batch: pa.RecordBatch, producer_id: str | None, sequence: i
         raise InvalidArgumentError(
             f"sequence {sequence} needs a producer_id and must be >= 0: "
             "duplicates are detected per producer"
+        )
+
+
+def _check_transaction(txn_id: str, producer_id: str | None) -> None:
+    """A transaction id is a name part (never a ``/``: ``storage.frames`` joins it to the
+    producer id with one), and the two fit a frame's producer field."""
+    if not is_valid_part(txn_id):
+        raise InvalidArgumentError(f"invalid transaction id {txn_id!r}")
+    if len(f"{txn_id}/{producer_id or ''}".encode()) > MAX_PRODUCER_ID:
+        raise InvalidArgumentError(
+            f"producer_id and transaction id together exceed {MAX_PRODUCER_ID} bytes"
         )

@@ -11,7 +11,7 @@ Frame layout (little endian)::
     crc32c     u32  CRC-32C (Castagnoli, as Kafka's record batches) of every byte after
                     this field (header + payload); hardware-accelerated, so checking a
                     100 KB batch costs microseconds, not the ~80 us of zlib's CRC-32
-    type       u8   BATCH or TERMINATION
+    type       u8   BATCH, TERMINATION, TXN_BATCH or TXN_MARKER
     payload    u32  payload length in bytes
     base       i64  offset of the first record
     count      u32  number of records
@@ -20,6 +20,13 @@ Frame layout (little endian)::
     pid_len    u16  length of the producer id
     producer   pid_len bytes of UTF-8, empty if none
     payload    Arrow IPC stream of one record batch
+
+A transaction's batch (``TXN_BATCH``) is a batch whose producer field is
+``{txn id}/{producer id}`` (a transaction id never holds a ``/``). Its fate is a
+``TXN_MARKER`` frame written after it: one offset, no payload, the transaction id as
+its producer field and 1 (commit) or 0 (abort) as its sequence. A marker takes an
+offset as Kafka's control batches do, so that it is copied, retained and recovered like
+any batch, and never delivered (``runtime.txn_visibility``).
 
 The CRC sits right after the magic so that it also covers the frame type and the
 lengths: a flipped bit anywhere in a frame is detected.
@@ -39,6 +46,9 @@ from runtime.errors import InvalidArgumentError
 MAGIC = b"RTSL"
 FRAME_BATCH = 1
 FRAME_TERMINATION = 2
+FRAME_TXN_BATCH = 3
+FRAME_TXN_MARKER = 4
+BATCH_TYPES = (FRAME_BATCH, FRAME_TXN_BATCH)  # frames that hold records
 
 PREFIX = struct.Struct("<4sI")
 BODY = struct.Struct("<BIqIqqH")
@@ -57,10 +67,20 @@ class Frame(NamedTuple):
     publish_time_ms: int
     producer_id: str | None
     sequence: int | None
+    txn_id: str | None = None  # of a transaction's batch or marker
 
     @property
     def producer_bytes(self) -> bytes:
-        return self.producer_id.encode() if self.producer_id is not None else b""
+        if self.txn_id is None:
+            return self.producer_id.encode() if self.producer_id is not None else b""
+        if self.frame_type == FRAME_TXN_MARKER:
+            return self.txn_id.encode()
+        return f"{self.txn_id}/{self.producer_id or ''}".encode()
+
+    @property
+    def committed(self) -> bool:
+        """A marker's fate: whether its transaction committed."""
+        return self.sequence == 1
 
     def length(self, payload_length: int) -> int:
         return HEADER_SIZE + len(self.producer_bytes) + payload_length
@@ -171,18 +191,29 @@ def _decoded(
         return None
     if base != expected_offset or not _plausible(frame_type, count):
         return None
+    producer = bytes(rest[:pid_length]).decode() if pid_length else None
+    txn = None
+    if frame_type == FRAME_TXN_BATCH and producer is not None:
+        txn, _, producer = producer.partition("/")
+        producer = producer or None
+    elif frame_type == FRAME_TXN_MARKER:
+        txn, producer = producer, None
     frame = Frame(
         frame_type=frame_type,
         base_offset=base,
         count=count,
         publish_time_ms=publish,
-        producer_id=bytes(rest[:pid_length]).decode() if pid_length else None,
+        producer_id=producer,
         sequence=None if sequence < 0 else sequence,
+        txn_id=txn,
     )
     return frame, payload_length
 
 
+_COUNTS = {FRAME_TERMINATION: 0, FRAME_TXN_MARKER: 1}  # the frames that hold no records
+
+
 def _plausible(frame_type: int, count: int) -> bool:
-    return (frame_type == FRAME_BATCH and count > 0) or (
-        frame_type == FRAME_TERMINATION and count == 0
-    )
+    if frame_type in BATCH_TYPES:
+        return count > 0
+    return _COUNTS.get(frame_type) == count

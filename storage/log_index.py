@@ -11,15 +11,16 @@ binary search too. The index is rebuilt from the frame headers on open
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from storage.frames import Frame
+from storage.frames import FRAME_BATCH, FRAME_TXN_MARKER, Frame
 
 
 class IndexEntry(NamedTuple):
-    """One stored batch: its offsets, where its frame is, and its producer's fields.
-    A named tuple, like ``Frame``: every append makes one."""
+    """One stored batch (or transaction marker): its offsets, where its frame is, its
+    producer's fields and its transaction's. A named tuple, like ``Frame``: every append
+    makes one."""
 
     base_offset: int
     count: int
@@ -30,6 +31,8 @@ class IndexEntry(NamedTuple):
     publish_time_ms: int
     producer_id: str | None
     sequence: int | None
+    frame_type: int = FRAME_BATCH
+    txn_id: str | None = None
 
     @classmethod
     def of(
@@ -45,6 +48,8 @@ class IndexEntry(NamedTuple):
             frame.publish_time_ms,
             frame.producer_id,
             frame.sequence,
+            frame.frame_type,
+            frame.txn_id,
         )
 
 
@@ -72,6 +77,32 @@ class LogIndex:
         first = bisect.bisect_right(self.bases, offset) - 1
         last = bisect.bisect_left(self.bases, offset + max_records)
         return self.entries[max(first, 0) : last]
+
+    def visible_from(
+        self, offset: int, max_records: int, stable_end: int, visible: Callable[[str | None], bool]
+    ) -> tuple[list[IndexEntry], int]:
+        """The entries holding the first ``max_records`` records from ``offset`` that a
+        reader of committed data gets (below ``stable_end``, not a marker, ``visible``
+        by their transaction), and the offset after the last entry looked at."""
+        entries, chosen, next_offset, remaining = self.entries, [], offset, max_records
+        position = max(bisect.bisect_right(self.bases, offset) - 1, 0)
+        while position < len(entries) and remaining > 0:
+            entry = entries[position]
+            position += 1
+            end = entry.base_offset + entry.count
+            if entry.base_offset >= stable_end:
+                break
+            if end <= offset:
+                continue
+            if entry.frame_type == FRAME_TXN_MARKER or not visible(entry.txn_id):
+                next_offset = end
+                continue
+            start = max(offset, entry.base_offset)
+            taken = min(end - start, remaining)
+            chosen.append(entry)
+            remaining -= taken
+            next_offset = start + taken
+        return chosen, next_offset
 
     def first_published(self, start_offset: int, time_ms: int) -> int | None:
         """The base offset of the first batch from ``start_offset`` on published at or

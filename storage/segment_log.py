@@ -10,7 +10,9 @@ The frame format is ``storage.frames``; what an append is and how retries are
 told from new messages, ``storage.appends``; the settings (where, how durable),
 ``storage.durability``; the files, their handles and flushes, ``storage.chunk_files``.
 This module owns what the files hold: the in-memory index of every stored batch, the
-producers' sequences, the seal, retention from the head, and recovery after a crash.
+producers' sequences, the transactions' batches and markers (``runtime.txn_visibility``
+says what readers see of them), the seal, retention from the head, and recovery after
+a crash.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from runtime.errors import (
     SegmentTerminated,
     UnavailableError,
 )
+from runtime.txn_visibility import Fate, TxnIndex
 from storage.appends import Append, AppendResult, ProducerWindow, StoredBatch, checked
 from storage.chunk_files import ChunkFiles, sync_and_close
 from storage.durability import DEFAULT_DURABILITY, Durability
@@ -38,6 +41,8 @@ from storage.files import atomic_write
 from storage.frames import (
     FRAME_BATCH,
     FRAME_TERMINATION,
+    FRAME_TXN_BATCH,
+    FRAME_TXN_MARKER,
     Encoded,
     Frame,
     encode_frame,
@@ -89,6 +94,7 @@ class SegmentLog:
             label=self._label,
         )
         self._index = LogIndex()
+        self._txns = TxnIndex()
         self._producers: dict[str, ProducerWindow] = {}
         self._start_offset = 0
         self._end_offset = 0
@@ -227,8 +233,16 @@ class SegmentLog:
                 outcome = self._duplicate(key, grouped) or self._check_not_terminated()
             except ScalableTopicsError as err:
                 outcome = err
+            if outcome is None and append.txn_id is not None:
+                try:
+                    self._txns.check(append.txn_id)
+                except ScalableTopicsError as err:
+                    outcome = err
             if outcome is None:
-                frame = Frame(FRAME_BATCH, offset, append.batch.num_rows, publish_time_ms, *key)
+                frame = Frame(
+                    FRAME_BATCH if append.txn_id is None else FRAME_TXN_BATCH,
+                    offset, append.batch.num_rows, publish_time_ms, *key, append.txn_id,
+                )  # fmt: skip
                 frames.append(encode_frame(frame, append.payload))
                 outcome = AppendResult(offset, frame.count)
                 if append.sequence is not None:
@@ -273,6 +287,35 @@ class SegmentLog:
             self._files.release_preallocation()
             self._files.fsync()
             self._terminated, self._terminated_at_ms = True, frame.publish_time_ms
+
+    def mark(self, txn_id: str, committed: bool) -> int:
+        """Record ``txn_id``'s fate after its batches here, and return the marker's offset:
+        its batches become readable (committed) or are skipped (aborted), and no batch of
+        it is taken any more. Asked again, it returns the first marker's offset. A sealed
+        log takes markers too (a transaction open when it was sealed ends after it).
+        Flushed whatever the policy: a finished transaction's markers are not written
+        again, and a lost one would hold this log's readers forever."""
+        with self._lock:
+            self._check_open()
+            fate = self._txns.fate(txn_id)
+            if fate is None:
+                frame = Frame(FRAME_TXN_MARKER, self._end_offset, 1, _now_ms(), None,
+                              int(committed), txn_id)  # fmt: skip
+                self._store([encode_frame(frame, b"")])
+                self._files.fsync()
+                return frame.base_offset
+            self._txns.marker(fate.marker, txn_id, committed)  # refuses the other fate
+            return fate.marker
+
+    @property
+    def stable_end(self) -> int:
+        """Where readers of committed data stop: the first batch of the oldest undecided
+        transaction, or the end."""
+        return self._txns.stable_end(self._end_offset)
+
+    def txn_fate(self, txn_id: str) -> Fate | None:
+        """``txn_id``'s fate here, once its marker is stored."""
+        return self._txns.fate(txn_id)
 
     def sync(self) -> None:
         """Flush appended data to disk; meant for a timer under the ``interval`` policy,
@@ -388,12 +431,13 @@ class SegmentLog:
         as recovery checks a chunk (``storage.frames.split_frames``): all stored, or none."""
         with self._lock:
             self._check_open()
-            self._check_not_terminated()
             frames = split_frames(data, self._end_offset)
-            if any(frame.frame_type != FRAME_BATCH for _, _, frame in frames):
+            if any(frame.frame_type == FRAME_TERMINATION for _, _, frame in frames):
                 raise InvalidArgumentError(
                     "copied frames hold batches only: a replica is sealed with terminate()"
                 )
+            if not all(frame.frame_type == FRAME_TXN_MARKER for _, _, frame in frames):
+                self._check_not_terminated()  # a sealed log takes markers only
             if frames:
                 self._store(frames)
             return self._end_offset
@@ -456,6 +500,25 @@ class SegmentLog:
             entries = self._entries_from(offset, max_records)
             return self._read_entries(entries, offset, max_records)
 
+    def read_committed(self, offset: int, max_records: int) -> tuple[list[StoredBatch], int]:
+        """What a reader of committed data gets from ``offset``: up to ``max_records``
+        records of the batches below the stable end that belong to no transaction or to
+        a committed one, and the offset to read from next, past the markers and aborted
+        batches skipped on the way."""
+        if max_records <= 0:
+            raise InvalidArgumentError(f"max_records must be positive, got {max_records}")
+        with self._lock:
+            self._check_open()
+            if offset < self._start_offset:
+                raise InvalidArgumentError(
+                    f"offset {offset} is below the start offset {self._start_offset} "
+                    f"of segment {self._label}: those records were dropped by retention"
+                )
+            chosen, next_offset = self._index.visible_from(
+                offset, max_records, self.stable_end, self._txns.visible
+            )
+            return self._read_entries(chosen, offset, max_records), next_offset
+
     def _entries_from(self, offset: int, max_records: int) -> list[IndexEntry]:
         """The index entries holding offsets ``[offset, offset + max_records)``."""
         if offset >= self._end_offset:
@@ -472,6 +535,8 @@ class SegmentLog:
             start = run[0].position
             buffer = pa.py_buffer(self._read_run(run))
             for entry in run:
+                if entry.frame_type == FRAME_TXN_MARKER:
+                    continue  # holds no records
                 payload_start = entry.position - start + entry.frame_length - entry.payload_length
                 records = deserialize_batch(buffer.slice(payload_start, entry.payload_length))
                 skip = max(0, offset - entry.base_offset)
@@ -511,6 +576,11 @@ class SegmentLog:
         self._index.add(entry)
         self._end_offset = entry.base_offset + entry.count
         self._last_publish_time_ms = entry.publish_time_ms
+        if entry.txn_id is not None:
+            if entry.frame_type == FRAME_TXN_MARKER:
+                self._txns.marker(entry.base_offset, entry.txn_id, entry.sequence == 1)
+                return  # a marker has no producer
+            self._txns.batch(entry.base_offset, entry.txn_id)
         if entry.producer_id is not None and entry.sequence is not None:
             window = self._producers.get(entry.producer_id)
             if window is None:

@@ -29,7 +29,7 @@ def test_a_batch_of_a_decided_transaction_is_refused() -> None:
     index = TxnIndex()
     index.marker(0, "t1", committed=False)  # joined, but no message came before the abort
     with pytest.raises(TransactionNotOpenError, match="aborted in this segment"):
-        index.batch(0, "t1")
+        index.check("t1")
     assert index.stable_end(0) == 0 and index.fate("t1") == Fate(None, 0, committed=False)
 
 
@@ -71,8 +71,9 @@ def test_readers_see_exactly_the_committed_part_in_log_order(steps: list) -> Non
             txn = f"t{step[1]}"
             if txn in fates:
                 with pytest.raises(TransactionNotOpenError):
-                    index.batch(end, txn)
+                    index.check(txn)
                 continue
+            index.check(txn)
             index.batch(end, txn)
             log.append(txn)
         else:
