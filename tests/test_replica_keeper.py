@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import runtime.remote as remote
-from actors.control import replica_keeper, segment_fleet
+from actors.control import replica_keeper, segment_calls
 from actors.control.replica_asks import Asked
 from actors.control.replica_keeper import ReplicaKeeper
 from actors.control.segment_fleet import SegmentFleet
@@ -39,7 +39,7 @@ ONE = TOPIC.segment(1, 0, MAX_HASH)
 def quick_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(remote, "REACH_PAUSE_S", 0.01)
     # the system's own credential is kept in the GCS: none here
-    monkeypatch.setattr(segment_fleet, "guard", lambda: SimpleNamespace(internal_token=str))
+    monkeypatch.setattr(segment_calls, "guard", lambda: SimpleNamespace(internal_token=str))
 
 
 class Sleeping:

@@ -26,6 +26,7 @@ from actors.control.dag_watch import ACTOR_NAME as DAG_WATCH
 from actors.control.node_disks import NodeDisks
 from actors.control.replica_keeper import ReplicaKeeper
 from actors.control.resting_segments import RestingSegments
+from actors.control.segment_calls import SegmentCalls
 from actors.guard import guard
 from actors.metrics import ControllerMetrics
 from actors.registry import lookup, named_actors
@@ -40,7 +41,6 @@ from runtime.names import SegmentName, TopicName
 from runtime.remote import reach
 from runtime.replication import Replication
 from runtime.segment_hosts import host_prefix, hosts_per_namespace
-from runtime.subscription import ResetTarget
 from storage.asleep import SleepingSegments
 from storage.catalog import Catalog
 from storage.durability import Durability, node_storage_root, storage_scope
@@ -59,7 +59,7 @@ TAKEOVER_WAIT_S = 30.0
 _KILL_WAIT_S = 10.0
 
 
-class SegmentFleet(RestingSegments):
+class SegmentFleet(SegmentCalls, RestingSegments):
     """Segment actors and storage of ``topic``'s current incarnation (``incarnation``)."""
 
     def __init__(
@@ -142,107 +142,6 @@ class SegmentFleet(RestingSegments):
     def forget(self, name: SegmentName) -> None:
         """Look ``name`` up afresh next time (its actor died or was replaced)."""
         self._watch_handles.pop(name, None)
-
-    # --- what the maintenance rounds ask ----------------------------------------------------
-
-    async def observe(
-        self, names: dict[int, SegmentName], on_demand: set[int], wait_s: float
-    ) -> dict[int, dict[str, Any]]:
-        """The stats of every segment of ``names`` (by id) whose actor runs and answers
-        within ``wait_s``. One not running that is in ``on_demand`` (tiered, or sleeping
-        drained) is marked hibernating, and not looked up again until started."""
-        handles = {}
-        for segment_id, name in names.items():
-            if self._marks.marked(name):
-                continue
-            starts = self._marks.starts(name)
-            handle = self.watched(name)
-            if handle is not None:
-                handles[segment_id] = handle
-            elif segment_id in on_demand:  # after a controller restart, say
-                self._marks.found_without_process(name, starts)
-        token = guard().internal_token()
-        by_host: dict[ray.actor.ActorHandle, list[int]] = {}
-        for segment_id, handle in handles.items():
-            by_host.setdefault(handle.host, []).append(segment_id)
-
-        async def ask(host: ray.actor.ActorHandle, ids: list[int]) -> dict[int, Any]:
-            """One call per host for all its segments (None: not served there now)."""
-            asked = [handles[i].segment for i in ids]
-            try:
-                answer = await asyncio.wait_for(
-                    host.stats_of.remote(asked, credential=token), wait_s
-                )
-            except RayActorError:
-                answer = dict.fromkeys(asked)
-            except Exception as err:  # noqa: BLE001 - a round goes on without this host
-                log.warning("%s: stats of %d segments not read: %r", self.topic, len(ids), err)
-                return {}
-            return {i: answer[handles[i].segment] for i in ids}
-
-        stats = {}
-        for found in await asyncio.gather(*(ask(h, ids) for h, ids in by_host.items())):
-            for segment_id, st in found.items():
-                if st is not None:
-                    stats[segment_id] = st
-                else:
-                    self.forget(names[segment_id])  # look it up afresh next round
-        return stats
-
-    async def retain(
-        self, names: list[SegmentName], oldest_ms: int | None, max_bytes: int | None
-    ) -> None:
-        """Time and size retention on the running ones of ``names`` (whole batches)."""
-        watched = [h for h in (self.watched(n) for n in names) if h is not None]
-        token = guard().internal_token()
-        await asyncio.gather(
-            *(h.retain.remote(oldest_ms, max_bytes, credential=token) for h in watched)
-        )
-
-    async def offload(self, handle: SegmentHandle, uri: str) -> None:
-        """Have the segment behind ``handle`` move itself to the tier at ``uri``."""
-        await handle.offload.remote(uri, credential=guard().internal_token())
-
-    # --- subscriptions ---------------------------------------------------------------------
-
-    async def create_subscription(
-        self, name: SegmentName, subscription: str, position: str, epoch: int
-    ) -> None:
-        """A subscription's cursor on the segment: in a hibernating tiered segment's record
-        (creating a subscription must not wake every tiered segment), else by its actor."""
-        if self.running(name) is None and self.storage().records.add_cursor(
-            name.segment_id, subscription, position, epoch
-        ):
-            self.records_changed += 1
-            return
-        token = guard().internal_token()
-
-        def subscribe(seg: SegmentHandle) -> Any:
-            return seg.create_subscription.remote(subscription, position, epoch, credential=token)
-
-        if await self._woken_replicated(name):
-            await self._reach(name, subscribe)
-        else:
-            await subscribe(self.handle(name))
-
-    async def delete_subscription(self, name: SegmentName, subscription: str, epoch: int) -> None:
-        if self.running(name) is None and self.storage().records.delete_cursor(
-            name.segment_id, subscription, epoch
-        ):
-            self.records_changed += 1
-            return
-        await self.handle(name).delete_subscription.remote(
-            subscription, epoch, credential=guard().internal_token()
-        )
-
-    async def seek(
-        self, name: SegmentName, subscription: str, to: ResetTarget, epoch: int
-    ) -> dict[str, Any]:
-        """Move the subscription's cursor on the segment (``SegmentStore.seek``); a
-        hibernating segment is woken for it."""
-        return await self.handle(name).seek.remote(
-            subscription, to, epoch, credential=guard().internal_token()
-        )
 
     # --- creating -----------------------------------------------------------------------
 
