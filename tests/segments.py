@@ -20,6 +20,12 @@ from runtime.names import SegmentName, TopicName
 from storage.durability import default_storage_root
 from storage.topic_storage import segment_directory
 
+# The system config of a ``cluster_utils.Cluster`` head where a test removes nodes: Ray
+# declares a killed node dead after 5 failed checks a second apart instead of 3 s apart.
+# A check of a node that is alive but slow still waits Ray's 10 s before it fails, so
+# a busy machine does not lose live nodes to it.
+NODE_LOSS_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
+
 __all__ = [
     "crash_host_of",
     "lose_storage",

@@ -141,7 +141,7 @@ def main(scratch: Path) -> None:
     from runtime.segment_hosts import host_name
     from storage.durability import NODE_STORAGE_ROOT_ENV
     from storage.placements import disk_id
-    from tests.segments import read_keyed, segment_actor
+    from tests.segments import NODE_LOSS_SYSTEM_CONFIG, read_keyed, segment_actor
 
     disks = {node: scratch / "disks" / node for node in ("head", *NODES, "e")}
 
@@ -149,7 +149,8 @@ def main(scratch: Path) -> None:
         resources = {} if node == "head" else {"resources": {"disks": 100}}
         return {"num_cpus": 1, "env_vars": {NODE_STORAGE_ROOT_ENV: str(disks[node])}, **resources}
 
-    cluster = Cluster(initialize_head=True, head_node_args=node_args("head"))
+    head = {**node_args("head"), "_system_config": NODE_LOSS_SYSTEM_CONFIG}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     nodes = {name: cluster.add_node(**node_args(name)) for name in NODES}
     cluster.wait_for_nodes()
     connect(cluster.address, namespace="replicated", log_to_driver=False)

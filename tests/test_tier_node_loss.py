@@ -116,7 +116,7 @@ def main(scratch: Path) -> None:
     from storage.catalog import Catalog
     from storage.durability import NODE_STORAGE_ROOT_ENV
     from storage.placements import SegmentPlacements, disk_id
-    from tests.segments import crash_host_of, read_keyed, segment_nodes
+    from tests.segments import NODE_LOSS_SYSTEM_CONFIG, crash_host_of, read_keyed, segment_nodes
 
     disks = {node: scratch / "disks" / node for node in ("head", "a", "b", "c")}
 
@@ -124,7 +124,8 @@ def main(scratch: Path) -> None:
         resources = {"resources": {"topics": 100}} if topics else {}
         return {"num_cpus": 1, "env_vars": {NODE_STORAGE_ROOT_ENV: str(disks[node])}, **resources}
 
-    cluster = Cluster(initialize_head=True, head_node_args=node_args("head", topics=False))
+    head = {**node_args("head", topics=False), "_system_config": NODE_LOSS_SYSTEM_CONFIG}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     node_a = cluster.add_node(**node_args("a"))
     cluster.wait_for_nodes()
     connect(cluster.address, namespace="tiernodes", log_to_driver=False)
