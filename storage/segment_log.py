@@ -488,15 +488,8 @@ class SegmentLog:
 
     def read(self, offset: int, max_records: int) -> list[StoredBatch]:
         """Up to ``max_records`` whole records starting exactly at ``offset``."""
-        if max_records <= 0:
-            raise InvalidArgumentError(f"max_records must be positive, got {max_records}")
         with self._lock:
-            self._check_open()
-            if offset < self._start_offset:
-                raise InvalidArgumentError(
-                    f"offset {offset} is below the start offset {self._start_offset} "
-                    f"of segment {self._label}: those records were dropped by retention"
-                )
+            self._check_readable(offset, max_records)
             entries = self._entries_from(offset, max_records)
             return self._read_entries(entries, offset, max_records)
 
@@ -505,19 +498,23 @@ class SegmentLog:
         records of the batches below the stable end that belong to no transaction or to
         a committed one, and the offset to read from next, past the markers and aborted
         batches skipped on the way."""
-        if max_records <= 0:
-            raise InvalidArgumentError(f"max_records must be positive, got {max_records}")
         with self._lock:
-            self._check_open()
-            if offset < self._start_offset:
-                raise InvalidArgumentError(
-                    f"offset {offset} is below the start offset {self._start_offset} "
-                    f"of segment {self._label}: those records were dropped by retention"
-                )
+            self._check_readable(offset, max_records)
             chosen, next_offset = self._index.visible_from(
                 offset, max_records, self.stable_end, self._txns.visible
             )
             return self._read_entries(chosen, offset, max_records), next_offset
+
+    def _check_readable(self, offset: int, max_records: int) -> None:
+        """Refuse a read of nothing, of a closed log, or from below the start offset."""
+        if max_records <= 0:
+            raise InvalidArgumentError(f"max_records must be positive, got {max_records}")
+        self._check_open()
+        if offset < self._start_offset:
+            raise InvalidArgumentError(
+                f"offset {offset} is below the start offset {self._start_offset} "
+                f"of segment {self._label}: those records were dropped by retention"
+            )
 
     def _entries_from(self, offset: int, max_records: int) -> list[IndexEntry]:
         """The index entries holding offsets ``[offset, offset + max_records)``."""
