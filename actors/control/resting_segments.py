@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
+from actors.control.fleet_parts import FleetParts
 from actors.guard import guard
 from actors.segment.host import close_segment
 from actors.segment.lookup import segment_actor
@@ -19,25 +20,18 @@ from runtime.remote import ACTOR_GONE
 
 if TYPE_CHECKING:
     from actors.control.replica_keeper import ReplicaKeeper
-    from actors.segment.handle import SegmentHandle
-    from runtime.hibernation import HibernationMarks
     from storage.asleep import SleepingSegments
-    from storage.incarnation_storage import IncarnationStorage
     from storage.placements import SegmentPlacements
 
 
-class RestingSegments:
+class RestingSegments(FleetParts):
     """The hibernation part of ``SegmentFleet`` (which provides what is declared here)."""
 
     node_local: bool
     replicas: ReplicaKeeper
-    _marks: HibernationMarks
 
     if TYPE_CHECKING:
 
-        def handle(self, name: SegmentName) -> SegmentHandle: ...
-        def forget(self, name: SegmentName) -> None: ...
-        def storage(self) -> IncarnationStorage: ...
         def sleeping(self) -> SleepingSegments: ...
         def placements(self) -> SegmentPlacements: ...
         def _replicated(self, name: SegmentName) -> bool: ...

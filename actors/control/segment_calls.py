@@ -14,33 +14,28 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.exceptions import RayActorError
 
+from actors.control.fleet_parts import FleetParts
 from actors.guard import guard
 from runtime.names import SegmentName
 from runtime.subscription import ResetTarget
 
 if TYPE_CHECKING:
     from actors.segment.handle import SegmentHandle
-    from runtime.hibernation import HibernationMarks
     from runtime.names import TopicName
-    from storage.incarnation_storage import IncarnationStorage
 
 log = logging.getLogger(__name__)
 
 
-class SegmentCalls:
+class SegmentCalls(FleetParts):
     """The calls part of ``SegmentFleet`` (which provides what is declared here)."""
 
     topic: TopicName
     records_changed: int
-    _marks: HibernationMarks
 
     if TYPE_CHECKING:
 
-        def handle(self, name: SegmentName) -> SegmentHandle: ...
         def running(self, name: SegmentName) -> SegmentHandle | None: ...
         def watched(self, name: SegmentName) -> SegmentHandle | None: ...
-        def forget(self, name: SegmentName) -> None: ...
-        def storage(self) -> IncarnationStorage: ...
         async def _woken_replicated(self, name: SegmentName) -> bool: ...
         async def _reach(self, name: SegmentName, call: Callable[[SegmentHandle], Any]) -> Any: ...
 
