@@ -18,7 +18,7 @@ the new leader holds every committed entry.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runtime.layout import SegmentState
@@ -82,10 +82,9 @@ def _merged(copies: Sequence[StoredCopy]) -> StoredSegmentState:
     return StoredSegmentState(furthest, tuple(subscriptions), fence)
 
 
-def placements(copies: Iterable[StoredCopy]) -> dict[int, str]:
+def placements(copies: Iterable[StoredCopy], sets: Mapping[int, ReplicaSet]) -> dict[int, str]:
     """Each segment's disk, as ``storage.placements`` records it: a replicated segment's
-    is its leader's (``replica_sets``)."""
-    sets = replica_sets(copies)
+    is its leader's in ``sets`` (``replica_sets`` of the same copies)."""
     found: dict[int, str] = {}
     for copy in sorted(_on_disks(copies), key=lambda c: c.disk or ""):
         found.setdefault(copy.segment_id, copy.disk or "")

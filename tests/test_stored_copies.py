@@ -80,13 +80,15 @@ def test_a_replicated_segment_is_led_first_by_its_most_advanced_copy() -> None:
         copy("c", rep=replica(2, 50)),
     ]
     assert replica_sets(copies) == {0: ReplicaSet(5, ("b", "c", "a"))}
-    assert placements(copies) == {0: "b"}  # where its actor starts: the leader's disk
+    assert placements(copies, replica_sets(copies)) == {
+        0: "b"
+    }  # where its actor starts: the leader's disk
 
 
 def test_a_segment_of_one_copy_gets_its_disk_and_no_replica_set() -> None:
     copies = [copy("a"), copy("b", SegmentInfo.active(1, RANGE, 0))]
     assert replica_sets(copies) == {}
-    assert placements(copies) == {0: "a", 1: "b"}
+    assert placements(copies, replica_sets(copies)) == {0: "a", 1: "b"}
 
 
 def test_a_replica_laid_out_but_never_given_a_role_still_counts_at_epoch_one() -> None:
@@ -96,7 +98,9 @@ def test_a_replica_laid_out_but_never_given_a_role_still_counts_at_epoch_one() -
 
 
 def test_the_shared_root_records_nothing() -> None:
-    assert placements([copy(None)]) == {} and replica_sets([copy(None, rep=replica(1, 1))]) == {}
+    assert (
+        placements([copy(None)], {}) == {} and replica_sets([copy(None, rep=replica(1, 1))]) == {}
+    )
 
 
 def _incarnation(disk: str, epoch: int | None, *segments: str) -> StoredIncarnation:

@@ -117,9 +117,10 @@ class MetadataRebuild:
             return
         copies = [copy for copy in copies if copy.segment_id not in discarded]
         placements, sets = fleet.placements(), fleet.replicas.sets()
-        for segment_id, disk in stored_copies.placements(copies).items():
+        found = stored_copies.replica_sets(copies)
+        for segment_id, disk in stored_copies.placements(copies, found).items():
             placements.place(segment_id, disk)
-        for segment_id, replicas in stored_copies.replica_sets(copies).items():
+        for segment_id, replicas in found.items():
             sets.create(segment_id, replicas)
 
     async def _discard(self, copies: list[StoredCopy], discarded: list[int]) -> None:
