@@ -260,9 +260,8 @@ def start_cluster(
     with ``node_args()`` (one CPU)."""
     from ray.cluster_utils import Cluster
 
-    from tests.segments import NODE_LOSS_SYSTEM_CONFIG
-
-    head = {"num_cpus": 1, "include_dashboard": False, "_system_config": NODE_LOSS_SYSTEM_CONFIG}
+    system = {"health_check_period_ms": 1000, "health_check_failure_threshold": 10}
+    head = {"num_cpus": 1, "include_dashboard": False, "_system_config": system}
     cluster = Cluster(initialize_head=True, head_node_args={**head, "resources": head_resources})
     for _ in range(nodes):
         cluster.add_node(**node_args())
