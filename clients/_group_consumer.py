@@ -47,6 +47,7 @@ from clients._loop import background_loop
 from clients.message import Message, messages_from_delivery, table_from_deliveries
 from runtime import wire
 from runtime.assignment import Share
+from runtime.batch import following as read_following
 from runtime.errors import (
     ClientClosedError,
     ConflictError,
@@ -102,6 +103,26 @@ class _Reader:
         self.end: int | None = None  # known once the segment is sealed and read out
         self.revoked = False
         self.task: asyncio.Task | None = None
+        # The last read's step over records no reader gets (transaction markers, aborted
+        # records): (from, to). Delivering or acknowledging up to ``from`` is up to ``to``.
+        self.skip: tuple[int, int] | None = None
+
+    def read_up_to(self, after: int, following: int) -> None:
+        """A read whose records end before ``after`` said the next read starts at
+        ``following``."""
+        self.position = max(self.position, following)
+        if following > after:
+            self.skip = (after, following)
+            self.step_over()
+
+    def step_over(self) -> None:
+        """Carry what was delivered and acknowledged over the last skipped records."""
+        if self.skip is not None:
+            start, end = self.skip
+            if self.delivered >= start:
+                self.delivered = max(self.delivered, end)
+            if self.acked >= start:
+                self.acked = max(self.acked, end)
 
     @property
     def handle(self) -> Any:
@@ -186,6 +207,7 @@ class GroupConsumerCore:
             for reader, run in taken:
                 if not reader.revoked:
                     reader.delivered = _after(run)
+                    reader.step_over()
                     if reader.part:
                         reader.sent.append(run.column("offset").to_numpy())
                     runs.append((reader.segment_id, run))
@@ -203,6 +225,7 @@ class GroupConsumerCore:
         reader = self.readers.get(segment_id)
         if reader is not None and offset + 1 > reader.acked:
             reader.acked = offset + 1
+            reader.step_over()
 
     def positions(self) -> dict[int, int]:
         """Next offset to deliver, per segment this consumer holds."""
@@ -321,11 +344,11 @@ class GroupConsumerCore:
                 except REFUSALS as err:
                     self.fail(err)
                     return
+                after = reader.position
                 if batch.num_rows:
                     self.messages.put(batch, reader)
-                    reader.position = _after(batch)
-                if following is not None:
-                    reader.position = max(reader.position, following)
+                    after = reader.position = _after(batch)
+                reader.read_up_to(after, following)
                 if not batch.num_rows and terminated and reader.position >= end_offset:
                     reader.end = end_offset
                     await self._finish_when_settled(reader)
@@ -349,7 +372,7 @@ class GroupConsumerCore:
             )  # fmt: skip
             reader.settles = None
 
-    async def _read_once(self, reader: _Reader) -> tuple[pa.RecordBatch, int, bool, int | None]:
+    async def _read_once(self, reader: _Reader) -> tuple[pa.RecordBatch, int, bool, int]:
         """One long-poll read, carrying (a whole segment's reader's) acknowledgements not
         yet sent, at most once per ``ack_flush_s``: the segment persists its cursor on
         every ack. A subscription's reader reads its share, what was acknowledged
@@ -370,7 +393,8 @@ class GroupConsumerCore:
             request = wire.ReadRequest(
                 reader.position, self.config.read_batch, 1.0, self.group, None
             )
-            delivery = (*await reader.channel.read(request), None)
+            batch, end_offset, terminated = await reader.channel.read(request)
+            delivery = (batch, end_offset, terminated, read_following(batch, reader.position))
         if ack is not None:
             reader.flushed = max(reader.flushed, ack + 1)
         return delivery

@@ -27,7 +27,7 @@ from ray.exceptions import (
 
 from actors.segment.lookup import segment_actor
 from actors.segment.reader import MAX_READ_RECORDS
-from runtime.batch import PROPERTIES_TYPE
+from runtime.batch import PROPERTIES_TYPE, following
 from runtime.errors import (
     NotLeaderError,
     ScalableTopicsError,
@@ -106,12 +106,11 @@ def read_range(
     pending = reader.request(offset)
     while offset < piece.end:
         batch = reader.receive(pending, offset)
-        if batch.num_rows == 0:
-            return  # retention dropped the rest of this range
-        offset = batch.column("offset")[batch.num_rows - 1].as_py() + 1
+        offset = following(batch, offset)  # past any records no reader gets
         if offset < piece.end:
             pending = reader.request(offset)  # let the actor read on while we convert
-        yield _with_derived_columns(batch, piece.segment_id)
+        if batch.num_rows:
+            yield _with_derived_columns(batch, piece.segment_id)
 
 
 def _read_tiered(piece: SegmentRange) -> Iterator[pa.RecordBatch]:
@@ -173,7 +172,7 @@ class _RangeReader:
                 time.sleep(RETRY_PAUSE_S)
                 pending = self.request(offset)
                 continue
-            if batch.num_rows == 0:
+            if batch.num_rows == 0 and following(batch, offset) <= offset:
                 raise self._unavailable(
                     f"returned no records at offset {offset}, but the snapshot saw records "
                     f"up to {self.piece.end}: its storage was lost or replaced"

@@ -357,3 +357,35 @@ _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 # In a queue delivery's schema metadata: JSON of offset → how many times it was
 # delivered before (only offsets delivered before are listed).
 REDELIVERIES_KEY = "raytopics.redeliveries"
+
+# In a read's schema metadata: "{after} {following}", where the next read starts
+# (``following``) when that is not right after the read's last record (``after``): the
+# read stepped over transaction markers or aborted records. A slice of the batch that
+# ends earlier (a consumer's run) does not end at ``after``, so it says nothing.
+FOLLOWING_KEY = "raytopics.following"
+
+
+def with_following(batch: pa.RecordBatch, offset: int, following: int) -> pa.RecordBatch:
+    """``batch``, read from ``offset``, saying that the next read starts at ``following``
+    when that is not what its records imply (``following``)."""
+    after = _after(batch, offset)
+    if following <= after:
+        return batch
+    return batch.replace_schema_metadata({FOLLOWING_KEY: f"{after} {following}"})
+
+
+def following(batch: pa.RecordBatch, offset: int) -> int:
+    """Where the read after ``batch`` (read from ``offset``) starts: after its last
+    record, or further when the segment stepped over records no reader gets."""
+    after = _after(batch, offset)
+    stated = (batch.schema.metadata or {}).get(FOLLOWING_KEY.encode())
+    if stated is None:
+        return after
+    stated_after, stated_following = map(int, stated.split())
+    # An empty read may have started further on than asked (retention dropped the head).
+    ends_there = stated_after == after or (not batch.num_rows and stated_after > after)
+    return max(after, stated_following) if ends_there else after
+
+
+def _after(batch: pa.RecordBatch, offset: int) -> int:
+    return batch.column("offset")[-1].as_py() + 1 if batch.num_rows else offset

@@ -83,6 +83,16 @@ class TxnIndex:
         ``end_offset`` when none is undecided."""
         return min(self._open.values(), default=end_offset)
 
+    @property
+    def any_decided(self) -> bool:
+        """Whether a marker is stored here: only then can an offset be hidden."""
+        return bool(self._fates)
+
+    def hidden(self, txn_id: str | None) -> bool:
+        """Whether a batch is never delivered, whoever reads: its transaction aborted."""
+        fate = None if txn_id is None else self._fates.get(txn_id)
+        return fate is not None and not fate.committed
+
     def visible(self, txn_id: str | None) -> bool:
         """Whether a batch below the stable end is delivered: it belongs to no
         transaction, or to one that committed."""

@@ -15,7 +15,7 @@ import json
 import re
 import secrets
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -87,6 +87,18 @@ class Cursor:
             return False
         new_ranges = _coalesce((offset, offset + 1) for offset in fresh)
         self._ranges = _coalesce(heapq.merge(self._ranges, new_ranges))
+        self._normalize()
+        return True
+
+    def ack_ranges(self, ranges: Iterable[tuple[int, int]]) -> bool:
+        """Acknowledge every offset of the half-open ``ranges``; returns whether anything
+        changed."""
+        fresh = sorted((start, end) for start, end in ranges if start < end)
+        if fresh:
+            _check_offset("offset", fresh[0][0])
+        if all(self.first_unacked(start) >= end for start, end in fresh):
+            return False
+        self._ranges = _coalesce(heapq.merge(self._ranges, _coalesce(fresh)))
         self._normalize()
         return True
 
@@ -322,6 +334,18 @@ class CursorStore:
             if cursor.ack(offsets):
                 self.version += 1
                 self._persist(cursor)
+
+    def ack_ranges(self, ranges: Sequence[tuple[int, int]], names: Iterable[str] = ()) -> None:
+        """Acknowledge ``ranges`` for the cursors ``names`` (every cursor when none is
+        named): offsets no reader will get must not hold a subscription's backlog."""
+        if not ranges:
+            return
+        with self._lock:
+            for name in list(names) or list(self._cursors):
+                cursor = self._live(name)
+                if cursor.ack_ranges(ranges):
+                    self.version += 1
+                    self._persist(cursor)
 
     def export(self) -> tuple[int, bytes]:
         """The version and every cursor, acks not saved yet included: what a replicated

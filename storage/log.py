@@ -70,6 +70,21 @@ class SegmentRecords(Protocol):
         """The stored batches from ``offset``, about ``max_records`` records."""
         ...
 
+    @property
+    def stable_end(self) -> int:
+        """Where readers of committed data stop (``runtime.txn_visibility``)."""
+        ...
+
+    def read_committed(
+        self, offset: int, max_records: int, end: int | None = None
+    ) -> tuple[list[StoredBatch], int]:
+        """The committed records from ``offset`` below ``end``, and where to read next."""
+        ...
+
+    def hidden_ranges(self, offset: int) -> list[tuple[int, int]]:
+        """The ranges from ``offset`` on that no reader will get."""
+        ...
+
     def terminate(self) -> None:
         """Seal: refuse every later append (idempotent)."""
         ...

@@ -104,6 +104,25 @@ class LogIndex:
             next_offset = start + taken
         return chosen, next_offset
 
+    def hidden_from(
+        self, offset: int, hidden: Callable[[str | None], bool]
+    ) -> list[tuple[int, int]]:
+        """The half-open ranges at or after ``offset`` that no reader will ever get:
+        transaction markers, and the batches of transactions ``hidden`` says aborted;
+        adjacent ones joined."""
+        ranges: list[tuple[int, int]] = []
+        for entry in self.entries[max(bisect.bisect_right(self.bases, offset) - 1, 0) :]:
+            end = entry.base_offset + entry.count
+            if end <= offset:
+                continue
+            if entry.frame_type == FRAME_TXN_MARKER or hidden(entry.txn_id):
+                start = max(offset, entry.base_offset)
+                if ranges and ranges[-1][1] == start:
+                    ranges[-1] = (ranges[-1][0], end)
+                else:
+                    ranges.append((start, end))
+        return ranges
+
     def first_published(self, start_offset: int, time_ms: int) -> int | None:
         """The base offset of the first batch from ``start_offset`` on published at or
         after ``time_ms``; None when there is none."""

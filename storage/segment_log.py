@@ -493,17 +493,29 @@ class SegmentLog:
             entries = self._entries_from(offset, max_records)
             return self._read_entries(entries, offset, max_records)
 
-    def read_committed(self, offset: int, max_records: int) -> tuple[list[StoredBatch], int]:
+    def read_committed(
+        self, offset: int, max_records: int, end: int | None = None
+    ) -> tuple[list[StoredBatch], int]:
         """What a reader of committed data gets from ``offset``: up to ``max_records``
-        records of the batches below the stable end that belong to no transaction or to
-        a committed one, and the offset to read from next, past the markers and aborted
-        batches skipped on the way."""
+        records of the batches below the stable end (and below ``end``, a replicated
+        segment's high watermark) that belong to no transaction or to a committed one,
+        and the offset to read from next, past the markers and aborted batches skipped
+        on the way."""
         with self._lock:
             self._check_readable(offset, max_records)
+            stop = self.stable_end if end is None else min(end, self.stable_end)
             chosen, next_offset = self._index.visible_from(
-                offset, max_records, self.stable_end, self._txns.visible
+                offset, max_records, stop, self._txns.visible
             )
             return self._read_entries(chosen, offset, max_records), next_offset
+
+    def hidden_ranges(self, offset: int) -> list[tuple[int, int]]:
+        """The ranges from ``offset`` on that no reader will get (markers, aborted
+        batches): what every subscription counts as acknowledged."""
+        with self._lock:
+            if not self._txns.any_decided:
+                return []
+            return self._index.hidden_from(offset, self._txns.hidden)
 
     def _check_readable(self, offset: int, max_records: int) -> None:
         """Refuse a read of nothing, of a closed log, or from below the start offset."""

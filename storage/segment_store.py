@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from runtime.batch import REDELIVERIES_KEY
+from runtime.batch import REDELIVERIES_KEY, with_following
 from runtime.dispatch import QueueDispatcher
 from runtime.errors import (
     InvalidArgumentError,
@@ -121,6 +121,7 @@ class SegmentStore:
         )
         self.cursors = CursorStore(self.directory, fsync=durability.policy == "fsync")
         self._fence = stored_fence_epoch(self.directory)
+        self._ack_hidden()  # a crash may have come between a marker and the cursors' save
 
     # --- the log's state, as the segment actor and its appender see it ------------
 
@@ -207,8 +208,10 @@ class SegmentStore:
 
     @property
     def readable_end(self) -> int:
-        """The end readers are told of and read up to."""
-        end = self.log.end_offset
+        """The end readers are told of and read up to: the last stable offset (nothing of
+        an undecided transaction, nor anything after its first message, is read), and a
+        replicated segment's high watermark."""
+        end = self.log.stable_end
         return end if self._readable_limit is None else min(end, self._readable_limit)
 
     @property
@@ -222,16 +225,18 @@ class SegmentStore:
         return not self._deleted and not self.sealed_for_readers and offset >= self.readable_end
 
     def read(self, offset: int, max_records: int) -> pa.RecordBatch:
+        """The committed records from ``offset``; where the next read starts is in the
+        batch's metadata when it is not after its last record (``runtime.batch.following``):
+        markers and aborted transactions' records are stepped over, never delivered."""
         self._check_alive()
         offset = max(offset, self.log.start_offset)
-        return to_delivery(self._read_log(offset, max_records))
+        stored, following = self._read_log(offset, max_records)
+        return with_following(to_delivery(stored), offset, following)
 
-    def _read_log(self, offset: int, max_records: int) -> list[StoredBatch]:
-        if self._readable_limit is not None and max_records > 0:
-            max_records = min(max_records, self.readable_end - offset)
-            if max_records <= 0:
-                return []
-        return self.log.read(offset, max_records)
+    def _read_log(self, offset: int, max_records: int) -> tuple[list[StoredBatch], int]:
+        if max_records > 0 and offset >= self.readable_end:
+            return [], offset
+        return self.log.read_committed(offset, max_records, self.readable_end)
 
     def share_start(self, subscription: str, offset: int) -> int:
         """Where a share's read from ``offset`` begins: nothing below the subscription's
@@ -248,10 +253,10 @@ class SegmentStore:
         are stepped over, not waited on)."""
         self._check_alive()
         offset = self.share_start(subscription, offset)
-        scanned = to_delivery(self._read_log(offset, max_records))
+        stored, following = self._read_log(offset, max_records)
+        scanned = to_delivery(stored)
         if scanned.num_rows == 0:
-            return scanned, offset
-        following = scanned.column("offset")[-1].as_py() + 1
+            return scanned, following
         acked = self.cursors.get(subscription).acked_ranges
         return of_share(scanned, acked, buckets), following
 
@@ -264,6 +269,17 @@ class SegmentStore:
             self._record_sealed(sealed)
         self.log.terminate()
         return self.log.end_offset
+
+    def mark(self, txn_id: str, committed: bool) -> int:
+        """Write transaction ``txn_id``'s fate here (``SegmentLog.mark``) and return the
+        marker's offset. Every subscription counts the marker, and an aborted
+        transaction's records, as acknowledged, before any reader can see past them."""
+        self._check_alive()
+        offset = self.log.mark(txn_id, committed)
+        fate = self.log.txn_fate(txn_id)
+        first = offset if fate is None or fate.first is None else fate.first
+        self.cursors.ack_ranges(self.log.hidden_ranges(first))
+        return offset
 
     @property
     def identity(self) -> SegmentIdentity:
@@ -352,8 +368,10 @@ class SegmentStore:
     def create_subscription(self, name: str, position: Position, epoch: int | None) -> int:
         """Idempotent; returns the cursor's position."""
         self.check_epoch(epoch)
-        cursor = self.cursors.create(name, position, self.log.start_offset, self.log.end_offset)
-        return cursor.mark_delete
+        log = self.log  # "latest" is the last stable offset, as in Kafka's read_committed
+        self.cursors.create(name, position, log.start_offset, log.stable_end)
+        self._ack_hidden(name)
+        return self.cursors.get(name).mark_delete
 
     def delete_subscription(self, name: str, epoch: int | None) -> None:
         self.check_epoch(epoch)
@@ -371,12 +389,14 @@ class SegmentStore:
         if to == "earliest":
             offset = log.start_offset
         elif to == "latest":
-            offset = log.end_offset
+            offset = log.stable_end
         else:
             offset = max(log.offset_at_time(to), log.start_offset)
         self.cursors.move(subscription, offset)
+        self._ack_hidden(subscription)
         self._dispatchers.pop(subscription, None)
-        return {"position": offset, "finished": log.terminated and offset >= log.end_offset}
+        finished = log.terminated and self.position(subscription) >= log.end_offset
+        return {"position": offset, "finished": finished}
 
     def subscriptions(self) -> list[str]:
         self._check_alive()
@@ -534,6 +554,14 @@ class SegmentStore:
         assert self._records is not None
         self.cursors = CursorStore(backend=RecordedCursors(self._records, self.name.segment_id))
         self._fence = record.fence_epoch
+
+    def _ack_hidden(self, name: str | None = None) -> None:
+        """Count what no reader will get as acknowledged by subscription ``name`` (every
+        subscription for ``None``), from where it stands."""
+        names = [name] if name is not None else self.cursors.names()
+        marks = [self.cursors.get(n).mark_delete for n in names]
+        if marks:
+            self.cursors.ack_ranges(self.log.hidden_ranges(min(marks)), names)
 
     def _dispatcher(self, subscription: str) -> QueueDispatcher:
         dispatcher = self._dispatchers.get(subscription)

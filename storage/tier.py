@@ -172,6 +172,11 @@ def offload(
     """
     if not log.terminated:
         raise InvalidArgumentError(f"segment log {log.directory} is not sealed: it may still grow")
+    if log.stable_end < log.end_offset or log.hidden_ranges(log.start_offset):
+        raise UnavailableError(
+            f"segment log {log.directory} holds transactions' records: it stays in local "
+            "storage (the tier's files hold committed records at consecutive offsets)"
+        )
     log.verify()
     filesystem.create_dir(directory, recursive=True)
     path = f"{directory}/{RECORDS_FILE}"
@@ -290,6 +295,24 @@ class TieredSegment:
         table = groups[0] if len(groups) == 1 else pa.concat_tables(groups)
         skip = offset - self._firsts[first]
         return list(_stored_runs(table.slice(skip, max_records)))
+
+    @property
+    def stable_end(self) -> int:
+        """Its end: a log holding transactions' markers is not moved to the tier."""
+        return self.end_offset
+
+    def read_committed(
+        self, offset: int, max_records: int, end: int | None = None
+    ) -> tuple[list[StoredBatch], int]:
+        """``read``, bounded by ``end``, and the offset after it."""
+        if end is not None:
+            max_records = min(max_records, end - offset)
+        stored = self.read(offset, max_records) if max_records > 0 else []
+        return stored, (stored[-1].base_offset + stored[-1].records.num_rows if stored else offset)
+
+    def hidden_ranges(self, offset: int) -> list[tuple[int, int]]:
+        """None: only logs without transactions are moved to the tier."""
+        return []
 
     def _group(self, index: int) -> pa.Table:
         """Row group ``index``, decoded; the last one is kept, since a consumer reads on
