@@ -22,12 +22,14 @@ from datetime import datetime
 from typing import Any
 
 from clients._loop import with_sync_twins
+from clients.transaction import Transaction
 from runtime.admin_api import merged_ids, split_hashes
 from runtime.auth import AuthPolicy
 from runtime.layout import SegmentLayout
 from runtime.policy import TopicPolicy
 from runtime.readiness import DEFAULT_READY_TIMEOUT_S, MAX_WAIT_S, wait_until_ready
 from runtime.subscription import DEFAULT_GRACE_S, ResetTo, StartPosition, reset_ms, time_ms
+from runtime.transactions import DEFAULT_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -317,3 +319,49 @@ class AdminCalls(ABC):
         """``{"enabled", "version", "updatedAtMs", "principals": [{"principal",
         "sha256Prefix", "grants"}]}``: never a token, only 8 hex digits of its digest."""
         return await self._op("auth_status")
+
+    # --- transactions (the cluster's transaction coordinator; see clients.transaction) ---
+
+    async def new_transaction_async(
+        self, timeout_s: float = DEFAULT_TIMEOUT_S, owner: str | None = None
+    ) -> Transaction:
+        """Begin a transaction that aborts unless committed within ``timeout_s`` seconds.
+        ``owner`` (Kafka's ``transactional.id``): the owner's transaction before this
+        one is fenced, and can no longer commit (a restarted producer's stale one)."""
+        shown = await self._op("new_transaction", timeout_s=timeout_s, owner=owner)
+        return Transaction(self, shown["txnId"], shown["deadlineMs"])
+
+    async def get_transaction_async(self, txn_id: str) -> dict[str, Any]:
+        """``{"txnId", "status", "startedMs", "deadlineMs", "owner", "segments",
+        "acknowledgements", "reason"}``; status is open, committing, aborting, committed
+        or aborted."""
+        return await self._op("get_transaction", txn_id=txn_id)
+
+    async def list_transactions_async(self) -> list[dict[str, Any]]:
+        """Every transaction not yet forgotten, as ``get_transaction`` shows it."""
+        return await self._op("list_transactions")
+
+    async def commit_transaction_async(self, txn_id: str) -> dict[str, Any]:
+        """Commit; once it returns, all of the transaction's messages are readable and
+        its acknowledgements applied. ``TransactionNotOpenError`` if it aborted (asked
+        to, fenced or timed out)."""
+        return await self._op("commit_transaction", txn_id=txn_id)
+
+    async def abort_transaction_async(self, txn_id: str) -> dict[str, Any]:
+        """Abort: none of its messages will ever be read, no acknowledgement applies."""
+        return await self._op("abort_transaction", txn_id=txn_id)
+
+    async def transaction_acknowledge_async(
+        self,
+        txn_id: str,
+        segment_topic: str,
+        subscription: str,
+        offset: int,
+        cumulative: bool = False,
+    ) -> dict[str, Any]:
+        """Acknowledge ``offset`` of ``segment_topic`` for ``subscription`` (with
+        ``cumulative``, everything up to it) when ``txn_id`` commits."""
+        return await self._op(
+            "transaction_acknowledge", segment=segment_topic, txn_id=txn_id,
+            subscription=subscription, offset=offset, cumulative=cumulative,
+        )  # fmt: skip

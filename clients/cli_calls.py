@@ -30,8 +30,13 @@ from runtime.subscription import ResetTo
 Converter = Callable[[str], Any]
 
 # Methods that answer with a Python object a shell has no use for, and the command
-# that prints the same.
-PYTHON_ONLY = {"get_layout": "describe", "watch_layout": "describe"}
+# that prints the same (a transaction begun from a shell could take no message: its
+# listing shows what programs began).
+PYTHON_ONLY = {
+    "get_layout": "describe",
+    "watch_layout": "describe",
+    "new_transaction": "list-transactions",
+}
 
 
 def api_methods() -> list[str]:

@@ -268,6 +268,7 @@ _PATH_FIELDS: Mapping[str, Callable[[Any], dict[str, Any]]] = {
     "segment_id": lambda value: {"segmentId": value},
     "segment_id1": lambda value: {"segmentId1": value},
     "segment_id2": lambda value: {"segmentId2": value},
+    "txn_id": lambda value: {"txnId": validate_part("transaction id", value)},
 }
 
 

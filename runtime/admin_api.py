@@ -54,11 +54,13 @@ from runtime.errors import (
 from runtime.layout import MAX_SPLIT_CHILDREN
 from runtime.names import MAX_HASH
 from runtime.rest import (
+    ABORT_PATH,
     ASSIGNMENT_PATH,
     AUTH_PATH,
     CHECKPOINT_GROUP_PATH,
     CHECKPOINT_GROUP_RESET_PATH,
     CLEAR_BACKLOG_PATH,
+    COMMIT_PATH,
     CONSUMER_PATH,
     CURSOR_PATH,
     FINISHED_PATH,
@@ -89,6 +91,9 @@ from runtime.rest import (
     SUBSCRIPTIONS_PATH,
     TERMINATE_PATH,
     TOPIC_PATH,
+    TRANSACTION_PATH,
+    TRANSACTIONS_PATH,
+    TXN_ACK_PATH,
 )
 
 # Constrained parameter types of the operations' handlers (``Annotated`` for pydantic).
@@ -179,6 +184,7 @@ PATH_PARAMETERS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "segment_id": ("segmentId",),
     "segment_id1": ("segmentId1",),
     "segment_id2": ("segmentId2",),
+    "txn_id": ("txnId",),
 })  # fmt: skip
 
 
@@ -262,6 +268,13 @@ _OPERATIONS = (
     Operation("sink_reroute", _P, _T),
     Operation("sink_finish", _P, _T),
     Operation("forget_write", _P, _T),
+    # transactions (actors.admin.txn_service): a transaction's id is what its holder knows
+    Operation("new_transaction", None, Scope.CALLER),
+    Operation("get_transaction", None, Scope.CALLER),
+    Operation("transaction_acknowledge", _C, _S),
+    Operation("commit_transaction", None, Scope.CALLER, timeout_s=_WAITS_S),
+    Operation("abort_transaction", None, Scope.CALLER, timeout_s=_WAITS_S),
+    Operation("list_transactions", _A, _ALL),
 )
 
 _ENDPOINTS = (
@@ -416,6 +429,23 @@ _ENDPOINTS = (
              "it as getAuthStatus does. While no policy is stored this is refused (403): the "
              "first policy is the operator's, loaded from inside the cluster (raytopics auth "
              "load)", "load_auth", body_is="document"),
+    Endpoint("newTransaction", "POST", TRANSACTIONS_PATH,
+             "Begin a transaction (owner: fences that owner's transaction before it)",
+             "new_transaction", status=201, body={"timeoutS": "timeout_s", "owner": "owner"}),
+    Endpoint("listTransactions", "GET", TRANSACTIONS_PATH,
+             "Every transaction not yet forgotten (needs admin on '*')", "list_transactions"),
+    Endpoint("getTransaction", "GET", TRANSACTION_PATH, "A transaction's state",
+             "get_transaction"),
+    Endpoint("commitTransaction", "POST", COMMIT_PATH,
+             "Commit: every message of the transaction becomes readable, its acknowledgements "
+             "apply", "commit_transaction"),
+    Endpoint("abortTransaction", "POST", ABORT_PATH,
+             "Abort: none of the transaction's messages is ever read", "abort_transaction"),
+    Endpoint("transactionAcknowledge", "POST", TXN_ACK_PATH,
+             "An acknowledgement that applies when the transaction commits",
+             "transaction_acknowledge",
+             body={"subscription": "subscription", "offset": "offset",
+                   "cumulative": "cumulative"}),
     Endpoint("disableAuth", "DELETE", AUTH_PATH,
              "Turn authentication off: anyone who reaches the API may do anything (needs admin "
              "on '*')", "disable_auth"),

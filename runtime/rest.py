@@ -59,6 +59,12 @@ RECOVER_PATH = TOPIC_PATH + "/recover"
 STORAGE_PATH = "/admin/v2/storage"
 ORPHANED_STORAGE_PATH = STORAGE_PATH + "/orphaned"
 AUTH_PATH = "/admin/v2/auth"  # the cluster's authentication policy
+TRANSACTIONS_PATH = "/admin/v2/transactions"
+TRANSACTION_PATH = TRANSACTIONS_PATH + "/{txnId}"
+COMMIT_PATH = TRANSACTION_PATH + "/commit"
+ABORT_PATH = TRANSACTION_PATH + "/abort"
+# a consumer's acknowledgement that applies when the transaction commits
+TXN_ACK_PATH = SEGMENT_PATH + "/transactions/{txnId}/acknowledgements"
 
 # How long the gateway works on one request before it answers 504 ``timeout``
 # (a change asked for may still complete; the resource says). Status long polls

@@ -72,21 +72,20 @@ class TxnStatus(enum.Enum):
 
 @dataclass(frozen=True, order=True)
 class SegmentRef:
-    """A segment a transaction wrote: its topic (``topic://…``) and segment id."""
+    """A segment a transaction wrote, by its name (``segment://…``: its topic, id and
+    range, all its finisher needs to reach it)."""
 
-    topic: str
-    segment_id: int
+    segment: str
 
 
 @dataclass(frozen=True, order=True)
 class PendingAck:
     """An acknowledgement applied when the transaction commits: ``offset`` of
-    ``segment_id`` for ``subscription`` of ``topic``, or everything up to it with
+    ``segment`` (its name) for ``subscription``, or everything up to it with
     ``cumulative``."""
 
-    topic: str
+    segment: str
     subscription: str
-    segment_id: int
     offset: int
     cumulative: bool = False
 
@@ -114,10 +113,8 @@ class TxnRecord:
             "deadlineMs": self.deadline_ms,
             "owner": self.owner,
             "ownerEpoch": self.owner_epoch,
-            "segments": [[s.topic, s.segment_id] for s in sorted(self.segments)],
-            "acks": [
-                [a.topic, a.subscription, a.segment_id, a.offset, a.cumulative] for a in self.acks
-            ],  # fmt: skip
+            "segments": [s.segment for s in sorted(self.segments)],
+            "acks": [[a.segment, a.subscription, a.offset, a.cumulative] for a in self.acks],
             "reason": self.reason,
             "decidedMs": self.decided_ms,
         }
@@ -133,8 +130,8 @@ class TxnRecord:
             deadline_ms=body["deadlineMs"],
             owner=body["owner"],
             owner_epoch=body["ownerEpoch"],
-            segments=frozenset(SegmentRef(t, s) for t, s in body["segments"]),
-            acks=tuple(PendingAck(t, sub, s, o, c) for t, sub, s, o, c in body["acks"]),
+            segments=frozenset(SegmentRef(s) for s in body["segments"]),
+            acks=tuple(PendingAck(s, sub, o, c) for s, sub, o, c in body["acks"]),
             reason=body["reason"],
             decided_ms=body["decidedMs"],
         )

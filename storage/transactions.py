@@ -65,6 +65,10 @@ class Transactions:
     def __init__(self, store: MetadataStore, clock: Callable[[], int] = _wall_ms) -> None:
         self.store, self._clock = store, clock
 
+    def now_ms(self) -> int:
+        """The time deadlines are compared with."""
+        return self._clock()
+
     def begin(self, timeout_s: float = DEFAULT_TIMEOUT_S, owner: str | None = None) -> TxnRecord:
         """A new open transaction. With ``owner``, the owner's previous transaction is
         fenced first: it can no longer commit (unless it had decided to already)."""

@@ -73,6 +73,7 @@ def test_every_endpoints_path_names_what_its_operation_is_checked_on() -> None:
         Scope.NAMESPACE: {"tenant", "namespace"},
         Scope.SEGMENT: {"tenant", "namespace", "topic", "descriptor"},
         Scope.CLUSTER: set(),
+        Scope.CALLER: set(),
     }
     for point in ENDPOINTS.values():
         if point.operation is None:
@@ -80,7 +81,7 @@ def test_every_endpoints_path_names_what_its_operation_is_checked_on() -> None:
         fields = set(re.findall(r"{(\w+)}", point.path))
         scope = OPERATIONS[point.operation].scope
         assert expected[scope] <= fields, point.operation_id
-        if scope is Scope.CLUSTER:
+        if scope in (Scope.CLUSTER, Scope.CALLER):
             assert not fields & {"tenant", "namespace"}, point.operation_id
 
 
@@ -224,6 +225,12 @@ _CLIENT_CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     ),  # fmt: skip
     "disable_auth": ((), {}),
     "auth_status": ((), {}),
+    "new_transaction": ((30.0, "etl-1"), {}),
+    "get_transaction": (("txn-1",), {}),
+    "list_transactions": ((), {}),
+    "commit_transaction": (("txn-1",), {}),
+    "abort_transaction": (("txn-1",), {}),
+    "transaction_acknowledge": (("txn-1", _SEGMENT, "s", 7), {"cumulative": True}),
 }
 
 # What a stand-in answers each operation with, for the methods that read the answer.
@@ -232,6 +239,7 @@ _ANSWERS: dict[str, Any] = {
     "topic_status": {"state": "ready", "segments": 1, "running": 1, "notRunning": []},
     "stream_initial": {"position": {"next": {}, "finished": []}},
     "watch_layout": {"layout": None},
+    "new_transaction": {"txnId": "txn-1", "deadlineMs": 0},
 }
 
 

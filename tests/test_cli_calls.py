@@ -63,6 +63,8 @@ def test_every_method_of_the_api_is_a_command() -> None:
     generated = {m.replace("_", "-") for m in methods if m not in claimed | set(PYTHON_ONLY)}
     assert generated == {
         "position-at-time", "create-segment", "terminate-segment", "delete-segment",
+        "get-transaction", "list-transactions", "commit-transaction", "abort-transaction",
+        "transaction-acknowledge",
     }  # fmt: skip
     assert generated <= commands
 

@@ -36,9 +36,9 @@ from storage.metadata import MemoryKeyValue, MetadataStore
 from storage.transactions import Transactions
 
 T0 = 1_000_000
-TOPIC = "topic://t/ns/orders"
-S0, S1 = SegmentRef(TOPIC, 0), SegmentRef(TOPIC, 1)
-ACK = PendingAck(TOPIC, "billing", 0, 41)
+SEGMENTS = ("segment://t/ns/orders/0000-7fff-0", "segment://t/ns/orders/8000-ffff-1")
+S0, S1 = SegmentRef(SEGMENTS[0]), SegmentRef(SEGMENTS[1])
+ACK = PendingAck(SEGMENTS[0], "billing", 41)
 
 
 def opened(timeout_s: float = 10) -> TxnRecord:
@@ -132,7 +132,7 @@ def test_the_sweeper_takes_expired_and_abandoned_decisions_only() -> None:
 
 def test_a_record_reads_back_as_written() -> None:
     record = Commit().apply(
-        Acknowledge((ACK, PendingAck(TOPIC, "s", 1, 9, True))).apply(
+        Acknowledge((ACK, PendingAck(SEGMENTS[1], "s", 9, True))).apply(
             Join(frozenset({S0, S1})).apply(begin("txn-b", T0, 30, "app-1", 4), T0), T0
         ),
         T0,

@@ -39,6 +39,7 @@ from actors.admin.consumer_service import ConsumerOperations
 from actors.admin.permits import admin_operation
 from actors.admin.storage_tasks import stored_incarnations
 from actors.admin.stream_service import StreamOperations
+from actors.admin.txn_service import TransactionOperations
 from actors.capacity import check_capacity
 from actors.control.controller_host import controller_actor
 from actors.control.dag_watch import dag_watch_actor
@@ -73,7 +74,7 @@ DEFAULT_SEGMENT_TIMEOUT_S = 10.0
 RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 
-class AdminService(StreamOperations, ConsumerOperations, ClusterOperations):
+class AdminService(StreamOperations, ConsumerOperations, ClusterOperations, TransactionOperations):
     """The Admin API, each method checking ``credential`` first; ``AdminServiceActor``
     is this class as a Ray actor."""
 

@@ -280,6 +280,25 @@ class AcknowledgeBody(Body):
     offset: _NON_NEGATIVE = Field(description="the highest offset acknowledged, with all before it")
 
 
+class NewTransactionBody(Body):
+    timeout_s: float = Field(
+        default=60.0, alias="timeoutS", ge=1.0, le=900.0,
+        description="seconds it may stay open; past them it can only abort",
+    )  # fmt: skip
+    owner: str | None = Field(
+        default=None,
+        pattern=_PART.pattern,
+        description="the owner (Kafka's transactional.id): its transaction before this "
+        "one is fenced and can no longer commit",
+    )
+
+
+class TransactionAckBody(Body):
+    subscription: str = Field(pattern=_PART.pattern)
+    offset: _NON_NEGATIVE
+    cumulative: bool = Field(default=False, description="everything up to offset")
+
+
 class CheckpointGroupBody(Body):
     session_grace_s: float = _session_grace_s()
 
@@ -501,3 +520,4 @@ HEALTH = {
     },
 }
 OBJECT = {"type": "object", "additionalProperties": True}
+OBJECTS = {"type": "array", "items": OBJECT}

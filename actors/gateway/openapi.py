@@ -118,7 +118,7 @@ def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) ->
         success["content"] = {"application/json": {"schema": schema}}
     error = {"application/json": {"schema": ref(ErrorBody, "serialization")}}
     responses = {str(route.status): success}
-    guarded = route.permission is not None  # a call into the cluster, checked there
+    guarded = route.operation is not None  # a call into the cluster, checked there
     refusals = (401, 403) if guarded else ()
     timeout = (504,) if guarded else ()
     for status in (*route.errors, *refusals, 405, *timeout):
@@ -137,8 +137,8 @@ def _operation(route: Route, keys: Mapping[tuple[type, str], dict[str, Any]]) ->
         "parameters": parameters,
         "responses": responses,
     }
-    if route.permission is not None:
-        operation["x-permission"] = route.permission.value
+    if guarded:  # none: any authenticated caller (it acts on what the caller holds)
+        operation["x-permission"] = getattr(route.permission, "value", "authenticated")
     if guarded:  # a token while a policy is stored, none while there is none
         operation["security"] = [{"bearerAuth": []}, {}]
     if route.body.model_fields:

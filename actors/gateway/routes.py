@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from actors.gateway.documents import (
     HEALTH,
     OBJECT,
+    OBJECTS,
     STRINGS,
     AcknowledgeBody,
     AssignmentQuery,
@@ -33,6 +34,7 @@ from actors.gateway.documents import (
     MergeBody,
     NamespaceLimits,
     NamespaceLimitsBody,
+    NewTransactionBody,
     NoBody,
     NoQuery,
     Query,
@@ -52,6 +54,7 @@ from actors.gateway.documents import (
     TerminateResult,
     TerminateSegmentQuery,
     TopicStatus,
+    TransactionAckBody,
 )
 from actors.gateway.openapi import build_openapi
 from runtime.admin_api import Endpoint, Operation, endpoint, endpoint_operation
@@ -265,6 +268,7 @@ _PATH_VALUES: Mapping[str, Callable[[Params], Any]] = {
     "segment_id": lambda p: p.path["segmentId"],
     "segment_id1": lambda p: p.path["segmentId1"],
     "segment_id2": lambda p: p.path["segmentId2"],
+    "txn_id": lambda p: p.path["txnId"],
 }
 
 
@@ -338,6 +342,14 @@ ROUTES: tuple[Route, ...] = (
     _route("loadAuth", _load_auth, body=AuthDocument, body_required=True, returns=OBJECT,
            errors=(400, 409, 503), tag="auth"),
     _route("disableAuth", returns=OBJECT, errors=(400, 503), tag="auth"),
+    _route("newTransaction", body=NewTransactionBody, returns=OBJECT, errors=_MUTATION_ERRORS,
+           tag="transactions"),
+    _route("listTransactions", returns=OBJECTS, tag="transactions"),
+    _route("getTransaction", returns=OBJECT, tag="transactions"),
+    _route("commitTransaction", returns=OBJECT, errors=_MUTATION_ERRORS, tag="transactions"),
+    _route("abortTransaction", returns=OBJECT, errors=_MUTATION_ERRORS, tag="transactions"),
+    _route("transactionAcknowledge", body=TransactionAckBody, body_required=True,
+           returns=OBJECT, errors=_MUTATION_ERRORS, tag="transactions"),
     _route("getOpenApi", _openapi, returns=OBJECT, errors=(400,), tag="meta"),
     _route("health", _health, returns=HEALTH, errors=(400,), tag="meta"),
 )

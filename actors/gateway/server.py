@@ -284,11 +284,13 @@ def _authorized_path(request: web.Request, route: Route, token: str | None) -> d
     Both happen before the body is read or anything acts, so a refused request
     changes nothing.
     """
-    if route.permission is None:
+    if route.operation is None:  # the gateway's own meta endpoints, open to all
         return _parse_path(request.match_info)
     checks = request.app[GUARD]
     checks.authenticate(token)
     path = _parse_path(request.match_info)
+    if route.permission is None:  # about the caller (a transaction it holds): no grant
+        return path
     # Routes outside any namespace (the storage root, the policy) act on every namespace.
     scope = f"{path['tenant']}/{path['namespace']}" if "tenant" in path else "*"
     checks.check(token, route.permission, scope)

@@ -37,6 +37,7 @@ from actors.segment.data_plane import DataPlaneServer, PolicyWatch
 from actors.segment.flusher import IntervalFlusher
 from actors.segment.reader import SegmentReader
 from actors.segment.replication import ReplicaRoles
+from actors.segment.txn_joins import TxnJoins
 from runtime import tls, wire
 from runtime.auth import Permission
 from runtime.batch import ipc_parts
@@ -122,6 +123,7 @@ class Segment:
         SleepingSegments(catalog.store, self._name.topic, incarnation).woken(self._name.segment_id)
         # The authority on sizes, following the operator's changes within seconds.
         limits = _live_limits(catalog, self._namespace)
+        self._joins = TxnJoins(str(self._name), catalog.store)
         self._reader = SegmentReader(
             self._store, self._metrics, self._ack_saver, self._touch, self._still_open
         )
@@ -144,19 +146,39 @@ class Segment:
         producer_id: str | None = None,
         sequence: int | None = None,
         *,
+        txn_id: str | None = None,
         credential: str | None = None,
     ) -> tuple[int, int]:
-        """Append a batch; returns (base offset, count). Raises ``SegmentTerminated``.
+        """Append a batch (of transaction ``txn_id``, joined first: ``TxnJoins``);
+        returns (base offset, count). Raises ``SegmentTerminated``.
 
         A sequenced batch waits for its producer's previous sequence: Ray may
         start pipelined calls out of order, and per-producer order is part of
         the contract, not an accident of scheduling.
         """
         self._check(credential, Permission.PRODUCE)
-        base, count = await self._appender.append(batch, producer_id, sequence)
+        if txn_id is not None:
+            await self._joins.ensure(txn_id)
+        base, count = await self._appender.append(batch, producer_id, sequence, txn_id)
         if self._roles.leader is not None:
             await self._roles.leader.committed(base + count)
         return base, count
+
+    async def mark(self, txn_id: str, committed: bool, *, credential: str | None = None) -> int:
+        """Write transaction ``txn_id``'s fate after its records here
+        (``SegmentStore.mark``) and return the marker's offset, once it is committed (on
+        a replicated segment: on a quorum, so no failover takes it back). A marker
+        decides what every reader gets, so only the system's own credential (the
+        transaction coordinator's) may write one."""
+        self._still_open()
+        self._roles.check_serves()
+        self._guard.check_internal(credential, "decide a transaction")
+        offset = self._store.mark(txn_id, committed)
+        self._joins.forget(txn_id)
+        self._appended()
+        if self._roles.leader is not None:
+            await self._roles.leader.committed(offset + 1)
+        return offset
 
     async def offset_at_time(self, time_ms: int, *, credential: str | None = None) -> int:
         """The first offset published at or after ``time_ms`` (the end when none was)."""
@@ -324,6 +346,15 @@ class Segment:
             status["position"] = store.position(subscription)
             status["drained"] = store.drained(subscription)
         return status
+
+    async def ack(
+        self, subscription: str, offsets: list[int], *, credential: str | None = None
+    ) -> None:
+        """Acknowledge ``offsets`` one by one (a queue subscription's, or a transaction's
+        pending acknowledgement applied on its commit)."""
+        self._check(credential, Permission.CONSUME)
+        self._store.ack(subscription, offsets)
+        self._reader.wake()
 
     async def ack_cumulative(
         self, subscription: str, offset: int, *, credential: str | None = None

@@ -48,11 +48,15 @@ class SegmentAppender:
         self._refused: dict[str, int] = {}  # per producer, the last sequence refused
 
     async def append(
-        self, batch: pa.RecordBatch, producer_id: str | None, sequence: int | None
+        self,
+        batch: pa.RecordBatch,
+        producer_id: str | None,
+        sequence: int | None,
+        txn_id: str | None = None,
     ) -> tuple[int, int]:
         """A Ray call's append: (base offset, count), or the error that refused it."""
         await self.await_turn(producer_id, sequence)
-        append = Append(batch, producer_id, sequence)
+        append = Append(batch, producer_id, sequence, txn_id=txn_id)
         self._admit(append)
         (outcome,) = self._store_all([append])
         if isinstance(outcome, ScalableTopicsError):

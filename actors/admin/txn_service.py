@@ -1,0 +1,197 @@
+"""The admin service's transaction operations: the transaction coordinator.
+
+Clients read no metadata store, so a transaction's record (``storage.transactions``)
+is begun, decided and finished here, with the caller's credential checked first.
+Which segments a transaction wrote is recorded by the segments themselves
+(``actors.segment.actor``: a segment joins a transaction before storing its first
+batch of it), so no client can leave one out.
+
+Finishing a decided transaction (``finish``) writes its marker to every joined
+segment with the system's own credential, then, for a commit, applies its pending
+acknowledgements, then records ``Finish``. Every step is idempotent, so whoever finds
+a decided record unfinished (the caller that decided it, or the sweeper after that
+caller's crash, or this actor's restart) finishes it again the same way. The sweeper
+runs in this actor once a second from its first transaction operation on: it aborts
+open transactions past their deadline and finishes decided ones left unfinished
+(``runtime.transactions.needs_sweep``).
+
+A mixin of ``actors.admin.service.AdminService``, which provides ``_guard`` and
+``_catalog``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from actors.admin.permits import admin_operation
+from actors.guard import Guard
+from actors.segment.lookup import find_segment_actor
+from runtime.errors import NotFoundError, ScalableTopicsError
+from runtime.names import SegmentName
+from runtime.remote import call
+from runtime.transactions import (
+    DEFAULT_TIMEOUT_S,
+    MAX_TIMEOUT_S,
+    MIN_TIMEOUT_S,
+    Abort,
+    Acknowledge,
+    Commit,
+    Expire,
+    Finish,
+    PendingAck,
+    TxnRecord,
+    needs_sweep,
+)
+from storage.catalog import Catalog
+from storage.transactions import Transactions
+
+log = logging.getLogger(__name__)
+
+SWEEP_INTERVAL_S = 1.0
+SEGMENT_TIMEOUT_S = 30.0
+
+TxnTimeout = Annotated[float | int, Field(ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S)]
+
+
+class TransactionOperations:
+    _catalog: Catalog
+    _guard: Guard
+    _sweeper: asyncio.Task | None = None
+
+    @admin_operation
+    async def new_transaction(
+        self,
+        timeout_s: TxnTimeout = DEFAULT_TIMEOUT_S,
+        owner: str | None = None,
+        *,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """An open transaction; ``owner`` (Kafka's ``transactional.id``) fences the owner's
+        transaction before it, which can then no longer commit."""
+        self._sweep_from_now_on()
+        record = await asyncio.to_thread(self._transactions().begin, float(timeout_s), owner)
+        return shown(record)
+
+    @admin_operation
+    async def get_transaction(self, txn_id: str, *, credential: str | None = None) -> dict:
+        return shown(await asyncio.to_thread(self._transactions().get, txn_id))
+
+    @admin_operation
+    async def list_transactions(self, *, credential: str | None = None) -> list[dict[str, Any]]:
+        """Every transaction not yet forgotten: open, being finished, and finished."""
+        return [shown(record) for record in await asyncio.to_thread(self._transactions().all)]
+
+    @admin_operation
+    async def transaction_acknowledge(
+        self,
+        segment: SegmentName,
+        txn_id: str,
+        subscription: str,
+        offset: Annotated[int, Field(ge=0)],
+        cumulative: bool = False,
+        *,
+        credential: str | None = None,
+    ) -> dict[str, Any]:
+        """An acknowledgement of ``subscription`` that applies when ``txn_id`` commits."""
+        self._sweep_from_now_on()
+        ack = PendingAck(str(segment), subscription, offset, cumulative)
+        change = self._transactions().change
+        return shown(await asyncio.to_thread(change, txn_id, Acknowledge((ack,))))
+
+    @admin_operation
+    async def commit_transaction(self, txn_id: str, *, credential: str | None = None) -> dict:
+        """Decide to commit, then finish: once this returns, every message of the
+        transaction is readable and its acknowledgements applied."""
+        return await self._decide(txn_id, Commit())
+
+    @admin_operation
+    async def abort_transaction(self, txn_id: str, *, credential: str | None = None) -> dict:
+        """Decide to abort, then finish: none of its messages will ever be read."""
+        return await self._decide(txn_id, Abort())
+
+    # --- finishing ----------------------------------------------------------------------
+
+    async def _decide(self, txn_id: str, decision: Commit | Abort) -> dict[str, Any]:
+        self._sweep_from_now_on()
+        record = await asyncio.to_thread(self._transactions().change, txn_id, decision)
+        return shown(await self._finish(record))
+
+    async def _finish(self, record: TxnRecord) -> TxnRecord:
+        """Markers to every segment the transaction joined, its acknowledgements if it
+        commits, then ``Finish``; a segment that was deleted has nothing to mark."""
+        if record.status.finished:
+            return record
+        committed = record.status.commits
+        internal = self._guard.internal_token()
+        await asyncio.gather(
+            *(self._on_segment(s.segment, "mark", record.txn_id, committed, credential=internal)
+              for s in record.segments)
+        )  # fmt: skip
+        if committed:
+            for ack in record.acks:
+                method = "ack_cumulative" if ack.cumulative else "ack"
+                offset = ack.offset if ack.cumulative else [ack.offset]
+                await self._on_segment(
+                    ack.segment, method, ack.subscription, offset, credential=internal
+                )
+        change = self._transactions().change
+        return await asyncio.to_thread(change, record.txn_id, Finish())
+
+    async def _on_segment(self, segment: str, method: str, *args: Any, **kwargs: Any) -> None:
+        name = SegmentName.parse(segment)
+        try:
+            handle = await find_segment_actor(
+                name, SEGMENT_TIMEOUT_S, credential=kwargs.get("credential")
+            )
+            await call(getattr(handle, method).remote(*args, **kwargs))
+        except NotFoundError:
+            return  # the segment (or its topic, or the subscription) was deleted
+
+    # --- the sweeper --------------------------------------------------------------------
+
+    def _sweep_from_now_on(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self._sweep_once()
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+
+    async def _sweep_once(self) -> None:
+        """Abort what outlived its deadline, finish what was decided and left."""
+        transactions = self._transactions()
+        records = await asyncio.to_thread(transactions.all)
+        now = transactions.now_ms()
+        for record in records:
+            if not needs_sweep(record, now):
+                continue
+            try:
+                if not record.status.decided:
+                    record = await asyncio.to_thread(transactions.change, record.txn_id, Expire())
+                await self._finish(record)
+            except ScalableTopicsError as err:
+                log.warning("transaction %s: not finished yet: %s", record.txn_id, err)
+
+    def _transactions(self) -> Transactions:
+        return Transactions(self._catalog.store)
+
+
+def shown(record: TxnRecord) -> dict[str, Any]:
+    """A record as the API answers it."""
+    return {
+        "txnId": record.txn_id,
+        "status": record.status.value,
+        "startedMs": record.started_ms,
+        "deadlineMs": record.deadline_ms,
+        "owner": record.owner,
+        "segments": sorted(s.segment for s in record.segments),
+        "acknowledgements": len(record.acks),
+        "reason": record.reason,
+    }
