@@ -15,6 +15,10 @@ from runtime.config import actor_settings, ray_namespace
 from runtime.names import TopicName
 from runtime.placement import actor_resources, placement_from_env
 
+# The admin service's name (``actors.admin.service``): below it, a segment finds it by
+# name (``actors.segment.txn_joins``) rather than import it.
+ADMIN_SERVICE = "admin"
+
 
 def lookup(name: str) -> ray.actor.ActorHandle:
     """The running actor called ``name``; ``ValueError`` if there is none."""

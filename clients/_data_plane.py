@@ -215,16 +215,21 @@ class SegmentChannel:
         self._next_key = 0
 
     async def append(
-        self, producer_id: str | None, sequence: int | None, payload: bytes
+        self,
+        producer_id: str | None,
+        sequence: int | None,
+        payload: bytes,
+        txn_id: str | None = None,
     ) -> tuple[int, int]:
-        """Store ``payload``; returns (base offset, count) or raises the segment's error.
+        """Store ``payload`` (a batch of transaction ``txn_id``, if given); returns (base
+        offset, count) or raises the segment's error.
 
         If the caller stops waiting, the frame stays pending until the segment
         answers it: responses are matched to frames by position on the wire.
         """
         future = asyncio.get_running_loop().create_future()
         key, self._next_key = self._next_key, self._next_key + 1
-        self._pending[key] = (wire.encode_append(producer_id, sequence, payload), future)
+        self._pending[key] = (wire.encode_append(producer_id, sequence, payload, txn_id), future)
         self._unsent.append(key)
         if self._writer is not None:
             self._write_ahead()

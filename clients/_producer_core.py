@@ -123,7 +123,8 @@ class SegmentSender:
         rows, size = taken[0].batch.num_rows, taken[0].message_bytes
         max_messages, max_bytes = self.core.batch_limits()
         while self.queue and (
-            rows + self.queue[0].batch.num_rows <= max_messages
+            self.queue[0].txn == taken[0].txn
+            and rows + self.queue[0].batch.num_rows <= max_messages
             and size + self.queue[0].message_bytes <= max_bytes
         ):
             taken.append(self.queue.popleft())
@@ -179,15 +180,16 @@ class SegmentSender:
         if self.core.config.transport == "ray":
             from runtime.remote import call  # a Ray driver's only
 
+            joins = {"txn_id": chunk.txn} if chunk.txn is not None else {}
             ref = self.handle.append.remote(
-                chunk.batch, producer_id, sequence, credential=self.core.credential
+                chunk.batch, producer_id, sequence, credential=self.core.credential, **joins
             )
             base, _ = await call(ref)
             return base
         channel = self._open_channel()
         payload = serialize_batch(chunk.batch, self.core.config.compression)
         async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):  # no task
-            base, _ = await channel.append(producer_id, sequence, payload)
+            base, _ = await channel.append(producer_id, sequence, payload, chunk.txn)
         return base
 
     async def _await_turn(self, sequence: int, deadline: float) -> None:
@@ -365,25 +367,30 @@ class ProducerCore:
             items, self.incoming, self.incoming_rows = self.incoming, deque(), 0
         singles: list[tuple] = []
         for item in items:
-            if item[0] == "one":
-                singles.append(item)
+            if item[0] == "one" and (not singles or singles[-1][-1] == item[-1]):
+                singles.append(item)  # messages of one transaction (or of none) in a row
                 continue
             self._route_singles(singles)
             singles = []
-            _, batch, sink = item
+            if item[0] == "one":
+                singles.append(item)
+                continue
+            _, batch, sink, txn = item
             rows = batch.num_rows
-            self._route(Chunk(batch, np.full(rows, sink, dtype=object), np.arange(rows), True))
+            sinks = np.full(rows, sink, dtype=object)
+            self._route(Chunk(batch, sinks, np.arange(rows), True, txn))
         self._route_singles(singles)
         self._pump_senders()
 
     def _route_singles(self, items: list[tuple]) -> None:
         if not items:
             return
-        _, values, keys, props, sinks = zip(*items, strict=True)
+        _, values, keys, props, sinks, txns = zip(*items, strict=True)
         batch = make_batch(list(values), list(keys), list(props) if any(props) else None)
         sink_array = np.empty(len(sinks), dtype=object)
         sink_array[:] = sinks
-        self._route(Chunk(batch, sink_array, np.zeros(len(sinks), dtype=np.int64)))
+        positions = np.zeros(len(sinks), dtype=np.int64)
+        self._route(Chunk(batch, sink_array, positions, txn=txns[0]))
 
     def _route(self, chunk: Chunk) -> None:
         active = list(self.layout.active_segments)

@@ -102,6 +102,7 @@ class Chunk:
     sinks: np.ndarray  # object array, one sink per row
     positions: np.ndarray
     uniform: bool = False  # every row reports to the same (bulk) sink
+    txn: str | None = None  # the transaction its rows belong to: one append, one transaction
 
     @functools.cached_property
     def message_bytes(self) -> int:
@@ -126,11 +127,12 @@ class Chunk:
 
     def take(self, rows: np.ndarray) -> Chunk:
         taken = self.batch.take(pa.array(rows))
-        return Chunk(taken, self.sinks[rows], self.positions[rows], self.uniform)
+        return Chunk(taken, self.sinks[rows], self.positions[rows], self.uniform, self.txn)
 
     @staticmethod
     def joined(chunks: list[Chunk]) -> Chunk:
-        """One append instead of several: their rows, in order, copied once."""
+        """One append instead of several (of one transaction, or none): their rows, in
+        order, copied once."""
         first = chunks[0].sinks[0]
         uniform = all(c.uniform and c.sinks[0] is first for c in chunks)
         return Chunk(
@@ -138,13 +140,16 @@ class Chunk:
             np.concatenate([c.sinks for c in chunks]),
             np.concatenate([c.positions for c in chunks]),
             uniform,
+            chunks[0].txn,
         )
 
     def slice(self, start: int, length: int) -> Chunk:
         """Rows ``start`` to ``start + length``, without copying them."""
         end = start + length
         sliced = self.batch.slice(start, length)
-        return Chunk(sliced, self.sinks[start:end], self.positions[start:end], self.uniform)
+        return Chunk(
+            sliced, self.sinks[start:end], self.positions[start:end], self.uniform, self.txn
+        )
 
 
 def charge_of(batch: pa.RecordBatch) -> int:

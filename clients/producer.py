@@ -46,6 +46,7 @@ from clients._producer_core import ProducerCore
 from clients._remote import gateway_url
 from clients._send_results import ROW_OVERHEAD, BulkSink, MessageSink, SendFuture, charge_of
 from clients.message import BatchResult, MessageId
+from clients.transaction import Transaction, _transaction_id
 from runtime.auth import Permission, client_credential
 from runtime.batch import (
     check_compression,
@@ -205,10 +206,18 @@ class Producer:
         return self._open().producer_id
 
     def send(
-        self, value: bytes, key: str | None = None, properties: dict[str, str] | None = None
+        self,
+        value: bytes,
+        key: str | None = None,
+        properties: dict[str, str] | None = None,
+        *,
+        txn: Transaction | None = None,
     ) -> concurrent.futures.Future:
-        """Queue one message; the future resolves to its ``MessageId`` once stored."""
+        """Queue one message; the future resolves to its ``MessageId`` once stored. With
+        ``txn``, the message is part of that transaction (``clients.transaction``): stored
+        now, read only once it commits."""
         self._check_open()
+        txn_id = _transaction_id(txn)
         if not isinstance(value, bytes | bytearray | memoryview):
             raise InvalidArgumentError(f"value must be bytes, got {type(value).__name__}")
         if key is not None and not isinstance(key, str):
@@ -219,23 +228,35 @@ class Producer:
         size = len(value) + (len(key.encode()) if key else 0)
         core.limits.current.check_message(size)
         core.charge(size + ROW_OVERHEAD)
-        self._track(sink.future)
-        core.submit(("one", bytes(value), key, properties, sink), 1)
+        self._track(sink.future, txn)
+        core.submit(("one", bytes(value), key, properties, sink, txn_id), 1)
         return sink.future
 
     async def send_async(
-        self, value: bytes, key: str | None = None, properties: dict[str, str] | None = None
+        self,
+        value: bytes,
+        key: str | None = None,
+        properties: dict[str, str] | None = None,
+        *,
+        txn: Transaction | None = None,
     ) -> MessageId:
-        return await asyncio.wrap_future(self.send(value, key, properties))
+        return await asyncio.wrap_future(self.send(value, key, properties, txn=txn))
 
     def send_batch(
-        self, values: Any, keys: Any = None, properties: Any = None
+        self,
+        values: Any,
+        keys: Any = None,
+        properties: Any = None,
+        *,
+        txn: Transaction | None = None,
     ) -> concurrent.futures.Future:
         """Queue whole columns (lists, NumPy or Arrow arrays); resolves to a ``BatchResult``.
+        With ``txn``, the messages are part of that transaction, as ``send``'s.
 
         Hashing and partitioning are vectorized: this is the path bulk writers use.
         """
         self._check_open()
+        txn_id = _transaction_id(txn)
         batch = make_batch(values, keys, properties)
         sink = BulkSink(batch.num_rows)
         if batch.num_rows == 0:
@@ -244,14 +265,19 @@ class Producer:
         core = self._open()
         core.limits.current.check_message(int(message_sizes(batch).max()))
         core.charge(charge_of(batch))
-        self._track(sink.future)
-        core.submit(("bulk", batch, sink), batch.num_rows)
+        self._track(sink.future, txn)
+        core.submit(("bulk", batch, sink, txn_id), batch.num_rows)
         return sink.future
 
     async def send_batch_async(
-        self, values: Any, keys: Any = None, properties: Any = None
+        self,
+        values: Any,
+        keys: Any = None,
+        properties: Any = None,
+        *,
+        txn: Transaction | None = None,
     ) -> BatchResult:
-        return await asyncio.wrap_future(self.send_batch(values, keys, properties))
+        return await asyncio.wrap_future(self.send_batch(values, keys, properties, txn=txn))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far is stored or failed, or ``timeout_s``.
@@ -325,10 +351,12 @@ class Producer:
         credential goes with it, as any argument of the task does."""
         return (_reopen, (str(self._topic), self._config, self._credential, self._url))
 
-    def _track(self, future: SendFuture) -> None:
+    def _track(self, future: SendFuture, txn: Transaction | None = None) -> None:
         with self._pending_lock:
             self._pending.add(future)
         future._watch(self._untrack)
+        if txn is not None:
+            txn._sent(future)  # its commit waits for it, and aborts if it failed
 
     def _untrack(self, future: SendFuture) -> None:
         failed = future._failure() is not None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections import defaultdict
@@ -37,9 +38,10 @@ from clients._loop import background_loop
 from clients._remote import gateway_url
 from clients.message import Message, messages_from_delivery
 from clients.producer import Producer
+from clients.transaction import Transaction
 from runtime import wire
 from runtime.auth import client_credential
-from runtime.errors import ClientClosedError, SegmentNotFoundError
+from runtime.errors import ClientClosedError, InvalidArgumentError, SegmentNotFoundError
 from runtime.layout import SegmentLayout
 from runtime.layout_watch import LayoutWatch
 from runtime.names import SegmentName, TopicName, validate_part
@@ -362,8 +364,21 @@ class QueueConsumer:
     async def receive_async(self, timeout: float | None = None) -> Message | None:
         return await asyncio.get_running_loop().run_in_executor(None, self.receive, timeout)
 
-    def acknowledge(self, message: Message) -> None:
-        """Acknowledge this one message (sent in the background, batched)."""
+    def acknowledge(self, message: Message, *, txn: Transaction | None = None) -> None:
+        """Acknowledge this one message (sent in the background, batched). With ``txn``,
+        the acknowledgement applies only when that transaction commits; until then the
+        message stays this consumer's, and comes back after the ack time-out like any
+        message not acknowledged."""
+        if txn is not None:
+            segment = self._core.segments.get(message.segment_id)
+            if segment is None:
+                raise InvalidArgumentError(
+                    f"segment {message.segment_id} is not pulled by this consumer (any more)"
+                )
+            on_commit = functools.partial(self.acknowledge, message)
+            subscription = self._core.subscription
+            txn._acknowledge(str(segment.name), subscription, message.offset, False, on_commit)
+            return
         self._loop.loop.call_soon_threadsafe(
             self._core.record_ack, message.segment_id, message.offset
         )

@@ -7,6 +7,7 @@ finished — so every key's messages arrive in the order they were produced.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +23,7 @@ from clients._group_consumer import (
 )
 from clients._remote import gateway_url
 from clients.message import Message, highest_offsets
+from clients.transaction import Transaction
 from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName
@@ -69,19 +71,36 @@ class StreamConsumer(GroupConsumer):
         run_on_loop(self._core.start())
 
     def acknowledge_cumulative(
-        self, messages: Message | Iterable[Message] | pa.Table | pa.RecordBatch
+        self,
+        messages: Message | Iterable[Message] | pa.Table | pa.RecordBatch,
+        *,
+        txn: Transaction | None = None,
     ) -> None:
         """Acknowledge a message and every earlier message of its segment, or, given a
         batch (what ``receive_batch`` or ``receive_table`` returned), each segment's
         messages up to its highest offset in the batch. Acks are per segment, as Kafka
         commits per partition: acking only ``batch[-1]`` would leave the other
-        segments' messages unacknowledged."""
+        segments' messages unacknowledged.
+
+        With ``txn``, the acknowledgements apply only when that transaction commits
+        (consume-transform-produce: what was read and what was written in reaction
+        commit together)."""
         if isinstance(messages, pa.Table | pa.RecordBatch):
             highest = highest_offsets(messages)
         else:
             highest = _highest_of_messages(messages)
         for segment_id, offset in highest.items():
-            self._core.acknowledge(segment_id, offset)
+            if txn is None:
+                self._core.acknowledge(segment_id, offset)
+                continue
+            reader = self._core.readers.get(segment_id)
+            if reader is None:
+                raise InvalidArgumentError(
+                    f"segment {segment_id} is not read by this consumer (any more): its "
+                    "messages are redelivered to the one that reads it now"
+                )
+            on_commit = functools.partial(self._core.acknowledge, segment_id, offset)
+            txn._acknowledge(str(reader.name), self._core.group, offset, True, on_commit)
 
 
 def _highest_of_messages(messages: Message | Iterable[Message]) -> dict[int, int]:

@@ -275,6 +275,7 @@ _OPERATIONS = (
     Operation("commit_transaction", None, Scope.CALLER, timeout_s=_WAITS_S),
     Operation("abort_transaction", None, Scope.CALLER, timeout_s=_WAITS_S),
     Operation("list_transactions", _A, _ALL),
+    Operation("sweep_transactions", _A, _ALL),
 )
 
 _ENDPOINTS = (

@@ -42,6 +42,9 @@ DEFAULT_TIMEOUT_S = 60.0
 # How long a decided transaction is left to the client that decided it before a
 # sweeper finishes it: its segments' readers wait for its markers meanwhile.
 FINISH_GRACE_MS = 5_000
+# How long a finished transaction's record is kept, so that a commit or abort sent again
+# after its answer was lost is answered with the outcome rather than "no transaction".
+FINISHED_KEPT_MS = 600_000
 
 TIMED_OUT = "timed out"
 FENCED = "fenced: its owner started a newer transaction"
@@ -258,6 +261,12 @@ class Finish:
                 f"transaction {record.txn_id} is open: it is finished only once decided"
             )
         return record
+
+
+def forgettable(record: TxnRecord, now_ms: int, kept_ms: int = FINISHED_KEPT_MS) -> bool:
+    """Whether a sweeper may remove ``record``: finished ``kept_ms`` after its decision."""
+    decided = record.decided_ms if record.decided_ms is not None else record.started_ms
+    return record.status.finished and now_ms >= decided + kept_ms
 
 
 def needs_sweep(record: TxnRecord, now_ms: int, grace_ms: int = FINISH_GRACE_MS) -> bool:

@@ -90,6 +90,7 @@ _SHARE = struct.Struct("!BqIIqIIIH")
 _SHARED = struct.Struct("!BqBq")
 _NAME_LENGTH = struct.Struct("!H")
 _OFFSET = struct.Struct("!q")
+_TXN_LENGTH = struct.Struct("!B")
 OP_APPEND = 1
 OP_READ = 2
 OP_HELLO = 3
@@ -97,6 +98,7 @@ OP_QUEUE_TAKE = 4
 OP_QUEUE_SETTLE = 5
 OP_SHARE_READ = 6
 OP_REPLICA_FETCH = 7  # between a segment's replicas: runtime.replica_frames
+OP_TXN_APPEND = 8  # an append of a transaction's batch: OP_APPEND's, with its id
 STATUS_OK = 0
 STATUS_ERROR = 1
 MAX_FRAME = 256 << 20
@@ -113,6 +115,7 @@ ACCESS_NAMES = {PRODUCE: "produce", CONSUME: "consume", REPLICATE: "replicate"}
 # What each kind of frame needs its connection to have been granted.
 ACCESS_OF_OP = {
     OP_APPEND: PRODUCE,
+    OP_TXN_APPEND: PRODUCE,
     OP_READ: CONSUME,
     OP_QUEUE_TAKE: CONSUME,
     OP_QUEUE_SETTLE: CONSUME,
@@ -192,18 +195,27 @@ def is_refusal(error: Exception) -> bool:
 
 def is_append(body: bytes | memoryview) -> bool:
     """Whether a frame's body is an append (by its op byte; anything else is a read)."""
-    return len(body) > 0 and body[0] == OP_APPEND
+    return len(body) > 0 and body[0] in (OP_APPEND, OP_TXN_APPEND)
 
 
-def encode_append(producer_id: str | None, sequence: int | None, payload: bytes) -> bytes:
+def encode_append(
+    producer_id: str | None, sequence: int | None, payload: bytes, txn_id: str | None = None
+) -> bytes:
+    """An append; of transaction ``txn_id``'s batch (``OP_TXN_APPEND``: its id, one byte
+    of length first, after the sequence) when one is given."""
     pid = (producer_id or "").encode()
-    body_length = _REQUEST.size + len(pid) + _SEQUENCE.size + len(payload)
+    if txn_id is not None and not 0 < len(txn_id.encode()) <= 255:
+        raise InvalidArgumentError(f"a transaction id takes 1-255 bytes, not {txn_id!r}")
+    txn = b"" if txn_id is None else _TXN_LENGTH.pack(len(txn_id)) + txn_id.encode()
+    body_length = _REQUEST.size + len(pid) + _SEQUENCE.size + len(txn) + len(payload)
+    op = OP_APPEND if txn_id is None else OP_TXN_APPEND
     return b"".join(
         (
             LENGTH.pack(body_length),
-            _REQUEST.pack(OP_APPEND, len(pid)),
+            _REQUEST.pack(op, len(pid)),
             pid,
             _SEQUENCE.pack(-1 if sequence is None else sequence),
+            txn,
             payload,
         )
     )
@@ -211,16 +223,37 @@ def encode_append(producer_id: str | None, sequence: int | None, payload: bytes)
 
 def decode_append(body: bytes | memoryview) -> tuple[str | None, int | None, memoryview]:
     """(producer id, sequence, Arrow IPC payload) of an append frame's body."""
+    producer_id, sequence, _, payload = decode_txn_append(body)
+    return producer_id, sequence, payload
+
+
+def decode_txn_append(
+    body: bytes | memoryview,
+) -> tuple[str | None, int | None, str | None, memoryview]:
+    """(producer id, sequence, transaction id or ``None``, Arrow IPC payload) of an
+    append frame's body."""
     view = memoryview(body)
     if len(view) < _REQUEST.size + _SEQUENCE.size:
         raise InvalidArgumentError("data plane frame too short")
     op, pid_length = _REQUEST.unpack_from(view)
-    if op != OP_APPEND:
+    if op not in (OP_APPEND, OP_TXN_APPEND):
         raise InvalidArgumentError(f"unknown data plane operation {op}")
     pid_end = _REQUEST.size + pid_length
     producer_id = bytes(view[_REQUEST.size : pid_end]).decode() or None
     (sequence,) = _SEQUENCE.unpack_from(view, pid_end)
-    return producer_id, (None if sequence < 0 else sequence), view[pid_end + _SEQUENCE.size :]
+    rest, txn_id = pid_end + _SEQUENCE.size, None
+    if op == OP_TXN_APPEND:
+        if len(view) < rest + _TXN_LENGTH.size:
+            raise InvalidArgumentError("data plane frame too short for its transaction id")
+        (txn_length,) = _TXN_LENGTH.unpack_from(view, rest)
+        start, rest = rest + _TXN_LENGTH.size, rest + _TXN_LENGTH.size + txn_length
+        if txn_length == 0 or len(view) < rest:
+            raise InvalidArgumentError("data plane frame with a malformed transaction id")
+        try:
+            txn_id = bytes(view[start:rest]).decode()
+        except UnicodeDecodeError:
+            raise InvalidArgumentError("a transaction id must be UTF-8") from None
+    return producer_id, (None if sequence < 0 else sequence), txn_id, view[rest:]
 
 
 class ReadRequest(NamedTuple):

@@ -2,21 +2,22 @@
 
 The segment actor is a thin async shell over this class, so every rule about
 a segment (terminated means read-only, stale controllers are refused, queue
-deliveries are tracked until acked) is testable without Ray.
+deliveries are tracked until acked) is testable without Ray. Two parts live in modules
+of their own: the move to the tier (``storage.segment_tiering``) and queue dispatch
+(``storage.segment_queue``).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from runtime.batch import REDELIVERIES_KEY, with_following
+from runtime.batch import with_following
 from runtime.dispatch import QueueDispatcher
 from runtime.errors import (
     InvalidArgumentError,
@@ -29,25 +30,19 @@ from runtime.layout import HashRange, SegmentInfo
 from runtime.names import SegmentName
 from runtime.share_reads import of_share
 from runtime.subscription import ResetTarget
-from runtime.uris import redacted
 from storage.appends import Append, AppendResult, StoredBatch
 from storage.cursors import CursorStore, Position
 from storage.durability import Durability
 from storage.files import atomic_write
 from storage.log import SegmentRecords, to_delivery
 from storage.segment_log import SegmentLog
+from storage.segment_queue import QueueParts
 from storage.segment_stats import subscription_stats
+from storage.segment_tiering import TieringParts
 from storage.tier import (
-    TIERED_RECORD,
-    TieredSegment,
     delete_tiered_copies,
-    offload,
-    open_tier,
-    tiered_location,
 )
 from storage.tier_records import (
-    RecordedCursors,
-    TieredRecord,
     TierRecords,
     delete_tiered_segment,
 )
@@ -61,7 +56,7 @@ from storage.topic_storage import (
 )
 
 
-class SegmentStore:
+class SegmentStore(TieringParts, QueueParts):
     def __init__(
         self,
         name: SegmentName,
@@ -215,6 +210,11 @@ class SegmentStore:
         return end if self._readable_limit is None else min(end, self._readable_limit)
 
     @property
+    def holds_undecided(self) -> bool:
+        """Whether a transaction's records here wait for its marker."""
+        return self.log.stable_end < self.log.end_offset
+
+    @property
     def sealed_for_readers(self) -> bool:
         """Sealed, and all of it readable: a reader at the end has read the segment."""
         return self.log.terminated and self.readable_end == self.log.end_offset
@@ -316,53 +316,6 @@ class SegmentStore:
         """Whether ``delete`` removed it: nothing of it may be written any more."""
         return self._deleted
 
-    # --- tiering -------------------------------------------------------------------
-
-    @property
-    def tiered(self) -> bool:
-        return isinstance(self.log, TieredSegment)
-
-    def copy_to_tier(self, uri: str, directory: str) -> TieredSegment:
-        """Copy the sealed log to ``directory`` of the tier at ``uri`` and commit it there
-        (``storage.tier.offload``); the local log keeps serving meanwhile. Thread-safe:
-        meant for a worker thread, then ``use_tier`` on the owner's."""
-        self._check_alive()
-        if isinstance(self.log, TieredSegment):
-            return self.log
-        filesystem, _ = open_tier(uri)
-        try:
-            offload(self.log, filesystem, directory, segment_id=self.name.segment_id)
-            return TieredSegment(filesystem, directory)
-        except OSError as err:  # the store is down, full, or refuses the credentials
-            raise UnavailableError(
-                f"{self.name}: moving to the tier {redacted(uri)} failed: {err}"
-            ) from None
-
-    def use_tier(self, uri: str, tiered: TieredSegment) -> None:
-        """Serve from the committed tiered copy and drop every local file: the segment's
-        record (``storage.tier_records``), with its cursors and fence as they are now,
-        is written first and is the commit, so a crash after it reopens the tiered copy.
-        Call on the thread that acknowledges, so no ack falls between snapshot and switch."""
-        self._check_alive()
-        if isinstance(self.log, TieredSegment):
-            return
-        if self._records is None:
-            raise UnavailableError(f"{self.name}: no metadata store to record the move in")
-        record = TieredRecord.of_move(
-            uri,
-            tiered,
-            self.identity.info,
-            self._fence,
-            self.cursors.snapshot(),
-            time.time_ns() // 1_000_000,
-        )
-        self._records.commit(self.name.segment_id, record)
-        local, self.log = self.log, tiered
-        self.cursors.abandon_unsaved()  # the record holds them
-        self.cursors = CursorStore(backend=RecordedCursors(self._records, self.name.segment_id))
-        local.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
-
     # --- subscriptions -------------------------------------------------------------
 
     def create_subscription(self, name: str, position: Position, epoch: int | None) -> int:
@@ -441,44 +394,6 @@ class SegmentStore:
         self.cursors.ack(subscription, offsets)
         self._dispatcher(subscription).acknowledged(offsets)
 
-    def negative_ack(
-        self,
-        subscription: str,
-        offsets: Iterable[int],
-        consumer: str | None = None,
-        delay_s: float = 0.0,
-    ) -> None:
-        """Pass ``consumer`` so a late nack cannot free offsets another consumer now holds;
-        ``delay_s``: redeliver no sooner (the consumer's backoff)."""
-        dispatcher = self._dispatcher(subscription)
-        dispatcher.negative_ack(offsets, consumer, delay_s, time.monotonic())
-
-    def redelivery_due_in(self, subscription: str) -> float | None:
-        """Seconds until a delayed redelivery of ``subscription`` is due, if one waits."""
-        dispatcher = self._dispatchers.get(subscription)
-        return dispatcher.due_in(time.monotonic()) if dispatcher is not None else None
-
-    def queue_receive(self, subscription: str, consumer: str, max_records: int) -> pa.RecordBatch:
-        """Messages no other queue consumer of this subscription currently holds; how often
-        each was delivered before is in the batch's schema metadata (``REDELIVERIES_KEY``:
-        offset → count, for those delivered before)."""
-        self._check_alive()
-        cursor = self.cursors.get(subscription)
-        dispatcher = self._dispatcher(subscription)
-        offsets = dispatcher.take(
-            consumer, max_records, self.readable_end, cursor.is_acked, time.monotonic()
-        )
-        batch = self._read_offsets(offsets)
-        counts = dispatcher.redeliveries(offsets)
-        again = {str(o): n for o, n in zip(offsets, counts, strict=True) if n}
-        if not again:
-            return batch
-        return batch.replace_schema_metadata({REDELIVERIES_KEY: json.dumps(again)})
-
-    def consumer_left(self, subscription: str, consumer: str) -> None:
-        if subscription in self._dispatchers:
-            self._dispatchers[subscription].consumer_left(consumer)
-
     # --- stats -------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -513,48 +428,6 @@ class SegmentStore:
 
     # --- internals ---------------------------------------------------------------
 
-    def _tiered_record(self) -> TieredRecord | None:
-        """The segment's record when it moved to the tier; a local copy a crash left
-        after the move's commit is removed. A segment moved before records existed
-        (its local ``tiered.json``) is recorded now, from what its directory holds."""
-        if self._records is None:
-            return None
-        record = self._records.get(self.name.segment_id)
-        if record is None:
-            record = self._record_legacy_move()
-        if record is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
-        return record
-
-    def _record_legacy_move(self) -> TieredRecord | None:
-        location = tiered_location(self.directory)
-        identity = read_segment_identity(self.directory)
-        if location is None or identity is None or self._records is None:
-            return None
-        tiered = TieredSegment(*location)
-        uri = json.loads((self.directory / TIERED_RECORD).read_bytes())["uri"]
-        record = TieredRecord.of_move(
-            uri,
-            tiered,
-            identity.info,
-            stored_fence_epoch(self.directory),
-            CursorStore(self.directory).snapshot(),
-            tiered.manifest.written_at_ms,
-        )
-        self._records.commit(self.name.segment_id, record)
-        return record
-
-    def _open_tiered(self, record: TieredRecord) -> None:
-        self._identity = SegmentIdentity(
-            topic=str(self.name.topic), incarnation=self.incarnation, info=record.info
-        )
-        self._check_identity(self._identity)
-        filesystem, _ = open_tier(record.uri)
-        self.log = TieredSegment(filesystem, record.directory)
-        assert self._records is not None
-        self.cursors = CursorStore(backend=RecordedCursors(self._records, self.name.segment_id))
-        self._fence = record.fence_epoch
-
     def _ack_hidden(self, name: str | None = None) -> None:
         """Count what no reader will get as acknowledged by subscription ``name`` (every
         subscription for ``None``), from where it stands."""
@@ -562,20 +435,6 @@ class SegmentStore:
         marks = [self.cursors.get(n).mark_delete for n in names]
         if marks:
             self.cursors.ack_ranges(self.log.hidden_ranges(min(marks)), names)
-
-    def _dispatcher(self, subscription: str) -> QueueDispatcher:
-        dispatcher = self._dispatchers.get(subscription)
-        if dispatcher is None:
-            start = self.position(subscription)
-            dispatcher = QueueDispatcher(ack_timeout_s=self._ack_timeout_s, next_offset=start)
-            self._dispatchers[subscription] = dispatcher
-        return dispatcher
-
-    def _read_offsets(self, offsets: list[int]) -> pa.RecordBatch:
-        batches = []
-        for start, count in _runs(offsets):
-            batches.extend(self.log.read(start, count))
-        return to_delivery(batches)
 
     def _check_alive(self) -> None:
         if self._deleted:
@@ -615,14 +474,3 @@ class SealedBy(NamedTuple):
 
     children: tuple[int, ...]
     epoch: int
-
-
-def _runs(offsets: list[int]) -> list[tuple[int, int]]:
-    """Group sorted-ish offsets into (start, length) runs of consecutive offsets."""
-    runs: list[tuple[int, int]] = []
-    for offset in offsets:
-        if runs and runs[-1][0] + runs[-1][1] == offset:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((offset, 1))
-    return runs

@@ -72,8 +72,17 @@ class Transactions:
     def begin(self, timeout_s: float = DEFAULT_TIMEOUT_S, owner: str | None = None) -> TxnRecord:
         """A new open transaction. With ``owner``, the owner's previous transaction is
         fenced first: it can no longer commit (unless it had decided to already)."""
+        return self.begin_after(timeout_s, owner)[0]
+
+    def begin_after(
+        self, timeout_s: float = DEFAULT_TIMEOUT_S, owner: str | None = None
+    ) -> tuple[TxnRecord, TxnRecord | None]:
+        """``begin``, and the owner's previous transaction as the fence left it (``None``
+        without an owner, or for its first): one that had decided to commit is still to
+        be finished, which its owner's new incarnation must wait for (Kafka's
+        ``initTransactions`` completes a prepared commit before it returns)."""
         txn_id = f"txn-{uuid.uuid4().hex}"
-        epoch = self._next_epoch(owner, txn_id) if owner is not None else 0
+        epoch, previous = self._next_epoch(owner, txn_id) if owner is not None else (0, None)
         record = begin(txn_id, self._clock(), timeout_s, owner, epoch)
         try:
             self.store.put_if_absent(transaction_path(txn_id), record.to_bytes())
@@ -82,7 +91,7 @@ class Transactions:
                 f"transaction {txn_id} of {owner} was fenced by a newer transaction of the "
                 "same owner before it began"
             ) from None
-        return record
+        return record, previous
 
     def get(self, txn_id: str) -> TxnRecord:
         found = self.store.get(transaction_path(txn_id))
@@ -141,9 +150,9 @@ class Transactions:
 
     # --- owners ------------------------------------------------------------------------
 
-    def _next_epoch(self, owner: str, txn_id: str) -> int:
+    def _next_epoch(self, owner: str, txn_id: str) -> tuple[int, TxnRecord | None]:
         """Bump ``owner``'s epoch, naming ``txn_id`` its newest transaction, then fence
-        the transaction it named before."""
+        the transaction it named before; the epoch, and that transaction's record."""
         path = transaction_owner_path(owner)
         previous: list[str | None] = [None]
 
@@ -154,31 +163,33 @@ class Transactions:
 
         try:
             self.store.put_if_absent(path, json.dumps({"epoch": 1, "txn": txn_id}).encode())
-            return 1
+            return 1, None
         except AlreadyExistsError:
             epoch = json.loads(self.store.update(path, bump).value)["epoch"]
-        if previous[0] is not None:
-            self._fence(previous[0])
-        return epoch
+        return epoch, (self._fence(previous[0]) if previous[0] is not None else None)
 
-    def _fence(self, txn_id: str) -> None:
-        """Abort ``txn_id`` as fenced; written aborted if its record does not exist yet."""
+    def _fence(self, txn_id: str) -> TxnRecord | None:
+        """Abort ``txn_id`` as fenced, written aborted if its record does not exist yet;
+        its record after that (``None``: forgotten since)."""
         for _ in range(ATTEMPTS):
             try:
-                self.change(txn_id, Abort(FENCED))
-                return
+                return self.change(txn_id, Abort(FENCED))
             except TransactionNotOpenError:
-                return  # timed out meanwhile: aborted all the same
+                return self._found(txn_id)  # timed out meanwhile: aborted all the same
             except TransactionNotFoundError:
                 pass
             now = self._clock()
             fenced = TxnRecord(txn_id, TxnStatus.ABORTED, now, now, reason=FENCED, decided_ms=now)
             try:
                 self.store.put_if_absent(transaction_path(txn_id), fenced.to_bytes())
-                return
+                return fenced
             except AlreadyExistsError:
                 continue  # its begin came first after all: abort that
         raise BadVersion(f"transaction {txn_id}: could not fence it in {ATTEMPTS} attempts")
+
+    def _found(self, txn_id: str) -> TxnRecord | None:
+        found = self.store.get(transaction_path(txn_id))
+        return TxnRecord.from_bytes(found.value) if found is not None else None
 
     def _swap(self, path: str, version: Version, record: TxnRecord) -> None:
         """Write ``record`` if the record is still at ``version``; a lost race is left to

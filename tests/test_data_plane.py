@@ -66,6 +66,22 @@ def test_wire_round_trip_and_errors():
 names = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 
 
+def test_a_transaction_s_append_carries_its_id_and_a_plain_one_none() -> None:
+    payload = serialize_batch(make_batch([b"a"]))
+    frame = wire.encode_append("p", 3, payload, "txn-0a1b")
+    assert wire.is_append(frame[4:])
+    producer, sequence, txn, body = wire.decode_txn_append(frame[4:])
+    assert (producer, sequence, txn, bytes(body)) == ("p", 3, "txn-0a1b", payload)
+    assert wire.decode_append(frame[4:])[:2] == ("p", 3)
+    assert wire.decode_txn_append(wire.encode_append("p", 3, payload)[4:])[2] is None
+    header = frame[4 : 4 + 3 + 1 + 8]  # op, producer id length, "p", sequence
+    for bad in (header, header + b"\x00" + payload, header + b"\x09txn"):
+        with pytest.raises(InvalidArgumentError, match="transaction id"):
+            wire.decode_txn_append(bad)
+    with pytest.raises(InvalidArgumentError, match="1-255 bytes"):
+        wire.encode_append("p", 3, payload, "t" * 256)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     subscription=names,

@@ -27,9 +27,10 @@ TOPIC = TopicName.parse("topic://tenant/ns/orders")
 
 @dataclass
 class Chunk:
-    """What a sender needs of a chunk: its batch, and how it ends."""
+    """What a sender needs of a chunk: its batch, its transaction, and how it ends."""
 
     batch: object = None
+    txn: str | None = None
     base: int | None = None
     error: BaseException | None = None
 

@@ -18,6 +18,7 @@ from runtime.errors import (
 )
 from runtime.transactions import (
     FENCED,
+    FINISHED_KEPT_MS,
     TIMED_OUT,
     Abort,
     Acknowledge,
@@ -30,6 +31,7 @@ from runtime.transactions import (
     TxnRecord,
     TxnStatus,
     begin,
+    forgettable,
     needs_sweep,
 )
 from storage.metadata import MemoryKeyValue, MetadataStore
@@ -128,6 +130,14 @@ def test_the_sweeper_takes_expired_and_abandoned_decisions_only() -> None:
     assert not needs_sweep(committing, T0 + 1_000 + 4_999)  # its client is finishing it
     assert needs_sweep(committing, T0 + 1_000 + 5_000)
     assert not needs_sweep(Finish().apply(committing, T0), T0 + 10**9)
+
+
+def test_a_finished_record_is_kept_a_while_for_retries_then_forgotten() -> None:
+    committing = Commit().apply(opened(), T0 + 1_000)
+    assert not forgettable(committing, T0 + 10**9)  # not finished: never
+    committed = Finish().apply(committing, T0 + 2_000)
+    assert not forgettable(committed, T0 + 1_000 + FINISHED_KEPT_MS - 1)
+    assert forgettable(committed, T0 + 1_000 + FINISHED_KEPT_MS)
 
 
 def test_a_record_reads_back_as_written() -> None:
@@ -234,8 +244,11 @@ def test_a_new_transaction_of_an_owner_fences_the_one_before(txns: Transactions)
 def test_a_commit_decided_before_the_fence_stands(txns: Transactions) -> None:
     first = txns.begin(owner="app-1")
     txns.change(first.txn_id, Commit())
-    txns.begin(owner="app-1")
+    _, previous = txns.begin_after(owner="app-1")  # what the coordinator finishes first
+    assert previous is not None and previous.txn_id == first.txn_id
+    assert previous.status is TxnStatus.COMMITTING
     assert txns.get(first.txn_id).status is TxnStatus.COMMITTING
+    assert txns.begin_after(owner="app-3")[1] is None  # an owner's first has none before
 
 
 def test_a_begin_overtaken_by_a_newer_one_fails_instead_of_opening(txns: Transactions) -> None:

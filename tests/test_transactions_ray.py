@@ -1,11 +1,11 @@
 """Transactions on a real Ray: the admin service as coordinator, segments that join a
 transaction on its first batch and take its markers, readers that see committed
-messages only, acknowledgements that apply on commit, and the sweeper that aborts a
-transaction past its deadline. Messages are appended with the segments' own calls:
-the producer's ``send(txn=...)`` is not built yet."""
+messages only, acknowledgements that apply on commit, the sweeper that aborts a
+transaction past its deadline, and producers and consumers taking part."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pyarrow as pa
@@ -13,6 +13,7 @@ import pytest
 import ray
 from ray.exceptions import RayTaskError
 
+from clients import Producer, StreamConsumer
 from runtime.batch import following, make_batch
 from runtime.errors import TransactionNotOpenError
 from runtime.names import SegmentName, TopicName
@@ -114,3 +115,158 @@ def test_a_transaction_past_its_deadline_is_aborted_by_the_sweeper(admin, topic)
     assert read_all(first) == ["waiting"]
     with pytest.raises(TransactionNotOpenError):
         txn.commit()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ray"])
+def test_a_producer_s_sends_in_a_transaction_are_read_together_once_it_commits(
+    admin,
+    topic: str,
+    transport: str,  # noqa: ANN001
+) -> None:
+    with Producer(topic, transport=transport) as producer:
+        kept = admin.new_transaction()
+        dropped = admin.new_transaction()
+        sent = [producer.send(f"k{i}:{i}".encode(), key=f"k{i}", txn=kept) for i in range(20)]
+        producer.send_batch([b"k1:x", b"k2:x"], keys=["k1", "k2"], txn=dropped).result()
+        producer.send(b"k0:plain", key="k0").result()  # waits behind "kept" in its segment
+        for future in sent:
+            future.result()
+        assert "k0:plain" not in everything(admin, topic)
+        dropped.abort()
+        kept.commit()
+    got = everything(admin, topic)
+    assert sorted(got) == sorted([f"k{i}:{i}" for i in range(20)] + ["k0:plain"])
+    assert got.index("k0:0") < got.index("k0:plain")  # a key's order holds
+
+
+def test_consume_transform_produce_commits_the_output_and_the_acknowledgement_together(
+    admin,
+    topic: str,
+    unique: str,  # noqa: ANN001
+) -> None:
+    output = f"topic://acme/txn/out{unique}"
+    admin.create_scalable_topic(output, 2)
+    admin.create_subscription(output, "s")
+    with Producer(topic) as producer:
+        for i in range(10):
+            producer.send(f"{i}".encode(), key=f"k{i}")
+    consumer = StreamConsumer(topic, "s", "c1")
+    try:
+        with Producer(output) as producer:
+            for commit in (False, True):  # the first round aborts: nothing moves
+                received = [consumer.receive(timeout=30) for _ in range(10)]
+                assert all(received), "not every input arrived"
+                txn = admin.new_transaction()
+                for message in received:
+                    doubled = str(2 * int(message.value)).encode()
+                    producer.send(doubled, key=message.key, txn=txn)
+                consumer.acknowledge_cumulative(received, txn=txn)
+                if commit:
+                    txn.commit()
+                else:
+                    txn.abort()
+                    consumer.close()  # its messages come again, to the next consumer
+                    consumer = StreamConsumer(topic, "s", "c2")
+    finally:
+        consumer.close()
+    assert sorted(map(int, everything(admin, output))) == [2 * i for i in range(10)]
+    assert backlog(admin, topic, "s") == 0
+
+
+def everything(admin, topic: str) -> list[str]:  # noqa: ANN001
+    """Every message of the topic readable now, segment after segment."""
+    return [value for segment in segments_of(admin, topic) for value in read_all(segment)]
+
+
+def test_a_split_and_a_merge_during_open_transactions_carry_them_through(
+    admin,
+    topic: str,  # noqa: ANN001
+) -> None:
+    kept, dropped = admin.new_transaction(), admin.new_transaction()
+    sent: dict[str, list[int]] = {f"k{k}": [] for k in range(10)}
+    with Producer(topic) as producer:
+
+        def send(first: int, last: int) -> None:
+            for i in range(first, last):
+                key = f"k{i % 10}"
+                producer.send(f"{key}:{i}".encode(), key=key, txn=kept)
+                producer.send(f"{key}:-{i}".encode(), key=key, txn=dropped)
+                sent[key].append(i)
+            producer.flush()
+
+        send(0, 50)
+        children = admin.split_segment(topic, 0)["children"]  # sealed with both open
+        send(50, 100)
+        admin.merge_segments(topic, children[-1], 1)
+        send(100, 150)
+        dropped.abort()
+        kept.commit()
+    got: dict[str, list[int]] = {key: [] for key in sent}
+    consumer = StreamConsumer(topic, "s", "c1")
+    try:
+        while sum(map(len, got.values())) < 150:
+            message = consumer.receive(timeout=30)
+            assert message is not None, f"only {sum(map(len, got.values()))} arrived"
+            key, seq = message.value.decode().split(":")
+            got[key].append(int(seq))
+            consumer.acknowledge_cumulative(message)
+        assert consumer.receive(timeout=1) is None
+    finally:
+        consumer.close()
+    assert got == sent  # the committed messages, each once, each key in order; none aborted
+
+
+def test_readers_throughout_see_exactly_the_committed_transactions_whole(
+    admin,
+    unique: str,  # noqa: ANN001
+) -> None:
+    """100 transactions of 50 messages over 3 topics and 8 segments, every other one
+    aborted, while a consumer of each topic reads."""
+    topics = [f"topic://acme/txn/many{n}{unique}" for n in range(3)]
+    for topic, segments in zip(topics, (3, 3, 2), strict=True):
+        admin.create_scalable_topic(topic, segments)
+        admin.create_subscription(topic, "s")
+    got: list[str] = []
+    stop = threading.Event()
+
+    def read(topic: str) -> None:
+        consumer = StreamConsumer(topic, "s", "reader")
+        try:
+            while not stop.is_set():
+                message = consumer.receive(timeout=0.5)
+                if message is not None:
+                    got.append(message.value.decode())
+                    consumer.acknowledge_cumulative(message)
+        finally:
+            consumer.close()
+
+    readers = [threading.Thread(target=read, args=(topic,)) for topic in topics]
+    for reader in readers:
+        reader.start()
+    committed: set[str] = set()
+    producers = [Producer(topic) for topic in topics]
+    try:
+        for t in range(100):
+            txn = admin.new_transaction()
+            values = [f"{t}:{j}" for j in range(50)]
+            for j, value in enumerate(values):
+                producers[j % 3].send(value.encode(), key=f"k{j % 7}", txn=txn)
+            if t % 2:
+                txn.abort()
+            else:
+                txn.commit()
+                committed.update(values)
+        deadline = time.monotonic() + 60
+        while len(got) < len(committed) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # anything more that would come
+    finally:
+        stop.set()
+        for reader in readers:
+            reader.join()
+        for producer in producers:
+            producer.close()
+        for topic in topics:
+            admin.delete_scalable_topic(topic)
+    assert len(got) == len(set(got)) == len(committed) == 2500  # each once
+    assert set(got) == committed  # every committed transaction whole, no aborted message

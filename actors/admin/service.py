@@ -46,7 +46,7 @@ from actors.control.dag_watch import dag_watch_actor
 from actors.control.readiness import await_readiness
 from actors.control.topic_stats import topic_stats
 from actors.guard import guard
-from actors.registry import get_or_start
+from actors.registry import ADMIN_SERVICE, get_or_start
 from runtime.admin_api import HashKey, Seconds, SegmentId, SplitParts, operation
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, apply_settings
@@ -68,7 +68,7 @@ from storage.catalog import Catalog
 from storage.records import TopicRecord
 from storage.topic_storage import choose_incarnation, is_incarnation
 
-ACTOR_NAME = "admin"
+ACTOR_NAME = ADMIN_SERVICE
 DEFAULT_RESTART_TIMEOUT_S = 30.0
 DEFAULT_SEGMENT_TIMEOUT_S = 10.0
 RESTART_ERRORS = (ActorDiedError, ActorUnavailableError, RayActorError)

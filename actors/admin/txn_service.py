@@ -45,6 +45,7 @@ from runtime.transactions import (
     Finish,
     PendingAck,
     TxnRecord,
+    forgettable,
     needs_sweep,
 )
 from storage.catalog import Catalog
@@ -72,10 +73,21 @@ class TransactionOperations:
         credential: str | None = None,
     ) -> dict[str, Any]:
         """An open transaction; ``owner`` (Kafka's ``transactional.id``) fences the owner's
-        transaction before it, which can then no longer commit."""
+        transaction before it, which can then no longer commit; one that had decided to
+        commit is finished first, so that the owner's new incarnation reads what it
+        acknowledged as acknowledged."""
         self._sweep_from_now_on()
-        record = await asyncio.to_thread(self._transactions().begin, float(timeout_s), owner)
+        begin = self._transactions().begin_after
+        record, previous = await asyncio.to_thread(begin, float(timeout_s), owner)
+        if previous is not None and not previous.status.finished:
+            await self._finish(previous)
         return shown(record)
+
+    @admin_operation
+    async def sweep_transactions(self, *, credential: str | None = None) -> None:
+        """Start the sweeper now (it runs from then on): a segment that opens holding an
+        undecided transaction asks, since after a restart of Ray no client may."""
+        self._sweep_from_now_on()
 
     @admin_operation
     async def get_transaction(self, txn_id: str, *, credential: str | None = None) -> dict:
@@ -170,6 +182,9 @@ class TransactionOperations:
         records = await asyncio.to_thread(transactions.all)
         now = transactions.now_ms()
         for record in records:
+            if forgettable(record, now):
+                await asyncio.to_thread(transactions.forget, record.txn_id)
+                continue
             if not needs_sweep(record, now):
                 continue
             try:

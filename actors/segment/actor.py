@@ -37,7 +37,7 @@ from actors.segment.data_plane import DataPlaneServer, PolicyWatch
 from actors.segment.flusher import IntervalFlusher
 from actors.segment.reader import SegmentReader
 from actors.segment.replication import ReplicaRoles
-from actors.segment.txn_joins import TxnJoins
+from actors.segment.txn_joins import TxnJoins, ask_for_sweep
 from runtime import tls, wire
 from runtime.auth import Permission
 from runtime.batch import ipc_parts
@@ -124,11 +124,13 @@ class Segment:
         # The authority on sizes, following the operator's changes within seconds.
         limits = _live_limits(catalog, self._namespace)
         self._joins = TxnJoins(str(self._name), catalog.store)
+        if self._store.holds_undecided:
+            ask_for_sweep(self._guard.internal_token())
         self._reader = SegmentReader(
             self._store, self._metrics, self._ack_saver, self._touch, self._still_open
         )
         self._appender = SegmentAppender(
-            self._name, self._store, limits, self._metrics, self._appended
+            self._name, self._store, limits, self._metrics, self._appended, self._joins
         )
         self._roles = ReplicaRoles(
             self._name, self._store, ReplicaStateFile(self._store.directory, self._durability),
@@ -157,8 +159,6 @@ class Segment:
         the contract, not an accident of scheduling.
         """
         self._check(credential, Permission.PRODUCE)
-        if txn_id is not None:
-            await self._joins.ensure(txn_id)
         base, count = await self._appender.append(batch, producer_id, sequence, txn_id)
         if self._roles.leader is not None:
             await self._roles.leader.committed(base + count)

@@ -18,9 +18,10 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from actors.metrics import SegmentMetrics
+from actors.segment.txn_joins import TxnJoins
 from runtime import wire
 from runtime.batch import check_batch, deserialize_batch
-from runtime.errors import OutOfOrderSequenceError, ScalableTopicsError
+from runtime.errors import OutOfOrderSequenceError, ScalableTopicsError, TransactionNotOpenError
 from runtime.limits import LiveLimits
 from runtime.names import SegmentName
 from storage.appends import Append, AppendResult
@@ -37,6 +38,7 @@ class SegmentAppender:
         limits: LiveLimits,
         metrics: SegmentMetrics,
         on_appended: Callable[[], None],
+        joins: TxnJoins,
     ) -> None:
         """``on_appended``: called after every stored group (wakes long-polling readers)."""
         self._name = name
@@ -44,6 +46,7 @@ class SegmentAppender:
         self._limits = limits
         self._metrics = metrics
         self._on_appended = on_appended
+        self._joins = joins
         self._turns: dict[str, asyncio.Event] = {}
         self._refused: dict[str, int] = {}  # per producer, the last sequence refused
 
@@ -55,6 +58,7 @@ class SegmentAppender:
         txn_id: str | None = None,
     ) -> tuple[int, int]:
         """A Ray call's append: (base offset, count), or the error that refused it."""
+        await self._join(producer_id, sequence, txn_id)
         await self.await_turn(producer_id, sequence)
         append = Append(batch, producer_id, sequence, txn_id=txn_id)
         self._admit(append)
@@ -74,15 +78,17 @@ class SegmentAppender:
             if not wire.is_append(body):
                 break
             try:
-                producer_id, sequence, payload = wire.decode_append(body)
+                producer_id, sequence, txn_id, payload = wire.decode_txn_append(body)
             except (ScalableTopicsError, ValueError) as err:
                 responses.append(wire.encode_failure(err))
                 continue
             if self._must_wait(producer_id, sequence, admitted):
                 break
+            if txn_id is not None and not self._joins.joined(txn_id):
+                break  # joined first, parked (``append_parked``)
             try:
                 batch = deserialize_batch(payload, restore_absent=False)
-                append = Append(batch, producer_id, sequence, payload)
+                append = Append(batch, producer_id, sequence, payload, txn_id)
             except (pa.ArrowException, ValueError) as err:
                 self._refuse(producer_id, sequence)
                 responses.append(wire.encode_failure(err))
@@ -106,14 +112,30 @@ class SegmentAppender:
         ]
 
     async def append_parked(self, body: bytes) -> bytes:
-        """A frame that had to wait: its turn, then its append."""
+        """A frame that had to wait: its transaction's join, its turn, then its append."""
         try:
-            producer_id, sequence, _ = wire.decode_append(body)
+            producer_id, sequence, txn_id, _ = wire.decode_txn_append(body)
+            await self._join(producer_id, sequence, txn_id)
             await self.await_turn(producer_id, sequence)
         except (ScalableTopicsError, ValueError) as err:
             return wire.encode_failure(err)
-        (response,) = self.append_frames([memoryview(body)])
-        return response
+        responses = self.append_frames([memoryview(body)])
+        if not responses:  # its transaction was decided here meanwhile (its marker came)
+            self._refuse(producer_id, sequence)
+            why = f"transaction {txn_id} ended here before this batch was stored"
+            return wire.encode_failure(TransactionNotOpenError(why))
+        return responses[0]
+
+    async def _join(self, producer_id: str | None, sequence: int | None, txn: str | None) -> None:
+        """Join the batch's transaction (``TxnJoins``); refused, its sequence is used up."""
+        if txn is None:
+            return
+        try:
+            await self._joins.ensure(txn)
+        except ScalableTopicsError as err:
+            self._metrics.rejected(err.code)
+            self._refuse(producer_id, sequence)
+            raise
 
     async def await_turn(self, producer_id: str | None, sequence: int | None) -> None:
         """Wait for the predecessor; a terminated segment ends the wait at once, since the

@@ -16,7 +16,9 @@ idempotent, so a restart only repeats one).
 from __future__ import annotations
 
 import asyncio
+import logging
 
+from actors.registry import ADMIN_SERVICE, lookup
 from runtime.transactions import Join, SegmentRef
 from storage.metadata import MetadataStore
 from storage.transactions import Transactions
@@ -43,6 +45,23 @@ class TxnJoins:
                 del self._joins[txn_id]
             raise
 
+    def joined(self, txn_id: str) -> bool:
+        """Whether this segment is known to be joined to ``txn_id`` (no wait needed)."""
+        joining = self._joins.get(txn_id)
+        return joining is not None and joining.done() and joining.exception() is None
+
     def forget(self, txn_id: str) -> None:
         """``txn_id`` is decided here (its marker is stored): nothing joins it again."""
         self._joins.pop(txn_id, None)
+
+
+def ask_for_sweep(credential: str) -> None:
+    """Have the transaction coordinator's sweeper run: this segment opened holding a
+    transaction not decided here yet, and after a restart of Ray no client may ever
+    finish it (its readers would wait at it for good). Not waited for. The admin service
+    is found by name: Ray brings it back with the cluster (it is detached), and it
+    began every transaction there is."""
+    try:
+        lookup(ADMIN_SERVICE).sweep_transactions.remote(credential=credential)
+    except Exception:  # noqa: BLE001 - the next opening, or any client's call, asks again
+        logging.getLogger(__name__).warning("could not ask for a transaction sweep", exc_info=True)
