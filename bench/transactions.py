@@ -2,19 +2,20 @@
 
 A topic of ``--segments`` (4) segments; for each transaction size in ``--sizes`` (1, 10,
 100, 1,000 messages of 100 bytes, keys spread over every segment), ``--messages``
-(20,000) messages are sent:
+(20,000) messages are sent, in at most ``--max-transactions`` (200) transactions:
 
-- ``plain``: by one producer, then flushed: the peer;
-- ``txn``: the same producer, in transactions of that size one after another, each
+- ``txn``: one producer, in transactions of that size one after another, each
   committed (``Transaction.commit`` waits for its sends, then the coordinator writes a
   marker to every segment the transaction joined and records it finished). The
-  commit latency is from ``commit()`` called to its return.
+  commit latency is from ``commit()`` called to its return;
+- ``plain``: then as many messages by the same producer without a transaction, then
+  flushed: the peer.
 
 msgs/s is sent messages over the wall time from the first send to the last flush or
 commit. Every message of every round is then read back by a stream consumer, to check
 that each committed message arrived once.
 
-    .venv/bin/python bench/transactions.py                 # ~2 min
+    .venv/bin/python bench/transactions.py                 # ~3 min
     .venv/bin/python bench/transactions.py --messages 5000 --sizes 10 100
 
 Prints each row and writes bench/results/transactions.json.
@@ -44,6 +45,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--segments", type=int, default=4)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 100, 1_000])
+    parser.add_argument("--max-transactions", type=int, default=200)
     parser.add_argument("--results", type=Path, default=RESULTS)
     return parser.parse_args()
 
@@ -57,9 +59,9 @@ def plain(producer: Any, messages: int) -> dict[str, Any]:
     return {"mode": "plain", "messages": messages, "msgs_per_s": round(messages / wall)}
 
 
-def transactional(admin: Any, producer: Any, messages: int, size: int) -> dict[str, Any]:
+def transactional(admin: Any, producer: Any, messages: int, size: int, most: int) -> dict[str, Any]:
     commits: list[float] = []
-    count = max(1, messages // size)
+    count = max(1, min(messages // size, most))
     started = time.perf_counter()
     for t in range(count):
         txn = admin.new_transaction()
@@ -114,9 +116,9 @@ def main() -> int:
         plain(producer, 1_000)  # connections and lookups made before anything is timed
         sent = 1_000
         for size in args.sizes:
-            for row in (plain(producer, args.messages), transactional(
-                admin, producer, args.messages, size
-            )):  # fmt: skip
+            txn = transactional(admin, producer, args.messages, size, args.max_transactions)
+            peer = {"size": size, **plain(producer, txn["messages"])}
+            for row in (peer, txn):
                 rows.append(row)
                 sent += row["messages"]
                 print(row, flush=True)
