@@ -55,6 +55,7 @@ from runtime.errors import (
     InvalidArgumentError,
     NotLeaderError,
     SegmentNotFoundError,
+    UnavailableError,
     is_integer,
 )
 from runtime.names import SegmentName, TopicName, validate_part
@@ -299,14 +300,15 @@ class GroupConsumerCore:
 
     async def _open_at(self, name: SegmentName, released: int | None) -> tuple[Any, int]:
         """The segment's handle and where to start reading it. A replicated segment whose
-        leader is not chosen yet (just created) or moved is looked up again until one
-        answers, for as long as ``LEAD_WAIT_S``."""
+        leader is not chosen yet (just created) or moved, or whose host went with its
+        node (placed again by its controller), is looked up again until one answers,
+        for as long as ``LEAD_WAIT_S``."""
         deadline = time.monotonic() + LEAD_WAIT_S
         while True:
             handle = await self.access.find(name)
             try:
                 return handle, await self._start_position(handle, name, released)
-            except NotLeaderError:
+            except (NotLeaderError, *self.restarting):
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
@@ -353,6 +355,11 @@ class GroupConsumerCore:
                     reader.end = end_offset
                     await self._finish_when_settled(reader)
                     return
+        except Exception as err:
+            # Not foreseen: the consumer fails, saying why, rather than stall on this
+            # segment for good (its children would never be read).
+            log.exception("%s: reading segment %s stopped", self.topic, reader.segment_id)
+            self.fail(err)
         finally:
             reader.channel.close()  # its acknowledgements' connection stays for the flushes
 
@@ -417,11 +424,13 @@ class GroupConsumerCore:
                 except REFUSALS as err:
                     self.fail(err)
                     return
-                except (ConflictError, TimeoutError, *self.restarting) as err:
+                except (ConflictError, TimeoutError, UnavailableError, *self.restarting) as err:
                     # Not sealed yet, the coordinator restarting, or the segment not
-                    # answering it: asked again. A run of a shared segment also waits
-                    # for the other runs' consumers, as long as they take: no warning,
-                    # and asked less often the longer it waits.
+                    # answering it (a replicated one's leader lost, say): asked again;
+                    # given up, no other consumer would ever get its children. A run
+                    # of a shared segment also waits for the other runs' consumers, as
+                    # long as they take: no warning, and asked less often the longer
+                    # it waits.
                     refused_since = refused_since or time.monotonic()
                     waited = time.monotonic() - refused_since
                     lasting = waited >= FINISH_QUIET_S and not reader.part

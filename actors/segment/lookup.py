@@ -21,7 +21,7 @@ from actors.controller_directory import ControllerDirectory, ControllerHandle
 from actors.registry import alive_actor_names, gone_for_good, lookup
 from actors.segment.directory import Entry, SegmentDirectory
 from actors.segment.handle import SegmentHandle
-from runtime.errors import ScalableTopicsError, SegmentNotFoundError
+from runtime.errors import NotLeaderError, ScalableTopicsError, SegmentNotFoundError
 from runtime.names import SegmentName, TopicName
 from runtime.remote import ACTOR_GONE, call
 from runtime.segment_hosts import host_prefix
@@ -154,8 +154,10 @@ async def segment_position(
     that meets the actor gone (restarting, or hibernated between the lookup and the
     call: a sealed or tiered segment's exits when idle) is sent again to the actor
     looked up anew, until ``deadline`` (``time.monotonic()``); then the last error is
-    raised, ``TimeoutError`` when no answer came. ``unless_dead``: as for
-    ``find_segment_actor``, ``SegmentNotFoundError`` at once for an actor gone for good."""
+    raised, ``TimeoutError`` when no answer came. A replicated segment's replica that
+    no longer leads it (its leader's node was lost) is asked again too, once the new
+    leader is looked up. ``unless_dead``: as for ``find_segment_actor``,
+    ``SegmentNotFoundError`` at once for an actor gone for good."""
     while True:
         remaining = max(deadline - time.monotonic(), 0.001)
         try:
@@ -164,7 +166,7 @@ async def segment_position(
             )
             answer = handle.position.remote(subscription, credential=credential)
             return await asyncio.wait_for(call(answer), remaining)
-        except (TimeoutError, *ACTOR_GONE):
+        except (TimeoutError, NotLeaderError, *ACTOR_GONE):
             if time.monotonic() + RETRY_PAUSE_S >= deadline:
                 raise
             await asyncio.sleep(RETRY_PAUSE_S)

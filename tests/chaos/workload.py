@@ -30,6 +30,9 @@ class Run:
     stop_consuming: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
+    # What the stream consumer's readers held when the drain gave up: where to look.
+    stuck: dict[str, Any] = field(default_factory=dict)
+    stream_consumer: Any = None
 
 
 def _decode(value: bytes) -> tuple[str, int]:
@@ -67,7 +70,7 @@ def produce(run: Run, rate: float, producer_index: int | None = None) -> None:
 def consume_stream(run: Run) -> None:
     from clients import StreamConsumer
 
-    consumer = StreamConsumer(run.topic, "stream", "c1")
+    consumer = run.stream_consumer = StreamConsumer(run.topic, "stream", "c1")
     while not run.stop_consuming.is_set():
         message = consumer.receive(timeout=0.5)
         if message is not None:
@@ -177,7 +180,37 @@ def drain(run: Run, timeout_s: float) -> None:
         if want <= set(run.stream) and want <= set(run.queue):
             break
         time.sleep(0.5)
+    else:
+        if not want <= set(run.stream):
+            run.stuck = stream_diagnosis(run)
     run.stop_consuming.set()
+
+
+def stream_diagnosis(run: Run) -> dict[str, Any]:
+    """The stream consumer's readers (what it fetched, delivered, had acknowledged) and
+    the stream subscription's cursor and each segment's state, as the cluster says."""
+    from clients import ScalableTopicsAdmin
+
+    readers = {}
+    consumer = run.stream_consumer
+    if consumer is not None:
+        for sid, reader in list(consumer._core.readers.items()):
+            readers[sid] = {
+                "position": reader.position, "delivered": reader.delivered,
+                "acked": reader.acked, "flushed": reader.flushed, "end": reader.end,
+                "revoked": reader.revoked, "done": reader.task is not None and reader.task.done(),
+            }  # fmt: skip
+    try:
+        stats = ScalableTopicsAdmin().get_stats(run.topic)
+        segments = {
+            sid: {k: v for k, v in seg.items() if k != "subscriptions"}
+            | {"stream": (seg.get("subscriptions") or {}).get("stream")}
+            for sid, seg in stats.get("segments", {}).items()
+        }
+        assignment = stats["subscriptions"]["stream"].get("assignments")
+    except Exception as err:  # noqa: BLE001 - a diagnosis must not fail the report
+        segments, assignment = {"error": repr(err)}, None
+    return {"readers": readers, "segments": segments, "assignments": assignment}
 
 
 def one_cpu() -> dict[str, Any]:
@@ -273,6 +306,7 @@ def finish_workload(workload: Workload) -> dict[str, Any]:
         "queue_delivered": len(run.queue),
         "faults": run.faults,
         "violations": violations[:20],
+        **({"stuck": run.stuck} if run.stuck else {}),
         "wall_s": round(time.monotonic() - started, 1),
         "phases_end_s": {k: round(v, 1) for k, v in phases.items()},
     }

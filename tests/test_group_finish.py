@@ -1,0 +1,81 @@
+"""A stream consumer's reader of a sealed segment rides out the segment's failover while
+it reports the segment finished, and while it opens a segment (``clients._group_consumer``
+against a stand-in coordinator and segment: no Ray). Giving up there left the segment
+assigned and never finished, so its children were never read."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from clients._group_consumer import ConsumerConfig, GroupConsumerCore, _Reader
+from runtime.errors import ConflictError, NotLeaderError, UnavailableError
+from runtime.names import TopicName
+
+TOPIC = TopicName("acme", "orders", "events")
+SEGMENT = TOPIC.segment(0, 0, 0x7FFF)
+
+
+class Gone(Exception):
+    """What the consumer's transport raises while an actor restarts."""
+
+
+class Access:
+    """The coordinator and the segment, failing ``failures`` times first."""
+
+    restarting = (Gone,)
+
+    def __init__(self, failures: list[BaseException]) -> None:
+        self.failures = failures
+        self.finished_calls: list[tuple[int, int | None]] = []
+
+    def _maybe_fail(self) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
+
+    async def finished(self, consumer: str, segment_id: int, position: int | None) -> None:
+        self._maybe_fail()
+        self.finished_calls.append((segment_id, position))
+
+    async def ack_cumulative(self, handle: Any, name: Any, offset: int) -> None:
+        return None
+
+    async def find(self, name: Any) -> Any:
+        return "handle"
+
+    async def find_again(self, name: Any) -> Any:
+        return "handle"
+
+    async def position(self, handle: Any, name: Any) -> int:
+        self._maybe_fail()
+        return 7
+
+
+def core(access: Access) -> GroupConsumerCore:
+    return GroupConsumerCore(
+        TOPIC, "s", "c1", acknowledges=True, config=ConsumerConfig(),
+        credential=None, access=access,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_finishing_a_segment_is_asked_again_through_its_leader_s_failover() -> None:
+    failures = [NotLeaderError("moved"), UnavailableError("away"), ConflictError("not yet")]
+    access = Access(failures)
+    consumer = core(access)
+
+    async def scenario() -> None:
+        reader = _Reader(SEGMENT, None, 10, None)
+        reader.end = reader.acked = reader.delivered = reader.flushed = 10
+        consumer.readers[0] = reader
+        await asyncio.wait_for(consumer._finish_when_settled(reader), 10)
+
+    asyncio.run(scenario())
+    assert access.finished_calls == [(0, 10)] and consumer.finished == {0}
+    assert 0 not in consumer.readers
+
+
+def test_opening_a_segment_waits_for_its_host_placed_again() -> None:
+    access = Access([Gone("its node is gone"), NotLeaderError("moved")])
+    consumer = core(access)
+    handle, position = asyncio.run(consumer._open_at(SEGMENT, None))
+    assert (handle, position) == ("handle", 7)
