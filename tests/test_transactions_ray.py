@@ -270,3 +270,54 @@ def test_readers_throughout_see_exactly_the_committed_transactions_whole(
             admin.delete_scalable_topic(topic)
     assert len(got) == len(set(got)) == len(committed) == 2500  # each once
     assert set(got) == committed  # every committed transaction whole, no aborted message
+
+
+def test_ray_data_reads_only_committed_messages(admin, topic: str) -> None:  # noqa: ANN001
+    """A snapshot's ranges step over an aborted transaction in their middle and at
+    their end, and stop at an open one (``runtime.batch.following``)."""
+    from clients.ray_data import read_topic_dataset
+
+    kept, dropped, still_open = (admin.new_transaction() for _ in range(3))
+    with Producer(topic) as producer:
+        for i in range(40):
+            key = f"k{i % 4}"
+            producer.send(f"plain-{i}".encode(), key=key)
+            producer.send(f"kept-{i}".encode(), key=key, txn=kept)
+            producer.send(f"dropped-{i}".encode(), key=key, txn=dropped)
+        producer.flush()
+        dropped.abort()  # its records at the end of each segment, after the plain ones
+        kept.commit()
+        producer.send(b"open-0", key="k0", txn=still_open).result()
+    rows = read_topic_dataset(topic).take_all()
+    values = sorted(row["value"].decode() for row in rows)
+    expected = [f"{kind}-{i}" for kind in ("kept", "plain") for i in range(40)]
+    assert values == sorted(expected)
+    still_open.abort()
+
+
+def test_a_process_outside_ray_runs_a_transaction_through_the_gateway(
+    admin,
+    topic: str,  # noqa: ANN001
+) -> None:
+    """``AdminHttpClient`` begins and commits; ``Producer(url=...)`` sends over the data
+    plane with the transaction's id (``OP_TXN_APPEND``)."""
+    from actors.gateway.server import start_gateway, stop_gateway
+    from clients import AdminHttpClient
+    from tests.ports import free_port
+
+    port = free_port()
+    url = start_gateway(port)
+    try:
+        with AdminHttpClient(url) as remote:
+            with Producer(topic, url=url) as producer:
+                aborted = remote.new_transaction(timeout_s=30)
+                producer.send(b"never", key="k1", txn=aborted).result()
+                aborted.abort()
+                with remote.new_transaction(timeout_s=30) as txn:
+                    for i in range(10):
+                        producer.send(f"remote-{i}".encode(), key=f"k{i}", txn=txn)
+            assert remote.get_transaction(txn.id)["status"] == "committed"
+            assert remote.get_transaction(aborted.id)["status"] == "aborted"
+    finally:
+        stop_gateway(port)
+    assert sorted(everything(admin, topic)) == sorted(f"remote-{i}" for i in range(10))
