@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from actors.registry import ADMIN_SERVICE, lookup
+from runtime.remote import call
 from runtime.transactions import Join, SegmentRef
 from storage.metadata import MetadataStore
 from storage.transactions import Transactions
@@ -55,13 +57,40 @@ class TxnJoins:
         self._joins.pop(txn_id, None)
 
 
+# How long a segment keeps asking for a sweep while the admin service is not back yet.
+SWEEP_ASK_S = 300.0
+_asking: set[asyncio.Task] = set()  # kept referenced until done
+
+
 def ask_for_sweep(credential: str) -> None:
     """Have the transaction coordinator's sweeper run: this segment opened holding a
     transaction not decided here yet, and after a restart of Ray no client may ever
-    finish it (its readers would wait at it for good). Not waited for. The admin service
-    is found by name: Ray brings it back with the cluster (it is detached), and it
-    began every transaction there is."""
+    finish it (its readers would wait at it for good). Not waited for: asked in the
+    background, again each second while the admin service is not back (Ray restores it
+    with the cluster, as it is detached, but maybe after this segment). The service is
+    found by name, and it began every transaction there is."""
     try:
-        lookup(ADMIN_SERVICE).sweep_transactions.remote(credential=credential)
-    except Exception:  # noqa: BLE001 - the next opening, or any client's call, asks again
-        logging.getLogger(__name__).warning("could not ask for a transaction sweep", exc_info=True)
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # opened outside an event loop: one attempt
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(_keep_asking(credential, 0.0))
+        loop.close()
+        return
+    task = loop.create_task(_keep_asking(credential, SWEEP_ASK_S))
+    _asking.add(task)
+    task.add_done_callback(_asking.discard)
+
+
+async def _keep_asking(credential: str, for_s: float) -> None:
+    deadline = time.monotonic() + for_s
+    while True:
+        try:
+            await call(lookup(ADMIN_SERVICE).sweep_transactions.remote(credential=credential))
+            return
+        except Exception:  # noqa: BLE001 - not back yet, or restarting: asked again
+            if time.monotonic() >= deadline:
+                logging.getLogger(__name__).warning(
+                    "could not ask for a transaction sweep", exc_info=True
+                )
+                return
+            await asyncio.sleep(1.0)
