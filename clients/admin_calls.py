@@ -332,9 +332,10 @@ class AdminCalls(ABC):
         return Transaction(self, shown["txnId"], shown["deadlineMs"])
 
     async def get_transaction_async(self, txn_id: str) -> dict[str, Any]:
-        """``{"txnId", "status", "startedMs", "deadlineMs", "owner", "segments",
-        "acknowledgements", "reason"}``; status is open, committing, aborting, committed
-        or aborted."""
+        """``{"txnId", "status", "startedMs", "deadlineMs", "owner", "principal",
+        "segments", "acknowledgements", "reason"}``; status is open, committing, aborting,
+        committed or aborted; principal: who began it (only they, or an admin of every
+        namespace, may see, commit or abort it)."""
         return await self._op("get_transaction", txn_id=txn_id)
 
     async def list_transactions_async(self) -> list[dict[str, Any]]:

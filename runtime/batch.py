@@ -363,15 +363,26 @@ REDELIVERIES_KEY = "raytopics.redeliveries"
 # read stepped over transaction markers or aborted records. A slice of the batch that
 # ends earlier (a consumer's run) does not end at ``after``, so it says nothing.
 FOLLOWING_KEY = "raytopics.following"
+# In a read's schema metadata: the offset the read started from, when retention had
+# dropped the one asked for. A reader that must not lose records silently (Spark's
+# source, with failOnDataLoss) tells the records it lost from those it was never to
+# get (a transaction's, stepped over) by it.
+STARTED_KEY = "raytopics.started"
 
 
-def with_following(batch: pa.RecordBatch, offset: int, following: int) -> pa.RecordBatch:
+def with_following(
+    batch: pa.RecordBatch, offset: int, following: int, asked: int | None = None
+) -> pa.RecordBatch:
     """``batch``, read from ``offset``, saying that the next read starts at ``following``
-    when that is not what its records imply (``following``)."""
+    when that is not what its records imply (``following``), and that it started at
+    ``offset`` when the read asked for ``asked``, before it."""
     after = _after(batch, offset)
-    if following <= after:
-        return batch
-    return batch.replace_schema_metadata({FOLLOWING_KEY: f"{after} {following}"})
+    stated = {}
+    if following > after:
+        stated[FOLLOWING_KEY] = f"{after} {following}"
+    if asked is not None and asked < offset:
+        stated[STARTED_KEY] = str(offset)
+    return batch.replace_schema_metadata(stated) if stated else batch
 
 
 def following(batch: pa.RecordBatch, offset: int) -> int:

@@ -34,7 +34,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from runtime.errors import InvalidArgumentError, TransactionNotOpenError
+from runtime.errors import InvalidArgumentError, TransactionNotOpenError, UnauthorizedError
 
 MIN_TIMEOUT_S = 1.0
 MAX_TIMEOUT_S = 900.0  # Kafka's transaction.max.timeout.ms default: 15 minutes
@@ -107,6 +107,7 @@ class TxnRecord:
     acks: tuple[PendingAck, ...] = ()
     reason: str | None = None  # why it aborted, when not asked to
     decided_ms: int | None = None  # when it left OPEN
+    principal: str | None = None  # who began it (None: authentication was off)
 
     def to_bytes(self) -> bytes:
         body: dict[str, Any] = {
@@ -120,6 +121,7 @@ class TxnRecord:
             "acks": [[a.segment, a.subscription, a.offset, a.cumulative] for a in self.acks],
             "reason": self.reason,
             "decidedMs": self.decided_ms,
+            "principal": self.principal,
         }
         return json.dumps(body, separators=(",", ":")).encode()
 
@@ -137,11 +139,17 @@ class TxnRecord:
             acks=tuple(PendingAck(s, sub, o, c) for s, sub, o, c in body["acks"]),
             reason=body["reason"],
             decided_ms=body["decidedMs"],
+            principal=body.get("principal"),
         )
 
 
 def begin(
-    txn_id: str, now_ms: int, timeout_s: float, owner: str | None = None, owner_epoch: int = 0
+    txn_id: str,
+    now_ms: int,
+    timeout_s: float,
+    owner: str | None = None,
+    owner_epoch: int = 0,
+    principal: str | None = None,
 ) -> TxnRecord:
     """A new open transaction, or ``InvalidArgumentError`` for a time-out out of bounds."""
     if not MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S:
@@ -150,7 +158,23 @@ def begin(
             f"{MAX_TIMEOUT_S:g} seconds, not {timeout_s:g}"
         )
     deadline = now_ms + round(timeout_s * 1000)
-    return TxnRecord(txn_id, TxnStatus.OPEN, now_ms, deadline, owner, owner_epoch)
+    return TxnRecord(
+        txn_id, TxnStatus.OPEN, now_ms, deadline, owner, owner_epoch, principal=principal
+    )
+
+
+def check_holder(record: TxnRecord, principal: str | None, doing: str) -> None:
+    """Refuse ``doing`` to a transaction begun by another principal, as Pulsar's
+    coordinator checks a transaction's owner before ending it: an id that leaked (in a
+    log, a listing) must not let another tenant commit or abort someone's work.
+    ``principal`` None: the system, an operator with admin on every namespace, or a
+    caller with authentication off; a record begun with it off is anyone's."""
+    if record.principal is None or principal is None or principal == record.principal:
+        return
+    raise UnauthorizedError(
+        f"principal {principal!r} may not {doing} transaction {record.txn_id}: "
+        "only the principal that began it, or an admin of every namespace"
+    )
 
 
 class Update(Protocol):
@@ -278,3 +302,25 @@ def needs_sweep(record: TxnRecord, now_ms: int, grace_ms: int = FINISH_GRACE_MS)
     if record.status.finished:
         return False
     return record.decided_ms is None or now_ms >= record.decided_ms + grace_ms
+
+
+def ack_calls(acks: tuple[PendingAck, ...]) -> list[tuple[str, str, bool, int | list[int]]]:
+    """A commit's acknowledgements as one call per segment, subscription and kind:
+    ``(segment, subscription, cumulative, offset)`` with the highest offset of the
+    cumulative ones (it covers the rest), ``(…, False, offsets)`` with the individual
+    ones. Acknowledging is idempotent and commutes, so their order does not matter."""
+    cumulative: dict[tuple[str, str], int] = {}
+    single: dict[tuple[str, str], set[int]] = {}
+    for ack in acks:
+        where = (ack.segment, ack.subscription)
+        if ack.cumulative:
+            cumulative[where] = max(cumulative.get(where, ack.offset), ack.offset)
+        else:
+            single.setdefault(where, set()).add(ack.offset)
+    calls: list[tuple[str, str, bool, int | list[int]]] = [
+        (segment, sub, True, offset) for (segment, sub), offset in sorted(cumulative.items())
+    ]
+    calls += [
+        (segment, sub, False, sorted(offsets)) for (segment, sub), offsets in sorted(single.items())
+    ]
+    return calls

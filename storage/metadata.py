@@ -241,12 +241,15 @@ class MetadataStore:
         return new
 
     def update(
-        self, path: str, mutate: Callable[[bytes], bytes], *, attempts: int = 200
+        self, path: str, mutate: Callable[[bytes], bytes | None], *, attempts: int = 200
     ) -> Versioned:
-        """Read-modify-CAS, retried from a fresh read whenever a concurrent writer wins."""
+        """Read-modify-CAS, retried from a fresh read whenever a concurrent writer wins;
+        ``mutate`` returning ``None`` changes nothing (the current value is returned)."""
         for attempt in range(attempts):
             current = self.get_required(path)
             value = mutate(current.value)
+            if value is None:
+                return current
             try:
                 return Versioned(value, self.compare_and_swap(path, current.version, value))
             except BadVersion:

@@ -31,6 +31,8 @@ token) lives under roots of its own, and so do transactions, which span topics.
 
 from __future__ import annotations
 
+import hashlib
+
 from runtime.names import TopicName, parse_namespace, validate_part
 
 _TOPICS = "/topics"
@@ -131,7 +133,12 @@ def transaction_path(txn_id: str) -> str:
     return f"{TRANSACTIONS_ROOT}{validate_part('transaction id', txn_id)}"
 
 
-def transaction_owner_path(owner: str) -> str:
+def transaction_owner_path(owner: str, principal: str | None = None) -> str:
     """An owner's epoch and its open transaction: starting a transaction fences the one
-    before it."""
-    return f"{_TRANSACTIONS}/owners/{validate_part('transaction owner', owner)}"
+    before it. Owners are named per principal (by its name's digest: a principal may be
+    any string), so one tenant's owner never fences another's of the same name."""
+    owner = validate_part("transaction owner", owner)
+    if principal is None:
+        return f"{_TRANSACTIONS}/owners/{owner}"
+    digest = hashlib.sha256(principal.encode()).hexdigest()[:32]
+    return f"{_TRANSACTIONS}/principals/{digest}/owners/{owner}"

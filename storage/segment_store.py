@@ -229,9 +229,9 @@ class SegmentStore(TieringParts, QueueParts):
         batch's metadata when it is not after its last record (``runtime.batch.following``):
         markers and aborted transactions' records are stepped over, never delivered."""
         self._check_alive()
-        offset = max(offset, self.log.start_offset)
-        stored, following = self._read_log(offset, max_records)
-        return with_following(to_delivery(stored), offset, following)
+        start = max(offset, self.log.start_offset)
+        stored, following = self._read_log(start, max_records)
+        return with_following(to_delivery(stored), start, following, asked=offset)
 
     def _read_log(self, offset: int, max_records: int) -> tuple[list[StoredBatch], int]:
         if max_records > 0 and offset >= self.readable_end:

@@ -1,9 +1,11 @@
 """Transactions' records in the metadata store: one per transaction under
-``/transactions/open/{txnId}``, and one per owner under ``/transactions/owners/{owner}``.
+``/transactions/open/{txnId}``, and one per owner under ``/transactions/owners/{owner}``
+(``/transactions/principals/{digest}/owners/{owner}`` with authentication on: an owner
+is its principal's own; ``storage.metadata_paths.transaction_owner_path``).
 
 ``runtime.transactions`` says what a record may become; this module only reads and
 swaps records, so that each named update is applied to the latest record and to
-nothing else (``MetadataStore.compare_and_swap``, read again on ``BadVersion``). The
+nothing else (``MetadataStore.update``: a compare-and-swap, read again when lost). The
 decision to commit is that swap: of a ``commit`` and a fence or time-out racing on
 one transaction, exactly one wins, and the other learns which.
 
@@ -44,7 +46,7 @@ from runtime.transactions import (
     Update,
     begin,
 )
-from storage.metadata import MetadataStore, Version
+from storage.metadata import MetadataStore
 from storage.metadata_paths import (
     TRANSACTIONS_ROOT,
     transaction_owner_path,
@@ -69,21 +71,35 @@ class Transactions:
         """The time deadlines are compared with."""
         return self._clock()
 
-    def begin(self, timeout_s: float = DEFAULT_TIMEOUT_S, owner: str | None = None) -> TxnRecord:
-        """A new open transaction. With ``owner``, the owner's previous transaction is
-        fenced first: it can no longer commit (unless it had decided to already)."""
-        return self.begin_after(timeout_s, owner)[0]
+    def begin(
+        self,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        owner: str | None = None,
+        principal: str | None = None,
+    ) -> TxnRecord:
+        """A new open transaction of ``principal`` (who began it: ``None`` with
+        authentication off). With ``owner``, the owner's previous transaction is fenced
+        first: it can no longer commit (unless it had decided to already)."""
+        return self.begin_after(timeout_s, owner, principal)[0]
 
     def begin_after(
-        self, timeout_s: float = DEFAULT_TIMEOUT_S, owner: str | None = None
+        self,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        owner: str | None = None,
+        principal: str | None = None,
     ) -> tuple[TxnRecord, TxnRecord | None]:
         """``begin``, and the owner's previous transaction as the fence left it (``None``
         without an owner, or for its first): one that had decided to commit is still to
         be finished, which its owner's new incarnation must wait for (Kafka's
-        ``initTransactions`` completes a prepared commit before it returns)."""
+        ``initTransactions`` completes a prepared commit before it returns). Owners are
+        the principal's own: another principal's owner of the same name is another."""
         txn_id = f"txn-{uuid.uuid4().hex}"
-        epoch, previous = self._next_epoch(owner, txn_id) if owner is not None else (0, None)
-        record = begin(txn_id, self._clock(), timeout_s, owner, epoch)
+        epoch, previous = (
+            self._next_epoch(transaction_owner_path(owner, principal), txn_id)
+            if owner is not None
+            else (0, None)
+        )
+        record = begin(txn_id, self._clock(), timeout_s, owner, epoch, principal)
         try:
             self.store.put_if_absent(transaction_path(txn_id), record.to_bytes())
         except AlreadyExistsError:
@@ -103,30 +119,29 @@ class Transactions:
         """Apply ``update`` to the latest record and return what it became. A transaction
         past its deadline is aborted first (``Expire``), and stays aborted when the
         update is then refused."""
-        path = transaction_path(txn_id)
-        for _ in range(ATTEMPTS):
-            found = self.store.get(path)
-            if found is None:
-                raise TransactionNotFoundError(f"no transaction {txn_id}")
+        refused: list[TransactionNotOpenError] = []
+
+        def mutate(raw: bytes) -> bytes | None:
+            refused.clear()  # asked again after a lost swap: decided anew
+            record = TxnRecord.from_bytes(raw)
             now = self._clock()
-            record = TxnRecord.from_bytes(found.value)
             expired = Expire().apply(record, now)
             try:
                 new = update.apply(expired, now)
-            except TransactionNotOpenError:
-                if expired != record:
-                    self._swap(path, found.version, expired)
-                raise
-            if new == record:
-                return record
-            try:
-                self.store.compare_and_swap(path, found.version, new.to_bytes())
-            except BadVersion:
-                continue
-            except KeyNotFoundError:
-                raise TransactionNotFoundError(f"no transaction {txn_id}") from None
-            return new
-        raise BadVersion(f"transaction {txn_id}: gave up after {ATTEMPTS} contended updates")
+            except TransactionNotOpenError as err:
+                if expired == record:
+                    raise
+                refused.append(err)  # the expiry is stored all the same
+                new = expired
+            return None if new == record else new.to_bytes()
+
+        try:
+            found = self.store.update(transaction_path(txn_id), mutate, attempts=ATTEMPTS)
+        except KeyNotFoundError:
+            raise TransactionNotFoundError(f"no transaction {txn_id}") from None
+        if refused:
+            raise refused[0]
+        return TxnRecord.from_bytes(found.value)
 
     def all(self) -> list[TxnRecord]:
         """Every transaction's record, read together: what a sweeper looks through."""
@@ -150,10 +165,10 @@ class Transactions:
 
     # --- owners ------------------------------------------------------------------------
 
-    def _next_epoch(self, owner: str, txn_id: str) -> tuple[int, TxnRecord | None]:
-        """Bump ``owner``'s epoch, naming ``txn_id`` its newest transaction, then fence
-        the transaction it named before; the epoch, and that transaction's record."""
-        path = transaction_owner_path(owner)
+    def _next_epoch(self, path: str, txn_id: str) -> tuple[int, TxnRecord | None]:
+        """Bump the epoch of the owner at ``path``, naming ``txn_id`` its newest
+        transaction, then fence the transaction it named before; the epoch, and that
+        transaction's record."""
         previous: list[str | None] = [None]
 
         def bump(raw: bytes) -> bytes:
@@ -190,9 +205,3 @@ class Transactions:
     def _found(self, txn_id: str) -> TxnRecord | None:
         found = self.store.get(transaction_path(txn_id))
         return TxnRecord.from_bytes(found.value) if found is not None else None
-
-    def _swap(self, path: str, version: Version, record: TxnRecord) -> None:
-        """Write ``record`` if the record is still at ``version``; a lost race is left to
-        whoever won it (the next reader expires it again)."""
-        with contextlib.suppress(BadVersion, KeyNotFoundError):
-            self.store.compare_and_swap(path, version, record.to_bytes())

@@ -168,6 +168,10 @@ class Probe:
         sub = self.request["subscription"]
         return {
             "segment.append": lambda: seg.append.remote(make_batch([b"x"]), credential=c),
+            "segment.append(txn)": lambda: seg.append.remote(
+                make_batch([b"x"]), txn_id="txn-probe", credential=c
+            ),
+            "segment.ack": lambda: seg.ack.remote(sub, [0], credential=c),
             "segment.read": lambda: seg.read.remote(0, 10, credential=c),
             "segment.ack_cumulative": lambda: seg.ack_cumulative.remote(sub, 5, credential=c),
             "segment.position": lambda: seg.position.remote(sub, credential=c),

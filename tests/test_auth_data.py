@@ -40,7 +40,14 @@ from clients import CheckpointConsumer, Producer, QueueConsumer, ScalableTopicsA
 from runtime import wire
 from runtime.auth import AuthPolicy, client_credential
 from runtime.batch import make_batch, serialize_batch
-from runtime.errors import UnauthenticatedError, UnauthorizedError
+from runtime.errors import (
+    InvalidArgumentError,
+    InvalidNameError,
+    TransactionNotFoundError,
+    TransactionNotOpenError,
+    UnauthenticatedError,
+    UnauthorizedError,
+)
 from runtime.names import SegmentName, TopicName
 from runtime.replica_frames import decode_shipment, encode_fetch
 from runtime.replication import Fetch
@@ -77,6 +84,7 @@ PRODUCE_OPS = {
     "SegmentChannel",
     "raw data plane",
     "segment.append",
+    "segment.append(txn)",
 }
 CONSUME_OPS = {
     "StreamConsumer",
@@ -86,7 +94,7 @@ CONSUME_OPS = {
     "ReadChannel",
     "take",
     "settle",
-    *(f"segment.{m}" for m in ("read", "ack_cumulative")),
+    *(f"segment.{m}" for m in ("read", "ack", "ack_cumulative")),
     "segment.position",
     *(
         f"coordinator.{m}"
@@ -290,9 +298,11 @@ def test_waking_starts_only_a_hibernating_segment_of_the_layout(topic) -> None:
 
 def test_replication_controls_refuse_every_caller_but_the_system(topic) -> None:
     """Raw Ray calls to what only the system's controller asks: a segment's lead handed
-    over (it would stop a segment taking appends), fenced or given a role, and a
-    controller's round brought forward, with no token, a wrong one or one that may only
-    look, are refused before anything happens; the segment then takes appends as before."""
+    over (it would stop a segment taking appends), fenced or given a role, a
+    transaction's marker written (it decides what every reader gets: an admin's token
+    may not either), and a controller's round brought forward, with no token, a wrong
+    one or one that may only look, are refused before anything happens; the segment then
+    takes appends as before."""
     controller = controller_actor(TopicName.parse(topic))
     first = segments(topic)[0]
     wrong = client_credential("wrong-data-plane-token-0123456789")
@@ -302,12 +312,15 @@ def test_replication_controls_refuse_every_caller_but_the_system(topic) -> None:
         lambda c: first.hand_over.remote("any-disk", 0.1, credential=c),
         lambda c: first.fence.remote(99, credential=c),
         lambda c: first.lead.remote(99, 3, 2, credential=c),
+        lambda c: first.mark.remote("txn-any", True, credential=c),  # a transaction's fate
     )
     for credential, error in ((None, UnauthenticatedError), (wrong, UnauthenticatedError),
                               (looker, UnauthorizedError)):  # fmt: skip
         for make_call in calls:
             with pytest.raises(error):
                 ray.get(make_call(credential))
+    with pytest.raises(UnauthorizedError, match="system's own credential"):  # admin's neither
+        ray.get(first.mark.remote("txn-any", False, credential=client_credential(TOKENS["ops"])))
     with Producer(topic, token=TOKENS["writer"]) as producer:
         assert producer.send(b"still served", key="k").result(timeout=30) is not None
 
@@ -382,6 +395,10 @@ def test_a_connection_carries_only_what_it_was_granted(topic) -> None:
     append = wire.encode_append(None, None, payload)
     consume_only = asyncio.run(exchange(TOKENS["app"], wire.CONSUME, append))
     assert wire.decode_welcome(consume_only[0]) == wire.CONSUME
+    with pytest.raises(UnauthorizedError, match="consume only"):
+        wire.decode_response(consume_only[1])
+    txn_append = wire.encode_append(None, None, payload, "txn-" + "0" * 32)
+    consume_only = asyncio.run(exchange(TOKENS["app"], wire.CONSUME, txn_append))
     with pytest.raises(UnauthorizedError, match="consume only"):
         wire.decode_response(consume_only[1])
     produce_only = asyncio.run(exchange(TOKENS["app"], wire.PRODUCE, read))
@@ -628,3 +645,62 @@ def test_an_accepted_hello_lets_appends_through(topic) -> None:
     welcome, appended = asyncio.run(send())
     assert wire.decode_welcome(welcome) == wire.PRODUCE
     assert wire.decode_response(appended) == (end, 1)
+
+
+async def _answers(reader: asyncio.StreamReader, count: int) -> list[bytes]:
+    """The first ``count`` frames the segment sends (the connection stays open)."""
+    data = b""
+    while True:
+        bodies, start = [], 0
+        while (frame := wire.frame_at(data, start, len(data))) is not None:
+            body, start = frame
+            bodies.append(data[body:start])
+        if len(bodies) >= count:
+            return bodies[:count]
+        chunk = await asyncio.wait_for(reader.read(1 << 16), timeout=30)
+        assert chunk, f"the segment closed the connection after {len(bodies)} frames"
+        data += chunk
+
+
+def test_a_transactions_append_is_stored_only_in_an_open_transaction(topic) -> None:
+    """Raw transactional appends behind an accepted HELLO: a transaction that does not
+    exist, an id that is no name, an aborted one's, and a frame cut inside its id are
+    each answered with their typed error, and nothing is stored; on the same connection
+    an open transaction's append is then stored, and taken out of reach by its abort."""
+    segment = segments(topic)[0]
+    end = state(topic)[0][0]
+    payload = serialize_batch(make_batch([b"sneaked"]))
+    app = ScalableTopicsAdmin(token=TOKENS["app"])
+    aborted, opened = app.new_transaction(timeout_s=60), app.new_transaction(timeout_s=60)
+    aborted.abort()
+    cut = wire.encode_append(None, None, payload, "txn-cut")
+    cut_short = _framed(cut[wire.LENGTH.size : wire.LENGTH.size + 3 + 8 + 1 + 3])
+    refused = [
+        wire.encode_append(None, None, payload, "txn-" + "0" * 32),
+        wire.encode_append(None, None, payload, "../../auth"),
+        wire.encode_append(None, None, payload, aborted.id),
+        cut_short,
+    ]
+
+    async def exchange(frames: list[bytes]) -> list[bytes]:
+        endpoint = await segment.data_endpoint.remote(credential=TOKENS["app"])
+        reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+        writer.write(wire.encode_hello(TOKENS["app"], wire.PRODUCE) + b"".join(frames))
+        try:
+            return await _answers(reader, 1 + len(frames))
+        finally:
+            writer.close()
+
+    welcome, *answers = asyncio.run(exchange(refused))
+    assert wire.decode_welcome(welcome) == wire.PRODUCE
+    errors = (TransactionNotFoundError, InvalidNameError, TransactionNotOpenError,
+              InvalidArgumentError)  # fmt: skip
+    for answer, error in zip(answers, errors, strict=True):
+        with pytest.raises(error):
+            wire.decode_response(answer)
+    assert state(topic)[0][0] == end
+    good = wire.encode_append(None, None, payload, opened.id)
+    _, stored = asyncio.run(exchange([good]))
+    assert wire.decode_response(stored) == (end, 1)
+    opened.abort()
+    assert ray.get(segment.read.remote(end, 10, credential=internal())).num_rows == 0

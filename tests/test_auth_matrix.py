@@ -80,6 +80,8 @@ def expected(caller: str, namespace: str, permission: str) -> int | None:
     """None when allowed; else the HTTP status of the refusal."""
     if caller in ("none", "bogus", "revoked"):
         return 401
+    if permission == "authenticated":  # a transaction's operations: any principal
+        return None
     if namespace == "*":
         return None if caller in ADMIN_EVERYWHERE else 403
     return None if permission in EXPECTED[caller].get(namespace, set()) else 403
@@ -109,6 +111,8 @@ class Op:
 
 SEG = "/admin/v2/segments/{ns}/never-{c}/0000-ffff-0"
 NEVER_SEGMENT = "segment://{ns}/never-{c}/0000-ffff-0"
+TXNS = "/admin/v2/transactions"
+TXN = TXNS + "/txn-never-{c}"
 OPS: tuple[Op, ...] = (
     Op("list", "lookup", 200, "GET", "/admin/v2/scalable/{ns}", None,
        "list_scalable_topics", ("{ns}",)),
@@ -195,6 +199,20 @@ OPS: tuple[Op, ...] = (
     Op("auth-status", "*", 200, "GET", "/admin/v2/auth", None, "auth_status", ()),
     Op("auth-load", "*", 200, "PUT", "/admin/v2/auth", CONFIG, "load_auth", (CONFIG,)),
     Op("auth-disable", "*", None, "DELETE", "/admin/v2/auth", None, "disable_auth", ()),
+    # transactions: any principal begins one, and acts only on its own (below)
+    # (a time-out that outlasts the module: an expiry would change metadata meanwhile)
+    Op("new-transaction", "authenticated", 201, "POST", TXNS, {"timeoutS": 900},
+       "new_transaction", (), {"timeout_s": 900}),
+    Op("get-transaction", "authenticated", 404, "GET", TXN, None,
+       "get_transaction", ("txn-never-{c}",)),
+    Op("commit-transaction", "authenticated", 404, "POST", TXN + "/commit", None,
+       "commit_transaction", ("txn-never-{c}",)),
+    Op("abort-transaction", "authenticated", 404, "POST", TXN + "/abort", None,
+       "abort_transaction", ("txn-never-{c}",)),
+    Op("list-transactions", "*", 200, "GET", TXNS, None, "list_transactions", ()),
+    Op("transaction-acknowledge", "consume", 404, "POST",
+       SEG + "/transactions/txn-never-{c}/acknowledgements", {"subscription": "q", "offset": 0},
+       "transaction_acknowledge", ("txn-never-{c}", NEVER_SEGMENT, "q", 0)),
 )  # fmt: skip
 
 
@@ -222,7 +240,7 @@ def cases() -> list[Case]:
     found = []
     for caller in CALLERS:
         for op in OPS:
-            for ns in ("*",) if op.permission == "*" else NAMESPACES:
+            for ns in ("*",) if op.permission in ("*", "authenticated") else NAMESPACES:
                 refusal = expected(caller, ns, "admin" if op.permission == "*" else op.permission)
                 if refusal is None and op.ok is None:
                     continue
@@ -259,6 +277,9 @@ def world(ray_cluster) -> Iterator[dict[str, Any]]:
             yield {"url": start_gateway(port), "topics": topics, "unique": unique}
         finally:
             stop_gateway(port)
+            for txn in ops.list_transactions():  # begun by the matrix: none may time out later
+                if txn["principal"] in TOKENS and txn["status"] == "open":
+                    ops.abort_transaction(txn["txnId"])
             for ns in NAMESPACES:
                 for topic in ops.list_scalable_topics(ns):
                     ops.delete_scalable_topic(topic)
@@ -408,6 +429,38 @@ def test_errors_are_typed_through_http_client(world: dict[str, Any]) -> None:
     with AdminHttpClient(world["url"], token="") as client, pytest.raises(UnauthenticatedError):
         client.list_scalable_topics("acme/orders")
     assert issubclass(UnauthorizedError, ScalableTopicsError)
+
+
+def _json(url: str, method: str, path: str, token: str, body: Any = None) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def test_a_transaction_is_decided_only_by_its_principal(world: dict[str, Any]) -> None:
+    """Another tenant holding a transaction's id (an admin of its own namespaces among
+    them) may not see, commit, abort or acknowledge in it, nor fence its owner by naming
+    the same owner; an admin of every namespace may see it, and its principal commits."""
+    url, seg = world["url"], "/admin/v2/segments/acme/orders/never/0000-ffff-0"
+    begun = _json(url, "POST", TXNS, TOKENS["rw"], {"timeoutS": 60, "owner": "app"})
+    txn = TXNS + "/" + begun["txnId"]
+    assert begun["principal"] == "rw" and begun["status"] == "open"
+    for caller in ("acme", "gp", "ro"):
+        token = TOKENS[caller]
+        for method, path, body in (
+            ("GET", txn, None),
+            ("POST", txn + "/commit", None),
+            ("POST", txn + "/abort", None),
+            ("POST", f"{seg}/transactions/{begun['txnId']}/acknowledgements",
+             {"subscription": "q", "offset": 0}),
+        ):  # fmt: skip
+            assert http(url, method, path, token, body) == 403, (caller, method, path)
+    fenced_nothing = _json(url, "POST", TXNS, TOKENS["gp"], {"timeoutS": 900, "owner": "app"})
+    assert fenced_nothing["principal"] == "gp"
+    assert _json(url, "GET", txn, TOKENS["ops"])["status"] == "open"
+    assert _json(url, "POST", txn + "/commit", TOKENS["rw"])["status"] == "committed"
 
 
 # --- producers and consumers ---------------------------------------------------------------

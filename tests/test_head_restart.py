@@ -11,6 +11,8 @@ consumer's registration, cursors, policy, limits) must read as before, and the
 consumer must get exactly what it had not acknowledged, once each, in key order,
 parents before children. A subscription reset to a moment before the restart owes
 exactly what came after that moment. Nothing here could pass on an in-memory GCS.
+Transactions left open, decided and forgotten ride the same restart
+(``tests/txn_restart.py``: its programs and checks).
 
 The programs run as subprocesses (this file as a script: ``before``, ``actors``,
 ``after``), since a driver joins one Ray for life and this session's other tests
@@ -36,6 +38,7 @@ pytestmark = pytest.mark.integration  # Rays of its own (own storage root and Ra
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests import txn_restart  # noqa: E402
 from tests.chaos.invariants import delivery_violations  # noqa: E402
 from tests.ray_head import head_on_redis, redis_server_binary, run_phase  # noqa: E402
 
@@ -68,23 +71,28 @@ HIBERNATING = {
 REPLAY = f"topic://{NAMESPACE}/replay"
 
 
-@pytest.mark.timeout(300)
-def test_topic_state_and_actors_survive_a_head_restart(tmp_path: Path) -> None:
+@pytest.mark.timeout(480)
+def test_topic_state_actors_and_transactions_survive_a_head_restart(tmp_path: Path) -> None:
     assert redis_server_binary(), "redis-server is missing: ./dev.sh test installs it"
     with head_on_redis(tmp_path) as head:
         namespace = f"restart-{uuid.uuid4().hex[:8]}"
 
         tier = {"RAYTOPICS_TIER_URIS": f"file://{tmp_path}/tier/"}
+        (tmp_path / "txn").mkdir()
 
-        def run(phase: str) -> dict[str, Any]:
-            out = tmp_path / f"{phase}.json"
-            return run_phase(__file__, phase, out, head.env(namespace) | tier, timeout_s=180)
+        def run(phase: str, script: str = __file__, timeout_s: float = 180) -> dict[str, Any]:
+            out = tmp_path / ("txn" if script != __file__ else "") / f"{phase}.json"
+            return run_phase(script, phase, out, head.env(namespace) | tier, timeout_s)
 
         before = run("before")
+        txn_before = run("before", txn_restart.__file__)  # last: its short time-out
         assert head.kill() > 0
         head.start()
-        actors = run("actors")
+        actors = run("actors")  # before any admin call
         after = run("after")
+        txn_after = run("after", txn_restart.__file__, timeout_s=300)
+
+    txn_restart.check(txn_before, txn_after)
 
     assert set(actors["alive"]) >= _actor_names(before["layout"]), actors
     assert all(pid not in before["actor_pids"] for pid in actors["pids"]), "not restarted?"

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clients._group_consumer import _Reader
-from runtime.batch import following, make_batch, with_following
+from runtime.batch import STARTED_KEY, following, make_batch, with_following
 from runtime.errors import UnavailableError
 from storage.appends import Append, StoredBatch
 from storage.cursors import Cursor
@@ -183,6 +183,25 @@ def test_a_read_says_where_the_next_starts_only_when_it_stepped_over_records() -
     assert following(stepped.slice(0, 1), 3) == 4  # a slice ends before the step
     empty = with_following(to_delivery([]), 6, 9)
     assert (empty.num_rows, following(empty, 6), following(to_delivery([]), 6)) == (0, 9, 6)
+
+
+def test_a_read_says_where_it_started_only_when_retention_dropped_the_offset_asked(
+    store: SegmentStore,
+) -> None:
+    """What tells Spark's source a record lost from one it was never to get: stepping
+    over an aborted transaction is no loss, starting past what retention dropped is."""
+    put(store, "a0", "a1", txn="t1")
+    store.mark("t1", committed=False)  # offsets 0-1 aborted, 2 its marker
+    put(store, "b3", "b4")
+    stepped = store.read(0, 10)
+    assert values(stepped) == ["b3", "b4"]
+    assert STARTED_KEY.encode() not in (stepped.schema.metadata or {})
+    put(store, "c5")
+    assert store.retain(None, 1) > 0  # the head dropped: whole batches over 1 byte
+    start = store.start_offset
+    lost = store.read(0, 10)
+    assert lost.schema.metadata[STARTED_KEY.encode()] == str(start).encode()
+    assert STARTED_KEY.encode() not in (store.read(start, 10).schema.metadata or {})
 
 
 def test_a_consumer_s_reader_carries_delivered_and_acknowledged_over_a_step() -> None:

@@ -24,6 +24,7 @@ from runtime import tls
 from runtime.hashing import key_hash
 from runtime.names import TopicName
 from tests.segments import crash_host_of, lose_storage
+from tests.txn_support import commit_beside_an_abort
 
 TENANT, NAMESPACE = "sparkstream", "ns"
 
@@ -340,6 +341,42 @@ def test_a_query_from_a_publish_time_runs_once_then_available_now_and_stops_by_i
     sizes = Counter(batch for batch, *_ in now.rows)
     assert len(sizes) >= 3 and max(sizes.values()) <= 40, sizes
     check_key_order(once.rows + [(b + 10_000, *rest) for b, *rest in now.rows], from_start=False)
+
+
+def test_a_query_and_a_batch_read_get_only_committed_transactions(
+    spark, admin: ScalableTopicsAdmin, unique: str, tmp_path: Path
+) -> None:
+    """Aborted transactions' records (in the middle of each segment), transactions'
+    markers (at their ends), and a transaction still open: the streaming source and
+    ``read_topic`` step over the first two, never taking them for records lost, and stop
+    at the third, whose messages come once it commits."""
+    from clients.spark import read_topic
+
+    topic = f"topic://{TENANT}/{NAMESPACE}/txn-{unique}"
+    admin.create_scalable_topic(topic, 2)
+    with Producer(topic) as producer:
+        committed = commit_beside_an_abort(admin, producer, 30)
+        batch = [bytes(v).decode() for v in read_topic(spark, topic).toPandas()["value"]]
+        assert sorted(batch) == committed
+        sink = Batches()
+        run_to_end(
+            spark, topic, sink, tmp_path / "cp", {"availableNow": True}, startingOffsets="earliest"
+        )
+        assert sorted(sink.values()) == committed
+        later = admin.new_transaction(timeout_s=300)
+        for i in range(5):
+            producer.send(f"later-{i}".encode(), key=f"k{i}", txn=later)
+        producer.flush()
+    more = Batches()
+    query = start(spark, topic, more, tmp_path / "cp")
+    try:
+        time.sleep(2)  # triggers run meanwhile: the open transaction holds every reader
+        assert more.values() == []
+        later.commit()
+        more.wait_for(5)
+        assert sorted(more.values()) == [f"later-{i}" for i in range(5)]
+    finally:
+        query.stop()
 
 
 @pytest.mark.parametrize(

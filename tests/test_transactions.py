@@ -15,6 +15,7 @@ from runtime.errors import (
     InvalidNameError,
     TransactionNotFoundError,
     TransactionNotOpenError,
+    UnauthorizedError,
 )
 from runtime.transactions import (
     FENCED,
@@ -30,7 +31,9 @@ from runtime.transactions import (
     SegmentRef,
     TxnRecord,
     TxnStatus,
+    ack_calls,
     begin,
+    check_holder,
     forgettable,
     needs_sweep,
 )
@@ -143,11 +146,40 @@ def test_a_finished_record_is_kept_a_while_for_retries_then_forgotten() -> None:
 def test_a_record_reads_back_as_written() -> None:
     record = Commit().apply(
         Acknowledge((ACK, PendingAck(SEGMENTS[1], "s", 9, True))).apply(
-            Join(frozenset({S0, S1})).apply(begin("txn-b", T0, 30, "app-1", 4), T0), T0
+            Join(frozenset({S0, S1})).apply(begin("txn-b", T0, 30, "app-1", 4, "orders"), T0),
+            T0,
         ),
         T0,
     )
     assert TxnRecord.from_bytes(record.to_bytes()) == record
+
+    legacy = record.to_bytes().replace(b',"principal":"orders"', b"")  # before principals
+    assert TxnRecord.from_bytes(legacy).principal is None
+
+
+def test_only_the_principal_that_began_a_transaction_acts_on_it() -> None:
+    """Another tenant that learned a transaction's id may not commit, abort or read it;
+    ``None`` (the system, an admin of every namespace, or authentication off) may, and a
+    transaction begun with authentication off is anyone's."""
+    theirs = begin("txn-c", T0, 30, principal="orders")
+    check_holder(theirs, "orders", "commit")
+    check_holder(theirs, None, "commit")
+    with pytest.raises(UnauthorizedError, match="'billing' may not abort transaction txn-c"):
+        check_holder(theirs, "billing", "abort")
+    check_holder(begin("txn-d", T0, 30), "billing", "commit")
+
+
+def test_a_commit_s_acknowledgements_are_one_call_per_segment_and_subscription() -> None:
+    a, b = SEGMENTS
+    acks = (
+        PendingAck(a, "s", 4, True), PendingAck(a, "s", 9, True), PendingAck(a, "s", 2, True),
+        PendingAck(a, "q", 7), PendingAck(a, "q", 3), PendingAck(a, "q", 7),
+        PendingAck(b, "s", 5, True), PendingAck(b, "q", 1),
+    )  # fmt: skip
+    assert ack_calls(acks) == [
+        (a, "s", True, 9), (b, "s", True, 5), (a, "q", False, [3, 7]), (b, "q", False, [1]),
+    ]  # fmt: skip
+    assert ack_calls(()) == []
 
 
 UPDATES = st.sampled_from(
@@ -239,6 +271,18 @@ def test_a_new_transaction_of_an_owner_fences_the_one_before(txns: Transactions)
     assert txns.change(fresh.txn_id, Commit()).status is TxnStatus.COMMITTING
     other = txns.begin(owner="app-2")  # owners are independent
     assert other.owner_epoch == 1 and txns.get(fresh.txn_id).status is TxnStatus.COMMITTING
+
+
+def test_an_owner_is_its_principals_own(txns: Transactions) -> None:
+    """Another principal naming the same owner fences nothing of this one's."""
+    mine = txns.begin(owner="app-1", principal="orders")
+    intruder = txns.begin(owner="app-1", principal="billing")
+    assert (mine.owner_epoch, intruder.owner_epoch) == (1, 1)
+    assert mine.principal == "orders" and intruder.principal == "billing"
+    assert txns.get(mine.txn_id).status is TxnStatus.OPEN
+    again = txns.begin(owner="app-1", principal="orders")
+    assert again.owner_epoch == 2 and txns.get(mine.txn_id).reason == FENCED
+    assert txns.begin(owner="app-1").owner_epoch == 1  # authentication off: yet another
 
 
 def test_a_commit_decided_before_the_fence_stands(txns: Transactions) -> None:

@@ -13,11 +13,12 @@ import pytest
 import ray
 from ray.exceptions import RayTaskError
 
-from clients import Producer, StreamConsumer
+from clients import CheckpointConsumer, Producer, QueueConsumer, StreamConsumer
 from runtime.batch import following, make_batch
 from runtime.errors import TransactionNotOpenError
 from runtime.names import SegmentName, TopicName
 from tests.segments import segment_actor
+from tests.txn_support import commit_beside_an_abort
 
 
 def segments_of(admin, topic: str) -> list[SegmentName]:  # noqa: ANN001
@@ -277,22 +278,52 @@ def test_ray_data_reads_only_committed_messages(admin, topic: str) -> None:  # n
     their end, and stop at an open one (``runtime.batch.following``)."""
     from clients.ray_data import read_topic_dataset
 
-    kept, dropped, still_open = (admin.new_transaction() for _ in range(3))
+    still_open = admin.new_transaction()
     with Producer(topic) as producer:
-        for i in range(40):
-            key = f"k{i % 4}"
-            producer.send(f"plain-{i}".encode(), key=key)
-            producer.send(f"kept-{i}".encode(), key=key, txn=kept)
-            producer.send(f"dropped-{i}".encode(), key=key, txn=dropped)
-        producer.flush()
-        dropped.abort()  # its records at the end of each segment, after the plain ones
-        kept.commit()
+        committed = commit_beside_an_abort(admin, producer, 40)
         producer.send(b"open-0", key="k0", txn=still_open).result()
     rows = read_topic_dataset(topic).take_all()
-    values = sorted(row["value"].decode() for row in rows)
-    expected = [f"{kind}-{i}" for kind in ("kept", "plain") for i in range(40)]
-    assert values == sorted(expected)
+    assert sorted(row["value"].decode() for row in rows) == committed
     still_open.abort()
+
+
+def receive_all(consumer, count: int, acknowledge: bool = True) -> list[str]:  # noqa: ANN001
+    """``count`` messages (each acknowledged), then checks that nothing more comes."""
+    got = []
+    while len(got) < count:
+        message = consumer.receive(timeout=30)
+        assert message is not None, f"after {len(got)} of {count}: {sorted(got)}"
+        got.append(message.value.decode())
+        if acknowledge:
+            consumer.acknowledge(message)
+    assert consumer.receive(timeout=1) is None
+    return sorted(got)
+
+
+def test_queue_and_checkpoint_consumers_get_only_committed_messages(admin, topic) -> None:  # noqa: ANN001
+    """A queue consumer and a checkpoint consumer step over an aborted transaction's
+    records and the markers, and a subscription made afterwards has no backlog left."""
+    admin.create_subscription(topic, "q")
+    with Producer(topic) as producer:
+        committed = commit_beside_an_abort(admin, producer, 20)
+    queue = QueueConsumer(topic, "q")
+    try:
+        assert receive_all(queue, 40) == committed
+    finally:
+        queue.close()
+    checkpoints = CheckpointConsumer(topic, "g", "c1")
+    try:
+        assert receive_all(checkpoints, 40, acknowledge=False) == committed
+        reached = checkpoints.checkpoint()
+    finally:
+        checkpoints.close()
+    resumed = CheckpointConsumer(topic, "g2", "c1", start=reached)
+    try:
+        assert resumed.receive(timeout=2) is None  # nothing again, no step over again
+    finally:
+        resumed.close()
+    admin.create_subscription(topic, "later", position="earliest")
+    assert backlog(admin, topic, "later") == 40
 
 
 def test_a_process_outside_ray_runs_a_transaction_through_the_gateway(

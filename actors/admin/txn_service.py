@@ -28,9 +28,11 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from actors.admin.auth import EVERY_NAMESPACE
 from actors.admin.permits import admin_operation
-from actors.guard import Guard
+from actors.guard import INTERNAL_PRINCIPAL, Guard
 from actors.segment.lookup import find_segment_actor
+from runtime.auth import Permission
 from runtime.errors import NotFoundError, ScalableTopicsError
 from runtime.names import SegmentName
 from runtime.remote import call
@@ -45,6 +47,9 @@ from runtime.transactions import (
     Finish,
     PendingAck,
     TxnRecord,
+    Update,
+    ack_calls,
+    check_holder,
     forgettable,
     needs_sweep,
 )
@@ -78,7 +83,8 @@ class TransactionOperations:
         acknowledged as acknowledged."""
         self._sweep_from_now_on()
         begin = self._transactions().begin_after
-        record, previous = await asyncio.to_thread(begin, float(timeout_s), owner)
+        principal = self._principal(credential)
+        record, previous = await asyncio.to_thread(begin, float(timeout_s), owner, principal)
         if previous is not None and not previous.status.finished:
             await self._finish(previous)
         return shown(record)
@@ -91,7 +97,9 @@ class TransactionOperations:
 
     @admin_operation
     async def get_transaction(self, txn_id: str, *, credential: str | None = None) -> dict:
-        return shown(await asyncio.to_thread(self._transactions().get, txn_id))
+        record = await asyncio.to_thread(self._transactions().get, txn_id)
+        check_holder(record, self._acting_as(credential), "see")
+        return shown(record)
 
     @admin_operation
     async def list_transactions(self, *, credential: str | None = None) -> list[dict[str, Any]]:
@@ -112,26 +120,56 @@ class TransactionOperations:
         """An acknowledgement of ``subscription`` that applies when ``txn_id`` commits."""
         self._sweep_from_now_on()
         ack = PendingAck(str(segment), subscription, offset, cumulative)
-        change = self._transactions().change
-        return shown(await asyncio.to_thread(change, txn_id, Acknowledge((ack,))))
+        update = Acknowledge((ack,))
+        return shown(await self._change_as(credential, txn_id, update, "acknowledge in"))
 
     @admin_operation
     async def commit_transaction(self, txn_id: str, *, credential: str | None = None) -> dict:
         """Decide to commit, then finish: once this returns, every message of the
         transaction is readable and its acknowledgements applied."""
-        return await self._decide(txn_id, Commit())
+        return await self._decide(credential, txn_id, Commit())
 
     @admin_operation
     async def abort_transaction(self, txn_id: str, *, credential: str | None = None) -> dict:
         """Decide to abort, then finish: none of its messages will ever be read."""
-        return await self._decide(txn_id, Abort())
+        return await self._decide(credential, txn_id, Abort())
 
     # --- finishing ----------------------------------------------------------------------
 
-    async def _decide(self, txn_id: str, decision: Commit | Abort) -> dict[str, Any]:
+    async def _decide(
+        self, credential: str | None, txn_id: str, decision: Commit | Abort
+    ) -> dict[str, Any]:
         self._sweep_from_now_on()
-        record = await asyncio.to_thread(self._transactions().change, txn_id, decision)
+        doing = "commit" if isinstance(decision, Commit) else "abort"
+        record = await self._change_as(credential, txn_id, decision, doing)
         return shown(await self._finish(record))
+
+    async def _change_as(
+        self, credential: str | None, txn_id: str, update: Update, doing: str
+    ) -> TxnRecord:
+        """``update`` applied for the caller, once it is found to hold the transaction
+        (``check_holder``: who began a transaction never changes, so checking first and
+        then swapping leaves no gap)."""
+        transactions = self._transactions()
+        record = await asyncio.to_thread(transactions.get, txn_id)
+        check_holder(record, self._acting_as(credential), doing)
+        return await asyncio.to_thread(transactions.change, txn_id, update)
+
+    # --- who asks -----------------------------------------------------------------------
+
+    def _principal(self, credential: str | None) -> str | None:
+        """The name of the principal a transaction begun with ``credential`` belongs to
+        (``None``: authentication is off, or the system's own credential)."""
+        principal = self._guard.authenticate(credential)
+        return None if principal in (None, INTERNAL_PRINCIPAL) else principal.name
+
+    def _acting_as(self, credential: str | None) -> str | None:
+        """Whom ``check_holder`` compares with the transaction's principal: ``None`` for
+        whoever may act on every transaction (an admin of every namespace, the system)."""
+        principal = self._guard.authenticate(credential)
+        if principal is None or principal.may(Permission.ADMIN, EVERY_NAMESPACE):
+            return None
+        return principal.name
 
     async def _finish(self, record: TxnRecord) -> TxnRecord:
         """Markers to every segment the transaction joined, its acknowledgements if it
@@ -145,12 +183,11 @@ class TransactionOperations:
               for s in record.segments)
         )  # fmt: skip
         if committed:
-            for ack in record.acks:
-                method = "ack_cumulative" if ack.cumulative else "ack"
-                offset = ack.offset if ack.cumulative else [ack.offset]
-                await self._on_segment(
-                    ack.segment, method, ack.subscription, offset, credential=internal
-                )
+            await asyncio.gather(
+                *(self._on_segment(segment, "ack_cumulative" if cumulative else "ack",
+                                   subscription, offsets, credential=internal)
+                  for segment, subscription, cumulative, offsets in ack_calls(record.acks))
+            )  # fmt: skip
         change = self._transactions().change
         return await asyncio.to_thread(change, record.txn_id, Finish())
 
@@ -206,6 +243,7 @@ def shown(record: TxnRecord) -> dict[str, Any]:
         "startedMs": record.started_ms,
         "deadlineMs": record.deadline_ms,
         "owner": record.owner,
+        "principal": record.principal,
         "segments": sorted(s.segment for s in record.segments),
         "acknowledgements": len(record.acks),
         "reason": record.reason,

@@ -105,7 +105,9 @@ class SegmentCalls(FleetParts):
         self, name: SegmentName, subscription: str, position: str, epoch: int
     ) -> None:
         """A subscription's cursor on the segment: in a hibernating tiered segment's record
-        (creating a subscription must not wake every tiered segment), else by its actor."""
+        (creating a subscription must not wake every tiered segment), else by its actor,
+        reached as a layout operation reaches it (``_reach``): a replicated segment's
+        leader may be on a node that is gone, until a round elects another."""
         if self.running(name) is None and self.storage().records.add_cursor(
             name.segment_id, subscription, position, epoch
         ):
@@ -116,10 +118,8 @@ class SegmentCalls(FleetParts):
         def subscribe(seg: SegmentHandle) -> Any:
             return seg.create_subscription.remote(subscription, position, epoch, credential=token)
 
-        if await self._woken_replicated(name):
-            await self._reach(name, subscribe)
-        else:
-            await subscribe(self.handle(name))
+        await self._woken_replicated(name)
+        await self._reach(name, subscribe)
 
     async def delete_subscription(self, name: SegmentName, subscription: str, epoch: int) -> None:
         if self.running(name) is None and self.storage().records.delete_cursor(
@@ -127,8 +127,9 @@ class SegmentCalls(FleetParts):
         ):
             self.records_changed += 1
             return
-        await self.handle(name).delete_subscription.remote(
-            subscription, epoch, credential=guard().internal_token()
+        token = guard().internal_token()
+        await self._reach(
+            name, lambda seg: seg.delete_subscription.remote(subscription, epoch, credential=token)
         )
 
     async def seek(
@@ -136,6 +137,7 @@ class SegmentCalls(FleetParts):
     ) -> dict[str, Any]:
         """Move the subscription's cursor on the segment (``SegmentStore.seek``); a
         hibernating segment is woken for it."""
-        return await self.handle(name).seek.remote(
-            subscription, to, epoch, credential=guard().internal_token()
+        token = guard().internal_token()
+        return await self._reach(
+            name, lambda seg: seg.seek.remote(subscription, to, epoch, credential=token)
         )

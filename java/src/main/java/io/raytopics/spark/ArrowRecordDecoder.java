@@ -4,6 +4,7 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.vector.BigIntVector;
 import org.apache.arrow.vector.FieldVector;
@@ -28,13 +29,24 @@ import org.apache.spark.unsafe.types.UTF8String;
 final class ArrowRecordDecoder {
     private ArrowRecordDecoder() {}
 
+    /** In a read's schema metadata (Python's {@code runtime.batch}): see {@link Decoded}. */
+    static final String STARTED_KEY = "raytopics.started";
+    static final String FOLLOWING_KEY = "raytopics.following";
+
     /**
      * The records of {@code ipc} with offsets below {@code to}.
      *
-     * @param firstOffset the first record's offset (even one at or past {@code to}), -1 if none:
-     *     what tells a reader that retention removed the records it asked for
+     * @param firstOffset the first record's offset (even one at or past {@code to}), -1 if none
+     * @param started where the read started when retention had dropped the offset asked for
+     *     (records lost), -1 otherwise: a read may also start further on than asked because it
+     *     stepped over records no reader gets (a transaction's markers, aborted records)
+     * @param statedAfter with {@code following}: a read that ends at {@code statedAfter} (after
+     *     its last record, or where it started if it has none) is followed by one at
+     *     {@code following}, past records no reader gets; both -1 when the next read starts
+     *     right after the last record
      */
-    record Decoded(List<InternalRow> rows, long firstOffset) {}
+    record Decoded(List<InternalRow> rows, long firstOffset, long started, long statedAfter,
+            long following) {}
 
     static Decoded decode(InputStream ipc, BufferAllocator allocator, long segmentId, long to)
             throws IOException {
@@ -42,6 +54,9 @@ final class ArrowRecordDecoder {
         long firstOffset = -1;
         try (ArrowStreamReader reader = new ArrowStreamReader(ipc, allocator)) {
             VectorSchemaRoot root = reader.getVectorSchemaRoot();
+            Map<String, String> stated = root.getSchema().getCustomMetadata();
+            long started = stated == null ? -1 : number(stated.get(STARTED_KEY), -1);
+            long[] following = stated == null ? new long[] {-1, -1} : pair(stated.get(FOLLOWING_KEY));
             while (reader.loadNextBatch()) {
                 VarCharVector keys = optional(root, "key", VarCharVector.class);
                 VarBinaryVector values = required(root, "value", VarBinaryVector.class);
@@ -54,7 +69,7 @@ final class ArrowRecordDecoder {
                         firstOffset = offset;
                     }
                     if (offset >= to) {
-                        return new Decoded(rows, firstOffset);
+                        return new Decoded(rows, firstOffset, started, -1, -1);
                     }
                     Object[] row = new Object[RecordSchema.SCHEMA.size()];
                     if (keys != null && !keys.isNull(i)) {
@@ -72,8 +87,33 @@ final class ArrowRecordDecoder {
                     rows.add(new GenericInternalRow(row));
                 }
             }
+            return new Decoded(rows, firstOffset, started, following[0], following[1]);
         }
-        return new Decoded(rows, firstOffset);
+    }
+
+    private static long number(String text, long absent) {
+        if (text == null) {
+            return absent;
+        }
+        try {
+            return Long.parseLong(text.trim());
+        } catch (NumberFormatException e) {
+            throw new RayTopicsException("invalid_response", "the segment's read metadata is not a number: "
+                    + text);
+        }
+    }
+
+    /** "{after} {following}" as {after, following}; {-1, -1} when absent. */
+    private static long[] pair(String text) {
+        if (text == null) {
+            return new long[] {-1, -1};
+        }
+        String[] parts = text.trim().split(" ");
+        if (parts.length != 2) {
+            throw new RayTopicsException("invalid_response", "the segment's read metadata is malformed: "
+                    + text);
+        }
+        return new long[] {number(parts[0], -1), number(parts[1], -1)};
     }
 
     private static ArrayBasedMapData map(MapVector vector, int row) {

@@ -81,15 +81,18 @@ final class SegmentPartitionReader implements PartitionReader<InternalRow> {
                 continue;
             }
             ArrowRecordDecoder.Decoded decoded = decode(answer);
+            if (decoded.started() > next) {
+                lose(Math.min(decoded.started(), range.to()), "removed by retention");
+            }
             if (decoded.firstOffset() >= 0) {
-                if (decoded.firstOffset() > next) {
-                    lose(Math.min(decoded.firstOffset(), range.to()), "removed by retention");
-                }
                 List<InternalRow> rows = decoded.rows();
-                next = rows.isEmpty()
-                        ? range.to()
-                        : rows.get(rows.size() - 1).getLong(RecordSchema.OFFSET) + 1;
+                next = rows.isEmpty() ? range.to() : following(decoded, lastOffset(rows) + 1);
                 return rows;
+            }
+            long stepped = following(decoded, next);
+            if (stepped > next) {  // only records no reader gets: markers, aborted ones
+                next = Math.min(stepped, range.to());
+                return List.of();
             }
             if (answer.terminated()) {
                 lose(range.to(), "the segment is terminated at end offset " + answer.endOffset());
@@ -100,9 +103,24 @@ final class SegmentPartitionReader implements PartitionReader<InternalRow> {
         }
     }
 
+    private static long lastOffset(List<InternalRow> rows) {
+        return rows.get(rows.size() - 1).getLong(RecordSchema.OFFSET);
+    }
+
+    /**
+     * Where the read after one that ends at {@code after} starts: further on when the segment
+     * stepped over records no reader gets there (Python's {@code runtime.batch.following}); a
+     * read cut short at {@code to}, or one that started further on than asked, ends elsewhere.
+     */
+    private static long following(ArrowRecordDecoder.Decoded decoded, long after) {
+        boolean empty = decoded.rows().isEmpty();
+        boolean endsThere = decoded.statedAfter() == after || (empty && decoded.statedAfter() > after);
+        return endsThere ? Math.max(after, decoded.following()) : after;
+    }
+
     private ArrowRecordDecoder.Decoded decode(WireProtocol.Records answer) {
         if (!answer.hasArrow()) {
-            return new ArrowRecordDecoder.Decoded(List.of(), -1);
+            return new ArrowRecordDecoder.Decoded(List.of(), -1, -1, -1, -1);
         }
         try {
             return ArrowRecordDecoder.decode(answer.arrow(), allocator, range.segmentId(), range.to());

@@ -45,8 +45,14 @@ final class ArrowFixtures {
 
     /** The Arrow IPC stream (schema, one batch, end-of-stream) of {@code messages}. */
     static byte[] ipc(List<Message> messages) throws IOException {
+        return ipc(messages, Map.of());
+    }
+
+    /** The same, its schema carrying {@code metadata} (what a read states: where it started). */
+    static byte[] ipc(List<Message> messages, Map<String, String> metadata) throws IOException {
+        Schema schema = metadata.isEmpty() ? DELIVERY : new Schema(DELIVERY.getFields(), metadata);
         try (BufferAllocator allocator = new RootAllocator();
-                VectorSchemaRoot root = VectorSchemaRoot.create(DELIVERY, allocator)) {
+                VectorSchemaRoot root = VectorSchemaRoot.create(schema, allocator)) {
             List<SinkRecord> records = new ArrayList<>();
             int[] rows = new int[messages.size()];
             for (int i = 0; i < rows.length; i++) {

@@ -11,7 +11,10 @@ import java.net.Socket;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.atomic.AtomicInteger;
 
 /**
@@ -31,6 +34,8 @@ final class FakeSegment implements AutoCloseable {
     final List<String> credentials = new ArrayList<>();
     final AtomicInteger connections = new AtomicInteger();
     volatile boolean helloPipelined;
+    /** Offsets no reader gets (a transaction's markers, aborted records): stepped over. */
+    volatile Set<Long> hidden = Set.of();
 
     private final ServerSocket server;
 
@@ -77,14 +82,34 @@ final class FakeSegment implements AutoCloseable {
             ByteBuffer read = ByteBuffer.wrap(WireProtocol.readFrame(in));
             read.get();
             long offset = read.getLong();
-            List<ArrowFixtures.Message> messages = new ArrayList<>();
-            for (long o = Math.max(offset, first); o < end && messages.size() < perAnswer; o++) {
-                messages.add(ArrowFixtures.numbered(o));
-            }
-            byte[] ipc = ArrowFixtures.ipc(messages);
+            byte[] ipc = answer(offset);
             frame(out, ByteBuffer.allocate(WireProtocol.RECORDS_HEADER + ipc.length)
                     .put((byte) 0).putLong(end).put((byte) (terminated ? 1 : 0)).put(ipc).array());
         }
+    }
+
+    /** A read from {@code offset}, stating what the real segment states (runtime.batch). */
+    private byte[] answer(long offset) throws IOException {
+        long start = Math.max(offset, first);
+        Map<String, String> stated = new HashMap<>();
+        if (start > offset) {
+            stated.put(ArrowRecordDecoder.STARTED_KEY, Long.toString(start));
+        }
+        List<ArrowFixtures.Message> messages = new ArrayList<>();
+        long o = start;
+        for (; o < end && messages.size() < perAnswer; o++) {
+            if (!hidden.contains(o)) {
+                messages.add(ArrowFixtures.numbered(o));
+            }
+        }
+        while (o < end && hidden.contains(o)) {
+            o++;
+        }
+        long after = messages.isEmpty() ? start : messages.get(messages.size() - 1).offset() + 1;
+        if (o > after) {
+            stated.put(ArrowRecordDecoder.FOLLOWING_KEY, after + " " + o);
+        }
+        return ArrowFixtures.ipc(messages, stated);
     }
 
     static void frame(DataOutputStream out, byte[] body) throws IOException {

@@ -2,6 +2,7 @@ package io.raytopics.spark;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Set;
 import org.apache.spark.sql.catalyst.InternalRow;
 
 /** A partition read against an in-process segment (and gateway, for relocation). */
@@ -21,6 +22,20 @@ public final class SegmentPartitionReaderTest {
                     "unavailable_segments", "segment 5", "[10, 20)", "failOnDataLoss");
             Check.equal(range(20, 30), offsets(read(config, segment, 10, 30, false)), "lost records skipped");
             Check.equal(List.of(), offsets(read(config, segment, 0, 15, false)), "the whole range lost");
+
+            // Transactions' records no reader gets: stepped over at the head, in the middle
+            // and at the end of a range, never taken for records lost.
+            segment.first = 0;
+            segment.hidden = Set.of(3L, 4L, 5L, 17L, 28L, 29L);
+            List<Long> committed = range(0, 30);
+            committed.removeAll(segment.hidden);
+            Check.equal(committed, offsets(read(config, segment, 0, 30, true)), "stepped over");
+            Check.equal(range(6, 10), offsets(read(config, segment, 3, 10, true)), "a hidden head");
+            Check.equal(List.of(), offsets(read(config, segment, 28, 30, true)), "nothing but hidden");
+            segment.first = 20;
+            Check.fails(RayTopicsException.class, () -> read(config, segment, 15, 30, true),
+                    "unavailable_segments", "[15, 20)");
+            segment.hidden = Set.of();
 
             // The segment is sealed before `to`.
             segment.first = 0;
