@@ -57,12 +57,13 @@ def get_or_start(
 
 
 def public_coroutines(cls: type, *excluded: str) -> frozenset[str]:
-    """The names of ``cls``'s public coroutine methods but ``excluded``: what a host actor
-    (of segments, of coordinators) lets its callers reach through its ``call``."""
+    """The names of ``cls``'s public coroutine methods (its mixins' included) but
+    ``excluded``: what a host actor (of segments, of coordinators) lets its callers reach
+    through its ``call``."""
     return frozenset(
         name
-        for name, member in vars(cls).items()
-        if not name.startswith("_") and inspect.iscoroutinefunction(member) and name not in excluded
+        for name, _ in inspect.getmembers(cls, inspect.iscoroutinefunction)
+        if not name.startswith("_") and name not in excluded
     )
 
 

@@ -366,9 +366,10 @@ class QueueConsumer:
 
     def acknowledge(self, message: Message, *, txn: Transaction | None = None) -> None:
         """Acknowledge this one message (sent in the background, batched). With ``txn``,
-        the acknowledgement applies only when that transaction commits; until then the
-        message stays this consumer's, and comes back after the ack time-out like any
-        message not acknowledged."""
+        the acknowledgement applies only when that transaction commits; until it is
+        decided the message is held for it (no ack time-out delivers it again; an abort
+        does, at once), and ``TransactionConflictError`` says another open transaction
+        acknowledged it already."""
         if txn is not None:
             segment = self._core.segments.get(message.segment_id)
             if segment is None:

@@ -9,6 +9,11 @@ for one (its redelivery backoff). Each offset's deliveries are counted, so a con
 knows how often a message came back (and may dead-letter it). Nothing here is
 persisted: after a restart all unacknowledged messages are simply redelivered, with
 their counts from zero, which is the at-least-once contract of a queue subscription.
+
+An offset acknowledged in a transaction is *held* for it (Pulsar's pending ack) until
+the transaction is decided: no ack timeout and no consumer leaving hands it out again
+meanwhile, and another transaction may not acknowledge it too. Its commit acknowledges
+it; its abort puts it back in line.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from runtime.errors import TransactionConflictError
+
+_HELD = "txn:"  # an in-flight offset's holder when a transaction holds it
 
 
 @dataclass
@@ -34,6 +43,7 @@ class QueueDispatcher:
     _deadlines: deque[tuple[float, list[int]]] = field(default_factory=deque)
     _delayed: list[tuple[float, int]] = field(default_factory=list)  # (due, offset) min-heap
     _deliveries: dict[int, int] = field(default_factory=dict)  # unacknowledged offsets only
+    _hold_ends: list[tuple[float, int]] = field(default_factory=list)  # transactions' holds
 
     def take(
         self,
@@ -48,13 +58,18 @@ class QueueDispatcher:
         while self._delayed and self._delayed[0][0] <= now:
             heapq.heappush(self._redeliver, heapq.heappop(self._delayed)[1])
         taken: list[int] = []
+        # An offset may be in line twice: held by a transaction from the line, then
+        # released. ``_in_flight`` says who holds what; the line only says what may be due.
+        chosen: set[int] = set()
         while self._redeliver and len(taken) < max_records:
             offset = heapq.heappop(self._redeliver)
-            if offset not in self._in_flight and not is_acked(offset):
+            if offset not in self._in_flight and offset not in chosen and not is_acked(offset):
                 taken.append(offset)
+                chosen.add(offset)
         while self.next_offset < end_offset and len(taken) < max_records:
-            if not is_acked(self.next_offset):
-                taken.append(self.next_offset)
+            offset = self.next_offset
+            if not is_acked(offset) and offset not in self._in_flight and offset not in chosen:
+                taken.append(offset)
             self.next_offset += 1
         deadline = now + self.ack_timeout_s
         for offset in taken:
@@ -68,6 +83,43 @@ class QueueDispatcher:
         for offset in offsets:
             self._in_flight.pop(offset, None)
             self._deliveries.pop(offset, None)
+
+    def hold(
+        self,
+        offsets: Iterable[int],
+        txn_id: str,
+        is_acked: Callable[[int], bool],
+        now: float,
+        hold_s: float,
+    ) -> None:
+        """Hold ``offsets`` for transaction ``txn_id`` until ``release``, their
+        acknowledgement, or ``hold_s`` after ``now`` (by then the transaction is decided
+        and finished; a hold its coordinator never recorded, having crashed in between,
+        ends there), whoever held them before (a consumer whose ack timeout passed
+        included). ``TransactionConflictError``, holding none, when another transaction
+        holds one. Who calls: the transaction coordinator, before it records the
+        acknowledgement in the transaction."""
+        self.expire(now)
+        offsets = [o for o in offsets if not is_acked(o)]
+        holder = _HELD + txn_id
+        for offset in offsets:
+            held = self._in_flight.get(offset)
+            if held is not None and held.consumer.startswith(_HELD) and held.consumer != holder:
+                raise TransactionConflictError(
+                    f"offset {offset} is acknowledged in transaction "
+                    f"{held.consumer.removeprefix(_HELD)} already, not yet decided"
+                )
+        until = now + hold_s
+        for offset in offsets:
+            self._in_flight[offset] = _InFlight(holder, until)
+            heapq.heappush(self._hold_ends, (until, offset))
+
+    def release(self, txn_id: str) -> list[int]:
+        """Put back in line what ``txn_id`` held (it aborted); the offsets. Who calls:
+        the transaction coordinator finishing an abort."""
+        held = [o for o, f in self._in_flight.items() if f.consumer == _HELD + txn_id]
+        self.negative_ack(held)
+        return held
 
     def redeliveries(self, offsets: Iterable[int]) -> list[int]:
         """How many times each offset was handed out before its latest delivery."""
@@ -107,6 +159,10 @@ class QueueDispatcher:
             deadline, offsets = self._deadlines.popleft()
             expired = [o for o in offsets if self._held_until(o) == deadline]
             self.negative_ack(expired)
+        while self._hold_ends and self._hold_ends[0][0] <= now:
+            deadline, offset = heapq.heappop(self._hold_ends)
+            if self._held_until(offset) == deadline:
+                self.negative_ack([offset])
 
     def _held_until(self, offset: int) -> float | None:
         held = self._in_flight.get(offset)

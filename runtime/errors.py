@@ -187,6 +187,13 @@ class TransactionNotOpenError(ConflictError):
     code = "transaction_not_open"
 
 
+class TransactionConflictError(ConflictError):
+    """A message acknowledged in a transaction is acknowledged in another one that is
+    not decided yet (Pulsar's pending-ack conflict): only one of them may take it."""
+
+    code = "transaction_conflict"
+
+
 class OperationInProgressError(ConflictError):
     code = "operation_in_progress"
 

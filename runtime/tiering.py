@@ -110,11 +110,14 @@ def due_for_tier(
     layout: SegmentLayout, stats: Mapping[int, Mapping[str, Any]], after_s: float, now_ms: int
 ) -> list[int]:
     """Sealed segments of ``layout`` still on local disk whose seal is at least ``after_s``
-    old, by their own stats (a segment that did not answer is not due)."""
+    old, by their own stats (a segment that did not answer is not due), and whose
+    transactions are all decided (a reader may still get what an undecided one holds)."""
     due = []
     for segment_id, info in sorted(layout.all_segments.items()):
         st = stats.get(segment_id)
         if info.is_active or st is None or st.get("tiered") or not st.get("terminated"):
+            continue
+        if st.get("stableEnd", st.get("endOffset")) != st.get("endOffset"):
             continue
         sealed_at = st.get("sealedAtMs")
         if sealed_at is not None and now_ms - sealed_at >= after_s * 1000:

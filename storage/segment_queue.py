@@ -65,6 +65,20 @@ class QueueParts:
             return batch
         return batch.replace_schema_metadata({REDELIVERIES_KEY: json.dumps(again)})
 
+    def hold(self, subscription: str, offsets: Iterable[int], txn_id: str, hold_s: float) -> None:
+        """Hold ``offsets`` for a transaction that acknowledges them when it commits, for
+        at most ``hold_s`` (``QueueDispatcher.hold``). Not persisted: a restarted segment
+        delivers them again, as every unacknowledged message."""
+        self._check_alive()
+        cursor = self.cursors.get(subscription)
+        dispatcher = self._dispatcher(subscription)
+        dispatcher.hold(offsets, txn_id, cursor.is_acked, time.monotonic(), hold_s)
+
+    def release(self, subscription: str, txn_id: str) -> list[int]:
+        """Deliver again what ``txn_id`` held (it aborted); the offsets."""
+        dispatcher = self._dispatchers.get(subscription)
+        return dispatcher.release(txn_id) if dispatcher is not None else []
+
     def consumer_left(self, subscription: str, consumer: str) -> None:
         if subscription in self._dispatchers:
             self._dispatchers[subscription].consumer_left(consumer)

@@ -27,6 +27,7 @@ def hibernated_stats(name: SegmentName, record: TieredRecord) -> dict[str, Any]:
         "terminated": True,
         "startOffset": record.start_offset,
         "endOffset": record.end_offset,
+        "stableEnd": record.end_offset,  # a resting segment is read to its end
         "records": record.end_offset - record.start_offset,
         "sizeBytes": record.size_bytes,
         "lastPublishTimeMs": record.last_publish_time_ms,

@@ -411,6 +411,7 @@ class SegmentStore(TieringParts, QueueParts):
             "terminated": log.terminated,
             "startOffset": log.start_offset,
             "endOffset": log.end_offset,
+            "stableEnd": log.stable_end,
             "records": log.end_offset - log.start_offset,
             "sizeBytes": log.size_bytes,
             "lastPublishTimeMs": log.last_publish_time_ms,

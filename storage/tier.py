@@ -30,6 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,9 @@ class TierManifest(BaseModel):
     last_sequences: dict[str, int] = Field(default_factory=dict, alias="lastSequences")
     sealed_at_ms: int | None = Field(default=None, alias="sealedAtMs")
     written_at_ms: int = Field(alias="writtenAtMs")
+    # [start, end) ranges of offsets no reader gets (transactions' markers and aborted
+    # records), left out of the file: its offsets skip them
+    hidden: list[tuple[int, int]] = Field(default_factory=list)
 
 
 def open_tier(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -168,14 +172,16 @@ def offload(
     and commit it (its manifest).
 
     The log's frames are checked first and the uploaded records are compared with
-    them after: a mismatch raises ``UnavailableError`` and commits nothing.
+    them after: a mismatch raises ``UnavailableError`` and commits nothing. Only what
+    readers get is copied: transactions' markers and aborted records are left out, and
+    their offsets listed in the manifest (``hidden``).
     """
     if not log.terminated:
         raise InvalidArgumentError(f"segment log {log.directory} is not sealed: it may still grow")
-    if log.stable_end < log.end_offset or log.hidden_ranges(log.start_offset):
+    if log.stable_end < log.end_offset:
         raise UnavailableError(
-            f"segment log {log.directory} holds transactions' records: it stays in local "
-            "storage (the tier's files hold committed records at consecutive offsets)"
+            f"segment log {log.directory} holds a transaction not decided yet: it stays in "
+            "local storage until its marker is written"
         )
     log.verify()
     filesystem.create_dir(directory, recursive=True)
@@ -252,7 +258,8 @@ class TieredSegment:
         self._last_times = [last for _, _, last in manifest.row_groups]
         self._stored_sequences: dict[tuple[str, int], AppendResult] | None = None
         self._decoded: tuple[int, pa.Table] | None = None  # ``_group``'s last
-        self._times: tuple[int, np.ndarray] | None = None  # one row group's publish times
+        # one row group's offsets and publish times (``_offsets_and_times``)
+        self._times: tuple[int, np.ndarray, np.ndarray] | None = None
 
     @property
     def start_offset(self) -> int:
@@ -289,30 +296,39 @@ class TieredSegment:
             )
         if offset >= self.end_offset:
             return []
-        first = bisect.bisect_right(self._firsts, offset) - 1
-        last = bisect.bisect_left(self._firsts, offset + max_records)
+        first = max(bisect.bisect_right(self._firsts, offset) - 1, 0)
+        last = max(bisect.bisect_left(self._firsts, offset + max_records), first + 1)
         groups = [self._group(group) for group in range(first, last)]
         table = groups[0] if len(groups) == 1 else pa.concat_tables(groups)
-        skip = offset - self._firsts[first]
+        offsets = table.column("offset").to_numpy()
+        skip = int(np.searchsorted(offsets, offset, side="left"))  # hidden ones are absent
         return list(_stored_runs(table.slice(skip, max_records)))
 
     @property
     def stable_end(self) -> int:
-        """Its end: a log holding transactions' markers is not moved to the tier."""
+        """Its end: only a log whose transactions are all decided is moved to the tier."""
         return self.end_offset
 
     def read_committed(
         self, offset: int, max_records: int, end: int | None = None
     ) -> tuple[list[StoredBatch], int]:
-        """``read``, bounded by ``end``, and the offset after it."""
-        if end is not None:
-            max_records = min(max_records, end - offset)
-        stored = self.read(offset, max_records) if max_records > 0 else []
-        return stored, (stored[-1].base_offset + stored[-1].records.num_rows if stored else offset)
+        """``read`` below ``end`` (the file holds committed records only), and the offset
+        to read from next, past the hidden ranges that follow."""
+        stop = self.end_offset if end is None else min(end, self.end_offset)
+        stored = self.read(offset, max_records) if offset < stop else []
+        stored = _below(stored, stop)
+        after = stored[-1].base_offset + stored[-1].records.num_rows if stored else offset
+        if sum(batch.records.num_rows for batch in stored) < max_records:
+            # Nothing readable before ``stop`` is left: step over the hidden ranges that
+            # follow, as the local log's read does (``LogIndex.visible_from``).
+            for start, finish in self.manifest.hidden:  # sorted, apart
+                if start <= after < finish and finish <= stop:
+                    after = finish
+        return stored, after
 
     def hidden_ranges(self, offset: int) -> list[tuple[int, int]]:
-        """None: only logs without transactions are moved to the tier."""
-        return []
+        """The manifest's ranges no reader gets, from ``offset`` on."""
+        return [(max(s, offset), e) for s, e in self.manifest.hidden if e > offset]
 
     def _group(self, index: int) -> pa.Table:
         """Row group ``index``, decoded; the last one is kept, since a consumer reads on
@@ -326,19 +342,25 @@ class TieredSegment:
         if not self.start_offset <= offset < self.end_offset:
             return None
         group = bisect.bisect_right(self._firsts, offset) - 1
-        if self._times is None or self._times[0] != group:
-            column = self._file.read_row_group(group, columns=["publish_time"]).column(0)
-            self._times = (group, column.cast(pa.int64()).to_numpy())
-        return int(self._times[1][offset - self._firsts[group]])
+        offsets, times = self._offsets_and_times(group)
+        at = int(np.searchsorted(offsets, offset, side="left"))
+        return int(times[at]) if at < len(offsets) and offsets[at] == offset else None
 
     def offset_at_time(self, time_ms: int) -> int:
         """The first offset published at or after ``time_ms``; the end when none was."""
         group = bisect.bisect_left(self._last_times, time_ms)
         if group == len(self._firsts):
             return self.end_offset
-        times = self._file.read_row_group(group, columns=["publish_time"]).column(0)
-        stamps = times.cast(pa.int64()).to_numpy()
-        return self._firsts[group] + int(np.searchsorted(stamps, time_ms, side="left"))
+        offsets, times = self._offsets_and_times(group)
+        return int(offsets[int(np.searchsorted(times, time_ms, side="left"))])
+
+    def _offsets_and_times(self, group: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row group ``group``'s offsets and publish times (ms); the last asked is kept."""
+        if self._times is None or self._times[0] != group:
+            table = self._file.read_row_group(group, columns=["offset", "publish_time"])
+            offsets = table.column("offset").to_numpy()
+            self._times = (group, offsets, table.column("publish_time").cast(pa.int64()).to_numpy())
+        return self._times[1], self._times[2]
 
     def append_all(self, appends: Sequence[Append]) -> list[AppendResult | ScalableTopicsError]:
         """A retried ``(producer, sequence)`` gets its original offsets; anything else is
@@ -405,14 +427,14 @@ def _row_groups(log: SegmentLog, segment_id: int, group_bytes: int) -> Iterator[
 
 
 def _stored(log: SegmentLog) -> Iterator[StoredBatch]:
+    """What readers get of the log, in order (``read_committed``)."""
     offset = log.start_offset
     while offset < log.end_offset:
-        batches = log.read(offset, _READ_STEP)
-        if not batches:
+        batches, following = log.read_committed(offset, _READ_STEP)
+        if following <= offset:
             return
         yield from batches
-        last = batches[-1]
-        offset = last.base_offset + last.records.num_rows
+        offset = following
 
 
 def _as_tier_table(batch: StoredBatch, segment_id: int) -> pa.Table:
@@ -451,7 +473,8 @@ def _check_upload(
     if next(expected, None) is not None:
         raise UnavailableError(f"the tiered copy at {path} is missing records: not committed")
     records = sum(count for _, count, _ in groups)
-    if records != log.end_offset - log.start_offset:
+    hidden = log.hidden_ranges(log.start_offset)
+    if records != log.end_offset - log.start_offset - sum(end - start for start, end in hidden):
         raise UnavailableError(f"the tiered copy at {path} holds {records} records, not all")
     return TierManifest(
         segment=str(log.directory),
@@ -463,6 +486,7 @@ def _check_upload(
         size_bytes=filesystem.get_file_info(path).size,
         row_groups=groups,
         written_at_ms=time.time_ns() // 1_000_000,
+        hidden=hidden,
     )
 
 
@@ -471,6 +495,10 @@ def _run_starts(table: pa.Table, names: Sequence[str]) -> np.ndarray:
     the stored batches, found by Arrow kernels, not a Python loop over records."""
     changed = np.zeros(max(table.num_rows - 1, 0), dtype=bool)
     for name in names:
+        if name == _GAP:
+            offsets = table.column("offset").to_numpy()
+            changed |= np.diff(offsets) != 1
+            continue
         column = table.column(name)
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.int64())
@@ -478,6 +506,9 @@ def _run_starts(table: pa.Table, names: Sequence[str]) -> np.ndarray:
         differs = pc.not_equal(column.slice(1), column.slice(0, len(column) - 1))
         changed |= differs.to_numpy(zero_copy_only=False).astype(bool)
     return np.concatenate([[0], np.flatnonzero(changed) + 1]).astype(np.int64)
+
+
+_GAP = "offset gap"  # for ``_run_starts``: a row whose offset does not follow the one before
 
 
 def _stored_runs_of(table: pa.Table) -> Iterator[tuple[int, str | None, int | None, int]]:
@@ -505,11 +536,12 @@ def _runs(table: pa.Table, names: Sequence[str]) -> Iterator[tuple[int, int, dic
 
 
 def _stored_runs(table: pa.Table) -> Iterator[StoredBatch]:
-    """Split rows into runs of one stored batch (publish time, producer, sequence)."""
+    """Split rows into runs of one stored batch (publish time, producer, sequence, and
+    consecutive offsets: two batches alike on either side of a hidden range are two)."""
     records = pa.Table.from_arrays(
         [table.column(name) for name in BATCH_SCHEMA.names], schema=BATCH_SCHEMA
     )
-    for begin, end, first in _runs(table, ("publish_time", "producer_id", "sequence")):
+    for begin, end, first in _runs(table, ("publish_time", "producer_id", "sequence", _GAP)):
         yield StoredBatch(
             base_offset=first["offset"],
             publish_time_ms=first["publish_ms"],
@@ -517,3 +549,18 @@ def _stored_runs(table: pa.Table) -> Iterator[StoredBatch]:
             sequence=first["sequence"],
             records=records.slice(begin, end - begin).combine_chunks().to_batches()[0],
         )
+
+
+def _below(stored: list[StoredBatch], stop: int) -> list[StoredBatch]:
+    """``stored`` cut at offset ``stop``."""
+    kept = []
+    for batch in stored:
+        if batch.base_offset >= stop:
+            break
+        n = min(batch.records.num_rows, stop - batch.base_offset)
+        kept.append(
+            batch
+            if n == batch.records.num_rows
+            else replace(batch, records=batch.records.slice(0, n))
+        )
+    return kept

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.dispatch import QueueDispatcher
+from runtime.errors import TransactionConflictError
 
 TIMEOUT = 10.0
+HOLD = 25.0  # a transaction's hold: longer than the ack time-out
 EVERYTHING = 10**9
 
 
@@ -51,6 +54,27 @@ class Model:
     def leave(self, consumer: str) -> None:
         self.held = {o: h for o, h in self.held.items() if h[0] != consumer}
         self.dispatcher.consumer_left(consumer)
+
+    def hold(self, txn: str, offsets: list[int]) -> None:
+        """A transaction holds ``offsets`` (its acknowledgement, pending): refused whole
+        when another live transaction holds one of them."""
+        self.held = {o: h for o, h in self.held.items() if h[1] > self.now}
+        holder = f"txn:{txn}"
+        offsets = [o for o in offsets if o not in self.acked]
+        holders = {o: self.held.get(o, (holder, 0))[0] for o in offsets}
+        others = [o for o, h in holders.items() if h.startswith("txn:") and h != holder]
+        try:
+            self.dispatcher.hold(offsets, txn, self.acked.__contains__, self.now, HOLD)
+        except TransactionConflictError:
+            assert others, "a hold refused with no other transaction holding"
+            return
+        assert not others, f"{others} held by another transaction, held again"
+        for offset in offsets:
+            self.held[offset] = (holder, self.now + HOLD)
+
+    def release(self, txn: str) -> None:
+        self.held = {o: h for o, h in self.held.items() if h[0] != f"txn:{txn}"}
+        self.dispatcher.release(txn)
 
     def available(self) -> set[int]:
         """Offsets a take with no limit must return now: unacked and not validly held."""
@@ -165,6 +189,32 @@ def test_initial_next_offset_skips_the_acknowledged_prefix() -> None:
     assert dispatcher.take("a", 10, 9, set().__contains__, 0.0) == [7, 8]
 
 
+def test_a_transaction_holds_its_messages_past_the_ack_timeout_until_it_is_decided() -> None:
+    dispatcher = QueueDispatcher(ack_timeout_s=TIMEOUT)
+    never = set().__contains__
+    assert dispatcher.take("a", 3, 3, never, 0.0) == [0, 1, 2]
+    dispatcher.hold([0, 1], "t1", never, 1.0, HOLD)
+    assert dispatcher.take("b", 10, 3, never, TIMEOUT + 1) == [2]  # 0 and 1 stay held
+    with pytest.raises(TransactionConflictError, match="transaction t1"):
+        dispatcher.hold([1, 2], "t2", never, TIMEOUT + 2, HOLD)  # b took 2; t1 holds 1
+    dispatcher.hold([2], "t2", never, TIMEOUT + 2, HOLD)  # b's message, its transaction
+    dispatcher.consumer_left("b")  # what a transaction holds is not the consumer's
+    assert dispatcher.release("t1") == [0, 1]  # t1 aborted: delivered again
+    assert dispatcher.take("c", 10, 3, never, TIMEOUT + 3) == [0, 1]
+    dispatcher.acknowledged([2])  # t2 committed
+    assert dispatcher.in_flight == 2
+
+
+def test_a_hold_never_recorded_ends_at_its_limit() -> None:
+    """A coordinator that crashed between holding and recording never releases."""
+    dispatcher = QueueDispatcher(ack_timeout_s=TIMEOUT)
+    never = set().__contains__
+    dispatcher.take("a", 1, 1, never, 0.0)
+    dispatcher.hold([0], "lost", never, 0.0, HOLD)
+    assert dispatcher.take("b", 1, 1, never, HOLD - 0.001) == []
+    assert dispatcher.take("b", 1, 1, never, HOLD) == [0]
+
+
 CONSUMERS = ("c0", "c1", "c2")
 operation = st.one_of(
     st.tuples(st.just("append"), st.integers(1, 8)),
@@ -176,6 +226,8 @@ operation = st.one_of(
     st.tuples(st.just("leave"), st.sampled_from(CONSUMERS)),
     st.tuples(st.just("tick"), st.sampled_from([0.5, 3.0, TIMEOUT, TIMEOUT + 0.5])),
     st.tuples(st.just("drain"), st.sampled_from(CONSUMERS)),
+    st.tuples(st.just("hold"), st.sampled_from(("t0", "t1")), st.integers(0, 2**16)),
+    st.tuples(st.just("release"), st.sampled_from(("t0", "t1"))),
 )
 
 
@@ -211,6 +263,10 @@ def test_random_interleavings_keep_every_promise(ops: list[tuple]) -> None:
             model.leave(op[1])
         elif kind == "tick":
             model.now += op[1]
+        elif kind == "hold":  # what a consumer took, or anything (a late acknowledgement)
+            model.hold(op[1], _pick(list(range(model.end)), op[2]))
+        elif kind == "release":
+            model.release(op[1])
         elif kind == "drain":
             expected = model.available()
             assert set(model.take(op[1], EVERYTHING)) == expected

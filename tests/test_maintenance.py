@@ -32,6 +32,7 @@ from runtime.replication import Replication
 from storage.catalog import Catalog
 from storage.metadata import MemoryKeyValue, MetadataStore
 from storage.records import TopicRecord
+from storage.segment_store import SealedBy
 from storage.topic_storage import new_incarnation
 
 NOW_MS = 1_800_000_000_000
@@ -106,6 +107,10 @@ class Segments:
         self, names: dict[int, SegmentName], on_demand: set[int], wait_s: float
     ) -> dict[int, dict[str, Any]]:
         return {i: st for i, st in self.stats.items() if i in names}
+
+    async def terminate(self, name: SegmentName, epoch: int, sealed: SealedBy) -> int:
+        self.calls.append(f"seal {name.segment_id} {sealed.children} at {sealed.epoch} ({epoch})")
+        return 0
 
     async def retain(self, names: list[SegmentName], oldest: int | None, size: int | None):
         self.calls.append(f"retain {sorted(n.segment_id for n in names)} size={size}")
@@ -244,6 +249,18 @@ def test_hibernation_ends_drained_idle_sealed_segments_only() -> None:
     fleet.stats[2] = segment(sealed=True, idleS=31.0, backlog=1)  # still owed to a reader
     asyncio.run(maintenance.tick())
     assert fleet.calls == ["sleep 0"]
+
+
+def test_a_segment_sealed_in_the_layout_but_not_at_its_leader_is_sealed_again() -> None:
+    """A replicated segment's leader sealed by a split and lost before its followers
+    learned of it: the one that leads now is sealed as the split sealed the old one."""
+    maintenance, fleet, _, _ = maintained(split_twice(), {})
+    fleet.stats = {i: segment() for i in (1, 3, 4, 5)}
+    fleet.stats[0] = segment(sealed=True)
+    fleet.stats[2] = segment(sealed=False)  # sealed in the layout (split into 4 and 5)
+    asyncio.run(maintenance.tick())
+    sealed_at = split_twice().get(2).sealed_at_epoch
+    assert fleet.calls == [f"seal 2 (4, 5) at {sealed_at} ({EPOCH})"]
 
 
 def test_autoscale_splits_a_busy_segment_and_keeps_a_refusal_for_stats(

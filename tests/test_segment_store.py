@@ -367,6 +367,7 @@ def test_stats_keys_and_values(store: SegmentStore) -> None:
         "terminated",
         "startOffset",
         "endOffset",
+        "stableEnd",
         "records",
         "sizeBytes",
         "lastPublishTimeMs",
@@ -375,7 +376,7 @@ def test_stats_keys_and_values(store: SegmentStore) -> None:
         "fenceEpoch",
         "subscriptions",
     }
-    assert (stats["sealedAtMs"], stats["tiered"]) == (None, False)
+    assert (stats["sealedAtMs"], stats["tiered"], stats["stableEnd"]) == (None, False, 5)
     assert stats["segment"] == str(NAME)
     assert stats["segmentId"] == 7
     assert stats["terminated"] is False

@@ -6,12 +6,14 @@ after a crash between a marker and the cursors' save."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pyarrow.fs import LocalFileSystem
 
 from clients._group_consumer import _Reader
 from runtime.batch import STARTED_KEY, following, make_batch, with_following
@@ -21,7 +23,7 @@ from storage.cursors import Cursor
 from storage.durability import Durability
 from storage.log import to_delivery
 from storage.segment_store import SegmentStore
-from storage.tier import offload
+from storage.tier import TieredSegment, offload
 from tests.test_segment_store import NAME, open_store
 
 FAST = Durability("none")
@@ -148,13 +150,43 @@ def test_a_crash_between_a_marker_and_the_cursors_save_is_made_good_on_opening(
     reopened.close()
 
 
-def test_a_log_holding_transactions_stays_out_of_the_tier(store: SegmentStore) -> None:
-    put(store, "a0")
-    put(store, "t0", txn="keep")
-    store.mark("keep", committed=True)
+def test_a_tiered_copy_reads_as_its_log_without_what_no_reader_gets(
+    store: SegmentStore, tmp_path: Path
+) -> None:
+    """A sealed log whose transactions are all decided moves to the tier with its
+    committed records only, and reads there exactly as it read locally: the same records
+    and the same next offsets from every offset, hidden ones included."""
+    put(store, "a0", "a1")
+    put(store, "x0", "x1", txn="x")
+    put(store, "b0")
+    put(store, "y0", txn="y")
+    put(store, "x2", txn="x")
+    store.mark("x", committed=True)
+    put(store, "c0")
+    undecided = put(store, "z0", txn="z")  # sealed with it undecided: not yet
     store.terminate(None)
-    with pytest.raises(UnavailableError, match="transactions"):
-        offload(store.replica_log, None, "unused", segment_id=NAME.segment_id)  # type: ignore[arg-type]
+    filesystem, directory = LocalFileSystem(), str(tmp_path / "tier" / "0")
+    with pytest.raises(UnavailableError, match="not decided yet"):
+        offload(store.replica_log, filesystem, directory, segment_id=NAME.segment_id)  # type: ignore[arg-type]
+    store.mark("y", committed=False)
+    store.mark("z", committed=False)
+    local = store.replica_log
+    manifest = offload(local, filesystem, directory, segment_id=NAME.segment_id)  # type: ignore[arg-type]
+    tiered = TieredSegment(filesystem, directory)
+    assert manifest.records == 7  # a0 a1 x0 x1 b0 x2 c0
+    assert tiered.hidden_ranges(0) == local.hidden_ranges(0) != []
+    assert (tiered.stable_end, tiered.end_offset) == (local.stable_end, local.end_offset)
+    for offset in range(local.end_offset + 1):
+        for count in (1, 2, 5):
+            want, want_next = local.read_committed(offset, count)
+            got, got_next = tiered.read_committed(offset, count)
+            assert to_delivery(got).equals(to_delivery(want)), (offset, count)
+            assert got_next == want_next, (offset, count)
+        assert tiered.publish_time_at(offset) == (
+            None if any(s <= offset < e for s, e in local.hidden_ranges(0))
+            else local.publish_time_at(offset)
+        ), offset  # fmt: skip
+    assert undecided in {o for s, e in tiered.hidden_ranges(0) for o in range(s, e)}
 
 
 RANGES = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 8)), max_size=8)
@@ -217,3 +249,23 @@ def test_a_consumer_s_reader_carries_delivered_and_acknowledged_over_a_step() ->
     assert reader.acked == 9
     reader.read_up_to(9, 12)  # everything before it delivered and acknowledged already
     assert (reader.delivered, reader.acked) == (12, 12)
+
+
+def test_a_message_acknowledged_in_a_transaction_outlasts_the_ack_timeout(
+    tmp_path: Path,
+) -> None:
+    """Held for the transaction (Pulsar's pending ack): no ack time-out hands it to
+    another consumer; its abort does, at once; its commit's acknowledgement ends it."""
+    store = open_store(tmp_path / "held", ack_timeout_s=0.05)
+    put(store, "a0", "a1")
+    store.create_subscription("q", "earliest", None)
+    assert store.queue_receive("q", "c1", 10).column("offset").to_pylist() == [0, 1]
+    store.hold("q", [0], "t1", hold_s=30)
+    store.hold("q", [1], "t2", hold_s=30)
+    time.sleep(0.1)  # twice the ack time-out
+    assert store.queue_receive("q", "c2", 10).num_rows == 0
+    store.ack("q", [1])  # t2 committed
+    assert store.release("q", "t2") == []
+    assert store.release("q", "t1") == [0]  # t1 aborted: delivered again
+    assert store.queue_receive("q", "c2", 10).column("offset").to_pylist() == [0]
+    store.close()

@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.errors import TierRefusedError
-from runtime.tiering import resolve
+from runtime.layout import SegmentLayout
+from runtime.tiering import due_for_tier, resolve
 
 S3 = "s3://testing:secret@tier/topics/?endpoint_override=10.0.0.9:9000&scheme=http"
 FILE = "file:///srv/tiers/"
@@ -110,3 +111,18 @@ def test_no_sibling_of_a_prefix_is_held(prefix: list[str], suffix: str, rest: li
     sibling = [*prefix[:-1], prefix[-1] + suffix, *rest]
     with pytest.raises(TierRefusedError, match="outside"):
         resolve(f"s3://bucket/{'/'.join(sibling)}", f"s3://bucket/{'/'.join(prefix)}")
+
+
+def test_a_sealed_segment_is_due_only_once_its_transactions_are_decided() -> None:
+    """``due_for_tier``: a reader may still get what an undecided transaction holds, and
+    the tier keeps committed records only, so such a segment waits (not a failed move)."""
+    layout = SegmentLayout.initial(2).split_segment(0).split_segment(1)
+    sealed = {"terminated": True, "sealedAtMs": 1_000, "endOffset": 10}
+    stats = {
+        0: {**sealed, "stableEnd": 4},  # a transaction's first record at 4, undecided
+        1: {**sealed, "stableEnd": 10},
+        2: {"terminated": False, "endOffset": 3, "stableEnd": 3},
+    }
+    assert due_for_tier(layout, stats, after_s=0, now_ms=2_000) == [1]
+    stats[0]["stableEnd"] = 10  # decided
+    assert due_for_tier(layout, stats, after_s=0, now_ms=2_000) == [0, 1]

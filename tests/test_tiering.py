@@ -37,6 +37,7 @@ from storage.tier import open_tier, read_manifest, tier_directory
 from storage.tier_records import TierRecords
 from storage.topic_storage import segment_directory
 from tests.segments import crash_host_of, served_segments
+from tests.txn_support import commit_beside_an_abort
 
 
 def produce(topic: str, sent: list[tuple[str, int]], count: dict[str, int], n: int) -> None:
@@ -422,6 +423,44 @@ def test_a_namespace_default_tiers_the_topics_that_set_no_tiering_of_their_own(
     for topic in (plain, own):
         admin.delete_scalable_topic(topic)
     assert admin.set_namespace_policy(namespace, {})["tiering"] is None
+
+
+def test_a_sealed_segment_holding_transactions_moves_to_the_tier_once_all_are_decided(
+    admin: ScalableTopicsAdmin, unique: str
+) -> None:
+    """Committed and aborted transactions, and one still open when the segment is
+    sealed: the segment stays local until that one is decided, then moves with its
+    committed records only, and a new subscription reads exactly those from the tier."""
+    topic, uri = f"topic://tier/ns/txn-{unique}", f"file://{TIER_ROOT}/txn-{unique}"
+    admin.create_scalable_topic(topic, 1)
+    admin.set_policy(topic, {"tiering": {"uri": uri, "afterS": 0, "idleS": 1}})
+    late = admin.new_transaction(timeout_s=300)
+    with Producer(topic) as producer:
+        committed = commit_beside_an_abort(admin, producer, 50)
+        producer.send(b"late-0", key="k0", txn=late).result(timeout=30)
+    admin.split_segment(topic, 0)
+    time.sleep(3)  # rounds meanwhile: the undecided transaction keeps it local
+    assert not admin.get_stats(topic)["segments"]["0"]["tiered"]
+    late.commit()
+    stats = wait_hibernating(admin, topic)
+    filesystem, base = open_tier(uri)
+    segment = admin.get_layout(topic).get(0).name(TopicName.parse(topic))
+    manifest = read_manifest(filesystem, tier_directory(base, segment, stats["incarnation"]))
+    assert manifest is not None and manifest.records == len(committed) + 1 and manifest.hidden
+    admin.create_subscription(topic, "late", "earliest")
+    consumer = StreamConsumer(topic, "late", "c")
+    received: list[str] = []
+    deadline = time.monotonic() + 120
+    while len(received) < len(committed) + 1 and time.monotonic() < deadline:
+        messages = consumer.receive_batch(500, timeout=2)
+        received += [m.value.decode() for m in messages]
+        if messages:
+            consumer.acknowledge_cumulative(messages)
+    assert consumer.receive_batch(500, timeout=2) == []  # nothing more
+    consumer.close()
+    assert sorted(received) == sorted([*committed, "late-0"])
+    assert admin.get_stats(topic)["subscriptions"]["late"]["backlog"] == 0
+    admin.delete_scalable_topic(topic)
 
 
 def test_an_object_store_that_goes_down_is_retried_and_the_local_copy_serves_meanwhile(

@@ -15,7 +15,7 @@ from ray.exceptions import RayTaskError
 
 from clients import CheckpointConsumer, Producer, QueueConsumer, StreamConsumer
 from runtime.batch import following, make_batch
-from runtime.errors import TransactionNotOpenError
+from runtime.errors import TransactionConflictError, TransactionNotOpenError
 from runtime.names import SegmentName, TopicName
 from tests.segments import segment_actor
 from tests.txn_support import commit_beside_an_abort
@@ -324,6 +324,34 @@ def test_queue_and_checkpoint_consumers_get_only_committed_messages(admin, topic
         resumed.close()
     admin.create_subscription(topic, "later", position="earliest")
     assert backlog(admin, topic, "later") == 40
+
+
+def test_a_queue_message_acknowledged_in_a_transaction_is_held_for_it(admin, topic) -> None:  # noqa: ANN001
+    """Pulsar's pending ack: another transaction may not acknowledge the message too, an
+    abort delivers it again at once (not after the ack time-out), and a commit takes it."""
+    admin.create_subscription(topic, "q")
+    with Producer(topic) as producer:
+        producer.send(b"once", key="k").result(timeout=30)
+    first, second = QueueConsumer(topic, "q"), QueueConsumer(topic, "q")
+    try:
+        message = first.receive(timeout=30)
+        assert message is not None
+        held, rival = admin.new_transaction(), admin.new_transaction()
+        first.acknowledge(message, txn=held)
+        with pytest.raises(TransactionConflictError, match=held.id):
+            first.acknowledge(message, txn=rival)
+        rival.abort()
+        first.close()  # what it took comes back, but the message is the transaction's
+        assert second.receive(timeout=2) is None  # held: handed to nobody
+        held.abort()
+        again = second.receive(timeout=20)
+        assert again is not None and again.value == b"once"  # before the ack time-out (30 s)
+        with admin.new_transaction() as taking:
+            second.acknowledge(again, txn=taking)
+        assert backlog(admin, topic, "q") == 0
+    finally:
+        first.close()
+        second.close()
 
 
 def test_a_process_outside_ray_runs_a_transaction_through_the_gateway(

@@ -47,6 +47,7 @@ from runtime.transactions import (
     Finish,
     PendingAck,
     TxnRecord,
+    TxnStatus,
     Update,
     ack_calls,
     check_holder,
@@ -60,6 +61,9 @@ log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
 SEGMENT_TIMEOUT_S = 30.0
+# How long past its transaction's deadline a message stays held for it: by then the
+# transaction is decided, and finished unless its coordinator is still down.
+HOLD_MARGIN_S = 60.0
 
 TxnTimeout = Annotated[float | int, Field(ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S)]
 
@@ -117,11 +121,28 @@ class TransactionOperations:
         *,
         credential: str | None = None,
     ) -> dict[str, Any]:
-        """An acknowledgement of ``subscription`` that applies when ``txn_id`` commits."""
+        """An acknowledgement of ``subscription`` that applies when ``txn_id`` commits.
+        A single message's is held in the segment first (``hold_acknowledgements``:
+        Pulsar's pending ack), so that no ack time-out hands it to another consumer
+        while the transaction is open, and no other transaction takes it too."""
         self._sweep_from_now_on()
         ack = PendingAck(str(segment), subscription, offset, cumulative)
-        update = Acknowledge((ack,))
-        return shown(await self._change_as(credential, txn_id, update, "acknowledge in"))
+        transactions = self._transactions()
+        record = await asyncio.to_thread(transactions.get, txn_id)
+        check_holder(record, self._acting_as(credential), "acknowledge in")
+        if not cumulative and record.status is TxnStatus.OPEN:
+            hold_s = max(record.deadline_ms - transactions.now_ms(), 0) / 1000 + HOLD_MARGIN_S
+            await self._on_segment(
+                ack.segment, "hold_acknowledgements", subscription, [offset], txn_id, hold_s,
+                credential=self._guard.internal_token(),
+            )  # fmt: skip
+        try:
+            changed = await asyncio.to_thread(transactions.change, txn_id, Acknowledge((ack,)))
+        except ScalableTopicsError:
+            if not cumulative:  # decided meanwhile: its finishing did not know of this hold
+                await self._release(txn_id, [(ack.segment, subscription)])
+            raise
+        return shown(changed)
 
     @admin_operation
     async def commit_transaction(self, txn_id: str, *, credential: str | None = None) -> dict:
@@ -182,6 +203,9 @@ class TransactionOperations:
             *(self._on_segment(s.segment, "mark", record.txn_id, committed, credential=internal)
               for s in record.segments)
         )  # fmt: skip
+        if not committed:
+            held = sorted({(a.segment, a.subscription) for a in record.acks if not a.cumulative})
+            await self._release(record.txn_id, held)
         if committed:
             await asyncio.gather(
                 *(self._on_segment(segment, "ack_cumulative" if cumulative else "ack",
@@ -190,6 +214,15 @@ class TransactionOperations:
             )  # fmt: skip
         change = self._transactions().change
         return await asyncio.to_thread(change, record.txn_id, Finish())
+
+    async def _release(self, txn_id: str, held: list[tuple[str, str]]) -> None:
+        """Deliver again what ``txn_id`` held of each (segment, subscription) in ``held``."""
+        internal = self._guard.internal_token()
+        await asyncio.gather(
+            *(self._on_segment(segment, "release_acknowledgements", subscription, txn_id,
+                               credential=internal)
+              for segment, subscription in held)
+        )  # fmt: skip
 
     async def _on_segment(self, segment: str, method: str, *args: Any, **kwargs: Any) -> None:
         name = SegmentName.parse(segment)

@@ -25,6 +25,7 @@ from runtime.config import env_float
 from runtime.errors import (
     ConflictError,
     InsufficientCapacityError,
+    ScalableTopicsError,
     StaleEpochError,
     TopicNotFoundError,
 )
@@ -35,6 +36,7 @@ from runtime.policy import AutoscalePolicy, RetentionPolicy, TopicPolicy
 from runtime.retention import SealedSegmentState, prunable
 from storage.records import SubscriptionKind
 from storage.segment_stats import hibernated_stats
+from storage.segment_store import SealedBy
 from storage.tier_records import TieredRecord
 
 if TYPE_CHECKING:
@@ -147,6 +149,7 @@ class TopicMaintenance:
         if observed is None:
             return policy
         stats = observed
+        await self._reseal(record.layout, stats)
         self._publish(record.layout, stats)
         if policy.retention is not None:
             await self._retain(record.layout, stats, policy.retention)
@@ -163,6 +166,26 @@ class TopicMaintenance:
             for segment_id in idle_drained(stats, policy.hibernation.idle_s):
                 await self._put_to_sleep(record.layout.get(segment_id), stats[segment_id])
         return policy
+
+    async def _reseal(self, layout: SegmentLayout, stats: dict[int, dict[str, Any]]) -> None:
+        """Seal again a segment the layout says is sealed whose serving replica does not
+        know it: its leader was sealed and lost before its followers learned of it, and
+        one of them leads now. The layout is the authority; until the seal, the segment's
+        readers would wait at its end for good, and its children would never be read."""
+        for segment_id, st in stats.items():
+            info = layout.all_segments.get(segment_id)
+            if info is None or info.is_active or st.get("terminated", True):
+                continue
+            log.warning("%s: segment %d is sealed in the layout, not at its leader: sealing it",
+                        self._ctl.topic, segment_id)  # fmt: skip
+            sealed = SealedBy(info.child_ids, info.sealed_at_epoch)
+            name, epoch = info.name(self._ctl.topic), self._ctl.leader_epoch()
+            try:
+                await self._ctl.fleet.terminate(name, epoch, sealed)
+            except ScalableTopicsError as err:  # the next round asks again
+                log.warning("%s: sealing segment %d failed: %s", self._ctl.topic, segment_id, err)
+                continue
+            st["terminated"] = True
 
     def _handle_of(self, layout: SegmentLayout) -> Callable[[int], Any]:
         """A segment's actor for the mover: running, or woken if it sleeps drained (its

@@ -37,6 +37,7 @@ from actors.segment.data_plane import DataPlaneServer, PolicyWatch
 from actors.segment.flusher import IntervalFlusher
 from actors.segment.reader import SegmentReader
 from actors.segment.replication import ReplicaRoles
+from actors.segment.txn_calls import TransactionCalls
 from actors.segment.txn_joins import TxnJoins, ask_for_sweep
 from runtime import tls, wire
 from runtime.auth import Permission
@@ -69,7 +70,7 @@ ACK_SAVE_PERIOD_S = 1.0
 _POLICY_WATCH = PolicyWatch(lambda: guard().version)
 
 
-class Segment:
+class Segment(TransactionCalls):
     def __init__(
         self,
         segment: SegmentName,
@@ -163,22 +164,6 @@ class Segment:
         if self._roles.leader is not None:
             await self._roles.leader.committed(base + count)
         return base, count
-
-    async def mark(self, txn_id: str, committed: bool, *, credential: str | None = None) -> int:
-        """Write transaction ``txn_id``'s fate after its records here
-        (``SegmentStore.mark``) and return the marker's offset, once it is committed (on
-        a replicated segment: on a quorum, so no failover takes it back). A marker
-        decides what every reader gets, so only the system's own credential (the
-        transaction coordinator's) may write one."""
-        self._still_open()
-        self._roles.check_serves()
-        self._guard.check_internal(credential, "decide a transaction")
-        offset = self._store.mark(txn_id, committed)
-        self._joins.forget(txn_id)
-        self._appended()
-        if self._roles.leader is not None:
-            await self._roles.leader.committed(offset + 1)
-        return offset
 
     async def offset_at_time(self, time_ms: int, *, credential: str | None = None) -> int:
         """The first offset published at or after ``time_ms`` (the end when none was)."""
