@@ -344,3 +344,28 @@ def test_only_a_finished_transaction_is_forgotten(txns: Transactions) -> None:
     txns.forget(record.txn_id)
     txns.forget(record.txn_id)  # gone already: nothing to do
     assert txns.all() == []
+
+
+def test_the_coordinator_s_sweeper_stops_once_no_transaction_is_left() -> None:
+    """No periodic reads on an idle cluster: the sweeper ends after a sweep that found no
+    record, and the next transaction operation starts it again."""
+    import asyncio
+
+    from actors.admin.txn_service import TransactionOperations
+    from storage.catalog import Catalog
+
+    class Coordinator(TransactionOperations):
+        def __init__(self) -> None:
+            self._catalog = Catalog(store=MetadataStore(kv=MemoryKeyValue()))
+
+    async def run() -> None:
+        coordinator = Coordinator()
+        coordinator._sweep_from_now_on()
+        await asyncio.wait_for(asyncio.shield(coordinator._sweeper), 5)  # nothing to sweep
+        Transactions(coordinator._catalog.store).begin(timeout_s=60)
+        coordinator._sweep_from_now_on()
+        await asyncio.sleep(2.5)  # two sweeps that found the open one
+        assert not coordinator._sweeper.done()
+        coordinator._sweeper.cancel()
+
+    asyncio.run(run())

@@ -72,6 +72,7 @@ class TransactionOperations:
     _catalog: Catalog
     _guard: Guard
     _sweeper: asyncio.Task | None = None
+    _asked: int = 0  # transaction operations seen: a sweeper stops only if none came since
 
     @admin_operation
     async def new_transaction(
@@ -101,9 +102,7 @@ class TransactionOperations:
 
     @admin_operation
     async def get_transaction(self, txn_id: str, *, credential: str | None = None) -> dict:
-        record = await asyncio.to_thread(self._transactions().get, txn_id)
-        check_holder(record, self._acting_as(credential), "see")
-        return shown(record)
+        return shown(await self._held(credential, txn_id, "see"))
 
     @admin_operation
     async def list_transactions(self, *, credential: str | None = None) -> list[dict[str, Any]]:
@@ -128,8 +127,7 @@ class TransactionOperations:
         self._sweep_from_now_on()
         ack = PendingAck(str(segment), subscription, offset, cumulative)
         transactions = self._transactions()
-        record = await asyncio.to_thread(transactions.get, txn_id)
-        check_holder(record, self._acting_as(credential), "acknowledge in")
+        record = await self._held(credential, txn_id, "acknowledge in")
         if not cumulative and record.status is TxnStatus.OPEN:
             hold_s = max(record.deadline_ms - transactions.now_ms(), 0) / 1000 + HOLD_MARGIN_S
             await self._on_segment(
@@ -171,10 +169,14 @@ class TransactionOperations:
         """``update`` applied for the caller, once it is found to hold the transaction
         (``check_holder``: who began a transaction never changes, so checking first and
         then swapping leaves no gap)."""
-        transactions = self._transactions()
-        record = await asyncio.to_thread(transactions.get, txn_id)
+        await self._held(credential, txn_id, doing)
+        return await asyncio.to_thread(self._transactions().change, txn_id, update)
+
+    async def _held(self, credential: str | None, txn_id: str, doing: str) -> TxnRecord:
+        """The transaction's record, once the caller is found to hold it (``check_holder``)."""
+        record = await asyncio.to_thread(self._transactions().get, txn_id)
         check_holder(record, self._acting_as(credential), doing)
-        return await asyncio.to_thread(transactions.change, txn_id, update)
+        return record
 
     # --- who asks -----------------------------------------------------------------------
 
@@ -237,17 +239,25 @@ class TransactionOperations:
     # --- the sweeper --------------------------------------------------------------------
 
     def _sweep_from_now_on(self) -> None:
+        self._asked += 1
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     async def _sweep_forever(self) -> None:
+        """Sweep once a second until no transaction record is left (the last one is
+        forgotten), unless a transaction operation came meanwhile: an idle cluster reads
+        nothing each second, and the next operation starts it again."""
         while True:
+            asked, left = self._asked, 1
             with contextlib.suppress(Exception):
-                await self._sweep_once()
+                left = await self._sweep_once()
+            if left == 0 and asked == self._asked:
+                return
             await asyncio.sleep(SWEEP_INTERVAL_S)
 
-    async def _sweep_once(self) -> None:
-        """Abort what outlived its deadline, finish what was decided and left."""
+    async def _sweep_once(self) -> int:
+        """Abort what outlived its deadline, finish what was decided and left; how many
+        records there were."""
         transactions = self._transactions()
         records = await asyncio.to_thread(transactions.all)
         now = transactions.now_ms()
@@ -263,6 +273,7 @@ class TransactionOperations:
                 await self._finish(record)
             except ScalableTopicsError as err:
                 log.warning("transaction %s: not finished yet: %s", record.txn_id, err)
+        return len(records)
 
     def _transactions(self) -> Transactions:
         return Transactions(self._catalog.store)
