@@ -3,7 +3,8 @@ kinds and the connection; this module the two frames replication adds):
 
     fetch    = u32 length | u8 op=REPLICA_FETCH | i64 seen epoch | i64 adopted epoch
                | i64 offset | u32 max bytes | u32 wait ms | i64 cursor version
-               | u16 len(replica) | replica
+               | u8 flags (1: the follower's log is sealed at offset) | u16 len(replica)
+               | replica
     shipment = u32 length | u8 status=OK | i64 epoch | i64 start | i64 end
                | i64 high watermark | i64 offset | i64 cursor version
                | u32 len(cursors) | u16 epoch starts | u8 flags (1: the leader's log is
@@ -29,7 +30,7 @@ from runtime import wire
 from runtime.errors import InvalidArgumentError
 from runtime.replication import EpochHistory, Fetch, Shipment
 
-_FETCH = struct.Struct("!BqqqIIqH")
+_FETCH = struct.Struct("!BqqqIIqBH")
 _SHIPMENT = struct.Struct("!BqqqqqqIHB")
 SEALED = 1
 _START = struct.Struct("!qq")
@@ -50,6 +51,7 @@ def encode_fetch(fetch: Fetch) -> bytes:
         min(fetch.max_bytes, wire.MAX_FRAME // 2),
         wire.millis(fetch.wait_s),
         fetch.cursor_version,
+        SEALED if fetch.sealed else 0,
         len(replica),
     )
     return wire.LENGTH.pack(len(head) + len(replica)) + head + replica
@@ -58,7 +60,7 @@ def encode_fetch(fetch: Fetch) -> bytes:
 def decode_fetch(body: bytes | memoryview) -> Fetch:
     if len(body) < _FETCH.size:
         raise InvalidArgumentError("data plane replica fetch frame too short")
-    op, seen, adopted, offset, max_bytes, wait_ms, cursors, length = _FETCH.unpack_from(body)
+    op, seen, adopted, offset, max_bytes, wait_ms, cursors, flags, length = _FETCH.unpack_from(body)
     if op != wire.OP_REPLICA_FETCH:
         raise InvalidArgumentError(f"unknown data plane operation {op}")
     if min(seen, adopted, offset) < 0 or adopted > seen or max_bytes < 1:
@@ -67,10 +69,14 @@ def decode_fetch(body: bytes | memoryview) -> Fetch:
             f"seen one and max bytes >= 1; got seen {seen}, adopted {adopted}, offset "
             f"{offset}, max bytes {max_bytes}"
         )
+    if flags & ~SEALED:
+        raise InvalidArgumentError(f"a replica fetch with unknown flags {flags:#x}")
     if length > MAX_REPLICA_NAME or len(body) != _FETCH.size + length:
         raise InvalidArgumentError("a replica fetch frame's name does not fit it")
     replica = wire.text(body[_FETCH.size :])
-    return Fetch(replica, seen, adopted, offset, max_bytes, wait_ms / 1000, cursors)
+    return Fetch(
+        replica, seen, adopted, offset, max_bytes, wait_ms / 1000, cursors, bool(flags & SEALED)
+    )
 
 
 def encode_shipment(shipment: Shipment) -> list[bytes | memoryview]:

@@ -50,7 +50,7 @@ Failover (the controller, when a leader's node is gone):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runtime.errors import InvalidArgumentError, NotEnoughNodesError, NotEnoughReplicasError
 
@@ -195,6 +195,7 @@ class ReplicaProgress:
     leader_end: int
     followers: dict[str, int]
     hw: int = 0
+    sealed: set[str] = field(default_factory=set)  # followers whose copy is sealed
 
     @classmethod
     def starting(cls, epoch: int, ack_quorum: int, leader_end: int, hw: int = 0) -> ReplicaProgress:
@@ -206,15 +207,28 @@ class ReplicaProgress:
         self.leader_end = max(self.leader_end, end)
         return self._advance()
 
-    def matched(self, follower: str, epoch: int, end: int) -> int:
-        """``follower`` holds the leader's log up to ``end`` and adopted ``epoch``: an
-        answer about an older epoch (late, from before this leader) counts for nothing."""
+    def matched(self, follower: str, epoch: int, end: int, sealed: bool = False) -> int:
+        """``follower`` holds the leader's log up to ``end`` and adopted ``epoch``
+        (``sealed``: its copy is sealed there): an answer about an older epoch (late, from
+        before this leader) counts for nothing."""
         if epoch == self.epoch:
             self.followers[follower] = max(self.followers.get(follower, 0), end)
+            if sealed:
+                self.sealed.add(follower)
+            else:
+                self.sealed.discard(follower)
         return self._advance()
+
+    def seal_held(self) -> bool:
+        """Whether the ack quorum, the leader among it, holds the sealed log whole: a
+        leader elected from any quorum then knows the log is sealed, so no producer's
+        append lands after the seal."""
+        whole = sum(1 for f in self.sealed if self.followers[f] >= self.leader_end)
+        return 1 + whole >= self.ack_quorum
 
     def forget(self, follower: str) -> None:
         self.followers.pop(follower, None)
+        self.sealed.discard(follower)
 
     def _advance(self) -> int:
         self.hw = max(
@@ -271,6 +285,7 @@ class Fetch:
     max_bytes: int = DEFAULT_SHIPMENT_BYTES
     wait_s: float = 0.0
     cursor_version: int = 0  # of the subscriptions' cursors the follower holds
+    sealed: bool = False  # the follower's log is sealed at ``offset``
 
 
 @dataclass(frozen=True)
@@ -294,11 +309,13 @@ class Shipment:
 
 @dataclass(frozen=True)
 class ReplicaReport:
-    """What a fenced replica tells an election: its log's newest epoch and its end."""
+    """What a fenced replica tells an election: its log's newest epoch, its end, and
+    whether its log is sealed there."""
 
     replica: str
     last_epoch: int
     end: int
+    sealed: bool = False
 
 
 def admits(frame_epoch: int, seen_epoch: int) -> bool:
@@ -314,8 +331,9 @@ def choose_leader(
     avoid: frozenset[str] = frozenset(),
 ) -> ReplicaReport:
     """The replica to lead the next epoch: among at least ``reports_needed`` fenced
-    replicas, the most up-to-date log (newest last epoch, then longest). A tie goes first
-    to a replica not in ``avoid`` (those on the controller's own node: a node lost with
+    replicas, the most up-to-date log (newest last epoch, then longest, then sealed: a
+    seal its leader waited for is held by an ack quorum, which the reports meet). A tie
+    goes first to a replica not in ``avoid`` (those on the controller's own node: a node lost with
     both the controller and a leader leaves that segment without a leader until Ray
     restarts the controller elsewhere), then to ``prefer`` (the leader the record names:
     a segment's first election keeps the leader its placement chose, and a leader that
@@ -330,5 +348,12 @@ def choose_leader(
         )
     return max(
         heard.values(),
-        key=lambda r: (r.last_epoch, r.end, r.replica not in avoid, r.replica == prefer, r.replica),
+        key=lambda r: (
+            r.last_epoch,
+            r.end,
+            r.sealed,
+            r.replica not in avoid,
+            r.replica == prefer,
+            r.replica,
+        ),
     )

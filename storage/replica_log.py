@@ -89,6 +89,16 @@ class LeaderReplica:
         """Each follower counted in this epoch, and the end it is known to hold."""
         return dict(self._progress.followers)
 
+    @property
+    def sealed_by(self) -> set[str]:
+        """The followers whose copy is sealed."""
+        return set(self._progress.sealed)
+
+    @property
+    def seal_held(self) -> bool:
+        """Whether the ack quorum holds this log sealed (``ReplicaProgress.seal_held``)."""
+        return self._log.terminated and self._progress.seal_held()
+
     def appended(self) -> int:
         """The leader's log grew: the new high watermark (grown too if the quorum is the
         leader alone)."""
@@ -110,7 +120,7 @@ class LeaderReplica:
                 f"past the leader's end {end}"
             )
         if fetch.adopted_epoch == self.epoch:
-            self._progress.matched(fetch.replica, self.epoch, fetch.offset)
+            self._progress.matched(fetch.replica, self.epoch, fetch.offset, fetch.sealed)
         frames = b""
         if self._continues(fetch, end):
             frames = log.frames_from(fetch.offset, fetch.max_bytes)
@@ -161,9 +171,11 @@ class FollowerReplica:
 
     def fetch(self, max_bytes: int = DEFAULT_SHIPMENT_BYTES) -> Fetch:
         state = self._state
+        log = self._log
         return Fetch(
-            self.name, state.seen_epoch, state.history.last_epoch, self._log.end_offset, max_bytes
-        )
+            self.name, state.seen_epoch, state.history.last_epoch, log.end_offset, max_bytes,
+            sealed=log.terminated,
+        )  # fmt: skip
 
     def receive(self, shipment: Shipment) -> int:
         """Store what a leader shipped, after cutting a tail it never had; returns the new
@@ -203,7 +215,10 @@ class FollowerReplica:
         return self.report()
 
     def report(self) -> ReplicaReport:
-        return ReplicaReport(self.name, self._state.history.last_epoch, self._log.end_offset)
+        log = self._log
+        return ReplicaReport(
+            self.name, self._state.history.last_epoch, log.end_offset, log.terminated
+        )
 
     def _begin_at(self, shipment: Shipment) -> EpochHistory:
         """An empty follower of a leader whose log begins past 0 begins where it does, with

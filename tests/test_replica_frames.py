@@ -48,12 +48,19 @@ def histories(draw: st.DrawFn) -> EpochHistory:
     max_bytes=st.integers(1, 64 << 20),
     wait_ms=st.integers(0, 60_000),
     version=st.integers(0, 2**60),
+    sealed=st.booleans(),
 )
 def test_a_fetch_decodes_to_itself(
-    replica: str, epochs: list[int], offset: int, max_bytes: int, wait_ms: int, version: int
+    replica: str,
+    epochs: list[int],
+    offset: int,
+    max_bytes: int,
+    wait_ms: int,
+    version: int,
+    sealed: bool,
 ) -> None:
     adopted, seen = epochs
-    fetch = Fetch(replica, seen, adopted, offset, max_bytes, wait_ms / 1000, version)
+    fetch = Fetch(replica, seen, adopted, offset, max_bytes, wait_ms / 1000, version, sealed)
     assert decode_fetch(body(encode_fetch(fetch))) == fetch
 
 
@@ -119,6 +126,14 @@ def _shipment_bytes(**changes: int) -> bytes:
         (lambda: body(encode_fetch(Fetch("r", 1, 2, 0))), "not after the seen one"),
         (lambda: body(encode_fetch(Fetch("r", 1, 1, 0)))[:-1], "name does not fit"),
         (lambda: body(encode_fetch(Fetch("r", 1, 1, 0))) + b"x", "name does not fit"),
+        (  # the flags byte, just before the name's length, with a bit nobody defined
+            lambda: (
+                b := bytearray(body(encode_fetch(Fetch("r", 1, 1, 0)))),
+                b.__setitem__(-4, 0x82),
+                bytes(b),
+            )[-1],
+            "unknown flags 0x82",
+        ),  # fmt: skip
         (
             lambda: bytes([wire.OP_READ]) + body(encode_fetch(Fetch("r", 1, 1, 0)))[1:],
             "unknown data plane operation",

@@ -198,6 +198,37 @@ def test_followers_seal_with_their_leader_once_they_hold_all_of_it(three: Replic
     assert three.logs["r1"].terminated and three.pull("r1") == 6  # sealed stays sealed
 
 
+def test_a_seal_is_held_once_the_quorum_reports_it_and_an_election_chooses_a_sealed_copy(
+    three: Replicas,
+) -> None:
+    three.append(3)
+    three.catch_up("r1", "r2")  # both hold the whole log, unsealed
+    three.logs["r0"].terminate()
+    assert not three.leader.seal_held  # the leader alone is less than the quorum of 2
+    three.pull("r1")  # r1 stores the seal; its next fetch says so
+    assert three.logs["r1"].terminated and not three.leader.seal_held
+    three.pull("r1")
+    assert three.leader.seal_held and three.leader.sealed_by == {"r1"}
+    # The leader is lost: an election heard by r1 (sealed) and r2 (the same end, unsealed)
+    # makes the sealed copy lead, whatever the names' order says.
+    assert three.elect(["r2", "r1"]) == "r1"
+
+
+def test_a_seal_counts_only_for_a_follower_holding_what_the_leader_wrote_after_it(
+    three: Replicas,
+) -> None:
+    three.append(2)
+    three.logs["r0"].terminate()
+    three.catch_up("r1")
+    three.pull("r1")
+    assert three.leader.seal_held
+    three.logs["r0"].mark("t1", committed=False)  # a sealed log takes a marker
+    three.leader.appended()
+    assert not three.leader.seal_held  # r1's sealed copy lacks the marker
+    three.catch_up("r1")
+    assert three.leader.seal_held
+
+
 def test_a_replica_never_leads_an_epoch_twice(three: Replicas) -> None:
     three.append(1)
     three.restart("r0")

@@ -315,6 +315,8 @@ def test_a_sealed_leaders_followers_seal_at_its_end(tmp_path: Path) -> None:
             leader = three.segments["r0"]
             assert await leader.append(make_batch([b"m"] * 5)) == (0, 5)
             assert await leader.terminate() == 5
+            # Answered once the ack quorum holds the seal: a follower's copy is sealed now
+            assert any(three.segments[n]._store.terminated for n in ("r1", "r2"))
 
             async def sealed() -> bool:
                 return all(s._store.terminated for s in three.segments.values())
@@ -323,6 +325,30 @@ def test_a_sealed_leaders_followers_seal_at_its_end(tmp_path: Path) -> None:
             assert {s._store.end_offset for s in three.segments.values()} == {5}
             position = await leader.position()
             assert position["terminated"] and position["endOffset"] == 5
+
+    run(scenario)
+
+
+def test_a_seal_no_quorum_holds_fails_naming_the_segment_and_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    """Both followers stop following: the leader's seal stands (no append is taken), but
+    ``terminate`` says within its commit time-out that no quorum holds it; asked again once
+    a new epoch has followers, it answers."""
+
+    async def scenario() -> None:
+        async with replicas(tmp_path) as three:
+            await three.lead("r0", 1, ack_quorum=2, timeout_s=0.5)
+            leader = three.segments["r0"]
+            assert await leader.append(make_batch([b"m"] * 3)) == (0, 3)
+            for name in ("r1", "r2"):
+                await three.segments[name]._roles.fence(2)
+            with pytest.raises(NotEnoughReplicasError, match=f"{three.name}: sealed at offset 3"):
+                await leader.terminate()
+            assert leader._store.terminated
+            await three.lead("r0", 3, ack_quorum=2, timeout_s=10)
+            assert await leader.terminate() == 3
+            assert any(three.segments[n]._store.terminated for n in ("r1", "r2"))
 
     run(scenario)
 

@@ -117,7 +117,9 @@ class HostReplicaCalls:
             log.warning("%s: replica %s not fenced at epoch %d: %r", self._name, replica,
                         epoch, err)  # fmt: skip
             return None
-        return ReplicaReport(answer["replica"], answer["lastEpoch"], answer["end"])
+        return ReplicaReport(
+            answer["replica"], answer["lastEpoch"], answer["end"], answer.get("sealed", False)
+        )
 
     async def lead(self, replica: str, epoch: int, replication: Replication) -> None:
         handle = await self._required(replica)

@@ -251,11 +251,14 @@ class Segment(TransactionCalls):
         credential: str | None = None,
     ) -> int:
         """Seal the segment; ``sealed``: (children, layout epoch) of the split or merge
-        that replaces it, kept in its storage for recovery."""
+        that replaces it, kept in its storage for recovery. A replicated segment's leader
+        answers once its ack quorum holds the seal (``LeaderRole.sealed``)."""
         self._check(credential, Permission.ADMIN)
         end = self._store.terminate(epoch, SealedBy(*sealed) if sealed is not None else None)
         self._reader.wake()
         self._appender.release_turns()
+        if (leader := self._roles.leader) is not None:
+            await leader.sealed()  # a replicated seal stands once its quorum holds it
         return end
 
     async def delete(self, epoch: int | None = None, *, credential: str | None = None) -> None:
@@ -401,7 +404,8 @@ class Segment(TransactionCalls):
         no older leader is followed or served as one."""
         self._check(credential, Permission.ADMIN)
         report = await self._roles.fence(epoch)
-        return {"replica": report.replica, "lastEpoch": report.last_epoch, "end": report.end}
+        return {"replica": report.replica, "lastEpoch": report.last_epoch, "end": report.end,
+                "sealed": report.sealed}  # fmt: skip
 
     async def hand_over(self, to: str, wait_s: float, *, credential: str | None = None) -> bool:
         """Stop taking appends until follower ``to`` holds this leader's whole log

@@ -79,6 +79,7 @@ class LeaderRole:
         self._arrivals = itertools.count()
         # One timer for every waiting answer's time-out, not one per append.
         self._timer: asyncio.TimerHandle | None = None
+        self._seal_waiters: list[asyncio.Future[None]] = []  # ``sealed`` callers
         self.handing_over = False  # no append is taken while the lead moves elsewhere
         store.limit_reads(replica.hw)
 
@@ -105,18 +106,50 @@ class LeaderRole:
         if answer:
             raise wire.decode_error(answer[wire.LENGTH.size :])
 
+    async def sealed(self) -> None:
+        """Wait until the ack quorum holds the sealed log whole: an election among any
+        replicas it needs then chooses a sealed copy, so no producer's append is taken
+        after the seal by a new leader. ``NotEnoughReplicasError`` naming the segment
+        when that takes longer than an append's ``commit_timeout_s``; the seal stands, and
+        asking again waits again. Who calls: the segment's ``terminate``."""
+        if self.replica.seal_held:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._seal_waiters.append(future)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), self._commit_timeout_s)
+        except TimeoutError:
+            raise NotEnoughReplicasError(
+                f"{self._name}: sealed at offset {self._store.end_offset}, but "
+                f"{self.replica.ack_quorum} replicas did not hold the seal within "
+                f"{self._commit_timeout_s:g}s (epoch {self.epoch}; followers holding the "
+                f"sealed log: {', '.join(sorted(self.replica.sealed_by)) or 'none'})"
+            ) from None
+        finally:
+            if future in self._seal_waiters:
+                self._seal_waiters.remove(future)
+
+    def _seal_news(self) -> None:
+        if self._seal_waiters and self.replica.seal_held:
+            waiters, self._seal_waiters = self._seal_waiters, []
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
     async def serve_fetch(self, body: bytes) -> bytes:
         """A follower's fetch: counted, then answered with what follows its offset, at
         once or when there is some (or when its wait is over)."""
         fetch = decode_fetch(body)
         shipment = self.replica.ship(fetch)
         self._advance(self.replica.hw)
+        self._seal_news()
         store = self._store
         if (
             not shipment.frames
             and store.cursor_version == fetch.cursor_version
             and fetch.wait_s > 0
             and fetch.offset == shipment.end
+            and fetch.sealed == shipment.sealed
         ):
             await self._wait_for_news(fetch)
             shipment = self.replica.ship(replace(fetch, wait_s=0))
@@ -126,8 +159,8 @@ class LeaderRole:
         return b"".join(encode_shipment(shipment))
 
     async def _wait_for_news(self, fetch: Fetch) -> None:
-        """Until the log grows past the fetch, the cursors move, or the fetch's wait is
-        over: looked at every ``CURSOR_LOOK_S``, so an acknowledgement reaches the
+        """Until the log grows past the fetch, is sealed, the cursors move, or the fetch's
+        wait is over: looked at every ``CURSOR_LOOK_S``, so an acknowledgement reaches the
         followers that soon even while no entry arrives (a failover then redelivers
         little of what was acknowledged)."""
         loop = asyncio.get_running_loop()
@@ -137,6 +170,8 @@ class LeaderRole:
             await self._wait_for_data(min(left, CURSOR_LOOK_S))
             if store.end_offset > fetch.offset or store.cursor_version != fetch.cursor_version:
                 return
+            if store.terminated and not fetch.sealed:
+                return
 
     def stop(self, why: ScalableTopicsError) -> None:
         """Leading ends (a new epoch elsewhere, the segment closing): every waiting
@@ -145,6 +180,10 @@ class LeaderRole:
         for _, _, _, future, _ in waiting:
             if not future.done():
                 future.set_result(wire.encode_error(why))
+        sealing, self._seal_waiters = self._seal_waiters, []
+        for seal in sealing:
+            if not seal.done():
+                seal.set_exception(why)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

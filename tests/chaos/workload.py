@@ -107,7 +107,9 @@ class QueueConsumerProcess:
 
         self.run, self.address = run, address
         self.context = multiprocessing.get_context("spawn")
-        self.stop = self.context.Event()
+        # A process's own stop event: one killed while it held the event's lock (in
+        # ``is_set``) would leave a shared one locked for good, and ``finish`` waiting on it.
+        self.stop: Any = None
         self.process: Any = None
         self.recorders: list[threading.Thread] = []
         self.lock = threading.Lock()
@@ -116,6 +118,7 @@ class QueueConsumerProcess:
         import ray
 
         receive, send = self.context.Pipe(duplex=False)
+        self.stop = self.context.Event()
         namespace = ray.get_runtime_context().namespace
         args = (self.run.topic, self.address, namespace, send, self.stop)
         self.process = self.context.Process(target=queue_consumer_process, args=args, daemon=True)
