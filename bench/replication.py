@@ -4,8 +4,8 @@ in the same rounds, on a ``ray.cluster_utils`` cluster of three nodes with a dis
 Each round runs in a child process with a fresh cluster (head + nodes a, b, c, one CPU
 each, ``RAYTOPICS_STORAGE_SCOPE=node``, a storage root per node). The leader is on a; the
 replicated segment's followers on b and c pull from it over the data plane
-(``actors.segment.replication``). The roles are given by hand, as a controller will:
-this measures the data path, not placement or failover.
+(``actors.segment.replication``). The roles are given by hand, as the controller gives
+them: this measures the data path, not placement or failover.
 
 One producer in the driver appends over the data plane (``SegmentChannel``), batches of
 ``--batch`` (100) records of 100 bytes, sequenced, at most ``--window`` (64) in flight:
@@ -19,8 +19,8 @@ CPU seconds per million messages in each phase (``/proc/stat``: every process, t
 three replicas' hosts included), since one machine holding three replicas does three
 times the disk and copy work of one.
 
-Leader failover (node kill to the first acknowledged send on the new leader) is not
-measured: elections are not run by the controller yet.
+Leader failover (node kill to the first acknowledged send on the new leader) is
+``bench/replication_failover.py``'s.
 
     .venv/bin/python bench/replication.py            # 2 rounds, ~2 min
 

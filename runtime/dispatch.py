@@ -25,13 +25,16 @@ from dataclasses import dataclass, field
 
 from runtime.errors import TransactionConflictError
 
-_HELD = "txn:"  # an in-flight offset's holder when a transaction holds it
-
 
 @dataclass
 class _InFlight:
-    consumer: str
+    """Who holds an offset handed out: a consumer until its ack deadline, or a
+    transaction (``txn``: its id) until it is decided. Kept apart, so that no consumer's
+    name can pass for a transaction's."""
+
+    consumer: str | None
     deadline: float
+    txn: str | None = None
 
 
 @dataclass
@@ -101,23 +104,22 @@ class QueueDispatcher:
         acknowledgement in the transaction."""
         self.expire(now)
         offsets = [o for o in offsets if not is_acked(o)]
-        holder = _HELD + txn_id
         for offset in offsets:
             held = self._in_flight.get(offset)
-            if held is not None and held.consumer.startswith(_HELD) and held.consumer != holder:
+            if held is not None and held.txn is not None and held.txn != txn_id:
                 raise TransactionConflictError(
-                    f"offset {offset} is acknowledged in transaction "
-                    f"{held.consumer.removeprefix(_HELD)} already, not yet decided"
+                    f"offset {offset} is acknowledged in transaction {held.txn} already, "
+                    "not yet decided"
                 )
         until = now + hold_s
         for offset in offsets:
-            self._in_flight[offset] = _InFlight(holder, until)
+            self._in_flight[offset] = _InFlight(None, until, txn_id)
             heapq.heappush(self._hold_ends, (until, offset))
 
     def release(self, txn_id: str) -> list[int]:
         """Put back in line what ``txn_id`` held (it aborted); the offsets. Who calls:
         the transaction coordinator finishing an abort."""
-        held = [o for o, f in self._in_flight.items() if f.consumer == _HELD + txn_id]
+        held = [o for o, f in self._in_flight.items() if f.txn == txn_id]
         self.negative_ack(held)
         return held
 

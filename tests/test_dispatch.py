@@ -20,7 +20,8 @@ class Model:
     def __init__(self, dispatcher: QueueDispatcher) -> None:
         self.dispatcher = dispatcher
         self.acked: set[int] = set()
-        self.held: dict[int, tuple[str, float]] = {}
+        # offset -> (holder, until): a consumer's name, or ("txn", id) for a transaction
+        self.held: dict[int, tuple[str | tuple[str, str], float]] = {}
         self.delivered: dict[int, int] = {}
         self.end = 0
         self.now = 0.0
@@ -59,10 +60,10 @@ class Model:
         """A transaction holds ``offsets`` (its acknowledgement, pending): refused whole
         when another live transaction holds one of them."""
         self.held = {o: h for o, h in self.held.items() if h[1] > self.now}
-        holder = f"txn:{txn}"
+        holder = ("txn", txn)
         offsets = [o for o in offsets if o not in self.acked]
         holders = {o: self.held.get(o, (holder, 0))[0] for o in offsets}
-        others = [o for o, h in holders.items() if h.startswith("txn:") and h != holder]
+        others = [o for o, h in holders.items() if isinstance(h, tuple) and h != holder]
         try:
             self.dispatcher.hold(offsets, txn, self.acked.__contains__, self.now, HOLD)
         except TransactionConflictError:
@@ -73,7 +74,7 @@ class Model:
             self.held[offset] = (holder, self.now + HOLD)
 
     def release(self, txn: str) -> None:
-        self.held = {o: h for o, h in self.held.items() if h[0] != f"txn:{txn}"}
+        self.held = {o: h for o, h in self.held.items() if h[0] != ("txn", txn)}
         self.dispatcher.release(txn)
 
     def available(self) -> set[int]:
@@ -170,6 +171,19 @@ def test_acked_offsets_are_never_handed_out_again() -> None:
     acked.add(5)  # acked while held by a (late ack from an earlier holder)
     assert dispatcher.take("b", 10, 6, acked.__contains__, TIMEOUT + 1) == [3]
     assert dispatcher.in_flight == 1
+
+
+def test_a_consumer_named_like_a_transaction_is_neither_taken_for_one_nor_frees_its_holds() -> None:
+    dispatcher = QueueDispatcher(ack_timeout_s=TIMEOUT)
+    never = set().__contains__
+    assert dispatcher.take("txn:t1", 2, 4, never, 0.0) == [0, 1]
+    dispatcher.hold([0], "t2", never, 0.0, HOLD)  # no conflict: a consumer held it
+    assert dispatcher.take("c", 4, 4, never, 0.0) == [2, 3]
+    dispatcher.hold([2, 3], "t1", never, 0.0, HOLD)
+    dispatcher.consumer_left("txn:t1")  # its offset 1 goes back; t1's holds stay
+    assert dispatcher.take("d", 4, 4, never, 1.0) == [1]
+    with pytest.raises(TransactionConflictError, match="transaction t1"):
+        dispatcher.hold([3], "t3", never, 1.0, HOLD)
 
 
 def test_stale_negative_ack_does_not_release_another_consumers_hold() -> None:
