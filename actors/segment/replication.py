@@ -149,7 +149,7 @@ class LeaderRole:
             and store.cursor_version == fetch.cursor_version
             and fetch.wait_s > 0
             and fetch.offset == shipment.end
-            and fetch.sealed == shipment.sealed
+            and not (shipment.sealed and not fetch.sealed)
         ):
             await self._wait_for_news(fetch)
             shipment = self.replica.ship(replace(fetch, wait_s=0))
