@@ -145,10 +145,15 @@ def _election(
 ) -> Step:
     answering = tuple(replica for replica in replicas if _candidate(answers.get(replica)))
     if len(answering) < replication.reports_needed:
+        missing = ", ".join(
+            f"{replica} {'lost its files' if answers.get(replica) else 'does not answer'}"
+            for replica in replicas
+            if replica not in answering
+        )
         return Unavailable(
             f"its leader {replicas[0]} does not lead, and an election needs "
             f"{replication.reports_needed} of {replication.factor} replicas with their "
-            f"files; {len(answering)} answer"
+            f"files; {len(answering)} answer ({missing})"
         )
     lost = tuple(r for r in replicas if (answer := answers.get(r)) is not None and answer.lost)
     return Elect(answering, lost)

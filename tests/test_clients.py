@@ -98,7 +98,7 @@ def wait_for(predicate, timeout_s: float = 30.0, what: str | Callable[[], str] =
 
 
 def test_scalability_under_load_with_splits_merges_and_rebalancing(admin, unique):
-    topic = f"topic://load/ns/t-{unique}"
+    topic = f"topic://clients/ns/load-t-{unique}"
     admin.create_scalable_topic(topic, 4)
     admin.create_subscription(topic, "orders")
     received: list[tuple] = []
@@ -160,7 +160,7 @@ def owners(topic: str, subscription: str) -> dict[int, str]:
 
 
 def test_sessions_survive_disconnects_within_grace_and_coordinator_restarts(admin, unique):
-    topic = f"topic://sessions/ns/t-{unique}"
+    topic = f"topic://clients/ns/sessions-t-{unique}"
     admin.create_scalable_topic(topic, 4)
     admin.create_subscription(topic, "s", session_grace_s=8)
     a = ConsumerHost.remote(topic, "s", "a")
@@ -195,7 +195,7 @@ def test_sessions_survive_disconnects_within_grace_and_coordinator_restarts(admi
 
 
 def test_children_are_never_delivered_before_parents_are_drained(admin, unique):
-    topic = f"topic://dagorder/ns/t-{unique}"
+    topic = f"topic://clients/ns/dagorder-t-{unique}"
     admin.create_scalable_topic(topic, 1)
     admin.create_subscription(topic, "s")
     with Producer(topic) as prod:
@@ -243,7 +243,7 @@ def test_stream_consumer_waits_out_a_segment_actor_that_is_gone(admin, unique, m
     import actors.segment.lookup
 
     monkeypatch.setattr(actors.segment.lookup, "LOOKUP_WAIT_S", 1.0)  # give up fast, many times
-    topic = f"topic://lost/ns/t-{unique}"
+    topic = f"topic://clients/ns/lost-t-{unique}"
     admin.create_scalable_topic(topic, 1)
     admin.create_subscription(topic, "s")
     with Producer(topic) as prod:
@@ -294,7 +294,7 @@ def test_a_failed_segment_lookup_fails_its_sends_instead_of_hanging(admin, uniqu
         return await real_lookup(name, timeout_s, **options)
 
     monkeypatch.setattr(lookup, "find_segment_actor", flaky_lookup)  # before the producer
-    topic = f"topic://lost/ns/lookup-{unique}"
+    topic = f"topic://clients/ns/lost-lookup-{unique}"
     admin.create_scalable_topic(topic, 1)
     with Producer(topic) as prod:
         with pytest.raises(SendTimeoutError, match="GCS unreachable"):
@@ -318,7 +318,7 @@ def test_a_failed_layout_adoption_is_retried_and_sends_go_on(admin, unique, monk
         await real_retire(self, retiring, layout)
 
     monkeypatch.setattr(core.ProducerCore, "_retire", failing_once)
-    topic = f"topic://lost/ns/adopt-{unique}"
+    topic = f"topic://clients/ns/lost-adopt-{unique}"
     admin.create_scalable_topic(topic, 1)
     with Producer(topic) as prod:
         prod.send(b"before", key="k").result(timeout=30)
@@ -332,7 +332,7 @@ def test_a_failed_layout_adoption_is_retried_and_sends_go_on(admin, unique, monk
 
 
 def test_queue_consumers_with_splits_and_negative_acks(admin, unique):
-    topic = f"topic://queue/ns/t-{unique}"
+    topic = f"topic://clients/ns/queue-t-{unique}"
     admin.create_scalable_topic(topic, 2)
     admin.create_subscription(topic, "work")
     consumers = [QueueConsumer(topic, "work") for _ in range(4)]
@@ -383,7 +383,7 @@ def test_queue_consumers_with_splits_and_negative_acks(admin, unique):
 
 
 def test_checkpoint_consumer_resumes_exactly_after_its_checkpoint(admin, unique):
-    topic = f"topic://ckpt/ns/t-{unique}"
+    topic = f"topic://clients/ns/ckpt-t-{unique}"
     admin.create_scalable_topic(topic, 2)
     prod = Producer(topic)
     for i in range(1_000):
@@ -456,7 +456,7 @@ def test_acknowledging_a_batch_acknowledges_every_segment_in_it(admin, unique):
     """``acknowledge_cumulative(batch)`` covers each segment's messages in the batch, not
     only the segment of its last message, so a sealed parent finishes and its children
     are delivered."""
-    topic = f"topic://ackbatch/ns/t-{unique}"
+    topic = f"topic://clients/ns/ackbatch-t-{unique}"
     admin.create_scalable_topic(topic, 2)
     admin.create_subscription(topic, "s")
     with Producer(topic) as producer:
@@ -489,7 +489,7 @@ def test_close_leaves_at_once_and_what_was_not_acknowledged_comes_again(admin, u
     """``close()`` flushes the acknowledgements made and leaves without waiting for the
     rest (``release_timeout_s`` is for rebalances): the next consumer gets exactly the
     unacknowledged messages, in order."""
-    topic = f"topic://closing/ns/t-{unique}"
+    topic = f"topic://clients/ns/closing-t-{unique}"
     admin.create_scalable_topic(topic, 1)
     admin.create_subscription(topic, "s")
     with Producer(topic) as producer:
@@ -517,7 +517,7 @@ def test_a_received_table_holds_the_messages_as_columns_and_acknowledges_per_seg
     """``receive_table`` is ``receive_batch`` without a Python object per message: the
     same messages, each segment's in offset order, and ``acknowledge_cumulative`` of
     any rows of it acks each segment up to its highest offset among them."""
-    topic = f"topic://acktable/ns/t-{unique}"
+    topic = f"topic://clients/ns/acktable-t-{unique}"
     admin.create_scalable_topic(topic, 2)
     admin.create_subscription(topic, "s")
     values = [f"v{i}".encode() for i in range(400)]
@@ -557,7 +557,7 @@ def test_a_received_table_holds_the_messages_as_columns_and_acknowledges_per_seg
 
 
 def test_ray_actor_consumes_what_ray_tasks_produce(admin, unique):
-    topic = f"topic://rayapps/ns/t-{unique}"
+    topic = f"topic://clients/ns/rayapps-t-{unique}"
     admin.create_scalable_topic(topic, 3)
     admin.create_subscription(topic, "app")
     sink = Sink.remote(topic)

@@ -63,7 +63,7 @@ def assert_operation_complete(admin, topic, parents, subscriptions) -> SegmentLa
 @pytest.mark.parametrize("kind", ["split", "merge"])
 @pytest.mark.parametrize("step", [1, 2, 3, 4])
 def test_controller_crash_after_each_protocol_step_rolls_forward(admin, unique, kind, step):
-    topic = f"topic://crash/{kind}{step}/t-{unique}"
+    topic = f"topic://ctl/ns/crash-{kind}{step}-{unique}"
     admin.create_scalable_topic(topic, 2)
     for sub in ("alpha", "beta"):
         admin.create_subscription(topic, sub)
@@ -86,7 +86,7 @@ def test_controller_crash_after_each_protocol_step_rolls_forward(admin, unique, 
 
 
 def test_concurrent_split_merge_requests_are_serialized(admin, unique):
-    topic = f"topic://conc/ns/t-{unique}"
+    topic = f"topic://ctl/ns/conc-{unique}"
     admin.create_scalable_topic(topic, 8)
     rnd = random.Random(7)
     requests = []
@@ -136,7 +136,7 @@ async def wait_until_ready(name: TopicName, above_epoch: int = 0, timeout_s: flo
 
 
 def test_stale_controller_cannot_change_metadata_or_segments(admin, unique):
-    topic = f"topic://stale/ns/t-{unique}"
+    topic = f"topic://ctl/ns/stale-{unique}"
     admin.create_scalable_topic(topic, 2)
     name = TopicName.parse(topic)
     root = os.environ["RAYTOPICS_STORAGE_ROOT"]
@@ -220,7 +220,7 @@ def test_topic_lifecycle_and_errors_leave_nothing_half_created(admin, unique):
 
 
 def test_segments_api_through_the_controller(admin, unique):
-    topic = f"topic://segapi/ns/t-{unique}"
+    topic = f"topic://ctl/ns/segapi-{unique}"
     admin.create_scalable_topic(topic, 2)
     name = TopicName.parse(topic)
     extra = str(name.segment(50, 0, 0xFF))

@@ -169,7 +169,7 @@ def test_consumers_joining_split_a_loaded_topic_and_rebucket_an_idle_one(
     """Two segments at 0.7 of their target each (no reason to split by load), then four
     stream consumers join: the busiest splits. With no load, the same consumers leave
     the layout as it is and share it by key bucket."""
-    topic = f"topic://shared/scale/t-{unique}"
+    topic = f"topic://shared/ns/scale-{unique}"
     admin.create_scalable_topic(topic, 2)
     admin.create_subscription(topic, "work")
     # minSegments 2: the idle topic's two cold segments would otherwise merge (its policy

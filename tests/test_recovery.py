@@ -99,7 +99,7 @@ def written(admin, topic: str, rounds: int) -> str:
 
 
 def test_a_recreated_name_delivers_nothing_of_the_old_topic(admin, unique):
-    topic = f"topic://ident/ns/again-{unique}"
+    topic = f"topic://recov/ns/ident-again-{unique}"
     first = written(admin, topic, rounds=25)
     admin.delete_scalable_topic(topic)
 
@@ -215,7 +215,7 @@ def pid_of(actor: str) -> int:
 def test_a_name_deleted_and_created_anew_is_watched_as_the_new_topic(admin, unique):
     """The DAG watch server read the name as deleted; created again at once, a client
     that read the new layout and listens for changes is not told it was deleted."""
-    topic = f"topic://ident/ns/watched-{unique}"
+    topic = f"topic://recov/ns/ident-watched-{unique}"
     admin.create_scalable_topic(topic, 1)
     server = dag_watch_actor()
     old_epoch = ray.get(server.listen.remote(topic, None, 0.1))["epoch"]  # now watched
@@ -229,7 +229,7 @@ def test_a_name_deleted_and_created_anew_is_watched_as_the_new_topic(admin, uniq
 
 
 def test_a_topic_whose_metadata_was_lost_is_not_adopted_by_a_new_one(admin, unique):
-    topic = f"topic://ident/ns/lost-{unique}"
+    topic = f"topic://recov/ns/ident-lost-{unique}"
     lost = written(admin, topic, rounds=10)
     wipe(topic)
 
@@ -343,7 +343,7 @@ def test_recover_refuses_bad_requests_and_changes_nothing(admin, unique, kv_snap
 def test_storage_check_and_recover_over_rest(admin, unique):
     from actors.gateway.server import start_gateway, stop_gateway
 
-    topic = f"topic://recov/rest/t-{unique}"
+    topic = f"topic://recov/ns/rest-{unique}"
     admin.create_scalable_topic(topic, 1)
     incarnation = admin.get_stats(topic)["incarnation"]
     wipe(topic)
@@ -353,7 +353,7 @@ def test_storage_check_and_recover_over_rest(admin, unique):
         with AdminHttpClient(url) as client:
             report = client.check_storage()
             assert incarnation in {o["incarnation"] for o in report["orphaned"]}
-            path = f"/admin/v2/scalable/recov/rest/t-{unique}/recover"
+            path = f"/admin/v2/scalable/recov/ns/rest-{unique}/recover"
             status, body = http(url, "POST", path, {"incarnation": "nope"})
             assert status == 400 and body["error"] == "invalid_argument"
             key = {"Idempotency-Key": f"recover-{unique}"}

@@ -47,6 +47,7 @@ def test_without_enough_answers_there_is_no_election() -> None:
     (step,) = steps({"d1": None, "d2": FOLLOWS, "d3": None}, gone={"d1", "d3"})
     assert isinstance(step, Unavailable)
     assert "needs 2 of 3 replicas with their files; 1 answer" in step.why
+    assert "(d1 does not answer, d3 does not answer)" in step.why  # which, for the operator
 
 
 def test_followers_are_told_their_role_or_replaced_once_lost() -> None:
@@ -72,6 +73,7 @@ def test_a_replica_whose_files_are_gone_is_rebuilt_and_never_elected() -> None:
     ]
     (step,) = steps({"d1": RoleAnswer("leader", 4, lost=True), "d2": lost, "d3": FOLLOWS})
     assert isinstance(step, Unavailable) and "with their files; 1 answer" in step.why
+    assert "(d1 lost its files, d2 lost its files)" in step.why
 
 
 # --- the policy's shape --------------------------------------------------------------------

@@ -97,7 +97,7 @@ def test_read_after_splits_and_merges_returns_every_record_once(
     """``tiered``: the sealed segments are read from the topic's tier (a ``file://`` one)
     by a Parquet scan, and by Ray Data from the files too, without waking them;
     ``tiered-s3``: from an S3 server on loopback, by the tasks with ``pyarrow``."""
-    topic = f"topic://spark/read/dag-{storage}-{unique}"
+    topic = f"topic://spark/ns/read-dag-{storage}-{unique}"
     admin.create_scalable_topic(topic, num_segments=2)
     admin.create_subscription(topic, "audit")
     if storage == "tiered":
@@ -176,7 +176,7 @@ def wait_hibernating(admin, topic: str, sealed: int) -> None:
 
 
 def test_ray_dataset_and_bounds(admin, unique) -> None:
-    topic = f"topic://spark/read/bounds-{unique}"
+    topic = f"topic://spark/ns/read-bounds-{unique}"
     admin.create_scalable_topic(topic, num_segments=2)
     admin.create_subscription(topic, "audit")
     with Producer(topic) as producer:
@@ -213,7 +213,7 @@ def test_ray_dataset_and_bounds(admin, unique) -> None:
 
 def test_segment_outside_the_layout_is_neither_required_nor_read(admin, unique) -> None:
     """A child that an in-flight split has created but not yet published in the layout."""
-    topic = f"topic://spark/read/inflight-{unique}"
+    topic = f"topic://spark/ns/read-inflight-{unique}"
     admin.create_scalable_topic(topic, num_segments=1)
     with Producer(topic) as producer:
         send(producer, 0, 100)
@@ -229,7 +229,7 @@ def test_segment_outside_the_layout_is_neither_required_nor_read(admin, unique) 
 
 
 def test_unavailable_segments_fail_the_read_or_are_reported(admin, spark, unique) -> None:
-    topic = f"topic://spark/read/lost-{unique}"
+    topic = f"topic://spark/ns/read-lost-{unique}"
     admin.create_scalable_topic(topic, num_segments=3)
     with Producer(topic) as producer:
         send(producer, 0, 3_000)
@@ -256,7 +256,7 @@ def test_unavailable_segments_fail_the_read_or_are_reported(admin, spark, unique
 
 
 def test_write_then_read_gives_the_same_rows(admin, spark, unique) -> None:
-    topic = f"topic://spark/write/bulk-{unique}"
+    topic = f"topic://spark/ns/write-bulk-{unique}"
     admin.create_scalable_topic(topic, num_segments=4)
     source = spark.range(0, 200_000, numPartitions=4).selectExpr(
         "concat('user-', cast(id % 997 as string)) as key",
@@ -287,7 +287,7 @@ def fingerprint(df) -> tuple[int, int, int]:
 def test_a_retried_write_task_does_not_duplicate(admin, spark, unique) -> None:
     """The first attempt of partition 1 fails after storing 4 of its 6 chunks; Spark retries
     it, and the retry finds those chunks recorded as stored and stores only the others."""
-    topic = f"topic://spark/write/retry-{unique}"
+    topic = f"topic://spark/ns/write-retry-{unique}"
     admin.create_scalable_topic(topic, num_segments=2)
     from pyspark.sql.functions import udf
 
@@ -325,7 +325,7 @@ def test_a_write_task_retried_after_a_split_still_stores_each_row_once(
     in the children that own their rows now. Each row once, none lost."""
     import threading
 
-    topic = f"topic://spark/write/resplit-{unique}"
+    topic = f"topic://spark/ns/write-resplit-{unique}"
     admin.create_scalable_topic(topic, num_segments=2)
     from pyspark.sql.functions import udf
 
@@ -379,7 +379,7 @@ def test_a_write_task_retried_after_a_split_still_stores_each_row_once(
 
 
 def test_write_properties_and_unkeyed_rows(admin, spark, unique) -> None:
-    topic = f"topic://spark/write/props-{unique}"
+    topic = f"topic://spark/ns/write-props-{unique}"
     admin.create_scalable_topic(topic, num_segments=2)
     source = spark.createDataFrame(
         [(f"v{i}", {"i": str(i)} if i % 2 else None) for i in range(100)],

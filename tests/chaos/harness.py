@@ -39,6 +39,7 @@ from tests.chaos.workload import (
 
 FAULTS = ("controller_node", "segment_node", "coordinator", "consumer", "split", "merge")
 REPLICAS_RESTORED_S = 90
+LEADER_FOUND_S = 30
 
 
 def schedule(
@@ -77,6 +78,9 @@ class Faults:
         self.factor = ((shape.policy or {}).get("replication") or {}).get("factor", 1)
         self.admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
         self.nodes_lock = threading.Lock()  # Cluster is not thread-safe
+        # Node faults wait for the replicas lost to the one before, then remove a node: one
+        # at a time, or two threads would both see the replicas in sync and both remove.
+        self.node_faults = threading.Lock()
         self.missing_nodes = 0
         self.removed: set[str] = set()  # node ids
         self.threads: list[threading.Thread] = []
@@ -120,7 +124,10 @@ class Faults:
         self.run.faults.append(outcome)
         print(f"  [{time.strftime('%X')}] {outcome}", flush=True)
 
-    def _kill_node_of(self, actor_name: str) -> str:
+    def _kill_node_of(self, actor_name: str) -> str | None:
+        """Remove the node of the actor ``actor_name`` (kill it, on the head node); None
+        when it is not alive now or its node is gone already (the GCS has not seen it go
+        yet): the caller looks again."""
         import ray
 
         from runtime.config import ray_namespace
@@ -128,7 +135,7 @@ class Faults:
         with self.nodes_lock:
             alive = [a for a in alive_actors() if a["Name"] == actor_name]
             if not alive:
-                return f"{actor_name} not alive"
+                return None
             node_id = alive[0]["Address"]["NodeID"]
             node = next((n for n in self.cluster.worker_nodes if n.node_id == node_id), None)
             if node is not None:
@@ -136,13 +143,14 @@ class Faults:
                 self.missing_nodes += 1
                 self.removed.add(node_id)
                 return f"removed node {node_id[:8]} holding {actor_name} (to be replaced)"
-            if node_id != self.cluster.head_node.node_id:  # the GCS has not seen it go yet
-                return f"{actor_name} is on node {node_id[:8]}, removed already"
+            if node_id != self.cluster.head_node.node_id:
+                return None
         ray.kill(ray.get_actor(actor_name, namespace=ray_namespace()), no_restart=False)
         return f"{actor_name} is on the head node: killed its process"
 
     def _replicas_restored(self) -> str:
-        """Wait until every active segment has all its replicas in sync again. The
+        """Wait until every replicated segment still served (the active ones, and sealed
+        ones whose backlog readers still read) has all its replicas in sync again. The
         guarantee of a factor F with ack quorum Q is the loss of F-Q nodes at a time:
         a second loss before the first one's replicas are replaced may leave a segment
         too few replicas to elect a leader (it then waits for a lost node to come back,
@@ -161,7 +169,7 @@ class Faults:
                 active = {str(i) for i in self.admin.get_layout(self.run.topic).active_segments}
                 status = ray.get(controller_actor(topic).autoscale_status.remote(), timeout=10)
                 views = status["replicas"]
-                if active <= set(views) and all(self._restored(views[i]) for i in active):
+                if active <= set(views) and all(map(self._restored, views.values())):
                     return f"after {waited:.1f} s for every replica in sync, " if waited > 1 else ""
             except Exception:  # noqa: BLE001, S110 - a controller restarting: ask again
                 pass
@@ -181,23 +189,39 @@ class Faults:
         from actors.controller_directory import ControllerDirectory
         from runtime.names import TopicName
 
-        waited = self._replicas_restored()
-        entry = ControllerDirectory().get(TopicName.parse(self.run.topic))
-        return waited + (self._kill_node_of(entry.host) if entry else "no controller runs")
+        with self.node_faults:
+            waited = self._replicas_restored()
+            entry = ControllerDirectory().get(TopicName.parse(self.run.topic))
+            if entry is None:
+                return waited + "no controller runs"
+            return waited + (self._kill_node_of(entry.host) or f"{entry.host} not alive")
 
     def _segment_node(self, rng: random.Random) -> str:
+        """Remove the node whose segment host leads a segment active now. A choice made as
+        a split or merge ends, or as a host restarts, may find no live leader: chosen
+        again, for up to ``LEADER_FOUND_S``, so that the schedule's fault takes place."""
+        with self.node_faults:
+            return self._remove_a_leaders_node(rng)
+
+    def _remove_a_leaders_node(self, rng: random.Random) -> str:
+        from actors.segment.directory import SegmentDirectory
         from runtime.names import TopicName
 
         waited = self._replicas_restored()
-        layout = self.admin.get_layout(self.run.topic)
-        info = rng.choice(list(layout.active_segments.values()))
-        name = TopicName.parse(self.run.topic).segment(
-            info.segment_id, info.hash_range.start, info.hash_range.end
-        )
-        from actors.segment.directory import SegmentDirectory
-
-        entry = SegmentDirectory().get(name)  # the segment's host process
-        return waited + (self._kill_node_of(entry.host) if entry else f"{name} not served")
+        deadline = time.monotonic() + LEADER_FOUND_S
+        while True:
+            layout = self.admin.get_layout(self.run.topic)
+            info = rng.choice(list(layout.active_segments.values()))
+            name = TopicName.parse(self.run.topic).segment(
+                info.segment_id, info.hash_range.start, info.hash_range.end
+            )
+            entry = SegmentDirectory().get(name)  # the segment's host process
+            outcome = self._kill_node_of(entry.host) if entry else None
+            if outcome is not None:
+                return waited + outcome
+            if time.monotonic() >= deadline:
+                return waited + f"no live leader of an active segment in {LEADER_FOUND_S} s"
+            time.sleep(0.5)
 
     def _coordinator(self, _rng: random.Random) -> str:
         import ray

@@ -69,4 +69,5 @@ def test_replicated_seeds(tmp_path: Path) -> None:
     three producers, during splits and merges."""
     for result in check_seeds(harness_output(REPLICATED_SEEDS, tmp_path), [6, 13]):
         # both schedules lose two leaders' nodes, one at a time (the harness waits)
-        assert sum("removed node" in f for f in result["faults"]) == 2, result
+        faults = "\n".join(result["faults"])
+        assert sum("removed node" in f for f in result["faults"]) == 2, faults
