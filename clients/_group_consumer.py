@@ -288,6 +288,10 @@ class GroupConsumerCore:
         wanted = {s["segmentId"]: s for s in assignment["segments"]}
         for segment_id in [s for s in self.readers if s not in wanted]:
             asyncio.get_running_loop().create_task(self._give_up(self.readers[segment_id]))
+        for segment_id in assignment.get("releasing", ()):
+            if segment_id not in self.readers:  # never read here: nothing to acknowledge
+                with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *REFUSALS):
+                    await self.access.release(self.consumer, segment_id, None)
         for segment_id, spec in wanted.items():
             if segment_id not in self.readers and segment_id not in self.finished:
                 name = SegmentName.parse(spec["segmentTopic"])

@@ -174,6 +174,16 @@ class GroupState:
             sorted(s for s, o in self.owners.items() if o == consumer and s not in self.revoked)
         )
 
+    def releasing(self, consumer: str) -> tuple[int, ...]:
+        """The segments of ``consumer``'s shares being taken back. Who calls: the
+        coordinator, in every answer. What it affects: the consumer releases each once it
+        acknowledged what it delivered from it, and at once one it does not read. Only the
+        owner can release a share, and an owner may hold one it never heard of: an answer
+        carrying it was lost, and then the coordinator restarted and restored it as
+        possibly read; without this, it would wait for that release for good."""
+        taken = {s.segment_id for s in self.revoked if self.owners.get(s) == consumer}
+        return tuple(sorted(taken))
+
     def owned(self, consumer: str) -> tuple[Share, ...]:
         """What ``consumer`` holds, being given up included: what it must not lose on a
         restart of the coordinator."""

@@ -218,8 +218,10 @@ def test_lost_answers_never_let_two_consumers_read_the_same_bucket(
 ) -> None:
     """Consumers modelled as the client behaves: it registers (a lost registration is
     retried, so it is answered), an answer to a poll that arrives is applied (its shares
-    read), one that is lost is not, a poll carries the version applied last, and a share
-    dropped from the view is released once acknowledged. Whatever answers are
+    read), one that is lost is not, a poll carries the version applied last and every
+    answer is one to a poll (the coordinator hears the version before it answers:
+    ``SubscriptionCoordinator.poll``), and a share dropped from the view is released once
+    acknowledged. Whatever answers are
     lost, a share a consumer may be reading waits for its release (no bucket read by two
     at once), and once every consumer polled and released, nothing waits."""
     layout, state = SegmentLayout.initial(2), GroupState(buckets=buckets)
@@ -246,10 +248,15 @@ def test_lost_answers_never_let_two_consumers_read_the_same_bucket(
             state.leave(name)
             del applied[name], reading[name]
         elif kind == "answer":
+            state.confirmed(name, applied[name])
             state.handed_out(name)
             applied[name] = state.sessions[name].version
             reading[name] |= set(state.view(name))
+            for segment in state.releasing(name):  # never read here: released at once
+                if not any(share.segment_id == segment for share in reading[name]):
+                    state.release(name, segment)
         elif kind == "lose":
+            state.confirmed(name, applied[name])
             state.handed_out(name)
         elif kind == "poll":
             state.confirmed(name, applied[name])
@@ -278,3 +285,25 @@ def test_lost_answers_never_let_two_consumers_read_the_same_bucket(
             release(name)
         state.rebalance(layout)
     assert not state.revoked
+
+
+def test_a_share_restored_after_a_restart_is_released_by_an_owner_that_never_read_it() -> None:
+    """The answer handing c0 segment 1 was lost, then the coordinator restarted and restored
+    what c0 owned as possibly read. c1 joins and segment 1 is taken back from c0, which
+    never reads it, so only the answer's ``releasing`` tells c0 to give it up."""
+    layout, state = SegmentLayout.initial(2), GroupState()
+    for share in (Share(0), Share(1)):  # restored from what the coordinator persisted
+        state.owners[share] = "c0"
+        state.handed.add(share)
+    state.join("c0", 0.0)
+    state.join("c1", 0.0)
+    state.rebalance(layout)
+    assert state.view("c1") == () and state.releasing("c0") == (1,)  # c1 waits for c0
+    assert state.releasing("c1") == ()
+    reading = {Share(0)}  # what c0's client read: segment 1 reached it in no answer
+    for segment in state.releasing("c0"):
+        if Share(segment) not in reading:
+            state.release("c0", segment)
+    state.rebalance(layout)
+    assert state.view("c0") == (Share(0),) and state.view("c1") == (Share(1),)
+    assert not state.revoked and state.releasing("c0") == ()

@@ -28,6 +28,7 @@ class Access:
     def __init__(self, failures: list[BaseException]) -> None:
         self.failures = failures
         self.finished_calls: list[tuple[int, int | None]] = []
+        self.released: list[tuple[int, int | None]] = []
 
     def _maybe_fail(self) -> None:
         if self.failures:
@@ -36,6 +37,10 @@ class Access:
     async def finished(self, consumer: str, segment_id: int, position: int | None) -> None:
         self._maybe_fail()
         self.finished_calls.append((segment_id, position))
+
+    async def release(self, consumer: str, segment_id: int, position: int | None) -> None:
+        self._maybe_fail()
+        self.released.append((segment_id, position))
 
     async def ack_cumulative(self, handle: Any, name: Any, offset: int) -> None:
         return None
@@ -79,3 +84,22 @@ def test_opening_a_segment_waits_for_its_host_placed_again() -> None:
     consumer = core(access)
     handle, position = asyncio.run(consumer._open_at(SEGMENT, None))
     assert (handle, position) == ("handle", 7)
+
+
+def test_a_segment_being_taken_back_that_was_never_read_here_is_released_at_once() -> None:
+    """The coordinator's answer lists the segments it takes back from this consumer
+    (``releasing``): one it reads is released by its reader once what it delivered is
+    acknowledged; one it never read (an answer that carried it was lost) at once, with no
+    position, as nothing was delivered from it."""
+    access = Access([])
+    consumer = core(access)
+    consumer.readers[0] = _Reader(SEGMENT, None, 10, None)
+    assignment = {"version": 4, "layoutEpoch": 1, "segments": [], "releasing": [0, 1]}
+
+    async def scenario() -> None:
+        await consumer._apply(assignment)
+        assert access.released == [(1, None)]  # segment 0's reader gives it up itself
+        await asyncio.sleep(0.1)
+
+    asyncio.run(scenario())
+    assert access.released == [(1, None), (0, None)] and consumer.version == 4

@@ -295,7 +295,12 @@ class SubscriptionCoordinator:
             if not share.whole:
                 spec["buckets"] = share.to_dict()
             segments.append(spec)
-        return {"version": session.version, "layoutEpoch": layout.epoch, "segments": segments}
+        return {
+            "version": session.version,
+            "layoutEpoch": layout.epoch,
+            "segments": segments,
+            "releasing": list(self.state.releasing(consumer)),
+        }
 
     def _session(self, consumer: str) -> Any:
         session = self.state.sessions.get(consumer)
