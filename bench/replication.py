@@ -12,7 +12,9 @@ One producer in the driver appends over the data plane (``SegmentChannel``), bat
 
 * **peak**: as fast as answers come, for ``--seconds`` (5);
 * **half load**: half the *unreplicated* peak, offered to both, each append's time
-  from its send to its answer (p50, p99).
+  from its send to its answer (p50, p99);
+* **half its own peak**: the replicated segment at half of its own peak, where it is not
+  over its capacity (the unreplicated one's is the phase above).
 
 The durability is the default (``interval``). Where the time goes: the machine's busy
 CPU seconds per million messages in each phase (``/proc/stat``: every process, the
@@ -48,6 +50,7 @@ from _common import machine_info, report, round_in_child, write_report  # noqa: 
 
 DEFAULT_RESULTS = REPO / "bench" / "results" / "replication.json"
 NODES = ("a", "b", "c")
+PHASES = ("peak", "half_load", "half_own_peak")
 
 
 def parse_args() -> argparse.Namespace:
@@ -177,6 +180,12 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
             half = found["factor_1"]["peak"]["msgs_per_s"] / 2
             found["factor_1"]["half_load"] = await plain.paced(half, args.seconds)
             found["factor_3_quorum_2"]["half_load"] = await replicated.paced(half, args.seconds)
+            # Each at half of its own peak: what replication adds to an append's time where
+            # neither is over its capacity (half the unreplicated peak can be more than the
+            # replicated one, and then appends queue). Unreplicated, that is the phase above.
+            own = found["factor_3_quorum_2"]["peak"]["msgs_per_s"] / 2
+            found["factor_1"]["half_own_peak"] = found["factor_1"]["half_load"]
+            found["factor_3_quorum_2"]["half_own_peak"] = await replicated.paced(own, args.seconds)
             return found
 
         return asyncio.run(measure())
@@ -205,14 +214,17 @@ def main() -> int:
                 key: statistics.median(r[config][phase][key] for r in rounds)
                 for key in rounds[0][config][phase]
             }  # fmt: skip
-            for phase in ("peak", "half_load")
+            for phase in PHASES
         }
         for config in rounds[0]
     }
     plain, replicated = median["factor_1"], median["factor_3_quorum_2"]
     ratios = {
         "peak_throughput": round(replicated["peak"]["msgs_per_s"] / plain["peak"]["msgs_per_s"], 2),
-        "half_load_p99": round(replicated["half_load"]["p99_ms"] / plain["half_load"]["p99_ms"], 2),
+        **{
+            f"{phase}_p99": round(replicated[phase]["p99_ms"] / plain[phase]["p99_ms"], 2)
+            for phase in PHASES[1:]
+        },
     }
     print(json.dumps({"median": median, "replicated_over_plain": ratios}, indent=2))
     settings = {k: getattr(args, k) for k in ("rounds", "seconds", "batch", "window")}

@@ -205,12 +205,19 @@ class Faults:
 
     def _remove_a_leaders_node(self, rng: random.Random) -> str:
         from actors.segment.directory import SegmentDirectory
+        from runtime.errors import ScalableTopicsError
         from runtime.names import TopicName
 
         waited = self._replicas_restored()
         deadline = time.monotonic() + LEADER_FOUND_S
-        while True:
-            layout = self.admin.get_layout(self.run.topic)
+        why = "none found"
+        while time.monotonic() < deadline:
+            try:  # the layout's answer may wait for a controller that restarts
+                layout = self.admin.get_layout(self.run.topic)
+            except ScalableTopicsError as err:
+                why = f"{type(err).__name__}: {err}"
+                time.sleep(0.5)
+                continue
             info = rng.choice(list(layout.active_segments.values()))
             name = TopicName.parse(self.run.topic).segment(
                 info.segment_id, info.hash_range.start, info.hash_range.end
@@ -219,9 +226,8 @@ class Faults:
             outcome = self._kill_node_of(entry.host) if entry else None
             if outcome is not None:
                 return waited + outcome
-            if time.monotonic() >= deadline:
-                return waited + f"no live leader of an active segment in {LEADER_FOUND_S} s"
             time.sleep(0.5)
+        return waited + f"no live leader of an active segment in {LEADER_FOUND_S} s ({why})"
 
     def _coordinator(self, _rng: random.Random) -> str:
         import ray
