@@ -113,10 +113,12 @@ coverage_hook() {
 # The whole suite runs on two pytest workers by default, each a session with a Ray of
 # its own (tests/README.md, "How a parallel run is laid out"): on 2 cores they finish it
 # in two thirds to four fifths of one worker's time. RAYTOPICS_TEST_WORKERS=N runs N
-# (1: serially).
+# (1: serially). A worker that crashes ends the run: xdist's replacement for it, given
+# grouped tests, waited for work with the other worker until CI's time-out.
 parallel() {
   local workers=${RAYTOPICS_TEST_WORKERS:-2}
-  [ "$workers" -gt 1 ] && echo "-n $workers --dist loadgroup --no-loadscope-reorder"
+  [ "$workers" -gt 1 ] &&
+    echo "-n $workers --dist loadgroup --no-loadscope-reorder --max-worker-restart 0"
   return 0
 }
 

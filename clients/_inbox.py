@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections import deque
 from typing import Any, Generic, TypeVar
 
@@ -24,10 +25,19 @@ from typing import Any, Generic, TypeVar
 # and unpacked by the receiving thread); anything with a length that slices.
 C = TypeVar("C")
 _FAILED = object()  # the tag of the marker that ``fail`` hands over
+_inboxes: weakref.WeakSet[Inbox] = weakref.WeakSet()  # every consumer's, while it lives
+
+
+def fail_every_inbox(error: Exception) -> None:
+    """Every consumer's receives raise ``error`` from now on: the loop that fed them is
+    stopped (``clients._loop``), and a receive waiting on it would wait for nothing."""
+    for inbox in list(_inboxes):
+        inbox.fail(error)
 
 
 class Inbox(Generic[C]):
     def __init__(self) -> None:
+        _inboxes.add(self)
         self._batches: queue.Queue[tuple[Any, C]] = queue.Queue()
         self._at_hand: deque[list[Any]] = deque()  # [tag, items, first not yet taken]
         self._taking = threading.Lock()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import functools
 import inspect
@@ -15,8 +16,15 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
+from clients._inbox import fail_every_inbox
+from runtime.connect import before_disconnect
+from runtime.errors import ClientClosedError
+
 P = ParamSpec("P")
 T = TypeVar("T")
+
+# How often a blocking call looks whether the loop it waits on was stopped under it.
+STOPPED_LOOK_S = 1.0
 
 
 class _LoopThread:
@@ -25,6 +33,7 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.stopped = False
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="raytopics-loop", daemon=True
         )
@@ -35,16 +44,37 @@ class _LoopThread:
         atexit.register(self.stop)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        """``coro``'s result; ``ClientClosedError`` once the loop is stopped (a stopped
+        loop never runs what is handed to it, so waiting would hang)."""
+        if self.stopped:
+            coro.close()
+            raise _closed()
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        while not future.done():
+            concurrent.futures.wait([future], timeout=STOPPED_LOOK_S)
+            if self.stopped and not self.loop.is_running() and not future.done():
+                future.cancel()
+                raise _closed()
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self.stopped:  # cancelled by ``stop``
+                raise _closed() from None
+            raise
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Cancel whatever is still running on the loop, then stop its thread."""
+        self.stopped = True
         if not self.loop.is_running():
             return
         with contextlib.suppress(TimeoutError):
             asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(grace_s)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(grace_s)
+
+
+def _closed() -> ClientClosedError:
+    return ClientClosedError("closed: this process left Ray (runtime.disconnect)")
 
 
 async def _cancel_all() -> None:
@@ -64,7 +94,19 @@ def background_loop() -> _LoopThread:
     with _loop_lock:
         if _loop is None:
             _loop = _LoopThread()
+            before_disconnect(_stop_background_loop)
         return _loop
+
+
+def _stop_background_loop() -> None:
+    """Before Ray shuts down (``runtime.connect.disconnect``): the loop's calls end, and
+    clients made after a later ``connect`` get a loop of their own."""
+    global _loop
+    with _loop_lock:
+        loop, _loop = _loop, None
+    if loop is not None:
+        loop.stop()
+        fail_every_inbox(_closed())
 
 
 def with_sync_twins(cls: type[T]) -> type[T]:

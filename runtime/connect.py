@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,14 +104,28 @@ def connect(
     return namespace
 
 
+_before_disconnect: list[Callable[[], None]] = []
+
+
+def before_disconnect(hook: Callable[[], None]) -> None:
+    """Run ``hook`` first in every ``disconnect``, while Ray still runs. The clients'
+    event loop ends its calls to actors there (``clients._loop``): a call still awaited
+    when Ray's core worker shuts down makes that worker exit the whole process."""
+    if hook not in _before_disconnect:
+        _before_disconnect.append(hook)
+
+
 def disconnect() -> None:
     """Stop being a Ray driver; the last program using the embedded Ray stops it.
 
     Also done at process exit. ``ray.shutdown()`` alone leaves this process counted
-    as a user of the embedded Ray until it exits."""
+    as a user of the embedded Ray until it exits. Clients still open stop working:
+    their calls raise ``ClientClosedError``."""
     import ray
 
     with _lock:
+        for hook in list(_before_disconnect):
+            hook()
         if ray.is_initialized():
             ray.shutdown()
         embedded.leave()

@@ -430,14 +430,14 @@ def test_a_head_its_programs_left_behind_is_taken_over(place: Place) -> None:
 # --- durability warnings ------------------------------------------------------------------
 
 CHECK_WARNINGS = """
-import json, socket, urllib.request, warnings
+import json, socket, threading, time, urllib.request, warnings
 from runtime import MetadataNotDurableWarning, connect, disconnect, metadata_durability
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     connect(log_to_driver=False)
     durability = metadata_durability()
     from actors.gateway.server import start_gateway, stop_gateway
-    from clients import ScalableTopicsAdmin
+    from clients import ScalableTopicsAdmin, StreamConsumer
     admin = ScalableTopicsAdmin()
     admin.create_scalable_topic("topic://acme/r/durability", 1)
     stats = admin.get_stats("topic://acme/r/durability")["metadata"]
@@ -448,14 +448,28 @@ with warnings.catch_warnings(record=True) as caught:
     with urllib.request.urlopen(url + "/healthz", timeout=30) as reply:
         health = json.loads(reply.read())["metadata"]
     stop_gateway(port)
-    admin.delete_scalable_topic("topic://acme/r/durability")
+    # a consumer left waiting on Ray as the program leaves it: told so, the process lives on
+    admin.create_subscription("topic://acme/r/durability", "s")
+    consumer = StreamConsumer("topic://acme/r/durability", "s", "c", poll_timeout_s=1.0)
+    left = []
+    def receive():
+        try:
+            left.append(repr(consumer.receive(timeout=120)))
+        except Exception as err:
+            left.append(type(err).__name__)
+    waiting = threading.Thread(target=receive)
+    waiting.start()
+    time.sleep(2)
     disconnect()
+    waiting.join(60)
     connect(log_to_driver=False)  # a second connect in the process: no second warning
+    ScalableTopicsAdmin().delete_scalable_topic("topic://acme/r/durability")  # a fresh client
     disconnect()
 print(json.dumps({
     "durability": durability,
     "stats": stats,
     "health": health,
+    "left_waiting": left,
     "warnings": [str(w.message) for w in caught
                  if issubclass(w.category, MetadataNotDurableWarning)],
 }))
@@ -465,7 +479,10 @@ print(json.dumps({
 @pytest.mark.timeout(600)
 def test_joining_an_in_memory_cluster_warns_once(place: Place) -> None:
     """A `ray start` cluster (found through Ray's ray_current_cluster file) keeps its
-    metadata in memory: exactly one MetadataNotDurableWarning. The embedded Ray: none."""
+    metadata in memory: exactly one MetadataNotDurableWarning. The embedded Ray: none.
+    On both, a program that disconnects while a consumer waits on Ray goes on: the
+    consumer's receive raises ``ClientClosedError``, and clients made after the next
+    ``connect`` work."""
     port = free_port()
     starter = subprocess.Popen(
         [str(VENV_BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1",
@@ -484,6 +501,8 @@ def test_joining_an_in_memory_cluster_warns_once(place: Place) -> None:
     memory = {"backend": "memory", "durable": False}
     assert found["durability"] == found["stats"] == found["health"] == memory
     assert len(found["warnings"]) == 1, found["warnings"]
+    # a receive waiting as the program disconnected: an error, not an exit with 1
+    assert found["left_waiting"] == ["ClientClosedError"], found["left_waiting"]
     assert "only in memory" in found["warnings"][0]
     assert "Durability of metadata" in found["warnings"][0]
     said = on_cluster.said()
@@ -497,6 +516,7 @@ def test_joining_an_in_memory_cluster_warns_once(place: Place) -> None:
         durable = {"backend": "rocksdb", "durable": True}
         assert quiet["durability"] == quiet["stats"] == quiet["health"] == durable
         assert quiet["warnings"] == []
+        assert quiet["left_waiting"] == ["ClientClosedError"]
         assert not embedded.ray_processes()
     finally:
         embedded.clean_up()

@@ -7,10 +7,12 @@ consumer at a time, and acknowledged messages are not read again when buckets mo
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 
 import pytest
 import ray
@@ -33,9 +35,11 @@ class Reader:
 
     stamps = itertools.count()
     lock = threading.Lock()
+    running: set[Reader] = set()  # closed after each test, whatever its outcome
 
     def __init__(self, topic: str, name: str, sink: list) -> None:
         self.name, self.sink, self.got = name, sink, 0
+        Reader.running.add(self)
         self.consumer = StreamConsumer(topic, "work", name, poll_timeout_s=1.0)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -52,9 +56,20 @@ class Reader:
                 self.consumer.acknowledge_cumulative(batch)
 
     def close(self) -> None:
+        Reader.running.discard(self)
         self.stop.set()
         self.thread.join()
         self.consumer.close()
+
+
+@pytest.fixture(autouse=True)
+def _readers_closed() -> Iterator[None]:
+    """A failed test's readers are closed too: left polling, their calls would meet the
+    session's Ray as it shuts down."""
+    yield
+    for reader in list(Reader.running):
+        with contextlib.suppress(Exception):
+            reader.close()
 
 
 def produce(topic: str, rounds: range) -> list[str]:
@@ -93,7 +108,8 @@ def test_twelve_consumers_share_four_segments_by_key_through_joins_leaves_splits
     wait_for(lambda: len(received) >= len(sent), 120, lambda: f"{len(received)}/{len(sent)}")
     time.sleep(1.0)  # anything delivered twice would arrive by now
     got = Counter(value for value, _, _ in received)
-    assert not [v for v, n in got.items() if n > 1], "delivered twice"
+    twice = {v for v, n in got.items() if n > 1}
+    assert not twice, f"delivered twice (value, reader, stamp): {_who(received, twice)}"
     assert set(got) == set(sent)
     by_reader = Counter(name for _, name, _ in received)
     assert all(by_reader[name] for name in readers), by_reader  # everyone read a share
@@ -107,6 +123,10 @@ def test_twelve_consumers_share_four_segments_by_key_through_joins_leaves_splits
     stats = admin.get_stats(topic)["subscriptions"]["work"]
     assert stats["backlog"] == 0, stats
     admin.delete_scalable_topic(topic)
+
+
+def _who(received: list[tuple[str, str, int]], values: set[str]) -> list:
+    return sorted((r for r in received if r[0] in values), key=lambda r: r[2])[:40]
 
 
 def _counts(readers: dict[str, Reader]) -> str:
