@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,10 @@ class _Reader:
         self.flushed = position  # what the segment's cursor knows
         self.end: int | None = None  # known once the segment is sealed and read out
         self.revoked = False
+        # Held by the application's thread from its look at ``revoked`` to its update of
+        # ``delivered``, and by the loop as it revokes: a release then waits for the
+        # acknowledgement of every run handed out, or the run is dropped.
+        self.delivering = threading.Lock()
         self.task: asyncio.Task | None = None
         # The last read's step over records no reader gets (transaction markers, aborted
         # records): (from, to). Delivering or acknowledging up to ``from`` is up to ``to``.
@@ -206,12 +211,14 @@ class GroupConsumerCore:
                 return []
             runs = []
             for reader, run in taken:
-                if not reader.revoked:
+                with reader.delivering:
+                    if reader.revoked:
+                        continue
                     reader.delivered = _after(run)
                     reader.step_over()
                     if reader.part:
                         reader.sent.append(run.column("offset").to_numpy())
-                    runs.append((reader.segment_id, run))
+                runs.append((reader.segment_id, run))
             if runs:
                 return runs
 
@@ -455,7 +462,8 @@ class GroupConsumerCore:
     async def _give_up(self, reader: _Reader, *, wait_for_acks: bool = True) -> None:
         """Stop reading, wait (on a rebalance) up to ``release_timeout_s`` for delivered
         messages to be acked, flush the acks, then release."""
-        reader.revoked = True
+        with reader.delivering:  # a run being handed out now counts as delivered
+            reader.revoked = True
         if self.acknowledges:
             wait_s = self.config.release_timeout_s if wait_for_acks else 0.0
             deadline = time.monotonic() + wait_s

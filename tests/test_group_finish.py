@@ -6,8 +6,12 @@ assigned and never finished, so its children were never read."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
+import pyarrow as pa
+
+from clients import _group_consumer as group_consumer
 from clients._group_consumer import ConsumerConfig, GroupConsumerCore, _Reader
 from runtime.errors import ConflictError, NotLeaderError, UnavailableError
 from runtime.names import TopicName
@@ -103,3 +107,43 @@ def test_a_segment_being_taken_back_that_was_never_read_here_is_released_at_once
 
     asyncio.run(scenario())
     assert access.released == [(1, None), (0, None)] and consumer.version == 4
+
+
+def test_a_run_taken_as_its_segment_is_taken_back_is_acknowledged_before_the_release(
+    monkeypatch,
+) -> None:
+    """The application's thread takes a run of a segment while the loop takes the segment
+    back: the release waits until that run is acknowledged. A release before (the run
+    counted as not delivered yet) lets the segment's next owner read the same messages."""
+    access = Access([])
+    consumer = core(access)
+    reader = _Reader(SEGMENT, None, 10, None)
+    consumer.readers[0] = reader
+    consumer.messages.put(pa.RecordBatch.from_pydict({"offset": [10, 11, 12]}), reader)
+    inside, go_on = threading.Event(), threading.Event()
+    after = group_consumer._after
+
+    def slowly_after(run: pa.RecordBatch) -> int:  # the thread mid-way through its take
+        inside.set()
+        go_on.wait(10)
+        return after(run)
+
+    monkeypatch.setattr(group_consumer, "_after", slowly_after)
+    taken: list = []
+    taker = threading.Thread(target=lambda: taken.extend(consumer.take(10, 5.0)))
+    taker.start()
+    assert inside.wait(10)
+
+    async def scenario() -> list:
+        threading.Timer(0.3, go_on.set).start()
+        giving_up = asyncio.create_task(consumer._give_up(reader))
+        await asyncio.sleep(0.6)
+        before_the_ack = list(access.released)
+        consumer.acknowledge(0, 12)
+        await asyncio.wait_for(giving_up, 10)
+        return before_the_ack
+
+    before_the_ack = asyncio.run(scenario())
+    taker.join(10)
+    assert [len(run) for _, run in taken] == [3]  # the run reached the application
+    assert before_the_ack == [] and access.released == [(0, None)]
