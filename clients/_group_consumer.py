@@ -295,10 +295,8 @@ class GroupConsumerCore:
         wanted = {s["segmentId"]: s for s in assignment["segments"]}
         for segment_id in [s for s in self.readers if s not in wanted]:
             asyncio.get_running_loop().create_task(self._give_up(self.readers[segment_id]))
-        for segment_id in assignment.get("releasing", ()):
-            if segment_id not in self.readers:  # never read here: nothing to acknowledge
-                with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *REFUSALS):
-                    await self.access.release(self.consumer, segment_id, None)
+        unread = [s for s in assignment.get("releasing", ()) if s not in self.readers]
+        await asyncio.gather(*map(self._release_unread, unread))
         for segment_id, spec in wanted.items():
             if segment_id not in self.readers and segment_id not in self.finished:
                 name = SegmentName.parse(spec["segmentTopic"])
@@ -458,6 +456,11 @@ class GroupConsumerCore:
                 reader.close()
                 return
             await asyncio.sleep(0.01)
+
+    async def _release_unread(self, segment_id: int) -> None:
+        """A segment taken back that was never read here: nothing to acknowledge."""
+        with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *REFUSALS):
+            await self.access.release(self.consumer, segment_id, None)
 
     async def _give_up(self, reader: _Reader, *, wait_for_acks: bool = True) -> None:
         """Stop reading, wait (on a rebalance) up to ``release_timeout_s`` for delivered

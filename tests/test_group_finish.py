@@ -102,11 +102,12 @@ def test_a_segment_being_taken_back_that_was_never_read_here_is_released_at_once
 
     async def scenario() -> None:
         await consumer._apply(assignment)
-        assert access.released == [(1, None)]  # segment 0's reader gives it up itself
+        assert (1, None) in access.released
         await asyncio.sleep(0.1)
 
     asyncio.run(scenario())
-    assert access.released == [(1, None), (0, None)] and consumer.version == 4
+    # each once: segment 0 by its reader, which gave it up itself
+    assert sorted(access.released) == [(0, None), (1, None)] and consumer.version == 4
 
 
 def test_a_run_taken_as_its_segment_is_taken_back_is_acknowledged_before_the_release(
