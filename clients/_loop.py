@@ -50,17 +50,19 @@ class _LoopThread:
             coro.close()
             raise _closed()
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        while not future.done():
-            concurrent.futures.wait([future], timeout=STOPPED_LOOK_S)
-            if self.stopped and not self.loop.is_running() and not future.done():
-                future.cancel()
-                raise _closed()
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            if self.stopped:  # cancelled by ``stop``
-                raise _closed() from None
-            raise
+        while True:
+            try:
+                return future.result(timeout=STOPPED_LOOK_S)
+            except TimeoutError:
+                if future.done():  # the coroutine's own
+                    raise
+                if self.stopped and not self.loop.is_running():
+                    future.cancel()
+                    raise _closed() from None
+            except concurrent.futures.CancelledError:
+                if self.stopped:  # cancelled by ``stop``
+                    raise _closed() from None
+                raise
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Cancel whatever is still running on the loop, then stop its thread."""

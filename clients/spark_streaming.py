@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import ray
 
-from actors.gateway.server import start_gateway
+from actors.gateway.server import running_gateways, start_gateway
 from runtime.config import env_float
 from runtime.errors import UnavailableError
 
@@ -41,7 +42,9 @@ def enable_streaming(spark: Any, url: str | None = None) -> str:
 
 def _spark_gateway(host: str) -> str:
     """The gateway on the configured port; on the default one, taken by another program,
-    a gateway on a free port instead (a configured port that is taken is an error)."""
+    a gateway this cluster already runs on ``host``, else one on a free port (a
+    configured port that is taken is an error). Each session asking does not start one
+    more."""
     configured = GATEWAY_PORT_ENV in os.environ
     port = int(env_float(GATEWAY_PORT_ENV, DEFAULT_GATEWAY_PORT))
     try:
@@ -49,6 +52,9 @@ def _spark_gateway(host: str) -> str:
     except UnavailableError:
         if configured:
             raise
+    for url in running_gateways().values():  # one started here before, on another port
+        if urlsplit(url).hostname == host:
+            return url
     with socket.socket() as probe:
         probe.bind((host, 0))
         port = probe.getsockname()[1]

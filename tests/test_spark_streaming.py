@@ -7,6 +7,7 @@ defined."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 import urllib.request
@@ -492,3 +493,42 @@ def test_spark_session_points_streaming_at_a_gateway_and_keeps_one_it_was_given(
         assert spark_session().conf.get(URL_CONF) == url  # this node's gateway again
     finally:
         spark.conf.set(URL_CONF, url)
+
+
+class _Conf(dict):
+    set = dict.__setitem__
+
+
+class _Session:
+    """What ``enable_streaming`` uses of a Spark session: its conf."""
+
+    def __init__(self) -> None:
+        self.conf = _Conf()
+
+
+def test_the_default_port_taken_by_another_program_gives_every_session_one_gateway(
+    ray_cluster, monkeypatch
+) -> None:
+    """Another program holds the default port: the first session gets a gateway on a free
+    port, and every later one that same gateway, not one more each."""
+    import ray
+
+    from actors.gateway.server import running_gateways, stop_gateway
+    from clients import spark_streaming
+
+    host = ray.util.get_node_ip_address()
+    before = set(running_gateways())
+    monkeypatch.delenv(spark_streaming.GATEWAY_PORT_ENV, raising=False)
+    with socket.socket() as taken:
+        taken.bind((host, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(spark_streaming, "DEFAULT_GATEWAY_PORT", port)
+        try:
+            urls = [spark_streaming.enable_streaming(_Session()) for _ in range(3)]
+            assert len(set(urls)) == 1 and not urls[0].endswith(f":{port}"), urls
+            with urllib.request.urlopen(f"{urls[0]}/openapi.json", timeout=10) as answer:
+                assert answer.status == 200
+        finally:
+            for started in set(running_gateways()) - before:
+                stop_gateway(started)

@@ -52,6 +52,7 @@ from actors.gateway.documents import (
 from actors.gateway.routes import ROUTES, Params, Route, Service, topic_of
 from actors.guard import Guard, guard
 from actors.metrics import record_rejected
+from actors.registry import named_actors
 from runtime.admin_api import endpoint_timeout_s
 from runtime.auth import (
     TOKEN_ENV,
@@ -478,6 +479,13 @@ def running_gateway(port: int, timeout_s: float = 10.0) -> str | None:
         return ray.get(handle.url.remote(), timeout=timeout_s)
     except (ValueError, RayActorError, GetTimeoutError):
         return None
+
+
+def running_gateways() -> dict[int, str]:
+    """The URL of every gateway this cluster runs, by port."""
+    prefix = gateway_actor_name(0).removesuffix("0")
+    ports = [int(name.removeprefix(prefix)) for name in named_actors(prefix)]
+    return {port: url for port in ports if (url := running_gateway(port)) is not None}
 
 
 def gateway_id(port: int) -> str | None:
