@@ -53,6 +53,7 @@ from runtime.batch import (
     make_batch,
     message_sizes,
 )
+from runtime.connect import before_disconnect
 from runtime.errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -396,3 +397,5 @@ def _close_open_producers() -> None:
 # this one runs before the hook of ``concurrent.futures`` (imported above) stops
 # executors.
 threading._register_atexit(_close_open_producers)  # type: ignore[attr-defined]
+# And before a program leaves Ray, whose actors a close still calls.
+before_disconnect(_close_open_producers, first=True)

@@ -107,12 +107,14 @@ def connect(
 _before_disconnect: list[Callable[[], None]] = []
 
 
-def before_disconnect(hook: Callable[[], None]) -> None:
-    """Run ``hook`` first in every ``disconnect``, while Ray still runs. The clients'
-    event loop ends its calls to actors there (``clients._loop``): a call still awaited
-    when Ray's core worker shuts down makes that worker exit the whole process."""
-    if hook not in _before_disconnect:
-        _before_disconnect.append(hook)
+def before_disconnect(hook: Callable[[], None], *, first: bool = False) -> None:
+    """Run ``hook`` first in every ``disconnect``, while Ray still runs (with ``first``,
+    before the hooks without). Open producers are flushed and closed there, then the
+    clients' event loop ends its calls to actors (``clients._loop``): a call still
+    awaited when Ray's core worker shuts down makes that worker exit the whole process."""
+    if hook in _before_disconnect:
+        return
+    _before_disconnect.insert(0 if first else len(_before_disconnect), hook)
 
 
 def disconnect() -> None:

@@ -437,7 +437,7 @@ with warnings.catch_warnings(record=True) as caught:
     connect(log_to_driver=False)
     durability = metadata_durability()
     from actors.gateway.server import start_gateway, stop_gateway
-    from clients import ScalableTopicsAdmin, StreamConsumer
+    from clients import Producer, ScalableTopicsAdmin, StreamConsumer
     admin = ScalableTopicsAdmin()
     admin.create_scalable_topic("topic://acme/r/durability", 1)
     stats = admin.get_stats("topic://acme/r/durability")["metadata"]
@@ -459,17 +459,24 @@ with warnings.catch_warnings(record=True) as caught:
             left.append(type(err).__name__)
     waiting = threading.Thread(target=receive)
     waiting.start()
-    time.sleep(2)
-    disconnect()
+    admin.create_scalable_topic("topic://acme/r/unflushed", 1)
+    unflushed = Producer("topic://acme/r/unflushed")
+    unflushed.send(b"sent, never flushed")
+    time.sleep(1)
+    disconnect()  # the producer is flushed and closed first
     waiting.join(60)
     connect(log_to_driver=False)  # a second connect in the process: no second warning
-    ScalableTopicsAdmin().delete_scalable_topic("topic://acme/r/durability")  # a fresh client
+    admin = ScalableTopicsAdmin()  # a fresh client
+    stored = admin.get_stats("topic://acme/r/unflushed")["records"]
+    admin.delete_scalable_topic("topic://acme/r/unflushed")
+    admin.delete_scalable_topic("topic://acme/r/durability")
     disconnect()
 print(json.dumps({
     "durability": durability,
     "stats": stats,
     "health": health,
     "left_waiting": left,
+    "stored_before_disconnect": stored,
     "warnings": [str(w.message) for w in caught
                  if issubclass(w.category, MetadataNotDurableWarning)],
 }))
@@ -480,9 +487,9 @@ print(json.dumps({
 def test_joining_an_in_memory_cluster_warns_once(place: Place) -> None:
     """A `ray start` cluster (found through Ray's ray_current_cluster file) keeps its
     metadata in memory: exactly one MetadataNotDurableWarning. The embedded Ray: none.
-    On both, a program that disconnects while a consumer waits on Ray goes on: the
-    consumer's receive raises ``ClientClosedError``, and clients made after the next
-    ``connect`` work."""
+    On both, a program that disconnects while a consumer waits on Ray goes on: an open
+    producer's sends are flushed first, the consumer's receive raises
+    ``ClientClosedError``, and clients made after the next ``connect`` work."""
     port = free_port()
     starter = subprocess.Popen(
         [str(VENV_BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1",
@@ -503,6 +510,7 @@ def test_joining_an_in_memory_cluster_warns_once(place: Place) -> None:
     assert len(found["warnings"]) == 1, found["warnings"]
     # a receive waiting as the program disconnected: an error, not an exit with 1
     assert found["left_waiting"] == ["ClientClosedError"], found["left_waiting"]
+    assert found["stored_before_disconnect"] == 1  # an open producer's send was flushed
     assert "only in memory" in found["warnings"][0]
     assert "Durability of metadata" in found["warnings"][0]
     said = on_cluster.said()
@@ -517,6 +525,7 @@ def test_joining_an_in_memory_cluster_warns_once(place: Place) -> None:
         assert quiet["durability"] == quiet["stats"] == quiet["health"] == durable
         assert quiet["warnings"] == []
         assert quiet["left_waiting"] == ["ClientClosedError"]
+        assert quiet["stored_before_disconnect"] == 1
         assert not embedded.ray_processes()
     finally:
         embedded.clean_up()

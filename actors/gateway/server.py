@@ -388,8 +388,11 @@ class AdminGateway:
         return f"{self._scheme}://{host}:{self._port}"
 
 
+GATEWAY_NAME_PREFIX = "gateway:"
+
+
 def gateway_actor_name(port: int) -> str:
-    return f"gateway:{port}"
+    return f"{GATEWAY_NAME_PREFIX}{port}"
 
 
 def start_gateway(
@@ -483,8 +486,8 @@ def running_gateway(port: int, timeout_s: float = 10.0) -> str | None:
 
 def running_gateways() -> dict[int, str]:
     """The URL of every gateway this cluster runs, by port."""
-    prefix = gateway_actor_name(0).removesuffix("0")
-    ports = [int(name.removeprefix(prefix)) for name in named_actors(prefix)]
+    names = named_actors(GATEWAY_NAME_PREFIX)
+    ports = [int(name.removeprefix(GATEWAY_NAME_PREFIX)) for name in names]
     return {port: url for port in ports if (url := running_gateway(port)) is not None}
 
 
