@@ -3,7 +3,7 @@ segments, whatever kind of process it runs in.
 
 A Ray driver calls their actors (``clients._ray.group_access``); a process outside
 Ray asks the REST gateway, which calls them as it (``clients._remote``). The
-consumer's logic (``clients._group_consumer``) is the same over both, as a producer's
+consumer's logic (``clients._group_core``) is the same over both, as a producer's
 is over ``SegmentAccess``: every call carries the consumer's credential, which the
 coordinator and the segment check themselves. The records are read over the
 segments' data plane in both cases; what a read connects through is the handle

@@ -14,13 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from clients._group_access import GroupAccess
-from clients._group_consumer import (
-    ConsumerConfig,
-    GroupConsumer,
-    GroupConsumerCore,
-    group_access,
-    run_on_loop,
-)
+from clients._group_consumer import GroupConsumer, group_access, run_on_loop
+from clients._group_core import ConsumerConfig, GroupConsumerCore
 from clients._remote import gateway_url
 from runtime.auth import client_credential
 from runtime.errors import InvalidArgumentError

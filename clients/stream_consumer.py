@@ -14,13 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from clients._group_consumer import (
-    ConsumerConfig,
-    GroupConsumer,
-    GroupConsumerCore,
-    group_access,
-    run_on_loop,
-)
+from clients._group_consumer import GroupConsumer, group_access, run_on_loop
+from clients._group_core import ConsumerConfig, GroupConsumerCore
 from clients._remote import gateway_url
 from clients.message import Message, highest_offsets
 from clients.transaction import Transaction

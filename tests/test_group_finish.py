@@ -1,5 +1,5 @@
 """A stream consumer's reader of a sealed segment rides out the segment's failover while
-it reports the segment finished, and while it opens a segment (``clients._group_consumer``
+it reports the segment finished, and while it opens a segment (``clients._group_core``
 against a stand-in coordinator and segment: no Ray). Giving up there left the segment
 assigned and never finished, so its children were never read."""
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from clients import _group_consumer as group_consumer
-from clients._group_consumer import ConsumerConfig, GroupConsumerCore, _Reader
+from clients import _group_core as group_core
+from clients._group_core import ConsumerConfig, GroupConsumerCore
+from clients._segment_reader import SegmentReader
 from runtime.errors import ConflictError, NotLeaderError, UnavailableError
 from runtime.names import TopicName
 
@@ -73,7 +74,7 @@ def test_finishing_a_segment_is_asked_again_through_its_leader_s_failover() -> N
     consumer = core(access)
 
     async def scenario() -> None:
-        reader = _Reader(SEGMENT, None, 10, None)
+        reader = SegmentReader(SEGMENT, None, 10, None)
         reader.end = reader.acked = reader.delivered = reader.flushed = 10
         consumer.readers[0] = reader
         await asyncio.wait_for(consumer._finish_when_settled(reader), 10)
@@ -97,7 +98,7 @@ def test_a_segment_being_taken_back_that_was_never_read_here_is_released_at_once
     position, as nothing was delivered from it."""
     access = Access([])
     consumer = core(access)
-    consumer.readers[0] = _Reader(SEGMENT, None, 10, None)
+    consumer.readers[0] = SegmentReader(SEGMENT, None, 10, None)
     assignment = {"version": 4, "layoutEpoch": 1, "segments": [], "releasing": [0, 1]}
 
     async def scenario() -> None:
@@ -118,18 +119,18 @@ def test_a_run_taken_as_its_segment_is_taken_back_is_acknowledged_before_the_rel
     counted as not delivered yet) lets the segment's next owner read the same messages."""
     access = Access([])
     consumer = core(access)
-    reader = _Reader(SEGMENT, None, 10, None)
+    reader = SegmentReader(SEGMENT, None, 10, None)
     consumer.readers[0] = reader
     consumer.messages.put(pa.RecordBatch.from_pydict({"offset": [10, 11, 12]}), reader)
     inside, go_on = threading.Event(), threading.Event()
-    after = group_consumer._after
+    after = group_core._after
 
     def slowly_after(run: pa.RecordBatch) -> int:  # the thread mid-way through its take
         inside.set()
         go_on.wait(10)
         return after(run)
 
-    monkeypatch.setattr(group_consumer, "_after", slowly_after)
+    monkeypatch.setattr(group_core, "_after", slowly_after)
     taken: list = []
     taker = threading.Thread(target=lambda: taken.extend(consumer.take(10, 5.0)))
     taker.start()

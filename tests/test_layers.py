@@ -146,7 +146,7 @@ def test_the_rest_client_the_cli_the_producer_and_the_consumers_import_no_ray() 
         "import clients._remote, clients._producer_core, clients._data_plane, clients._limits\n"
         "assert 'ray' not in sys.modules, 'ray imported'\n"
         "from clients import StreamConsumer, CheckpointConsumer\n"
-        "import clients._group_consumer, clients._group_access\n"
+        "import clients._group_consumer, clients._group_core, clients._group_access\n"
         "assert 'ray' not in sys.modules, 'ray imported by the stream consumer'\n"
         "from clients import QueueConsumer\n"
         "import clients.queue_consumer\n"

@@ -27,7 +27,7 @@ import clients
 import runtime
 from clients import cli, ray_data, spark, spark_streaming
 from clients import spark_session as session_module
-from clients._group_consumer import ConsumerConfig
+from clients._group_core import ConsumerConfig
 from clients.producer import ProducerConfig
 from runtime import errors
 from runtime.limits import Limits

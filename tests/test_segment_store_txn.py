@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyarrow.fs import LocalFileSystem
 
-from clients._group_consumer import _Reader
+from clients._segment_reader import SegmentReader
 from runtime.batch import STARTED_KEY, following, make_batch, with_following
 from runtime.errors import UnavailableError
 from storage.appends import Append, StoredBatch
@@ -237,7 +237,7 @@ def test_a_read_says_where_it_started_only_when_retention_dropped_the_offset_ask
 
 
 def test_a_consumer_s_reader_carries_delivered_and_acknowledged_over_a_step() -> None:
-    reader = _Reader(NAME, None, 0, None)
+    reader = SegmentReader(NAME, None, 0, None)
     reader.read_up_to(4, 4)  # records 0-3, nothing stepped over
     reader.read_up_to(4, 9)  # then only markers or aborted records up to 9
     assert (reader.position, reader.delivered, reader.acked) == (9, 0, 0)

@@ -2,7 +2,7 @@
 subscription's cursor in each segment.
 
 A Ray driver's stream consumer calls its subscription's coordinator and its segments'
-actors itself (``clients._group_consumer``). A process that is not a Ray driver asks
+actors itself (``clients._group_core``). A process that is not a Ray driver asks
 the REST gateway, which runs these operations as the caller: each hands the caller's
 credential on, so the coordinator and the segment check it again where the state
 lives, as they check a Ray driver's; the records themselves still travel over the

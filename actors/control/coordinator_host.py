@@ -15,7 +15,7 @@ built again on its subscription's first call, from what it persisted (registrati
 positions, finished segments), and every consumer gets a fresh grace period, as a
 restarted coordinator of its own did.
 
-Who calls: consumers (``clients._group_consumer``) through ``coordinator_actor``; the
+Who calls: consumers (``clients._group_core``) through ``coordinator_actor``; the
 controller's ``TopicCoordinators`` (reset, stop, and the whole host when the topic goes).
 """
 
