@@ -329,6 +329,37 @@ def test_a_sealed_leaders_followers_seal_at_its_end(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_a_seal_that_reaches_a_follower_is_refused_and_the_leaders_seal_stands(
+    tmp_path: Path,
+) -> None:
+    """A split's seal sent where the directory named the leader a moment ago (an election
+    made it a follower since) is refused, seals nothing, and the follower goes on copying;
+    the seal sent again to the leader seals every replica at the same end."""
+
+    async def scenario() -> None:
+        async with replicas(tmp_path) as three:
+            await three.lead("r0", 1, ack_quorum=2, timeout_s=10)
+            leader, follower = three.segments["r0"], three.segments["r1"]
+            assert await leader.append(make_batch([b"m"] * 5)) == (0, 5)
+            with pytest.raises(NotLeaderError, match="follows the leader"):
+                await follower.terminate()
+            assert not follower._store.terminated
+            assert await leader.append(make_batch([b"n"] * 3)) == (5, 3)
+
+            async def copied() -> bool:
+                return all(s._store.end_offset == 8 for s in three.segments.values())
+
+            await until(copied)
+            assert await leader.terminate() == 8
+
+            async def sealed() -> bool:
+                return all(s._store.terminated for s in three.segments.values())
+
+            await until(sealed)
+
+    run(scenario)
+
+
 def test_a_seal_no_quorum_holds_fails_naming_the_segment_and_is_asked_again(
     tmp_path: Path,
 ) -> None:

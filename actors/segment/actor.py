@@ -252,8 +252,13 @@ class Segment(TransactionCalls):
     ) -> int:
         """Seal the segment; ``sealed``: (children, layout epoch) of the split or merge
         that replaces it, kept in its storage for recovery. A replicated segment's leader
-        answers once its ack quorum holds the seal (``LeaderRole.sealed``)."""
+        answers once its ack quorum holds the seal (``LeaderRole.sealed``). Any other
+        replica refuses (``NotLeaderError``: the caller looks the leader up again, as a
+        producer does): a follower sealed on its own would stop copying its leader's log,
+        and the leader, unsealed, would go on taking appends that no reader of the
+        sealed segment ever reaches."""
         self._check(credential, Permission.ADMIN)
+        self._roles.check_serves()
         end = self._store.terminate(epoch, SealedBy(*sealed) if sealed is not None else None)
         self._reader.wake()
         self._appender.release_turns()
