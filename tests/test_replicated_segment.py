@@ -329,11 +329,12 @@ def test_a_sealed_leaders_followers_seal_at_its_end(tmp_path: Path) -> None:
     run(scenario)
 
 
-def test_a_seal_that_reaches_a_follower_is_refused_and_the_leaders_seal_stands(
+def test_a_change_that_reaches_a_follower_is_refused_and_the_leaders_stands(
     tmp_path: Path,
 ) -> None:
-    """A split's seal sent where the directory named the leader a moment ago (an election
-    made it a follower since) is refused, seals nothing, and the follower goes on copying;
+    """The controller's changes sent where the directory named the leader a moment ago (an
+    election made it a follower since): a split's seal, a subscription made, reset or
+    deleted. Each is refused and changes nothing there, and the follower goes on copying;
     the seal sent again to the leader seals every replica at the same end."""
 
     async def scenario() -> None:
@@ -341,9 +342,20 @@ def test_a_seal_that_reaches_a_follower_is_refused_and_the_leaders_seal_stands(
             await three.lead("r0", 1, ack_quorum=2, timeout_s=10)
             leader, follower = three.segments["r0"], three.segments["r1"]
             assert await leader.append(make_batch([b"m"] * 5)) == (0, 5)
-            with pytest.raises(NotLeaderError, match="follows the leader"):
-                await follower.terminate()
+            await leader.create_subscription("s")
+            await until(lambda: _holds(follower, ["s"]))
+            changes = (
+                follower.terminate(),
+                follower.create_subscription("new"),
+                follower.seek("s", "latest"),
+                follower.delete_subscription("s"),
+            )
+            for change in changes:
+                with pytest.raises(NotLeaderError, match="follows the leader"):
+                    await change
             assert not follower._store.terminated
+            assert follower._store.cursors.names() == ["s"]
+            assert follower._store.cursors.get("s").mark_delete == 0
             assert await leader.append(make_batch([b"n"] * 3)) == (5, 3)
 
             async def copied() -> bool:
@@ -358,6 +370,10 @@ def test_a_seal_that_reaches_a_follower_is_refused_and_the_leaders_seal_stands(
             await until(sealed)
 
     run(scenario)
+
+
+async def _holds(segment: Segment, subscriptions: list[str]) -> bool:
+    return segment._store.cursors.names() == subscriptions
 
 
 def test_a_seal_no_quorum_holds_fails_naming_the_segment_and_is_asked_again(

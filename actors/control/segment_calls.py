@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import RayActorError
 
 from actors.control.fleet_parts import FleetParts
 from actors.guard import guard
 from runtime.names import SegmentName
+from runtime.remote import ACTOR_GONE
 from runtime.subscription import ResetTarget
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class SegmentCalls(FleetParts):
                 answer = await asyncio.wait_for(
                     host.stats_of.remote(asked, credential=token), wait_s
                 )
-            except RayActorError:
+            except ACTOR_GONE:  # its node gone too: looked up afresh next round
                 answer = dict.fromkeys(asked)
             except Exception as err:  # noqa: BLE001 - a round goes on without this host
                 log.warning("%s: stats of %d segments not read: %r", self.topic, len(ids), err)

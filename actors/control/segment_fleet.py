@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
 
 from actors.control.dag_watch import ACTOR_NAME as DAG_WATCH
 from actors.control.node_disks import NodeDisks
@@ -38,7 +37,7 @@ from runtime.errors import SegmentNotFoundError, UnavailableError
 from runtime.hibernation import HibernationMarks
 from runtime.layout import SegmentInfo
 from runtime.names import SegmentName, TopicName
-from runtime.remote import reach
+from runtime.remote import ACTOR_GONE, reach
 from runtime.replication import Replication
 from runtime.segment_hosts import host_prefix, hosts_per_namespace
 from storage.asleep import SleepingSegments
@@ -275,9 +274,9 @@ class SegmentFleet(SegmentCalls, RestingSegments):
         self.forget(name)
         with contextlib.suppress(ValueError):
             handle = segment_actor(name)
-            with contextlib.suppress(RayActorError, SegmentNotFoundError):
+            with contextlib.suppress(*ACTOR_GONE, SegmentNotFoundError):
                 await handle.delete.remote(epoch, credential=guard().internal_token())
-            with contextlib.suppress(RayActorError):
+            with contextlib.suppress(*ACTOR_GONE):
                 await close_segment(handle, guard().internal_token())
         self.sleeping().woken(name.segment_id)
         if not self.node_local:
@@ -364,12 +363,12 @@ class SegmentFleet(SegmentCalls, RestingSegments):
             return None
         try:
             status = await handle.ready.remote(credential=guard().internal_token())
-        except (RayActorError, SegmentNotFoundError):
+        except (*ACTOR_GONE, SegmentNotFoundError):
             status = None
         if status is not None and status.get("incarnation") == self.incarnation:
             return handle
         self.forget(name)
-        with contextlib.suppress(RayActorError, SegmentNotFoundError):
+        with contextlib.suppress(*ACTOR_GONE, SegmentNotFoundError):
             await close_segment(handle, guard().internal_token())
         return None
 
@@ -386,7 +385,7 @@ class SegmentFleet(SegmentCalls, RestingSegments):
                 hosts.append(lookup(name))
         closing = [h.close_topic.remote(str(self.topic), at, credential=token) for h in hosts]
         for result in await asyncio.gather(*closing, return_exceptions=True):
-            if isinstance(result, BaseException) and not isinstance(result, RayActorError):
+            if isinstance(result, BaseException) and not isinstance(result, ACTOR_GONE):
                 log.warning("%s: a segment host did not close the topic: %r", self.topic, result)
         SegmentDirectory().remove_topic(self.topic)
         names = [n for n in also if _registered(n)]

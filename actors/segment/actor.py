@@ -252,13 +252,9 @@ class Segment(TransactionCalls):
     ) -> int:
         """Seal the segment; ``sealed``: (children, layout epoch) of the split or merge
         that replaces it, kept in its storage for recovery. A replicated segment's leader
-        answers once its ack quorum holds the seal (``LeaderRole.sealed``). Any other
-        replica refuses (``NotLeaderError``: the caller looks the leader up again, as a
-        producer does): a follower sealed on its own would stop copying its leader's log,
-        and the leader, unsealed, would go on taking appends that no reader of the
-        sealed segment ever reaches."""
-        self._check(credential, Permission.ADMIN)
-        self._roles.check_serves()
+        answers once its ack quorum holds the seal (``LeaderRole.sealed``); any other
+        replica refuses (``_check_change``)."""
+        self._check_change(credential)
         end = self._store.terminate(epoch, SealedBy(*sealed) if sealed is not None else None)
         self._reader.wake()
         self._appender.release_turns()
@@ -295,13 +291,13 @@ class Segment(TransactionCalls):
         *,
         credential: str | None = None,
     ) -> int:
-        self._check(credential, Permission.ADMIN)
+        self._check_change(credential)
         return self._store.create_subscription(name, position, epoch)
 
     async def delete_subscription(
         self, name: str, epoch: int | None = None, *, credential: str | None = None
     ) -> None:
-        self._check(credential, Permission.ADMIN)
+        self._check_change(credential)
         self._store.delete_subscription(name, epoch)
 
     async def seek(
@@ -314,7 +310,7 @@ class Segment(TransactionCalls):
     ) -> dict[str, Any]:
         """Move a subscription's cursor (``SegmentStore.seek``); the controller's, for a
         reset of the whole subscription."""
-        self._check(credential, Permission.ADMIN)
+        self._check_change(credential)
         return self._store.seek(subscription, reset_target(to), epoch)
 
     async def subscriptions(self, *, credential: str | None = None) -> list[str]:
@@ -441,6 +437,16 @@ class Segment(TransactionCalls):
         except ScalableTopicsError as err:
             self._metrics.rejected(err.code)
             raise
+
+    def _check_change(self, credential: str | None) -> None:
+        """The controller's change of the log or its cursors (a seal, a subscription made,
+        deleted or reset) is its leader's to make: a follower copies it from there. Any
+        other replica refuses (``NotLeaderError``; the controller looks the leader up
+        again, as a producer does): a follower that took a seal would stop copying while
+        its leader, unsealed, took appends no reader of the sealed segment reaches, and a
+        cursor a follower took would be overwritten by its leader's next shipment."""
+        self._check(credential, Permission.ADMIN)
+        self._roles.check_serves()
 
     def _touch(self) -> None:
         self._last_used = time.monotonic()
