@@ -30,6 +30,8 @@ class Run:
     stop_consuming: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
+    # producer threads that counted their acks (appended to: the threads end together)
+    producers_done: list[int | None] = field(default_factory=list)
     # What the stream consumer's readers held when the drain gave up: where to look.
     stuck: dict[str, Any] = field(default_factory=dict)
     stream_consumer: Any = None
@@ -59,12 +61,15 @@ def produce(run: Run, rate: float, producer_index: int | None = None) -> None:
             i += 1
             time.sleep(1 / rate)
         producer.flush(timeout_s=180)
-    for future, message in pending:
-        try:
-            future.result(timeout=0)
-            run.acked.append(message)
-        except Exception as err:  # not acked: allowed to be lost, but must be rare
-            run.errors.append(f"send {message} failed: {type(err).__name__}")
+        # Every outcome looked at before the producer closes: a failure nobody looked at
+        # makes the close raise, which would end this thread before its acks are counted.
+        for future, message in pending:
+            try:
+                future.result(timeout=0)
+                run.acked.append(message)
+            except Exception as err:  # not acked: allowed to be lost, but must be rare
+                run.errors.append(f"send {message} failed: {type(err).__name__}")
+    run.producers_done.append(producer_index)
 
 
 def consume_stream(run: Run) -> None:
@@ -299,6 +304,9 @@ def finish_workload(workload: Workload) -> dict[str, Any]:
     workload.queue.finish(timeout_s=60)
     phases["drain"] = time.monotonic() - started
     violations = check(run, admin)
+    if len(run.producers_done) != len(workload.producers):
+        failed = len(workload.producers) - len(run.producers_done)
+        violations.append(f"{failed} producer thread(s) ended before counting their acks")
     if len(run.acked) < 0.9 * (len(run.acked) + len(run.errors)):
         violations.append(f"too many failed sends: {run.errors[:5]}")
     phases["check"] = time.monotonic() - started
