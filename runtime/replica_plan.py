@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from runtime.replication import FIRST_EPOCH, Replication
+from runtime.replication import Replication
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,10 @@ class HandOver:
 class Elect:
     """Fence ``candidates`` at the next epoch, choose among their reports, record the
     choice by compare-and-swap, then tell the chosen to lead and the others to follow.
-    ``also_fenced``: replicas fenced too but never chosen (they lost their files).
-    ``reports_needed``: when not the replication's (a segment's first election)."""
+    ``also_fenced``: replicas fenced too but never chosen (they lost their files)."""
 
     candidates: tuple[str, ...]
     also_fenced: tuple[str, ...] = ()
-    reports_needed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +122,7 @@ def next_steps(
     if said is None and leader not in gone:
         return []  # slow, not lost: an election now would fail over on every pause
     if said != RoleAnswer("leader", epoch):
-        return [_election(replicas, epoch, answers, replication)]
+        return [_election(replicas, answers, replication)]
     steps: list[Step] = []
     free = list(free_disks)
     for follower in followers:
@@ -143,20 +141,10 @@ def next_steps(
 
 
 def _election(
-    replicas: Sequence[str],
-    epoch: int,
-    answers: Mapping[str, RoleAnswer | None],
-    replication: Replication,
+    replicas: Sequence[str], answers: Mapping[str, RoleAnswer | None], replication: Replication
 ) -> Step:
-    """An election among the replicas that answer with their files. A segment's first
-    (its set still at ``FIRST_EPOCH``) needs only the replica its placement chose to
-    lead: no other holds anything, so no acknowledged entry can be missed. Without that,
-    a new segment whose followers were placed on nodes lost before Ray said so (a split
-    just after a node loss) would serve nobody until those nodes came back."""
     answering = tuple(replica for replica in replicas if _candidate(answers.get(replica)))
     if len(answering) < replication.reports_needed:
-        if epoch == FIRST_EPOCH and replicas[0] in answering:
-            return Elect((replicas[0],), reports_needed=1)
         missing = ", ".join(
             f"{replica} {'lost its files' if answers.get(replica) else 'does not answer'}"
             for replica in replicas

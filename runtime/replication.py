@@ -58,12 +58,6 @@ from runtime.errors import InvalidArgumentError, NotEnoughNodesError, NotEnoughR
 MAX_REPLICATION_FACTOR = 7
 
 
-# The epoch a replica set is recorded at, before any election. No replica has led an
-# epoch, so no follower has copied anything: whatever the segment holds is on the replica
-# its placement chose to lead (a segment replicated while it lived had its records there).
-FIRST_EPOCH = 1
-
-
 @dataclass(frozen=True)
 class Replication:
     """How many copies of each active segment, and how many must hold an entry before
@@ -335,7 +329,6 @@ def choose_leader(
     replication: Replication,
     prefer: str | None = None,
     avoid: frozenset[str] = frozenset(),
-    needed: int | None = None,
 ) -> ReplicaReport:
     """The replica to lead the next epoch: among at least ``reports_needed`` fenced
     replicas, the most up-to-date log (newest last epoch, then longest, then sealed: a
@@ -346,13 +339,11 @@ def choose_leader(
     a segment's first election keeps the leader its placement chose, and a leader that
     restarted keeps leading when nobody holds more), then to the name, so every
     controller that sees the same reports chooses alike. Only ties: the most up-to-date
-    log always wins, wherever it is. ``needed``: reports an election needs, when not
-    ``reports_needed`` (a segment's first: ``runtime.replica_plan``)."""
+    log always wins, wherever it is."""
     heard = {report.replica: report for report in reports}
-    needed = replication.reports_needed if needed is None else needed
-    if len(heard) < needed:
+    if len(heard) < replication.reports_needed:
         raise NotEnoughReplicasError(
-            f"an election needs {needed} of {replication.factor} replicas "
+            f"an election needs {replication.reports_needed} of {replication.factor} replicas "
             f"(ackQuorum {replication.ack_quorum}); {len(heard)} answered"
         )
     return max(

@@ -80,17 +80,6 @@ def test_a_tie_goes_off_the_controllers_node_before_the_recorded_leader() -> Non
     assert elected == ReplicaSet(4, ("d2", "d1", "d3"))
 
 
-def test_a_first_election_asked_for_one_report_takes_the_placements_leader_alone() -> None:
-    """``runtime.replica_plan`` asks for one report in a segment's first election only;
-    asked for the replication's own number, the same answers elect nobody."""
-    records, replicas = setup({"d1": (0, 0), "d2": None, "d3": None})
-    with pytest.raises(NotEnoughReplicasError, match="needs 2 of 3"):
-        asyncio.run(elect(records, 7, ("d1",), THREE, replicas))
-    elected = asyncio.run(elect(records, 7, ("d1",), THREE, replicas, reports_needed=1))
-    assert elected == ReplicaSet(4, ("d1", "d2", "d3")) == records.get(7)[0]
-    assert replicas.told[-2:] == [("lead", "d1", 4), ("route", "d1", ("d2", "d3"))]
-
-
 def test_too_few_answers_elect_nobody_and_change_nothing() -> None:
     records, replicas = setup({"d1": None, "d2": None, "d3": (3, 42)})
     with pytest.raises(NotEnoughReplicasError, match="needs 2 of 3"):

@@ -269,7 +269,7 @@ def carry_out_hand_over(
     metadata store."""
     elected: list[tuple] = []
 
-    async def elect(sets, segment_id, candidates, *_, avoid=(), **__):  # noqa: ANN001, ANN002, ANN003, ANN202
+    async def elect(sets, segment_id, candidates, replication, calls, also_fenced=(), avoid=()):  # noqa: ANN001, ANN202
         elected.append((candidates, avoid))
         return ReplicaSet(5, ("d1", "d0", "d2"))
 

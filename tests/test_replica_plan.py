@@ -15,7 +15,7 @@ from runtime.replica_plan import (
     next_steps,
     resize_steps,
 )
-from runtime.replication import FIRST_EPOCH, Replication
+from runtime.replication import Replication
 
 THREE = Replication.of(3, 2)  # an election needs 2 answers
 SET = ("d1", "d2", "d3")
@@ -48,29 +48,6 @@ def test_without_enough_answers_there_is_no_election() -> None:
     assert isinstance(step, Unavailable)
     assert "needs 2 of 3 replicas with their files; 1 answer" in step.why
     assert "(d1 does not answer, d3 does not answer)" in step.why  # which, for the operator
-
-
-def test_a_segments_first_election_needs_only_the_leader_its_placement_chose() -> None:
-    """A split just after a node loss placed a child's followers on nodes already gone
-    (Ray had not said so yet). Nobody has led it, so they hold nothing: the placement's
-    leader leads alone, and once it does the lost followers are replaced. After any
-    election, or without that leader, one answer elects nobody."""
-    new = {"d1": RoleAnswer("none", 0), "d2": None, "d3": None}
-    gone, free = {"d2", "d3"}, ("d4", "d5")
-    assert next_steps(SET, FIRST_EPOCH, new, gone, free, THREE) == [
-        Elect(("d1",), reports_needed=1)
-    ]
-    led = {"d1": RoleAnswer("leader", 2), "d2": None, "d3": None}
-    assert next_steps(SET, 2, led, gone, free, THREE) == [Replace("d2", "d4"), Replace("d3", "d5")]
-    (later,) = next_steps(SET, 2, new, gone, free, THREE)
-    assert isinstance(later, Unavailable)
-    (leaderless,) = next_steps(
-        SET, FIRST_EPOCH, {"d1": None, "d2": RoleAnswer("none", 0), "d3": None},
-        {"d1", "d3"}, free, THREE,
-    )  # fmt: skip
-    assert isinstance(leaderless, Unavailable)  # a segment replicated live holds its log there
-    both = next_steps(SET, FIRST_EPOCH, new | {"d2": RoleAnswer("none", 0)}, {"d3"}, free, THREE)
-    assert both == [Elect(("d1", "d2"))]  # enough answers: an election as any other
 
 
 def test_followers_are_told_their_role_or_replaced_once_lost() -> None:

@@ -64,13 +64,11 @@ async def elect(
     calls: ReplicaCalls,
     also_fenced: tuple[str, ...] = (),
     avoid: frozenset[str] = frozenset(),
-    reports_needed: int | None = None,
 ) -> ReplicaSet:
     """Run one election among ``candidates`` (replicas of the segment); the replica set it
     recorded. ``also_fenced``: replicas fenced at the new epoch too, never chosen (their
     files are gone); ``avoid``: replicas chosen only when no other is as up to date
-    (``choose_leader``); ``reports_needed``: when not the replication's (a first
-    election's). ``NotEnoughReplicasError`` when too few answer; ``BadVersion``
+    (``choose_leader``). ``NotEnoughReplicasError`` when too few answer; ``BadVersion``
     when another election recorded its choice first."""
     found = records.get(segment_id)
     if found is None:
@@ -79,9 +77,7 @@ async def elect(
     epoch = current.epoch + 1
     answers = await asyncio.gather(*(calls.fence(c, epoch) for c in candidates + also_fenced))
     reports = [report for report in answers[: len(candidates)] if report is not None]
-    chosen = choose_leader(
-        reports, replication, prefer=current.leader, avoid=avoid, needed=reports_needed
-    ).replica
+    chosen = choose_leader(reports, replication, prefer=current.leader, avoid=avoid).replica
     elected = current.elected(chosen)
     records.change(segment_id, version, elected)
     await calls.lead(chosen, elected.epoch, replication)

@@ -58,7 +58,7 @@ from runtime.replica_plan import (
     next_steps,
     resize_steps,
 )
-from runtime.replication import FIRST_EPOCH, Replication
+from runtime.replication import Replication
 from storage.durability import Durability
 from storage.metadata import MetadataStore
 from storage.placements import SegmentPlacements
@@ -145,7 +145,7 @@ class ReplicaKeeper(RetiringReplicas):
                         load[disk] += 1
             replication.check_nodes(len(load) + 1)
             followers = choose_disks(load, replication.factor - 1)
-            recorded = sets.create(name.segment_id, ReplicaSet(FIRST_EPOCH, (leader, *followers)))
+            recorded = sets.create(name.segment_id, ReplicaSet(1, (leader, *followers)))
         else:
             recorded = found[0]
         await asyncio.gather(
@@ -339,7 +339,7 @@ class ReplicaKeeper(RetiringReplicas):
             try:
                 elected = await elect(
                     sets, name.segment_id, step.candidates, replication, calls, step.also_fenced,
-                    avoid=frozenset(self._disks.own_disks()), reports_needed=step.reports_needed,
+                    avoid=frozenset(self._disks.own_disks()),
                 )  # fmt: skip
             except BadVersion:
                 return  # another election won: the next round reads its record
