@@ -318,10 +318,7 @@ def test_a_sealed_leaders_followers_seal_at_its_end(tmp_path: Path) -> None:
             # Answered once the ack quorum holds the seal: a follower's copy is sealed now
             assert any(three.segments[n]._store.terminated for n in ("r1", "r2"))
 
-            async def sealed() -> bool:
-                return all(s._store.terminated for s in three.segments.values())
-
-            await until(sealed)
+            await until(lambda: _all_sealed(three))
             assert {s._store.end_offset for s in three.segments.values()} == {5}
             position = await leader.position()
             assert position["terminated"] and position["endOffset"] == 5
@@ -364,16 +361,17 @@ def test_a_change_that_reaches_a_follower_is_refused_and_the_leaders_stands(
             await until(copied)
             assert await leader.terminate() == 8
 
-            async def sealed() -> bool:
-                return all(s._store.terminated for s in three.segments.values())
-
-            await until(sealed)
+            await until(lambda: _all_sealed(three))
 
     run(scenario)
 
 
 async def _holds(segment: Segment, subscriptions: list[str]) -> bool:
     return segment._store.cursors.names() == subscriptions
+
+
+async def _all_sealed(replicas: Replicas) -> bool:
+    return all(s._store.terminated for s in replicas.segments.values())
 
 
 def test_a_seal_no_quorum_holds_fails_naming_the_segment_and_is_asked_again(
