@@ -104,6 +104,9 @@ class Unavailable:
 
 Step = Elect | HandOver | Tell | Replace | Rebuild | Resize | Unavailable
 
+# A replica set's epoch until its first election (``storage.replica_sets``).
+UNELECTED = 1
+
 
 def next_steps(
     replicas: Sequence[str],
@@ -122,7 +125,10 @@ def next_steps(
     if said is None and leader not in gone:
         return []  # slow, not lost: an election now would fail over on every pause
     if said != RoleAnswer("leader", epoch):
-        return [_election(replicas, answers, replication)]
+        election = _election(replicas, answers, replication)
+        if epoch == UNELECTED and said is not None and isinstance(election, Unavailable):
+            return _replace_unelected(followers, gone, free_disks) or [election]
+        return [election]
     steps: list[Step] = []
     free = list(free_disks)
     for follower in followers:
@@ -138,6 +144,18 @@ def next_steps(
         elif follower in gone:
             steps.append(Unavailable(f"follower {follower} is lost and no other node is free"))
     return steps
+
+
+def _replace_unelected(
+    followers: Sequence[str], gone: set[str], free_disks: Sequence[str]
+) -> list[Step]:
+    """Followers of a segment that has had no election, lost before it could have one, each
+    replaced by a free disk: a follower copies only from an elected leader, so these hold
+    nothing, and without them the first election would wait for nodes that never come
+    back (a segment placed on a node that was already lost, before Ray said so). Only
+    while its leader answers: that one may hold a copy from before it was replicated."""
+    lost = [follower for follower in followers if follower in gone]
+    return [Replace(follower, disk) for follower, disk in zip(lost, free_disks, strict=False)]
 
 
 def _election(

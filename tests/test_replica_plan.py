@@ -63,6 +63,33 @@ def test_followers_are_told_their_role_or_replaced_once_lost() -> None:
     assert isinstance(step, Unavailable) and "no other node is free" in step.why
 
 
+def test_a_new_segments_followers_lost_before_its_first_election_are_replaced() -> None:
+    """Placed on nodes already lost (Ray had not said so yet): they hold nothing, as a
+    follower copies only from an elected leader, so free disks take their places and the
+    first election can have its answers; its leader, which may hold a copy of its own, is
+    never replaced."""
+    new = {"d1": RoleAnswer("none", 0), "d2": None, "d3": None}
+
+    def first(answers: dict, gone: set[str], free: tuple[str, ...] = ()) -> list:
+        return next_steps(SET, 1, answers, gone, free, THREE)
+
+    assert first(new, gone={"d2", "d3"}, free=("d7", "d8")) == [
+        Replace("d2", "d7"), Replace("d3", "d8"),
+    ]  # fmt: skip
+    assert first(new, gone={"d2", "d3"}, free=("d7",)) == [Replace("d2", "d7")]
+    assert first(new, gone={"d3"}, free=("d7",)) == [Replace("d3", "d7")]  # d2 slow: kept
+    (step,) = first(new, gone={"d2", "d3"})
+    assert isinstance(step, Unavailable) and "1 answer" in step.why
+    one_lost = new | {"d2": RoleAnswer("none", 0)}
+    assert first(one_lost, gone={"d3"}, free=("d7",)) == [Elect(("d1", "d2"))]  # 2 of 3 do
+    (step,) = first({"d1": None, "d2": None, "d3": None}, gone=set(SET), free=("d7", "d8"))
+    assert isinstance(step, Unavailable)  # a lost leader is not replaced
+    # once elected, only the leader can make a follower hold something: never replaced
+    # while too few answer for the next election
+    (step,) = steps({"d1": RoleAnswer("none", 0), "d2": None, "d3": None}, {"d2", "d3"}, ("d7",))
+    assert isinstance(step, Unavailable)
+
+
 def test_a_replica_whose_files_are_gone_is_rebuilt_and_never_elected() -> None:
     lost = RoleAnswer("follower", 4, lost=True)
     assert steps(HEALTHY | {"d3": lost}) == [Rebuild("d3")]

@@ -8,9 +8,10 @@ serves nobody (``storage.replica_state``) until the controller gives it one.
 
 Each maintenance round (``round``) asks every replica of every replicated active segment
 what it is, and carries out what ``runtime.replica_plan`` decides: the first election of a
-new segment (it keeps the placement's leader), a failover when the leader's node is lost,
-a follower told its role again after its host restarted, a lost follower replaced by a
-new one on a free node, which copies the leader's log from its start. Elections are
+new segment (it keeps the placement's leader; followers lost before it are replaced), a
+failover when the leader's node is lost, a follower told its role again after its host
+restarted, a lost follower replaced by a new one on a free node, which copies the
+leader's log from its start. Elections are
 ``actors.control.replica_election``'s. A replica that stays silent past its grace
 (``RAYTOPICS_REPLICA_GRACE_S``) counts as lost even while Ray still lists its node: a
 stopped process holds no lease, and when it resumes it is fenced.
