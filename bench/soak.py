@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import platform
@@ -36,13 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from runtime.names import MAX_HASH  # noqa: E402
 from runtime.placement import PLACEMENT_ENV  # noqa: E402
-from tests.chaos.harness import (  # noqa: E402
-    actor_memory,
-    chaos_cluster,
-    in_lanes,
-    run_chaos,
-    schedule,
-)
+from tests.chaos.harness import actor_memory, chaos_cluster, run_chaos, schedule  # noqa: E402
 from tests.chaos.workload import finish_workload, start_workload  # noqa: E402
 
 MAX_GROWTH = 0.10
@@ -140,17 +133,16 @@ def soak(
     samples: Samples = []
     stop, stop_changes, changes = threading.Event(), threading.Event(), []
     os.environ[PLACEMENT_ENV] = json.dumps({"steady/*": {STEADY_RESOURCE: 0.01}})
-    with chaos_cluster(nodes=3, head_resources={STEADY_RESOURCE: 100}) as nodes:
+    with chaos_cluster(nodes=3, head_resources={STEADY_RESOURCE: 100}) as cluster:
         period = max(1.0, min(10.0, duration / 30))
         sampler = threading.Thread(target=sample_memory, args=(stop, period, samples), daemon=True)
         sampler.start()
         steady_topic = f"topic://steady/soak-{os.getpid()}/events"
-        steady = start_workload(nodes.address, steady_topic, rate, retention_s)
+        steady = start_workload(cluster, steady_topic, rate, retention_s)
         args = (steady.run.topic, stop_changes, steady_change_s, changes)
         changer = threading.Thread(target=change_steady, args=args, daemon=True)
         changer.start()
-        chaos = functools.partial(run_chaos, nodes, seed, plan, duration, rate, retention_s)
-        (result,) = in_lanes(nodes, [chaos])
+        result = run_chaos(cluster, seed, plan, duration, rate, retention_s)
         stop_changes.set()
         changer.join()
         steady_result = finish_workload(steady)

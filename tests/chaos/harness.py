@@ -11,16 +11,12 @@ coordinator is killed, the queue consumer's process is SIGKILLed and replaced
 (what it held comes back after the ack timeout), segments split and merge. An
 actor on the head node is killed as a process instead (the head holds the GCS).
 ``--replicated``: the same with replicated segments (``tests.chaos.replicated``).
-``--lanes N``: N seeds at once on the one cluster, each on its topic with its own
-schedule, whose node losses then hit the other lanes' segments too; a failure replays
-with the same ``--seeds`` and ``--lanes``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import random
@@ -56,54 +52,6 @@ def schedule(
     return [(t, rng.choice(faults)) for t in times]
 
 
-class Nodes:
-    """The cluster's worker nodes, shared by the faults of every lane.
-
-    A removed node is replaced by the main thread alone (``tend``: starting a Ray node
-    installs signal handlers). Node losses come one at a time across lanes
-    (``node_faults``), and a replicated run's loss waits until the replicas of every
-    lane's topic are whole again (``topics``): a loss in one lane takes replicas of the
-    others' segments too.
-    """
-
-    def __init__(self, cluster: Any, node_args: Callable[[], dict[str, Any]]) -> None:
-        self.cluster, self.node_args = cluster, node_args
-        self.lock = threading.Lock()  # Cluster is not thread-safe
-        self.node_faults = threading.Lock()
-        self.missing = 0
-        self.removed: set[str] = set()  # node ids
-        self.topics: set[str] = set()  # the lanes' live topics
-
-    @property
-    def address(self) -> str:
-        return self.cluster.address
-
-    def tend(self, busy: Callable[[], bool]) -> None:
-        """Main thread: replace removed nodes while ``busy()``, and once more after."""
-        while busy():
-            self.replace()
-            time.sleep(0.2)
-        self.replace()
-
-    def replace(self) -> None:
-        """Add a fresh node per removed one. On a loaded machine Ray may give up waiting
-        for a node to register (30 s); it is then tried again later."""
-        with self.lock:
-            while self.missing:
-                try:
-                    self.cluster.add_node(**self.node_args())
-                except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception here
-                    print(f"  [{time.strftime('%X')}] could not add a fresh node: {err}")
-                    return
-                self.missing -= 1
-
-    def wait_replaced(self, timeout_s: float) -> None:
-        """A lane's wait for the main thread to replace every removed node."""
-        deadline = time.monotonic() + timeout_s
-        while self.missing and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-
 class Faults:
     """Carries out scheduled faults against the cluster, each in a thread of its own.
 
@@ -115,19 +63,26 @@ class Faults:
 
     def __init__(
         self,
-        nodes: Nodes,
+        cluster: Any,
         run: Run,
         rng: random.Random,
         queue: QueueConsumerProcess,
         shape: Shape,
-        seed: int,
     ) -> None:
-        """A replicated ``shape.policy`` makes node losses wait for replicas in sync."""
+        """``shape.node_args``: what a node added in place of a removed one is started
+        with; a replicated ``shape.policy`` makes node losses come one at a time."""
         from clients import ScalableTopicsAdmin
 
-        self.nodes, self.run, self.rng, self.queue, self.seed = nodes, run, rng, queue, seed
+        self.cluster, self.run, self.rng, self.queue = cluster, run, rng, queue
+        self.node_args = shape.node_args
         self.factor = ((shape.policy or {}).get("replication") or {}).get("factor", 1)
         self.admin = ScalableTopicsAdmin(controller_restart_timeout_s=120)
+        self.nodes_lock = threading.Lock()  # Cluster is not thread-safe
+        # Node faults wait for the replicas lost to the one before, then remove a node: one
+        # at a time, or two threads would both see the replicas in sync and both remove.
+        self.node_faults = threading.Lock()
+        self.missing_nodes = 0
+        self.removed: set[str] = set()  # node ids
         self.threads: list[threading.Thread] = []
 
     def start(self, fault: str) -> None:
@@ -136,10 +91,29 @@ class Faults:
         thread.start()
         self.threads.append(thread)
 
+    def wait_until(self, deadline: float) -> None:
+        """Sleep until ``deadline`` (monotonic), replacing removed nodes meanwhile."""
+        while (remaining := deadline - time.monotonic()) > 0:
+            self.replace_nodes()
+            time.sleep(min(remaining, 0.2))
+
     def join(self, timeout_s: float) -> None:
         for thread in self.threads:
             thread.join(timeout_s)
-        self.nodes.wait_replaced(timeout_s)
+        self.replace_nodes()
+
+    def replace_nodes(self) -> None:
+        """Add a fresh node per removed one. Main thread only: starting a Ray node
+        installs signal handlers. On a loaded machine Ray may give up waiting for a
+        node to register (30 s); it is then tried again later."""
+        with self.nodes_lock:
+            while self.missing_nodes:
+                try:
+                    self.cluster.add_node(**self.node_args())
+                except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception here
+                    print(f"  [{time.strftime('%X')}] could not add a fresh node: {err}")
+                    return
+                self.missing_nodes -= 1
 
     def inject(self, fault: str, rng: random.Random) -> None:
         action: Callable[[random.Random], str] = getattr(self, f"_{fault}")
@@ -148,7 +122,7 @@ class Faults:
         except Exception as err:  # a refused split/merge is fine; it is reported
             outcome = f"{fault}: refused ({type(err).__name__}: {err})"
         self.run.faults.append(outcome)
-        print(f"  [{time.strftime('%X')}] seed {self.seed}: {outcome}", flush=True)
+        print(f"  [{time.strftime('%X')}] {outcome}", flush=True)
 
     def _kill_node_of(self, actor_name: str) -> str | None:
         """Remove the node of the actor ``actor_name`` (kill it, on the head node); None
@@ -158,54 +132,49 @@ class Faults:
 
         from runtime.config import ray_namespace
 
-        nodes = self.nodes
-        with nodes.lock:
+        with self.nodes_lock:
             alive = [a for a in alive_actors() if a["Name"] == actor_name]
             if not alive:
                 return None
             node_id = alive[0]["Address"]["NodeID"]
-            node = next((n for n in nodes.cluster.worker_nodes if n.node_id == node_id), None)
+            node = next((n for n in self.cluster.worker_nodes if n.node_id == node_id), None)
             if node is not None:
-                nodes.cluster.remove_node(node, allow_graceful=False)
-                nodes.missing += 1
-                nodes.removed.add(node_id)
+                self.cluster.remove_node(node, allow_graceful=False)
+                self.missing_nodes += 1
+                self.removed.add(node_id)
                 return f"removed node {node_id[:8]} holding {actor_name} (to be replaced)"
-            if node_id != nodes.cluster.head_node.node_id:
+            if node_id != self.cluster.head_node.node_id:
                 return None
         ray.kill(ray.get_actor(actor_name, namespace=ray_namespace()), no_restart=False)
         return f"{actor_name} is on the head node: killed its process"
 
     def _replicas_restored(self) -> str:
         """Wait until every replicated segment still served (the active ones, and sealed
-        ones whose backlog readers still read) of every lane's topic has all its replicas
-        in sync again. The guarantee of a factor F with ack quorum Q is the loss of F-Q
-        nodes at a time: a second loss before the first one's replicas are replaced may
-        leave a segment too few replicas to elect a leader (it then waits for a lost node
-        to come back, and these never do: a replacement has a fresh disk)."""
-        if self.factor == 1:
-            return ""
-        started = time.monotonic()
-        while (waited := time.monotonic() - started) < REPLICAS_RESTORED_S:
-            if all(self._topic_restored(topic) for topic in sorted(self.nodes.topics)):
-                return f"after {waited:.1f} s for every replica in sync, " if waited > 1 else ""
-            time.sleep(0.5)
-        return f"replicas not in sync after {REPLICAS_RESTORED_S} s, "
-
-    def _topic_restored(self, topic: str) -> bool:
-        """Every replica of ``topic``'s served segments in sync; a topic its lane has
-        finished with counts as whole."""
+        ones whose backlog readers still read) has all its replicas in sync again. The
+        guarantee of a factor F with ack quorum Q is the loss of F-Q nodes at a time:
+        a second loss before the first one's replicas are replaced may leave a segment
+        too few replicas to elect a leader (it then waits for a lost node to come back,
+        and these never do: a replacement has a fresh disk)."""
         import ray
 
         from actors.control.controller_host import controller_actor
         from runtime.names import TopicName
 
-        try:
-            active = {str(i) for i in self.admin.get_layout(topic).active_segments}
-            status = controller_actor(TopicName.parse(topic)).autoscale_status.remote()
-            views = ray.get(status, timeout=10)["replicas"]
-        except Exception:  # noqa: BLE001 - a controller restarting: asked again
-            return topic not in self.nodes.topics
-        return active <= set(views) and all(map(self._restored, views.values()))
+        if self.factor == 1:
+            return ""
+        topic = TopicName.parse(self.run.topic)
+        started = time.monotonic()
+        while (waited := time.monotonic() - started) < REPLICAS_RESTORED_S:
+            try:
+                active = {str(i) for i in self.admin.get_layout(self.run.topic).active_segments}
+                status = ray.get(controller_actor(topic).autoscale_status.remote(), timeout=10)
+                views = status["replicas"]
+                if active <= set(views) and all(map(self._restored, views.values())):
+                    return f"after {waited:.1f} s for every replica in sync, " if waited > 1 else ""
+            except Exception:  # noqa: BLE001, S110 - a controller restarting: ask again
+                pass
+            time.sleep(0.5)
+        return f"replicas not in sync after {REPLICAS_RESTORED_S} s, "
 
     def _restored(self, view: dict[str, Any] | None) -> bool:
         """All of a segment's replicas in sync, none on a node removed (a round that
@@ -213,14 +182,14 @@ class Faults:
         return (
             view is not None
             and len(view["replicas"]) == self.factor
-            and all(r["inSync"] and r["node"] not in self.nodes.removed for r in view["replicas"])
+            and all(r["inSync"] and r["node"] not in self.removed for r in view["replicas"])
         )
 
     def _controller_node(self, _rng: random.Random) -> str:
         from actors.controller_directory import ControllerDirectory
         from runtime.names import TopicName
 
-        with self.nodes.node_faults:
+        with self.node_faults:
             waited = self._replicas_restored()
             entry = ControllerDirectory().get(TopicName.parse(self.run.topic))
             if entry is None:
@@ -231,7 +200,7 @@ class Faults:
         """Remove the node whose segment host leads a segment active now. A choice made as
         a split or merge ends, or as a host restarts, may find no live leader: chosen
         again, for up to ``LEADER_FOUND_S``, so that the schedule's fault takes place."""
-        with self.nodes.node_faults:
+        with self.node_faults:
             return self._remove_a_leaders_node(rng)
 
     def _remove_a_leaders_node(self, rng: random.Random) -> str:
@@ -346,52 +315,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=150.0, help="messages per second")
     parser.add_argument("--nodes", type=int, help="workers beside the head: 3, or 4 replicated")
     parser.add_argument("--replicated", action="store_true", help="see chaos/replicated.py")
-    parser.add_argument("--lanes", type=int, default=1, help="seeds run at once")
     args = parser.parse_args(argv)
-    shape, faults, count = Shape(), FAULTS, args.nodes or 3
+    failed = 0
+    shape, faults, nodes = Shape(), FAULTS, args.nodes or 3
     if args.replicated:
         from tests.chaos import replicated
 
         root = Path(os.environ.get("RAYTOPICS_STORAGE_ROOT") or tempfile.mkdtemp()) / "disks"
         shape, faults = replicated.replicated_shape(root), replicated.FAULTS
-        count = args.nodes or replicated.NODES
-    order = seeds(args.seeds)
-
-    def lane(mine: list[int], nodes: Nodes) -> list[dict[str, Any]]:
-        results = []
-        for seed in mine:
+        nodes = args.nodes or replicated.NODES
+    with chaos_cluster(nodes, node_args=shape.node_args) as cluster:
+        for seed in seeds(args.seeds):
             plan = schedule(seed, args.duration, faults)
             print(f"chaos seed={seed} schedule={json.dumps(plan)}", flush=True)
-            results.append(run_chaos(nodes, seed, plan, args.duration, args.rate, shape=shape))
-            print(json.dumps(results[-1]), flush=True)
-        return results
-
-    with chaos_cluster(count, node_args=shape.node_args) as nodes:
-        lanes = [order[i :: args.lanes] for i in range(args.lanes)]
-        results = in_lanes(nodes, [functools.partial(lane, mine, nodes) for mine in lanes])
-    return 1 if any(r["violations"] for done in results for r in done) else 0
-
-
-def in_lanes(nodes: Nodes, lanes: list[Callable[[], Any]]) -> list[Any]:
-    """Each of ``lanes`` in a thread of its own while this (the main) thread replaces
-    the nodes their faults remove; what each returned, in order. A lane that raised
-    raises here."""
-    outcomes: list[Any] = [None] * len(lanes)
-
-    def run(i: int) -> None:
-        try:
-            outcomes[i] = (lanes[i](), None)
-        except BaseException as err:  # noqa: BLE001 - raised again in the main thread
-            outcomes[i] = (None, err)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(lanes))]
-    for thread in threads:
-        thread.start()
-    nodes.tend(busy=lambda: any(t.is_alive() for t in threads))
-    for _, err in outcomes:
-        if err is not None:
-            raise err
-    return [value for value, _ in outcomes]
+            result = run_chaos(cluster, seed, plan, args.duration, args.rate, shape=shape)
+            print(json.dumps(result), flush=True)
+            failed += bool(result["violations"])
+    return 1 if failed else 0
 
 
 @contextlib.contextmanager
@@ -399,7 +339,7 @@ def chaos_cluster(
     nodes: int,
     head_resources: dict[str, float] | None = None,
     node_args: Callable[[], dict[str, Any]] = one_cpu,
-) -> Iterator[Nodes]:
+) -> Iterator[Any]:
     """One multi-node cluster for a series of runs (starting one costs tens of seconds)."""
     os.environ.setdefault("RAYTOPICS_STORAGE_ROOT", tempfile.mkdtemp(prefix="raytopics-chaos-"))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -412,14 +352,14 @@ def chaos_cluster(
     cluster = start_cluster(nodes, head_resources, node_args)
     try:
         connect(cluster.address, namespace=f"chaos-{os.getpid()}", log_to_driver=False)
-        yield Nodes(cluster, node_args)
+        yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
 
 
 def run_chaos(
-    nodes: Nodes,
+    cluster: Any,
     seed: int,
     plan: list[tuple[float, str]],
     duration_s: float,
@@ -427,23 +367,19 @@ def run_chaos(
     retention_s: float | None = None,
     shape: Shape | None = None,
 ) -> dict[str, Any]:
-    """One seed's workload and faults on its own topic, then the checks. Runs in a lane
-    (``in_lanes``): the main thread replaces the nodes its faults remove."""
+    """One seed's workload and faults on its own topic, then the checks."""
     shape = shape or Shape()
     topic = f"topic://chaos/s{seed}-{os.getpid()}/events"
-    workload = start_workload(nodes.address, topic, rate, retention_s, shape)
-    nodes.topics.add(topic)
-    try:
-        faults = Faults(nodes, workload.run, random.Random(seed), workload.queue, shape, seed)
-        t0 = time.monotonic()
-        for at, fault in plan:
-            time.sleep(max(0.0, t0 + at - time.monotonic()))
-            faults.start(fault)
-        time.sleep(max(0.0, t0 + duration_s - time.monotonic()))
-        faults.join(timeout_s=240)
-        return {"seed": seed, **finish_workload(workload)}
-    finally:
-        nodes.topics.discard(topic)
+    workload = start_workload(cluster, topic, rate, retention_s, shape)
+    rng = random.Random(seed)
+    faults = Faults(cluster, workload.run, rng, workload.queue, shape)
+    t0 = time.monotonic()
+    for at, fault in plan:
+        faults.wait_until(t0 + at)
+        faults.start(fault)
+    faults.wait_until(t0 + duration_s)
+    faults.join(timeout_s=240)
+    return {"seed": seed, **finish_workload(workload)}
 
 
 if __name__ == "__main__":

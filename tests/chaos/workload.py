@@ -248,7 +248,7 @@ class Workload:
 
 
 def start_workload(
-    address: str,
+    cluster: Any,
     topic: str,
     rate: float,
     retention_s: float | None = None,
@@ -275,7 +275,7 @@ def start_workload(
         admin.set_policy(run.topic, {"retention": {"timeS": retention_s}})
     admin.create_subscription(run.topic, "stream")
     admin.create_subscription(run.topic, "queue")
-    queue = QueueConsumerProcess(run, address)
+    queue = QueueConsumerProcess(run, cluster.address)
     queue.start()
     if shape.producers == 1:
         work = [(rate, None)]
