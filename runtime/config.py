@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from runtime.capacity import MEMORY_ENV, PER_CPU_ENV
 from runtime.limits import LIMIT_ENV_VARS
 from runtime.listen import PORTS_ENV
+from runtime.logs import LOG_LEVEL_ENV, configure_actor_logging
 from runtime.placement import PLACEMENT_ENV
 from runtime.rest import REST_TIMEOUT_ENV
 from runtime.segment_hosts import HOSTS_ENV, IDLE_EXIT_ENV
@@ -44,6 +45,7 @@ ACTOR_SETTINGS = (
     IDLE_EXIT_ENV,
     PLACEMENT_ENV,
     GC_FREEZE_ENV,
+    LOG_LEVEL_ENV,
     MEMORY_ENV,
     PER_CPU_ENV,
     REST_TIMEOUT_ENV,
@@ -97,11 +99,13 @@ def _say_chosen(namespace: str) -> None:
 
 
 def apply_settings(settings: Mapping[str, str] | None) -> None:
-    """Make an actor's process see the settings of the program that started it.
+    """Make an actor's process see the settings of the program that started it, and log
+    as the system's actors do (``runtime.logs``, at the level those settings say).
 
     Called first thing in every actor's constructor, before anything reads them;
     the actors it starts in turn get them from its environment."""
     os.environ.update(settings or {})
+    configure_actor_logging()
 
 
 def actor_settings() -> dict[str, str]:
