@@ -256,7 +256,7 @@ class GroupConsumerCore:
         try:
             while not reader.revoked and not self.closed:
                 if len(self.messages) >= self.config.receiver_queue_size:
-                    await asyncio.sleep(0.005)
+                    await self.messages.wait_for_room(self.config.receiver_queue_size)
                     continue
                 try:
                     batch, end_offset, terminated, following = await self._read_once(reader)

@@ -15,6 +15,8 @@ collections into the oldest generation, whose full collections stall delivery
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
 import threading
 import weakref
@@ -44,6 +46,9 @@ class Inbox(Generic[C]):
         self._counting = threading.Lock()
         self._count = 0
         self._error: Exception | None = None
+        # Readers waiting for room (``wait_for_room``): their loop, the event a take sets
+        # once fewer than ``limit`` wait, and the limit. Guarded by ``_counting``.
+        self._room: tuple[asyncio.AbstractEventLoop, asyncio.Event, int] | None = None
 
     def __len__(self) -> int:
         """Messages handed over and not yet taken: what readers throttle on."""
@@ -58,10 +63,37 @@ class Inbox(Generic[C]):
 
     def fail(self, error: Exception) -> None:
         """Any thread: receivers get what was handed over before, then every take
-        raises ``error`` (a waiting one wakes for it)."""
+        raises ``error`` (a waiting one wakes for it, and so do readers waiting for room)."""
         if self._error is None:
             self._error = error
             self._batches.put((_FAILED, ()))
+            with self._counting:
+                self._wake_readers()
+
+    async def wait_for_room(self, limit: int, look_s: float = 1.0) -> None:
+        """On the readers' event loop: return once fewer than ``limit`` messages wait here
+        (a reader's throttle while the application is slower than its segments), or the
+        inbox failed. The take that makes room wakes it, so a full inbox costs its readers
+        nothing while they wait; they look again every ``look_s`` all the same (a reader
+        whose consumer closes meanwhile)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._counting:
+                if self._count < limit or self._error is not None:
+                    return
+                if self._room is None or self._room[1].is_set():
+                    self._room = (loop, asyncio.Event(), limit)
+                event = self._room[1]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), look_s)
+
+    def _wake_readers(self) -> None:
+        """With ``_counting`` held: wake the readers waiting for room, if any."""
+        if self._room is not None:
+            loop, event, _ = self._room
+            self._room = None
+            with contextlib.suppress(RuntimeError):  # their loop is closed: nobody waits
+                loop.call_soon_threadsafe(event.set)
 
     def get(self, timeout_s: float | None) -> Any:
         """The next item of an inbox of lists, waiting up to ``timeout_s`` (``None``:
@@ -104,4 +136,6 @@ class Inbox(Generic[C]):
                 room -= len(run)
             with self._counting:
                 self._count -= max_items - room
+                if self._room is not None and self._count < self._room[2]:
+                    self._wake_readers()
             return taken

@@ -189,7 +189,7 @@ class _QueueCore:
         take = wire.TakeRequest(self.subscription, self.consumer, self.max_records, TAKE_WAIT_S)
         while not self.closed:
             if len(self.messages) >= self.queue_size:
-                await asyncio.sleep(0.005)
+                await self.messages.wait_for_room(self.queue_size)
                 continue
             try:
                 batch, drained = await segment.takes.take(take)

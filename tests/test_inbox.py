@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -62,3 +64,47 @@ def test_a_failure_comes_after_what_was_handed_over_and_wakes_a_waiter() -> None
     threading.Timer(0.05, waiting.fail, args=(PermissionError("revoked"),)).start()
     with pytest.raises(PermissionError, match="revoked"):
         waiting.get(timeout_s=5)
+
+
+def _waiting_reader(inbox: Inbox[list[int]], limit: int) -> tuple[threading.Thread, list[float]]:
+    """A reader on an event loop of its own waiting for room (``look_s`` far beyond the
+    test, so only a wake-up ends the wait); how long it waited, once it returned."""
+    waited: list[float] = []
+
+    def run() -> None:
+        started = time.monotonic()
+        asyncio.run(inbox.wait_for_room(limit, look_s=60))
+        waited.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, waited
+
+
+def test_a_reader_waiting_for_room_is_woken_by_the_take_that_makes_it() -> None:
+    inbox: Inbox[list[int]] = Inbox()
+    inbox.put(list(range(10)))
+    thread, waited = _waiting_reader(inbox, limit=5)
+    time.sleep(0.2)
+    inbox.get_batches(5, 0)  # 5 left: still not under the limit
+    thread.join(0.3)
+    assert thread.is_alive() and not waited
+    inbox.get_batches(1, 0)  # 4 left
+    thread.join(5)
+    assert waited and waited[0] < 5, waited
+
+
+def test_a_failed_inbox_wakes_a_reader_waiting_for_room() -> None:
+    inbox: Inbox[list[int]] = Inbox()
+    inbox.put([1, 2, 3])
+    thread, waited = _waiting_reader(inbox, limit=1)
+    time.sleep(0.2)
+    inbox.fail(PermissionError("refused"))
+    thread.join(5)
+    assert waited and waited[0] < 5, waited
+
+
+def test_room_already_there_does_not_wait() -> None:
+    inbox: Inbox[list[int]] = Inbox()
+    inbox.put([1])
+    asyncio.run(asyncio.wait_for(inbox.wait_for_room(2, look_s=60), 1))
