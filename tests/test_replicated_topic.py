@@ -189,6 +189,13 @@ def main(scratch: Path) -> None:
             segments = admin.get_stats(TOPIC)["segments"]
             return {i: s.get("replication") for i, s in segments.items() if s["state"] == "ACTIVE"}
 
+        def steady(segment_id: str) -> list[dict]:
+            """The segment's replicas once a round saw them all in sync: a round's view
+            may lack an answer a moment later (a host slow to answer it), so a test reads
+            the view that was in sync, never the next one."""
+            found = wait_for(lambda: _in_sync_view(replicas().get(segment_id)), 60, step_s=0.5)
+            return found["replicas"]
+
         def all_in_sync() -> bool:
             """Every active segment's replicas, and every sealed one's that are kept."""
             views = replicas()
@@ -258,26 +265,22 @@ def main(scratch: Path) -> None:
         result["lost_node"], result["old_epoch"] = leader, placed["0"]["epoch"]
         cluster.remove_node(nodes[leader], allow_graceful=False)
 
-        def failed_over() -> bool:
+        def failed_over() -> dict | None:
             view = replicas().get("0")
             if view is None or len(view["replicas"]) != 3:
-                return False
+                return None
             leading = view["replicas"][0]
-            return (
-                leading["role"] == "leader"
-                and leading["epoch"] > result["old_epoch"]
-                and all(r["inSync"] for r in view["replicas"])
-            )
+            newer = leading["role"] == "leader" and leading["epoch"] > result["old_epoch"]
+            return view if newer and all(r["inSync"] for r in view["replicas"]) else None
 
-        wait_for(failed_over, 120, step_s=0.5)
-        view = replicas()["0"]
+        view = wait_for(failed_over, 120, step_s=0.5)
         result["new_epoch"] = view["replicas"][0]["epoch"]
         result["after_nodes"] = [node_of_disk[r["replica"]] for r in view["replicas"]]
         time.sleep(1)  # producing goes on with the new leader
 
         # a stale leader: segment 1's leader's process stopped until another replica leads
         # a newer epoch, then resumed
-        before = replicas()["1"]["replicas"][0]
+        before = steady("1")[0]
         one = admin.get_layout(TOPIC).active_segments[1].name(topic)
         pid = ray.get(segment_actor(one).ready.remote())["pid"]
         os.kill(pid, signal.SIGSTOP)
@@ -328,7 +331,7 @@ def main(scratch: Path) -> None:
 
         # a follower's host crashes: Ray restarts it, it opens its replicas again without a
         # role, and the controller tells them to follow again; they catch up
-        follower = replicas()["0"]["replicas"][1]
+        follower = steady("0")[1]
         zero = admin.get_layout(TOPIC).active_segments[0].name(topic)
         crashed = lookup(host_name(zero, follower["node"], 1, topic_settings()))
         ray.kill(crashed, no_restart=False)
@@ -356,7 +359,7 @@ def main(scratch: Path) -> None:
         keys = [k for k in (f"files-{j}" for j in range(64)) if key_hash(k) <= 0x7FFF][:4]
         removed: dict = {"sent": 0}
         for role in ("leader",):
-            view = replicas()["0"]
+            view = {"replicas": steady("0")}
             (victim,) = [r for r in view["replicas"] if r["role"] == role][:1]
             directory = segment_files(victim)
             with Producer(TOPIC) as producer:
@@ -372,7 +375,7 @@ def main(scratch: Path) -> None:
                     future.result(timeout=60)
             removed["sent"] += 40
             wait_for(lambda victim=victim, d=directory: rebuilt(victim, d), 60, step_s=0.5)
-            now = replicas()["0"]["replicas"]
+            now = steady("0")
             leader_was = view["replicas"][0]
             removed[role] = {"epoch": (leader_was["epoch"], now[0]["epoch"]),
                              "leader": (leader_was["replica"], now[0]["replica"])}  # fmt: skip
@@ -389,8 +392,7 @@ def main(scratch: Path) -> None:
         # reads its backlog whole
         nodes["e"] = cluster.add_node(**node_args("e"))
         node_of_disk[disk_id(disks["e"])] = "e"
-        wait_for(lambda: _in_sync(replicas().get("1")), 60, step_s=0.5)
-        view = replicas()["1"]["replicas"]
+        view = steady("1")
         sealed_before = view[0]
         one = admin.get_layout(TOPIC).all_segments[1].name(topic)
         admin.set_policy(TOPIC, {"hibernation": {"idleS": 1}})
@@ -479,6 +481,10 @@ def _in_sync(view: dict | None) -> bool:
         and len(view["replicas"]) == 3
         and all(replica["inSync"] for replica in view["replicas"])
     )
+
+
+def _in_sync_view(view: dict | None) -> dict | None:
+    return view if _in_sync(view) else None
 
 
 if __name__ == "__main__":
