@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from runtime.replication import Replication
+from runtime.replication import FIRST_EPOCH, Replication
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,6 @@ class Unavailable:
 
 Step = Elect | HandOver | Tell | Replace | Rebuild | Resize | Unavailable
 
-# A replica set's epoch until its first election (``storage.replica_sets``).
-UNELECTED = 1
-
 
 def next_steps(
     replicas: Sequence[str],
@@ -126,7 +123,7 @@ def next_steps(
         return []  # slow, not lost: an election now would fail over on every pause
     if said != RoleAnswer("leader", epoch):
         election = _election(replicas, answers, replication)
-        if epoch == UNELECTED and said is not None and isinstance(election, Unavailable):
+        if epoch == FIRST_EPOCH and said is not None and isinstance(election, Unavailable):
             return _replace_unelected(followers, gone, free_disks) or [election]
         return [election]
     steps: list[Step] = []

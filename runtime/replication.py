@@ -57,6 +57,11 @@ from runtime.errors import InvalidArgumentError, NotEnoughNodesError, NotEnoughR
 # More copies than this buy no safety a user asks for and multiply every write.
 MAX_REPLICATION_FACTOR = 7
 
+# The epoch a replica set is recorded at, before any election. No replica has led an
+# epoch, so no follower has copied anything: whatever the segment holds is on the replica
+# its placement chose to lead (a segment replicated while it lived had its records there).
+FIRST_EPOCH = 1
+
 
 @dataclass(frozen=True)
 class Replication:

@@ -22,6 +22,7 @@ from typing import Any
 
 from runtime.errors import UnavailableError
 from runtime.names import TopicName
+from runtime.replication import FIRST_EPOCH
 from storage.metadata import MetadataStore, Version
 from storage.metadata_paths import replica_sets_path
 from storage.segment_entries import SegmentEntries
@@ -35,8 +36,11 @@ class ReplicaSet:
     replicas: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if self.epoch < 1 or not self.replicas or len(set(self.replicas)) != len(self.replicas):
-            raise ValueError(f"a replica set needs epoch >= 1 and distinct replicas: {self}")
+        distinct = len(set(self.replicas)) == len(self.replicas)
+        if self.epoch < FIRST_EPOCH or not self.replicas or not distinct:
+            raise ValueError(
+                f"a replica set needs epoch >= {FIRST_EPOCH}, distinct replicas: {self}"
+            )
 
     @property
     def leader(self) -> str:

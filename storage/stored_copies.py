@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from runtime.layout import SegmentState
 from runtime.recovery import StoredSegmentState
+from runtime.replication import FIRST_EPOCH
 from storage.durability import Durability
 from storage.replica_sets import ReplicaSet
 from storage.replica_state import ReplicaState, ReplicaStateFile
@@ -105,7 +106,8 @@ def replica_sets(copies: Iterable[StoredCopy]) -> dict[int, ReplicaSet]:
             continue
         ordered = sorted(held, key=_advance, reverse=True)
         epoch = max(copy.replica.seen_epoch for copy in replicas if copy.replica)
-        sets[segment_id] = ReplicaSet(max(epoch, 1), tuple(_unique(c.disk for c in ordered)))
+        disks = tuple(_unique(c.disk for c in ordered))
+        sets[segment_id] = ReplicaSet(max(epoch, FIRST_EPOCH), disks)
     return sets
 
 

@@ -59,7 +59,7 @@ from runtime.replica_plan import (
     next_steps,
     resize_steps,
 )
-from runtime.replication import Replication
+from runtime.replication import FIRST_EPOCH, Replication
 from storage.durability import Durability
 from storage.metadata import MetadataStore
 from storage.placements import SegmentPlacements
@@ -146,7 +146,7 @@ class ReplicaKeeper(RetiringReplicas):
                         load[disk] += 1
             replication.check_nodes(len(load) + 1)
             followers = choose_disks(load, replication.factor - 1)
-            recorded = sets.create(name.segment_id, ReplicaSet(1, (leader, *followers)))
+            recorded = sets.create(name.segment_id, ReplicaSet(FIRST_EPOCH, (leader, *followers)))
         else:
             recorded = found[0]
         await asyncio.gather(
