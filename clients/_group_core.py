@@ -51,11 +51,16 @@ from runtime.errors import (
     ConsumerNotRegisteredError,
     NotLeaderError,
     SegmentNotFoundError,
+    SubscriptionNotFoundError,
+    TopicNotFoundError,
     UnavailableError,
 )
 from runtime.names import SegmentName, TopicName, validate_part
 
 log = logging.getLogger(__name__)
+# The subscription, or its topic, was deleted: its coordinator holds nothing of this
+# consumer any more, so there is nothing to leave or hand back, and nothing to read.
+DELETED = (SubscriptionNotFoundError, TopicNotFoundError)
 # How long a sealed segment's "finished" may be refused before it is worth a warning.
 FINISH_QUIET_S = 5.0
 # How long a consumer waits for a replicated segment's leader when it starts reading it
@@ -170,7 +175,7 @@ class GroupConsumerCore:
             task.cancel()
         readers = list(self.readers.values())
         await asyncio.gather(*(self._give_up(r, wait_for_acks=False) for r in readers))
-        with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *REFUSALS):
+        with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *DELETED, *REFUSALS):
             await self.access.unregister(self.consumer)
         await self.access.close()
 
@@ -187,13 +192,13 @@ class GroupConsumerCore:
             except ConsumerNotRegisteredError:
                 try:
                     assignment = await self._register()
-                except REFUSALS as err:
+                except (*REFUSALS, *DELETED) as err:
                     self.fail(err)
                     return
             except self.restarting:
                 await asyncio.sleep(0.2)  # the coordinator is restarting
                 continue
-            except REFUSALS as err:
+            except (*REFUSALS, *DELETED) as err:
                 self.fail(err)
                 return
             if assignment is not None:
@@ -380,7 +385,7 @@ class GroupConsumerCore:
 
     async def _release_unread(self, segment_id: int) -> None:
         """A segment taken back that was never read here: nothing to acknowledge."""
-        with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *REFUSALS):
+        with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *DELETED, *REFUSALS):
             await self.access.release(self.consumer, segment_id, None)
 
     async def _give_up(self, reader: SegmentReader, *, wait_for_acks: bool = True) -> None:
@@ -401,7 +406,7 @@ class GroupConsumerCore:
         self.readers.pop(reader.segment_id, None)
         reader.close()
         position = None if self.acknowledges else reader.delivered
-        with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *REFUSALS):
+        with contextlib.suppress(*self.restarting, ConsumerNotRegisteredError, *DELETED, *REFUSALS):
             await self.access.release(self.consumer, reader.segment_id, position)
 
     # --- acknowledgements -------------------------------------------------------------

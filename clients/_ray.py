@@ -46,48 +46,55 @@ class RayGroupAccess:
     actors, called directly."""
 
     def __init__(self, topic: TopicName, subscription: str, credential: str | None) -> None:
-        from actors.control.coordinator_host import coordinator_actor
-
-        self.coordinator = coordinator_actor(topic, subscription)
+        self.topic = topic
         self.subscription = subscription
         self.credential = credential
         self.restarting: tuple[type[BaseException], ...] = ACTOR_GONE
+        self.coordinator = self._find_coordinator()
 
     async def register(self, consumer: str) -> dict[str, Any]:
-        return await call(self.coordinator.register.remote(consumer, credential=self.credential))
+        return await self._coordinate("register", consumer)
 
     async def poll(
         self, consumer: str, known_version: int, timeout_s: float
     ) -> dict[str, Any] | None:
-        ref = self.coordinator.poll.remote(
-            consumer, known_version, timeout_s, credential=self.credential
-        )
-        return await call(ref)
+        return await self._coordinate("poll", consumer, known_version, timeout_s)
 
     async def release(self, consumer: str, segment_id: int, position: int | None) -> None:
-        ref = self.coordinator.release.remote(
-            consumer, segment_id, position, credential=self.credential
-        )
-        await call(ref)
+        await self._coordinate("release", consumer, segment_id, position)
 
     async def finished(self, consumer: str, segment_id: int, position: int | None) -> None:
-        ref = self.coordinator.finished.remote(
-            consumer, segment_id, position, credential=self.credential
-        )
-        await call(ref)
+        await self._coordinate("finished", consumer, segment_id, position)
 
     async def unregister(self, consumer: str) -> None:
-        await call(self.coordinator.unregister.remote(consumer, credential=self.credential))
+        await self._coordinate("unregister", consumer)
 
     async def ensure_group(self, session_grace_s: float) -> None:
-        ref = self.coordinator.ensure_group.remote(session_grace_s, credential=self.credential)
-        await call(ref)
+        await self._coordinate("ensure_group", session_grace_s)
 
     async def reset(self, finished: list[int], positions: dict[int, int]) -> None:
-        await call(self.coordinator.reset.remote(finished, positions, credential=self.credential))
+        await self._coordinate("reset", finished, positions)
 
     async def snapshot(self) -> dict[str, Any]:
-        return await call(self.coordinator.snapshot.remote(credential=self.credential))
+        return await self._coordinate("snapshot")
+
+    async def _coordinate(self, method: str, *args: Any) -> Any:
+        """``method`` of the coordinator. Its host may have exited for good (its namespace
+        ran no coordinator for a while, ``actors.control.coordinator_host``): the error
+        reaches the caller, who retries as for a restart, through a host found again."""
+        from ray.exceptions import ActorDiedError
+
+        ref = getattr(self.coordinator, method).remote(*args, credential=self.credential)
+        try:
+            return await call(ref)
+        except ActorDiedError:
+            self.coordinator = self._find_coordinator()
+            raise
+
+    def _find_coordinator(self) -> Any:
+        from actors.control.coordinator_host import coordinator_actor
+
+        return coordinator_actor(self.topic, self.subscription)
 
     async def find(self, name: SegmentName) -> Any:
         from actors.segment.lookup import find_segment_actor

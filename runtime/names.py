@@ -73,13 +73,6 @@ class TopicName:
     def namespace_path(self) -> str:
         return f"{self.tenant}/{self.namespace}"
 
-    # --- Ray actor names (what the dashboard shows) ---------------------------
-
-    @property
-    def coordinator_host_name(self) -> str:
-        """The actor serving the coordinators of every subscription of the topic."""
-        return f"coordinators:{self.short}"
-
     def segment(self, segment_id: int, start: int, end: int) -> SegmentName:
         return SegmentName(self, segment_id, start, end)
 

@@ -1,7 +1,8 @@
-"""Which host process a segment, or a topic's controller, goes to: pure naming, shared by
-whoever starts them and whoever counts or closes their hosts (``actors.segment.directory``
-says why segments share processes at all; ``actors.control.controller_host`` why
-controllers do).
+"""Which host process a segment, a topic's controller, or a subscription's coordinator goes
+to: pure naming, shared by whoever starts them and whoever counts or closes their hosts
+(``actors.segment.directory`` says why segments share processes at all;
+``actors.control.controller_host`` and ``actors.control.coordinator_host`` why
+controllers and coordinators do).
 
 A host serves the segments of every topic of one namespace (``tenant/namespace``), as a
 broker serves many topics: a topic's creation then starts its controller only, and an
@@ -25,6 +26,7 @@ HOSTS_ENV = "RAYTOPICS_SEGMENT_HOSTS"
 DEFAULT_HOSTS_PER_NAMESPACE = 1
 HOST_PREFIX = "segment-host:"
 CONTROLLER_HOST_PREFIX = "controllers:"
+COORDINATOR_HOST_PREFIX = "coordinators:"
 IDLE_EXIT_ENV = "RAYTOPICS_HOST_IDLE_EXIT_S"
 DEFAULT_IDLE_EXIT_S = 30.0
 
@@ -80,6 +82,12 @@ def controller_host_name(topic: TopicName, settings: Mapping[str, str] | None = 
     controller's process settings are what its segments start with)."""
     tag = settings_tag(settings or {}).rstrip("/")
     return f"{CONTROLLER_HOST_PREFIX}{topic.namespace_path}" + (f"/{tag}" if tag else "")
+
+
+def coordinator_host_name(topic: TopicName) -> str:
+    """The host of the coordinators of ``topic``'s subscriptions: its namespace's (a
+    coordinator serves no data, so a topic's own settings do not choose its host)."""
+    return f"{COORDINATOR_HOST_PREFIX}{topic.namespace_path}"
 
 
 def host_namespace(host: str) -> str:

@@ -30,7 +30,12 @@ from clients import Producer, StreamConsumer
 from runtime.capacity import SegmentFootprint
 from runtime.errors import InsufficientCapacityError
 from runtime.names import TopicName
-from runtime.segment_hosts import controller_host_name, host_prefix, idle_exit_s
+from runtime.segment_hosts import (
+    controller_host_name,
+    coordinator_host_name,
+    host_prefix,
+    idle_exit_s,
+)
 from storage.durability import default_storage_root
 
 SEGMENT = SegmentFootprint.from_env()
@@ -115,13 +120,13 @@ def produce_and_consume(topic: str, count: int) -> None:
 
 
 def topic_actors(topic: str) -> list[str]:
-    """What serves ``topic``: its coordinators' host, the segments its namespace's hosts
-    serve of it, and its namespace's hosts (of controllers and of segments)."""
+    """What serves ``topic``: the segments its namespace's hosts serve of it, and its
+    namespace's hosts (of controllers, coordinators and segments)."""
     name = TopicName.parse(topic)
-    hosts = named_actors(controller_host_name(name)) + named_actors(host_prefix(name))
-    return (
-        named_actors(name.coordinator_host_name) + sorted(SegmentDirectory().of_topic(name)) + hosts
-    )
+    hosts = [controller_host_name(name), coordinator_host_name(name), host_prefix(name)]
+    return sorted(SegmentDirectory().of_topic(name)) + [
+        found for prefix in hosts for found in named_actors(prefix)
+    ]
 
 
 def test_a_topic_larger_than_the_cluster_is_refused_and_changes_nothing(

@@ -15,6 +15,7 @@ import ray
 
 from actors.control.controller_host import controller_actor
 from actors.control.coordinator_host import coordinator_actor
+from actors.registry import named_actors
 from clients import (
     RECEIVED_SCHEMA,
     Checkpoint,
@@ -192,6 +193,42 @@ def test_sessions_survive_disconnects_within_grace_and_coordinator_restarts(admi
     wait_for(lambda: len(ray.get(b.assigned.remote())) == 4, 30, "a's segments moving to b")
     ray.kill(b, no_restart=True)
     admin.delete_scalable_topic(topic)
+
+
+def test_a_namespaces_topics_share_one_coordinator_host(admin, unique):
+    """The coordinators of two topics of one namespace run in one process: deleting one
+    topic stops only its coordinators, and a consumer whose host exits for good (as an
+    idle host does) goes on with the next one started: it is handed a split's children."""
+    namespace = f"clients/coord{unique}"
+    first, second = f"topic://{namespace}/a", f"topic://{namespace}/b"
+    for topic in (first, second):
+        admin.create_scalable_topic(topic, 1)
+        admin.create_subscription(topic, "s")
+    hosts = {coordinator_actor(TopicName.parse(t), "s").host for t in (first, second)}
+    assert len(hosts) == 1
+    assert named_actors("coordinators:").count(f"coordinators:{namespace}") == 1
+    consumers = {t: StreamConsumer(t, "s", "c", poll_timeout_s=1.0) for t in (first, second)}
+    with Producer(second) as prod:
+        prod.send(b"before").result(timeout=30)
+    before = consumers[second].receive(timeout=30)
+    assert before.value == b"before"
+    consumers[second].acknowledge_cumulative(before)
+
+    host = hosts.pop()
+    with pytest.raises(InvalidArgumentError, match="not of namespace"):
+        ray.get(host.call.remote(f"topic://clients/other{unique}/a", "s", "snapshot"))
+    assert ray.get(host.stop.remote(first)) == 1, "the first topic's coordinator alone"
+    admin.delete_scalable_topic(first)
+    consumers.pop(first).close()
+
+    ray.kill(host, no_restart=True)  # gone for good, with the consumer holding its handle
+    admin.split_segment(second, 0)  # the children come to it through a coordinator
+    with Producer(second) as prod:
+        prod.send(b"after").result(timeout=30)
+    message = consumers[second].receive(timeout=30)
+    assert message is not None and message.value == b"after"
+    consumers[second].close()
+    admin.delete_scalable_topic(second)
 
 
 def test_children_are_never_delivered_before_parents_are_drained(admin, unique):

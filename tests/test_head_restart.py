@@ -158,7 +158,12 @@ def _actor_names(layout: dict[str, Any]) -> frozenset[str]:
     """What Ray must restart for the topic: its controller, the host of every segment of
     the layout (sealed ones too: their backlog is still read) and the coordinator host."""
     from runtime.names import TopicName
-    from runtime.segment_hosts import controller_host_name, host_name, hosts_per_namespace
+    from runtime.segment_hosts import (
+        controller_host_name,
+        coordinator_host_name,
+        host_name,
+        hosts_per_namespace,
+    )
 
     name = TopicName.parse(TOPIC)
     segments = {
@@ -169,7 +174,7 @@ def _actor_names(layout: dict[str, Any]) -> frozenset[str]:
         )
         for sid, s in layout["segments"].items()
     }
-    return frozenset({controller_host_name(name), name.coordinator_host_name, *segments})
+    return frozenset({controller_host_name(name), coordinator_host_name(name), *segments})
 
 
 def _cursors(stats: dict[str, Any]) -> dict[str, dict[str, int]]:

@@ -2,7 +2,7 @@ import pytest
 
 from runtime.errors import InvalidNameError
 from runtime.names import SegmentName, TopicName, parse_namespace
-from runtime.segment_hosts import controller_host_name
+from runtime.segment_hosts import controller_host_name, coordinator_host_name
 
 
 def test_topic_round_trip_and_actor_names():
@@ -13,7 +13,7 @@ def test_topic_round_trip_and_actor_names():
     assert controller_host_name(t, {}) == "controllers:acme/orders"
     tagged = controller_host_name(t, {"RAYTOPICS_TLS_CERT": "/etc/cert.pem"})
     assert tagged.startswith("controllers:acme/orders/with-") and "cert" not in tagged
-    assert t.coordinator_host_name == "coordinators:acme/orders/events"
+    assert coordinator_host_name(t) == "coordinators:acme/orders"
 
 
 def test_segment_round_trip():

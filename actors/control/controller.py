@@ -214,6 +214,7 @@ class ScalableTopicController:
             self.catalog.create_topic(self.topic, record)
             self.fleet.incarnation = record.incarnation
             await self.fleet.clear_leftovers()
+            await self.coordinators.stop_all()
             self._write_identity(record)
             await self.operations.carry_out(op)
             self._recovered = True

@@ -86,6 +86,7 @@ class MetadataRebuild:
         epoch = self._raise_epoch(plan.controller_epoch)
         fleet.incarnation = stored.incarnation
         await fleet.clear_leftovers()
+        await parts.coordinators.stop_all()
         done = {
             "incarnation": stored.incarnation,
             "subscriptions": list(plan.subscriptions),

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from actors.control.dag_watch import ACTOR_NAME as DAG_WATCH
 from actors.control.node_disks import NodeDisks
 from actors.control.replica_keeper import ReplicaKeeper
@@ -54,8 +52,6 @@ ONE_COPY = Replication()
 # How long a layout operation waits for a replicated segment's actor that cannot be
 # reached: a lost leader's grace and an election round, with room (a split waits 120 s).
 TAKEOVER_WAIT_S = 30.0
-# How long a killed actor may keep its name before a replacement is started anyway.
-_KILL_WAIT_S = 10.0
 
 
 class SegmentFleet(SegmentCalls, RestingSegments):
@@ -298,14 +294,14 @@ class SegmentFleet(SegmentCalls, RestingSegments):
         return len(served_segments(self.topic))
 
     async def clear_leftovers(self) -> None:
-        """Close every segment of this topic's name in its namespace's hosts, stop its
-        coordinator actor, and forget where its segments were served.
+        """Close every segment of this topic's name in its namespace's hosts, and forget
+        where its segments were served (its coordinators: ``TopicCoordinators.stop_all``).
 
-        Called when an incarnation starts (create, recover): no actor can belong
-        to it yet, so any that runs was left by an earlier incarnation whose
+        Called when an incarnation starts (create, recover): no segment can belong
+        to it yet, so any that is served was left by an earlier incarnation whose
         metadata is gone, and must not be found by clients looking up names.
         """
-        await _gone(await self._stop_serving(self.topic.coordinator_host_name))
+        await self._stop_serving()
         self.replicas.forget()
 
     async def delete_incarnation(self) -> None:
@@ -372,10 +368,9 @@ class SegmentFleet(SegmentCalls, RestingSegments):
             await close_segment(handle, guard().internal_token())
         return None
 
-    async def _stop_serving(self, *also: str) -> list[str]:
+    async def _stop_serving(self) -> None:
         """Have the namespace's segment hosts close every segment of this topic's name (they
-        serve other topics too), stop the actors named ``also`` if running, and forget where
-        its segments were served; the names of the actors stopped."""
+        serve other topics too), and forget where its segments were served."""
         await self.settle()
         self._watch_handles.clear()
         token, at = guard().internal_token(), time.time_ns()
@@ -388,11 +383,6 @@ class SegmentFleet(SegmentCalls, RestingSegments):
             if isinstance(result, BaseException) and not isinstance(result, ACTOR_GONE):
                 log.warning("%s: a segment host did not close the topic: %r", self.topic, result)
         SegmentDirectory().remove_topic(self.topic)
-        names = [n for n in also if _registered(n)]
-        for name in names:
-            with contextlib.suppress(ValueError):
-                ray.kill(lookup(name), no_restart=True)
-        return names
 
     def _started(self, starting: asyncio.Future) -> None:
         self._starting.discard(starting)
@@ -400,21 +390,3 @@ class SegmentFleet(SegmentCalls, RestingSegments):
             return
         log.error("%s: starting new segments' actors failed: %s", self.topic, starting.exception())
         self._on_start_failure()
-
-
-async def _gone(names: list[str]) -> None:
-    """Wait until killed actors have given up their names (or give up waiting)."""
-    deadline = time.monotonic() + _KILL_WAIT_S
-    pending = list(names)
-    while pending and time.monotonic() < deadline:
-        pending = [n for n in pending if _registered(n)]
-        if pending:
-            await asyncio.sleep(0.05)
-
-
-def _registered(name: str) -> bool:
-    try:
-        lookup(name)
-    except ValueError:
-        return False
-    return True

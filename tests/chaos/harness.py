@@ -237,7 +237,7 @@ class Faults:
 
         coordinator = coordinator_actor(TopicName.parse(self.run.topic), "stream")
         ray.kill(coordinator.host, no_restart=False)
-        return "killed the topic's coordinator host (the stream subscription's coordinator)"
+        return "killed the namespace's coordinator host (the stream subscription's coordinator)"
 
     def _consumer(self, _rng: random.Random) -> str:
         self.queue.crash()
