@@ -94,6 +94,10 @@ class RedisServer:
                 self.process.wait(timeout=10)
 
 
+# What ``ray start`` says when a node's raylet did not register within Ray's 30 s.
+STARTUP_TIMED_OUT = "The current node timed out during startup"
+
+
 @dataclass
 class RayHead:
     """One ``ray start --head`` on Redis, restartable on the same ports and temp dir."""
@@ -169,20 +173,46 @@ class RayHead:
 
     def _start_worker(self, env: dict[str, str], resources: dict[str, float]) -> None:
         """``ray start --address``, in this head's temp dir (so that ``kill`` finds its
-        processes), on ports of its own (every node here shares the machine)."""
+        processes), on ports of its own (every node here shares the machine).
+
+        Ray gives a new node's raylet 30 s to register, a bound of its own code: on a
+        loaded machine it can miss it and ``ray start`` fails, leaving that raylet
+        running. Its processes are then stopped and the node started once more."""
+        for attempt in (1, 2):
+            port = free_port()
+            done = self._ray_start_worker(env, resources, port)
+            if done.returncode == 0:
+                return
+            if attempt == 1 and STARTUP_TIMED_OUT in done.stdout + done.stderr:
+                self._kill_node(port)
+                continue
+            raise RuntimeError(f"ray start failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+    def _ray_start_worker(
+        self, env: dict[str, str], resources: dict[str, float], node_manager_port: int
+    ) -> subprocess.CompletedProcess:
         command = [RAY, "start", f"--address={self.address}", f"--temp-dir={self.temp_dir}"]
         command += ["--num-cpus=1", f"--resources={json.dumps(resources)}"]
-        command += [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"]
+        command += [f"--node-manager-port={node_manager_port}"]
+        command += [f"--object-manager-port={free_port()}"]
         command += [f"--dashboard-agent-listen-port={free_port()}"]
         command += [f"--dashboard-agent-grpc-port={free_port()}"]
         command += [f"--metrics-export-port={free_port()}"]
         command += [f"--runtime-env-agent-port={free_port()}"]
         command += ["--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats"]
-        done = subprocess.run(
+        return subprocess.run(
             command, env=self.env() | env, cwd=ROOT, capture_output=True, text=True, timeout=120
         )
-        if done.returncode != 0:
-            raise RuntimeError(f"ray start failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+    def _kill_node(self, node_manager_port: int) -> None:
+        """SIGKILL the raylet serving on ``node_manager_port``, and its children."""
+        mark = f"--node_manager_port={node_manager_port}"
+        for proc in self.processes():
+            with contextlib.suppress(psutil.Error):
+                if mark in proc.cmdline():
+                    for child in [*proc.children(recursive=True), proc]:
+                        with contextlib.suppress(psutil.Error):
+                            child.send_signal(signal.SIGKILL)
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this head (see the module docstring for how)."""

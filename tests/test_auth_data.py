@@ -117,6 +117,7 @@ ADMIN_OPS = {
     "host.close_topic",
     "host.call(opening)",
     "coordinators.stop",
+    "coordinators.stop_topic",
     "dagwatch.notify",
 }
 ALLOWED = {

@@ -78,10 +78,10 @@ class CoordinatorHost:
         coordinator is made for it; one that failed before it loaded anything (no such
         subscription) holds nothing, and is not kept."""
         self._last_call = time.monotonic()
+        self._guard.check(credential, Permission.CONSUME, self._namespace)
         if method not in COORDINATOR_METHODS:
             raise AttributeError(f"a coordinator has no method {method!r}")
         name = self._topic(topic)
-        self._guard.check(credential, Permission.CONSUME, name.namespace_path)
         key = (str(name), subscription)
         coordinator = self._coordinators.get(key)
         if coordinator is None:
@@ -101,8 +101,8 @@ class CoordinatorHost:
         """End the coordinator of ``topic``'s ``subscription`` (deleted), or with none
         given every coordinator of ``topic`` (the topic was deleted); how many ran here."""
         self._last_call = time.monotonic()
+        self._guard.check(credential, Permission.ADMIN, self._namespace)
         name = self._topic(topic)
-        self._guard.check(credential, Permission.ADMIN, name.namespace_path)
         keys = [
             key
             for key in self._coordinators
