@@ -1,4 +1,5 @@
-"""The examples run as Ray jobs against a real head node, exactly as the README says.
+"""The examples run as Ray jobs against a real head node, exactly as the README says; and
+programs of two lines join it through ``RAY_ADDRESS`` by themselves (``two_lines.py``).
 
 A separate `ray start --head` (its own ports, temp dir and storage root) serves
 the jobs, so this module never touches the session's embedded Ray. It is torn
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from ports import free_ports  # tests/ is on sys.path under pytest
+from two_lines import MAKE_TOPIC, TOPIC, run, two_line_programs_work
 
 from runtime.connect import local_system_config
 
@@ -161,3 +163,27 @@ def test_spark_streaming_pipeline_as_a_ray_job(head: dict) -> None:
     assert "query stopped; producing more while it is down" in output
     assert "sent 5000, written 5000, missing 0, duplicated 0" in output
     assert "spark_streaming OK: 5000 events, each written once" in output
+
+
+def test_two_lines_on_the_cluster_at_ray_address(head: dict) -> None:
+    two_line_programs_work(head["env"] | {"RAY_ADDRESS": head["gcs"]})
+
+
+def test_a_program_that_calls_ray_init_first_sees_the_topics(head: dict) -> None:
+    """Ray users call ``ray.init()`` before using a library: the job's namespace is then
+    an anonymous one of its own, and the topics another program made must still be
+    there. A job that names its namespace is told that it works in it."""
+    env = head["env"] | {"RAY_ADDRESS": head["gcs"]}
+    topic = "topic://acme/init-first/events"
+    made = run(MAKE_TOPIC.replace(TOPIC, topic), env)
+    assert made.returncode == 0, made.stderr[-3000:]
+    listing = "import ray\n{init}\nfrom clients import ScalableTopicsAdmin\n" + (
+        "print(ScalableTopicsAdmin().list_scalable_topics('acme/init-first'))"
+    )
+    seen = run(listing.format(init="ray.init()"), env)
+    assert seen.returncode == 0, seen.stderr[-3000:]
+    assert topic in seen.stdout.strip().splitlines()[-1], seen.stdout
+    own = run(listing.format(init="ray.init(namespace='mine')"), env)
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert own.stdout.strip().splitlines()[-1] == "[]", own.stdout  # its own namespace...
+    assert "using this program's Ray namespace 'mine'" in own.stderr, own.stderr[-3000:]
