@@ -29,10 +29,8 @@ when a topic is deleted); segment lookups (``wake_segment``); topic stats.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -46,12 +44,13 @@ from actors.controller_directory import (
     ControllerOpening,
 )
 from actors.guard import guard
+from actors.idle_exit import IdleExit
 from actors.registry import get_or_start, lookup
 from runtime.auth import Permission
 from runtime.config import TOPIC_SETTINGS, actor_settings, apply_settings
 from runtime.errors import TopicNotFoundError
 from runtime.names import TopicName
-from runtime.segment_hosts import controller_host_name, idle_exit_s
+from runtime.segment_hosts import controller_host_name
 from storage.catalog import Catalog
 from storage.durability import Durability, default_storage_root
 
@@ -75,12 +74,10 @@ class ControllerHost:
         self._directory = ControllerDirectory()
         self._controllers: dict[str, ScalableTopicControllerActor] = {}
         self._catalog = Catalog()
-        self._idle_exit_s = idle_exit_s()
-        self._last_call = time.monotonic()
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle = IdleExit(lambda: bool(self._controllers))
         for topic, entry in self._directory.of_host(name).items():
             self._reopen(topic, entry)
-        self._look_for_idleness()
+        self._idle.look()
 
     async def call(
         self,
@@ -93,7 +90,7 @@ class ControllerHost:
         """``method`` of ``topic``'s controller (which checks the caller's credential).
         A call through the handle the admin service made carries the ``opening``, and
         opens the controller here if it does not run yet (the caller needs ``admin``)."""
-        self._last_call = time.monotonic()
+        self._idle.called()
         if method not in CONTROLLER_METHODS:
             raise AttributeError(f"a controller has no method {method!r}")
         controller = self._controllers.get(topic)
@@ -104,7 +101,7 @@ class ControllerHost:
 
     async def close(self, topic: str, *, credential: str | None = None) -> bool:
         """Stop running ``topic``'s controller (the topic was deleted); whether it ran here."""
-        self._last_call = time.monotonic()
+        self._idle.called()
         name = TopicName.parse(topic)
         self._guard.check(credential, Permission.ADMIN, name.namespace_path)
         self._directory.remove(name, self._name)
@@ -112,7 +109,7 @@ class ControllerHost:
         if controller is None:
             return False
         await controller.stop()
-        self._look_for_idleness()
+        self._idle.look()
         return True
 
     def _open_for(
@@ -146,24 +143,6 @@ class ControllerHost:
             self._open(name, entry)
         except Exception:  # its next call opens it again (and reports)
             log.exception("%s: opening the controller of %s again failed", self._name, topic)
-
-    # --- idle exit (as ``actors.segment.host``'s) ------------------------------------
-
-    def _look_for_idleness(self) -> None:
-        """While no controller runs here, look again when the quiet time would be up."""
-        if self._controllers or self._idle_timer is not None:
-            return
-        due = max(self._last_call + self._idle_exit_s - time.monotonic(), 0.0)
-        self._idle_timer = asyncio.get_running_loop().call_later(due, self._idle_timer_fired)
-
-    def _idle_timer_fired(self) -> None:
-        self._idle_timer = None
-        if self._controllers:  # the close of its last controller looks again
-            return
-        if time.monotonic() - self._last_call < self._idle_exit_s:
-            self._look_for_idleness()
-            return
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
 
 def controller_actor(

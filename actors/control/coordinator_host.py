@@ -29,8 +29,6 @@ one, stop every one of a deleted topic).
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +36,13 @@ import ray
 
 from actors.control.coordinator import SubscriptionCoordinator
 from actors.guard import guard
+from actors.idle_exit import IdleExit
 from actors.registry import get_or_start, public_coroutines
 from runtime.auth import Permission
 from runtime.config import apply_settings
 from runtime.errors import InvalidArgumentError
 from runtime.names import TopicName, validate_part
-from runtime.segment_hosts import coordinator_host_name, idle_exit_s
+from runtime.segment_hosts import coordinator_host_name
 
 # The methods of ``SubscriptionCoordinator`` a caller may reach through ``call``
 # (``shutdown`` is the host's ``stop``).
@@ -59,10 +58,8 @@ class CoordinatorHost:
         self._namespace = namespace
         self._guard = guard()
         self._coordinators: dict[tuple[str, str], SubscriptionCoordinator] = {}
-        self._idle_exit_s = idle_exit_s()
-        self._last_call = time.monotonic()
-        self._idle_timer: asyncio.TimerHandle | None = None
-        self._look_for_idleness()
+        self._idle = IdleExit(lambda: bool(self._coordinators))
+        self._idle.look()
 
     async def call(
         self,
@@ -77,7 +74,7 @@ class CoordinatorHost:
         ``credential`` again for what it does). The caller needs ``consume`` before a
         coordinator is made for it; one that failed before it loaded anything (no such
         subscription) holds nothing, and is not kept."""
-        self._last_call = time.monotonic()
+        self._idle.called()
         self._guard.check(credential, Permission.CONSUME, self._namespace)
         if method not in COORDINATOR_METHODS:
             raise AttributeError(f"a coordinator has no method {method!r}")
@@ -92,7 +89,7 @@ class CoordinatorHost:
         except Exception:
             if not coordinator.started and self._coordinators.get(key) is coordinator:
                 del self._coordinators[key]
-                self._look_for_idleness()
+                self._idle.look()
             raise
 
     async def stop(
@@ -100,7 +97,7 @@ class CoordinatorHost:
     ) -> int:
         """End the coordinator of ``topic``'s ``subscription`` (deleted), or with none
         given every coordinator of ``topic`` (the topic was deleted); how many ran here."""
-        self._last_call = time.monotonic()
+        self._idle.called()
         self._guard.check(credential, Permission.ADMIN, self._namespace)
         name = self._topic(topic)
         keys = [
@@ -110,7 +107,7 @@ class CoordinatorHost:
         ]
         for key in keys:
             await self._coordinators.pop(key).shutdown()
-        self._look_for_idleness()
+        self._idle.look()
         return len(keys)
 
     def _topic(self, topic: str) -> TopicName:
@@ -121,24 +118,6 @@ class CoordinatorHost:
                 f"{name} is not of namespace {self._namespace}, whose coordinators run here"
             )
         return name
-
-    # --- idle exit (as ``actors.control.controller_host``'s) ------------------------
-
-    def _look_for_idleness(self) -> None:
-        """While no coordinator runs here, look again when the quiet time would be up."""
-        if self._coordinators or self._idle_timer is not None:
-            return
-        due = max(self._last_call + self._idle_exit_s - time.monotonic(), 0.0)
-        self._idle_timer = asyncio.get_running_loop().call_later(due, self._idle_timer_fired)
-
-    def _idle_timer_fired(self) -> None:
-        self._idle_timer = None
-        if self._coordinators:  # the stop of its last coordinator looks again
-            return
-        if time.monotonic() - self._last_call < self._idle_exit_s:
-            self._look_for_idleness()
-            return
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
 
 @dataclass(frozen=True)

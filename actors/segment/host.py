@@ -29,7 +29,6 @@ incarnation than the one open replaces it, never serves it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import asdict, replace
 from typing import Any
@@ -39,6 +38,7 @@ from ray.exceptions import ActorUnavailableError
 
 from actors.capacity import segment_memory
 from actors.guard import guard
+from actors.idle_exit import IdleExit, end_this_actor
 from actors.registry import get_or_start, gone_for_good, public_coroutines
 from actors.segment.actor import Segment
 from actors.segment.directory import Entry, SegmentDirectory
@@ -47,7 +47,7 @@ from runtime.auth import Permission
 from runtime.config import apply_settings, topic_settings
 from runtime.errors import ScalableTopicsError, SegmentNotFoundError, UnavailableError
 from runtime.names import SegmentName, TopicName
-from runtime.segment_hosts import host_name, host_namespace, hosts_per_namespace, idle_exit_s
+from runtime.segment_hosts import host_name, host_namespace, hosts_per_namespace
 from storage.durability import Durability, default_storage_root
 from storage.topic_storage import new_incarnation
 
@@ -80,18 +80,15 @@ class SegmentHost:
         # log in its place. One made since is a new segment's.
         self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self._started_at = time.time_ns()
-        # Idle exit: the time of the last call, and the timer that looks again.
-        self._idle_exit_s = idle_exit_s()
-        self._last_call = time.monotonic()
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle = IdleExit(lambda: bool(self._segments), self._exit_unless_named)
         self._directory.unmark_closing(name)  # a restarted host is not closing
-        self._look_for_idleness()
+        self._idle.look()
 
     async def open(self, segment: str, opening: Opening) -> None:
         """Serve ``segment`` as ``opening`` says, unless it is served here already or was
         closed after ``opening`` was made. Its starter entered it in the directory already
         (``start_segment_actor``); the host enters it again with its own node."""
-        self._last_call = time.monotonic()
+        self._idle.called()
         await self._open_as(segment, opening)
 
     async def call(
@@ -100,7 +97,7 @@ class SegmentHost:
         """``method`` of the open ``segment`` (which checks the caller's credential). A call
         through the handle its opener got carries the ``opening``, so it finds the
         segment open even if it runs before the ``open`` sent ahead of it."""
-        self._last_call = time.monotonic()
+        self._idle.called()
         if method not in SEGMENT_METHODS:
             raise AttributeError(f"a segment has no method {method!r}")
         if opening is not None and not self._serves_as(segment, opening):
@@ -111,7 +108,7 @@ class SegmentHost:
         """Stop serving ``segment`` (it hibernates, was deleted, or belongs to an incarnation
         that ended) unless it was opened after ``at``; whether it was open here. Its entry
         goes first, so nobody looks it up here meanwhile."""
-        self._last_call = time.monotonic()
+        self._idle.called()
         name = SegmentName.parse(segment)
         guard().check(credential, Permission.ADMIN, name.topic.namespace_path)
         if not self._newer(segment, at):
@@ -121,14 +118,14 @@ class SegmentHost:
         if served is None:
             return False
         await served.close()
-        self._look_for_idleness()
+        self._idle.look()
         return True
 
     async def close_topic(self, topic: str, at: int, *, credential: str | None = None) -> int:
         """Stop serving every segment of ``topic`` opened before ``at`` (its incarnation
         ended, or one starts that must not find them), and refuse openings made before
         ``at`` from now on; how many were open."""
-        self._last_call = time.monotonic()
+        self._idle.called()
         name = TopicName.parse(topic)
         guard().check(credential, Permission.ADMIN, name.namespace_path)
         self._topic_closed[str(name)] = max(at, self._topic_closed.get(str(name), 0))
@@ -137,40 +134,19 @@ class SegmentHost:
         for segment in closing:
             self._directory.remove(mine[segment], self._name, issued_at=at)
             await self._segments.pop(segment).close()
-        self._look_for_idleness()
+        self._idle.look()
         return len(closing)
 
-    def _exit_if_idle(self) -> None:
-        """End this process if it serves no segment, nobody called it for
-        ``RAYTOPICS_HOST_IDLE_EXIT_S`` and no directory entry names it; else look again
-        later. Killed, not ended by ``exit_actor`` (which waits for the calls in flight,
-        and a retried call of its own keeps it waiting): nothing is open to flush."""
-        if not self._idle():
-            self._look_for_idleness()
-            return
+    def _exit_unless_named(self) -> None:
+        """End this process (it served no segment and nobody called it for
+        ``RAYTOPICS_HOST_IDLE_EXIT_S``) unless a directory entry names it meanwhile: a
+        segment's starter enters it before it calls (``start_segment_actor``)."""
         self._directory.mark_closing(self._name)
         if self._segments or self._directory.names_host(host_namespace(self._name), self._name):
             self._directory.unmark_closing(self._name)
-            self._look_for_idleness()
+            self._idle.look()
             return
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-
-    def _idle(self) -> bool:
-        quiet = time.monotonic() - self._last_call >= self._idle_exit_s
-        return quiet and not self._segments
-
-    def _look_for_idleness(self) -> None:
-        """While nothing is open here, look again when the quiet time would be up (one timer
-        at most; a host that serves segments has none)."""
-        if self._segments or self._idle_timer is not None:
-            return
-        due = max(self._last_call + self._idle_exit_s - time.monotonic(), 0.0)
-        self._idle_timer = asyncio.get_running_loop().call_later(due, self._idle_timer_fired)
-
-    def _idle_timer_fired(self) -> None:
-        self._idle_timer = None
-        if not self._segments:  # else the close of its last segment looks again
-            self._exit_if_idle()
+        end_this_actor()
 
     async def stats_of(
         self, segments: list[str], *, credential: str | None = None
@@ -189,7 +165,7 @@ class SegmentHost:
     async def _each(
         self, segments: list[str], method: str, credential: str | None
     ) -> dict[str, dict[str, Any] | None]:
-        self._last_call = time.monotonic()
+        self._idle.called()
         found: dict[str, dict[str, Any] | None] = {}
         for segment in segments:
             try:
@@ -309,7 +285,7 @@ def start_segment_actor(
     directory = SegmentDirectory()
     # Entered before the host is looked up, and so before it runs ``open``: whoever looks the
     # segment up from now on finds its host, a call that overtakes the open opens it there
-    # (``_serving``), and a host about to exit for idleness sees it (``_exit_if_idle``).
+    # (``_serving``), and a host about to exit for idleness sees it (``_exit_unless_named``).
     at = time.time_ns()
     entry = Entry(
         host_of, node or "", root, asdict(durability), incarnation, entered_at=at, replica=replica
