@@ -80,16 +80,19 @@ class RayGroupAccess:
 
     async def _coordinate(self, method: str, *args: Any) -> Any:
         """``method`` of the coordinator. Its host may have exited for good (its namespace
-        ran no coordinator for a while, ``actors.control.coordinator_host``): the error
-        reaches the caller, who retries as for a restart, through a host found again."""
+        ran no coordinator for a while, ``actors.control.coordinator_host``), before the
+        call ran: the call goes once more, to the host found again (started if none runs).
+        A host that restarts is Ray's to wait for (its calls are retried)."""
         from ray.exceptions import ActorDiedError
 
-        ref = getattr(self.coordinator, method).remote(*args, credential=self.credential)
         try:
-            return await call(ref)
+            return await call(self._ask(method, *args))
         except ActorDiedError:
             self.coordinator = self._find_coordinator()
-            raise
+        return await call(self._ask(method, *args))
+
+    def _ask(self, method: str, *args: Any) -> Any:
+        return getattr(self.coordinator, method).remote(*args, credential=self.credential)
 
     def _find_coordinator(self) -> Any:
         from actors.control.coordinator_host import coordinator_actor
